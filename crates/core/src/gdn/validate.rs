@@ -1,0 +1,316 @@
+//! Shape, dtype and value validation for GDN inputs, written once and shared by every backend
+//! and by the oracle. It also widens inputs to f32 and applies the optional l2 norm once per key
+//! head (not once per value head).
+
+use super::prefill::{GdnInputs, GdnOptions};
+use crate::error::{Error, Result};
+use crate::tensor::{DType, HostTensor};
+use rayon::prelude::*;
+
+/// Largest supported head dimension for K and V.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The sizes of one GDN call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnDims {
+    /// B: batch rows of the input tensors (1 with cu_seqlens).
+    pub batch: usize,
+    /// T: tokens per batch row.
+    pub tokens: usize,
+    /// Hg: query/key heads.
+    pub key_heads: usize,
+    /// H: value heads (a multiple of Hg).
+    pub value_heads: usize,
+    /// K: query/key head dimension.
+    pub key_dim: usize,
+    /// V: value head dimension.
+    pub value_dim: usize,
+}
+
+impl GdnDims {
+    /// Value heads per key head.
+    pub fn group(&self) -> usize {
+        self.value_heads / self.key_heads
+    }
+
+    /// The key head that value head `value_head` reads.
+    pub fn key_head_of(&self, value_head: usize) -> usize {
+        value_head / self.group()
+    }
+}
+
+/// One independent sequence: rows `start..start + len` of the flattened `B * T` token axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// Validated inputs widened to f32, ready for any kernel.
+#[derive(Clone, Debug)]
+pub struct PreparedGdn {
+    pub dims: GdnDims,
+    pub seqs: Vec<SeqSpan>,
+    /// `[B*T, Hg, K]`, l2-normalised when asked.
+    pub q: Vec<f32>,
+    /// `[B*T, Hg, K]`, l2-normalised when asked.
+    pub k: Vec<f32>,
+    /// `[B*T, H, V]`
+    pub v: Vec<f32>,
+    /// `[B*T, H]`
+    pub g: Vec<f32>,
+    /// `[B*T, H]`
+    pub beta: Vec<f32>,
+    /// `[N, H, K, V]`
+    pub initial_state: Option<Vec<f32>>,
+    pub scale: f32,
+    /// dtype of `o` (v's dtype).
+    pub out_dtype: DType,
+}
+
+fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
+    if t.shape().len() != rank {
+        return Err(Error::shape(
+            name,
+            format!("expected {rank} dims {layout}, got shape {:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+fn expect_float(name: &str, t: &HostTensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Err(Error::dtype(name, t.dtype(), "f32, f16 or bf16"));
+    }
+    Ok(())
+}
+
+fn expect_shape(name: &str, t: &HostTensor, expected: &[usize], layout: &str) -> Result<()> {
+    if t.shape() != expected {
+        return Err(Error::shape(
+            name,
+            format!("expected shape {expected:?} {layout}, got {:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// Fails on the first NaN or infinity in `values`, naming the tensor and the flat index.
+pub fn check_finite(name: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({}) at flat index {i}",
+            values[i]
+        ))),
+    }
+}
+
+/// Checks the head counts and head dims shared by prefill and decode.
+pub fn check_heads(
+    key_heads: usize,
+    value_heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+) -> Result<()> {
+    if key_heads == 0 || value_heads == 0 || key_dim == 0 || value_dim == 0 {
+        return Err(Error::InvalidValue(format!(
+            "head counts and dims must be positive (Hg={key_heads}, H={value_heads}, K={key_dim}, V={value_dim})"
+        )));
+    }
+    if value_heads % key_heads != 0 {
+        return Err(Error::InvalidValue(format!(
+            "value heads H={value_heads} is not a multiple of key heads Hg={key_heads}"
+        )));
+    }
+    if key_dim > MAX_HEAD_DIM || value_dim > MAX_HEAD_DIM {
+        return Err(Error::Unsupported(format!(
+            "head dims K={key_dim}, V={value_dim}: at most {MAX_HEAD_DIM} is supported"
+        )));
+    }
+    Ok(())
+}
+
+/// Splits the token axis into sequences from optional `cu_seqlens`.
+fn sequence_spans(
+    cu_seqlens: Option<&HostTensor>,
+    batch: usize,
+    tokens: usize,
+) -> Result<Vec<SeqSpan>> {
+    let Some(cu) = cu_seqlens else {
+        return Ok((0..batch)
+            .map(|b| SeqSpan {
+                start: b * tokens,
+                len: tokens,
+            })
+            .collect());
+    };
+    let offsets = cu.to_i64_vec("cu_seqlens")?;
+    if cu.shape().len() != 1 || offsets.len() < 2 {
+        return Err(Error::shape(
+            "cu_seqlens",
+            format!(
+                "expected 1 dim [N+1] with N >= 1, got shape {:?}",
+                cu.shape()
+            ),
+        ));
+    }
+    if batch != 1 {
+        return Err(Error::shape(
+            "cu_seqlens",
+            format!("varlen input needs batch size B == 1, got B = {batch}"),
+        ));
+    }
+    if offsets[0] != 0 {
+        return Err(Error::InvalidValue(format!(
+            "cu_seqlens must start at 0, got {}",
+            offsets[0]
+        )));
+    }
+    if let Some(i) = (1..offsets.len()).find(|&i| offsets[i] <= offsets[i - 1]) {
+        return Err(Error::InvalidValue(format!(
+            "cu_seqlens must be strictly increasing, but entry {i} ({}) <= entry {} ({})",
+            offsets[i],
+            i - 1,
+            offsets[i - 1]
+        )));
+    }
+    let last = *offsets.last().unwrap();
+    if last != tokens as i64 {
+        return Err(Error::InvalidValue(format!(
+            "cu_seqlens must end at T = {tokens}, got {last}"
+        )));
+    }
+    Ok(offsets
+        .windows(2)
+        .map(|w| SeqSpan {
+            start: w[0] as usize,
+            len: (w[1] - w[0]) as usize,
+        })
+        .collect())
+}
+
+/// Divides each `dim`-long row by `sqrt(|row|^2 + 1e-6)` in place.
+pub fn l2_normalize_rows(values: &mut [f32], dim: usize) {
+    values.par_chunks_mut(dim * 64).for_each(|block| {
+        for row in block.chunks_exact_mut(dim) {
+            let sum: f32 = row.iter().map(|x| x * x).sum();
+            let inv = 1.0 / (sum + 1e-6).sqrt();
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+    });
+}
+
+/// Reads a `[.., H]` gate tensor (g or beta) as f32, checking shape and finiteness.
+pub fn gate_values(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+) -> Result<Vec<f32>> {
+    expect_float(name, t)?;
+    expect_shape(name, t, expected, layout)?;
+    let values = t.to_f32_vec(name)?;
+    check_finite(name, &values)?;
+    Ok(values)
+}
+
+/// Reads q/k/v-like activations: shape, dtype (must equal `dtype`) and finiteness.
+pub fn activation_values(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+    dtype: DType,
+) -> Result<Vec<f32>> {
+    expect_shape(name, t, expected, layout)?;
+    if t.dtype() != dtype {
+        return Err(Error::dtype(
+            name,
+            t.dtype(),
+            &format!("{dtype} (the dtype of q)"),
+        ));
+    }
+    let values = t.to_f32_vec(name)?;
+    check_finite(name, &values)?;
+    Ok(values)
+}
+
+/// Validates prefill inputs and widens them to f32.
+pub fn prepare_prefill(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<PreparedGdn> {
+    let q = inputs.q;
+    expect_rank("q", q, 4, "[B, T, Hg, K]")?;
+    expect_float("q", q)?;
+    let dtype = q.dtype();
+    let (batch, tokens, key_heads, key_dim) =
+        (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    if batch == 0 || tokens == 0 {
+        return Err(Error::shape(
+            "q",
+            format!("B and T must be at least 1, got shape {:?}", q.shape()),
+        ));
+    }
+    expect_rank("v", inputs.v, 4, "[B, T, H, V]")?;
+    let (value_heads, value_dim) = (inputs.v.shape()[2], inputs.v.shape()[3]);
+    check_heads(key_heads, value_heads, key_dim, value_dim)?;
+    let dims = GdnDims {
+        batch,
+        tokens,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+    };
+    let mut q_values = activation_values("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
+    let mut k_values = activation_values("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
+    let v_values = activation_values(
+        "v",
+        inputs.v,
+        &[batch, tokens, value_heads, value_dim],
+        "[B, T, H, V]",
+        dtype,
+    )?;
+    let gate_shape = [batch, tokens, value_heads];
+    let g = gate_values("g", inputs.g, &gate_shape, "[B, T, H]")?;
+    let beta = gate_values("beta", inputs.beta, &gate_shape, "[B, T, H]")?;
+    let seqs = sequence_spans(inputs.cu_seqlens, batch, tokens)?;
+    let initial_state = match inputs.initial_state {
+        None => None,
+        Some(s) => {
+            if s.dtype() != DType::F32 {
+                return Err(Error::dtype("initial_state", s.dtype(), "f32"));
+            }
+            expect_shape(
+                "initial_state",
+                s,
+                &[seqs.len(), value_heads, key_dim, value_dim],
+                "[N, H, K, V]",
+            )?;
+            let values = s.to_f32_vec("initial_state")?;
+            check_finite("initial_state", &values)?;
+            Some(values)
+        }
+    };
+    let scale = options.scale.unwrap_or(1.0 / (key_dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidValue(format!(
+            "scale must be finite, got {scale}"
+        )));
+    }
+    if options.use_qk_l2norm {
+        l2_normalize_rows(&mut q_values, key_dim);
+        l2_normalize_rows(&mut k_values, key_dim);
+    }
+    Ok(PreparedGdn {
+        dims,
+        seqs,
+        q: q_values,
+        k: k_values,
+        v: v_values,
+        g,
+        beta,
+        initial_state,
+        scale,
+        out_dtype: inputs.v.dtype(),
+    })
+}

@@ -1,0 +1,79 @@
+//! Runtime CPU-feature dispatch. Kernels are written once as `#[inline(always)]` generic code
+//! over [`MulAdd`]; a `#[target_feature(enable = "avx2,fma")]` wrapper instantiates them with
+//! fused multiply-add so LLVM emits 256-bit FMA code, and a plain wrapper serves other CPUs.
+//! (`f32::mul_add` without the `fma` feature is a slow libm call, hence two flavours.)
+
+/// How a kernel spells `a * b + c`.
+pub(crate) trait MulAdd: Copy {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// Fused: one rounding, one instruction where `fma` is enabled.
+#[derive(Clone, Copy)]
+pub(crate) struct Fused;
+
+/// Unfused: multiply then add, for CPUs without FMA.
+#[derive(Clone, Copy)]
+pub(crate) struct Unfused;
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl MulAdd for Unfused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// True when the running CPU has AVX2 and FMA (checked once, then cached by std).
+#[inline]
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A raw view of an output buffer that parallel tasks write at disjoint offsets.
+pub(crate) struct DisjointWriter<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tasks only obtain disjoint ranges (see `range`), so sharing the pointer is sound.
+unsafe impl Send for DisjointWriter<'_> {}
+unsafe impl Sync for DisjointWriter<'_> {}
+
+impl<'a> DisjointWriter<'a> {
+    pub(crate) fn new(buffer: &'a mut [f32]) -> Self {
+        Self {
+            ptr: buffer.as_mut_ptr(),
+            len: buffer.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// The sub-slice `offset..offset + len`.
+    ///
+    /// # Safety
+    /// No two live slices obtained from this writer may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range(&self, offset: usize, len: usize) -> &mut [f32] {
+        assert!(
+            offset + len <= self.len,
+            "DisjointWriter range out of bounds"
+        );
+        // SAFETY: in bounds (checked above); disjointness is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
+    }
+}

@@ -1,1 +1,90 @@
+//! # deltakv
+//!
+//! Kernels for serving hybrid linear-attention LLMs (Qwen3-Next, Qwen3.5/3.6 and kin):
+//! Gated DeltaNet prefill and decode, and attention over a compressed KV cache.
+//!
+//! This crate is the facade: it picks a [`Device`] and forwards to a backend. The CPU backend
+//! (always built, also the numerical reference) lives in [`deltakv_core`], re-exported here.
+//!
+//! ```
+//! use deltakv::gdn::random::{GdnCase, GdnSpec};
+//! use deltakv::gdn::{GdnOptions, PrefillMode};
+//! use deltakv::{Device, gdn_prefill};
+//!
+//! // A Qwen3-Next-shaped layer (Hg = 16 key heads, H = 32 value heads, K = V = 128), 100 tokens.
+//! let case = GdnCase::random(&GdnSpec::new(100, 16, 32, 128, 128), 1)?;
+//! let out = gdn_prefill(Device::Cpu, &case.inputs(), &GdnOptions::default(), PrefillMode::Chunk)?;
+//! assert_eq!(out.o.shape(), &[1, 100, 32, 128]);
+//! assert_eq!(out.final_state.shape(), &[1, 32, 128, 128]);
+//! # Ok::<(), deltakv::Error>(())
+//! ```
 
+pub use deltakv_core::{
+    DType, Error, HostTensor, Result, TensorData, gdn, io, metrics, rng, tensor,
+};
+
+use deltakv_core::gdn::{GdnInputs, GdnOptions, GdnOutput, PrefillMode};
+
+/// Where an op runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The portable CPU backend (rayon + runtime-dispatched SIMD). Always available.
+    #[default]
+    Cpu,
+    /// NVIDIA GPUs through CUDA. Not built into this version.
+    Cuda,
+    /// Vulkan / Metal through wgpu. Not built into this version.
+    Wgpu,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+            Device::Wgpu => "wgpu",
+        }
+    }
+
+    /// Ok if ops can run on this device here, else a `DeviceUnavailable` error that says why.
+    pub fn ensure_available(self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda | Device::Wgpu => Err(Error::DeviceUnavailable {
+                device: self.name().to_string(),
+                reason: "this build of deltakv has no such backend yet (only `cpu`)".to_string(),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            "wgpu" => Ok(Device::Wgpu),
+            other => Err(Error::InvalidValue(format!(
+                "unknown device `{other}` (expected cpu, cuda or wgpu)"
+            ))),
+        }
+    }
+}
+
+/// GDN prefill on `device`; see [`deltakv_core::gdn`] for the math and shapes.
+pub fn gdn_prefill(
+    device: Device,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+) -> Result<GdnOutput> {
+    device.ensure_available()?;
+    deltakv_core::gdn::gdn_prefill(inputs, options, mode)
+}

@@ -204,7 +204,7 @@ impl HostTensor {
     /// Parses little-endian bytes of `dtype` into a tensor of `shape`.
     pub fn from_le_bytes(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<Self> {
         let width = dtype.size_in_bytes();
-        if bytes.len() % width != 0 {
+        if !bytes.len().is_multiple_of(width) {
             return Err(Error::InvalidValue(format!(
                 "{} bytes is not a whole number of {dtype} elements",
                 bytes.len()

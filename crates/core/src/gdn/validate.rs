@@ -118,7 +118,7 @@ pub fn check_heads(
             "head counts and dims must be positive (Hg={key_heads}, H={value_heads}, K={key_dim}, V={value_dim})"
         )));
     }
-    if value_heads % key_heads != 0 {
+    if !value_heads.is_multiple_of(key_heads) {
         return Err(Error::InvalidValue(format!(
             "value heads H={value_heads} is not a multiple of key heads Hg={key_heads}"
         )));

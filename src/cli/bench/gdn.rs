@@ -1,0 +1,107 @@
+//! `deltakv bench gdn`: prefill throughput at model shapes.
+//!
+//! GFLOP/s counts each algorithm's own multiply-adds (2 flops each): the recurrent step does
+//! three K x V sweeps per token and head (S^T k and S^T q, then the update); the chunked path's
+//! count is that of its dense 64-token products and the triangular inverse.
+
+use super::{JsonArg, median_ms, progress, write_json};
+use crate::cli::DeviceArg;
+use clap::Args;
+use deltakv::gdn::random::{GdnCase, GdnSpec};
+use deltakv::gdn::{GdnOptions, PrefillMode};
+use deltakv::{Device, Result, gdn_prefill};
+use serde_json::json;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct GdnBenchArgs {
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceArg,
+    /// Prompt lengths to time.
+    #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
+    pub seq_lens: Vec<usize>,
+    /// Which prefill algorithms to time (chunk, recurrent).
+    #[arg(long, value_delimiter = ',', default_value = "chunk,recurrent")]
+    pub modes: Vec<super::super::gdn::ModeArg>,
+    #[command(flatten)]
+    pub json: JsonArg,
+}
+
+/// (name, Hg, H, K, V) of the model shapes benchmarked.
+pub const SHAPES: [(&str, usize, usize, usize, usize); 2] = [
+    ("qwen3-next", 16, 32, 128, 128),
+    ("qwen3.5-27b", 16, 48, 128, 128),
+];
+
+/// Nominal flops of a prefill of `tokens` tokens per value head.
+pub fn prefill_flops(mode: PrefillMode, tokens: usize, key_dim: usize, value_dim: usize) -> f64 {
+    let (t, k, v) = (tokens as f64, key_dim as f64, value_dim as f64);
+    match mode {
+        PrefillMode::Recurrent => 2.0 * 3.0 * k * v * t,
+        PrefillMode::Chunk => {
+            let c = 64.0f64;
+            let chunks = t / c;
+            // A, W, Q K^T over K; U, scores.V' over V; three c x K x V products; the inverse.
+            chunks * 2.0 * (3.0 * c * c * k + 2.0 * c * c * v + 3.0 * c * k * v + c * c * c / 6.0)
+        }
+    }
+}
+
+pub fn run(args: GdnBenchArgs) -> Result<()> {
+    let device: Device = args.device.into();
+    device.ensure_available()?;
+    let seq_lens = args.seq_lens.clone();
+    if let Some(bad) = seq_lens.iter().find(|&&t| t == 0) {
+        return Err(deltakv::Error::InvalidValue(format!(
+            "--seq-lens: lengths must be at least 1, got {bad}"
+        )));
+    }
+    let total = SHAPES.len() * seq_lens.len() * args.modes.len();
+    let bar = progress(total);
+    let mut records = Vec::new();
+    let mut lines = Vec::new();
+    for (shape, key_heads, value_heads, key_dim, value_dim) in SHAPES {
+        for &tokens in &seq_lens {
+            let case = GdnCase::random(
+                &GdnSpec::new(tokens, key_heads, value_heads, key_dim, value_dim),
+                42,
+            )?;
+            for &mode_arg in &args.modes {
+                let mode = PrefillMode::from(mode_arg);
+                bar.set_message(format!("{shape} T={tokens} {mode:?}"));
+                let ms = median_ms(3, Duration::from_secs(2), || {
+                    gdn_prefill(device, &case.inputs(), &GdnOptions::default(), mode).map(drop)
+                })?;
+                let tokens_per_s = tokens as f64 / (ms / 1e3);
+                let gflops = prefill_flops(mode, tokens, key_dim, value_dim) * value_heads as f64
+                    / (ms / 1e3)
+                    / 1e9;
+                lines.push(format!(
+                    "{shape:<12} {:<9} T={tokens:<6} {ms:>10.2} ms {tokens_per_s:>12.0} tok/s {gflops:>7.1} GFLOP/s",
+                    format!("{mode:?}").to_lowercase()
+                ));
+                records.push(json!({
+                    "op": "gdn_prefill", "device": device.name(), "mode": format!("{mode:?}").to_lowercase(),
+                    "shape": shape, "B": 1, "T": tokens, "Hg": key_heads, "H": value_heads,
+                    "K": key_dim, "V": value_dim, "dtype": "bf16", "median_ms": ms,
+                    "tokens_per_s": tokens_per_s, "gflop_per_s": gflops,
+                    "threads": rayon::current_num_threads(),
+                }));
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    println!(
+        "GDN prefill on {device}, {} threads, bf16 inputs, median wall time",
+        rayon::current_num_threads()
+    );
+    for line in lines {
+        println!("{line}");
+    }
+    if let Some(path) = &args.json.json {
+        write_json(path, &records)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

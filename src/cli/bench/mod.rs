@@ -1,0 +1,76 @@
+//! `deltakv bench ...`: timing harness shared by the per-op benchmarks, JSON records and the
+//! progress bar.
+
+mod gdn;
+
+use clap::{Args, Subcommand};
+use deltakv::{Error, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub op: BenchOp,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchOp {
+    /// GDN prefill (chunk and recurrent) at Qwen3-Next and Qwen3.5 shapes.
+    Gdn(gdn::GdnBenchArgs),
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    match args.op {
+        BenchOp::Gdn(a) => gdn::run(a),
+    }
+}
+
+/// Runs `work` once to warm up, then until both `min_runs` runs and `min_time` have passed
+/// (capped at 50 runs); returns the median wall time in milliseconds.
+pub fn median_ms(
+    min_runs: usize,
+    min_time: Duration,
+    mut work: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    work()?;
+    let mut times = Vec::new();
+    let started = Instant::now();
+    while times.len() < min_runs || (started.elapsed() < min_time && times.len() < 50) {
+        let t = Instant::now();
+        work()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// A progress bar over `total` benchmark cases (hidden when stderr is not a terminal).
+pub fn progress(total: usize) -> ProgressBar {
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Writes benchmark records as a JSON list.
+pub fn write_json(path: &Path, records: &[serde_json::Value]) -> Result<()> {
+    let text =
+        serde_json::to_string_pretty(records).map_err(|e| Error::InvalidValue(e.to_string()))?;
+    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `--json FILE` shared by the benches.
+#[derive(Args, Debug, Clone)]
+pub struct JsonArg {
+    /// Also write the results as a JSON list of records to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}

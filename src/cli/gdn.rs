@@ -1,0 +1,94 @@
+//! `deltakv gdn`: prefill over a safetensors file, writing `o` and `final_state`.
+
+use super::DeviceArg;
+use clap::{Args, ValueEnum};
+use deltakv::gdn::{GdnInputs, GdnOptions, PrefillMode};
+use deltakv::io::TensorFile;
+use deltakv::{Result, gdn_prefill};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum ModeArg {
+    /// Chunked WY algorithm (fast for long prompts).
+    #[default]
+    Chunk,
+    /// Token-by-token recurrence.
+    Recurrent,
+}
+
+impl From<ModeArg> for PrefillMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Chunk => PrefillMode::Chunk,
+            ModeArg::Recurrent => PrefillMode::Recurrent,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct GdnArgs {
+    /// Input safetensors: q, k [B,T,Hg,K]; v [B,T,H,V]; g, beta [B,T,H]; optional
+    /// initial_state [N,H,K,V] f32 and cu_seqlens [N+1] i32/i64. Metadata: scale, use_qk_l2norm.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output safetensors: o [B,T,H,V] (v's dtype) and final_state [N,H,K,V] f32.
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceArg,
+    #[arg(long, value_enum, default_value_t)]
+    pub mode: ModeArg,
+}
+
+const KNOWN: [&str; 7] = ["q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"];
+
+/// Reads scale / use_qk_l2norm from the file's metadata.
+pub fn options_from_metadata(file: &TensorFile) -> Result<GdnOptions> {
+    Ok(GdnOptions {
+        scale: file.metadata_f32("scale")?,
+        use_qk_l2norm: file.metadata_bool("use_qk_l2norm")?.unwrap_or(false),
+    })
+}
+
+/// Warns (stderr) about tensors the command will ignore, which are usually misspellings.
+pub fn warn_unknown(file: &TensorFile, known: &[&str]) {
+    for name in file.tensors.keys().filter(|n| !known.contains(&n.as_str())) {
+        eprintln!("warning: ignoring unexpected tensor `{name}`");
+    }
+}
+
+pub fn run(args: GdnArgs) -> Result<()> {
+    let device = args.device.into();
+    deltakv::Device::ensure_available(device)?;
+    let file = TensorFile::load(&args.input)?;
+    warn_unknown(&file, &KNOWN);
+    let inputs = GdnInputs {
+        q: file.require("q")?,
+        k: file.require("k")?,
+        v: file.require("v")?,
+        g: file.require("g")?,
+        beta: file.require("beta")?,
+        initial_state: file.get("initial_state"),
+        cu_seqlens: file.get("cu_seqlens"),
+    };
+    let options = options_from_metadata(&file)?;
+    let started = Instant::now();
+    let out = gdn_prefill(device, &inputs, &options, args.mode.into())?;
+    let elapsed = started.elapsed();
+    let mut result = TensorFile::new();
+    let o_shape = out.o.shape().to_vec();
+    let state_shape = out.final_state.shape().to_vec();
+    result.insert("o", out.o);
+    result.insert("final_state", out.final_state);
+    result.save(&args.output)?;
+    println!(
+        "wrote {}: o {:?}, final_state {:?} ({:?} prefill on {device} in {:.1} ms)",
+        args.output.display(),
+        o_shape,
+        state_shape,
+        PrefillMode::from(args.mode),
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
+}

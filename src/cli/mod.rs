@@ -1,0 +1,57 @@
+//! Command-line definitions (clap) and dispatch. Each subcommand lives in its own module.
+
+mod bench;
+mod demo;
+mod gdn;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use deltakv::{Device, Result};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "deltakv",
+    version,
+    about = "Gated DeltaNet and compressed-KV attention kernels"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The `--device` choices.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum DeviceArg {
+    #[default]
+    Cpu,
+    Cuda,
+    Wgpu,
+}
+
+impl From<DeviceArg> for Device {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+            DeviceArg::Wgpu => Device::Wgpu,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// GDN prefill over a safetensors file (q, k, v, g, beta, [initial_state], [cu_seqlens]).
+    Gdn(gdn::GdnArgs),
+    /// The main job: a Qwen3-Next GDN layer on random inputs, checked against the f64 oracle.
+    Demo(demo::DemoArgs),
+    /// Benchmarks (tokens/s, GFLOP/s), optionally written as JSON records.
+    Bench(bench::BenchArgs),
+}
+
+pub fn run() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Gdn(args) => gdn::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => bench::run(args),
+    }
+}

@@ -88,3 +88,15 @@ pub fn gdn_prefill(
     device.ensure_available()?;
     deltakv_core::gdn::gdn_prefill(inputs, options, mode)
 }
+
+/// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
+/// 1..=16 tokens per row, in place; see [`deltakv_core::gdn::decode`] for the math and layouts.
+pub fn gdn_decode(
+    device: Device,
+    inputs: &deltakv_core::gdn::DecodeInputs<'_>,
+    state_pool: &mut HostTensor,
+    options: &deltakv_core::gdn::DecodeOptions,
+) -> Result<deltakv_core::gdn::DecodeOutput> {
+    device.ensure_available()?;
+    deltakv_core::gdn::gdn_decode(inputs, state_pool, options)
+}

@@ -16,8 +16,14 @@
 //! axis into independent sequences.
 //!
 //! * [`prefill`] runs a whole prompt, with the chunked WY algorithm or the recurrence.
+//! * [`decode`] advances a pool of states by 1..=16 tokens per sequence, in place.
 //! * [`oracle`] is the same recurrence in f64, the reference every backend is tested against.
 
+pub mod decode;
+pub mod decode_oracle;
+pub mod decode_random;
+pub mod decode_validate;
+pub mod gating;
 pub mod oracle;
 pub mod prefill;
 pub mod random;
@@ -26,5 +32,6 @@ pub mod validate;
 
 mod chunk;
 
+pub use decode::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode};
 pub use prefill::{GdnInputs, GdnOptions, GdnOutput, PrefillMode, gdn_prefill};
 pub use validate::GdnDims;

@@ -1,0 +1,347 @@
+//! GDN decode on the CPU: T = 1..=16 new tokens for each of B sequences, reading and updating a
+//! pool of recurrent states in place.
+//!
+//! Layouts: q, k `[B, T, Hg, K]`; v `[B, T, H, V]`; g, beta `[B, T, H]` (or fused gating from
+//! raw `a`, `b` `[B, T, H]` and per-head `A_log`, `dt_bias` `[H]`, see [`super::gating`]);
+//! `state_pool [S, H, K, V]` in f32 or bf16; `slot_indices [B]` i32 or i64. Row `b` reads and
+//! writes slot `slot_indices[b]`; a negative index skips the row (its outputs are zeros and no
+//! slot is read or written). Two rows may not address the same slot.
+//!
+//! For each row `b` with slot `s`, value head `h` (key head `h / (H / Hg)`), and token
+//! `t = 0..T` in order, with `S = pool[s, h]` (K x V, computed in f32):
+//!
+//! ```text
+//! (optional) q_t <- q_t / sqrt(|q_t|^2 + 1e-6), k_t likewise        (use_qk_l2norm)
+//! S   <- exp(g_t) * S
+//! v'  <- beta_t * (v_t - S^T k_t)
+//! S   <- S + k_t v'^T
+//! o_t <- scale * S^T q_t                                            (scale = K^-0.5 by default)
+//! intermediate_states[b, t, h] <- S                                 (optional, f32)
+//! ```
+//!
+//! and `pool[s, h] <- S` after the last token.
+//!
+//! The kernel splits work over (row, value head, 32-column block) with rayon, so even B = 1
+//! keeps every core busy. Each task loads its block of the slot once (widening bf16 to f32),
+//! runs all T tokens through it in L1 with the shared recurrent step, and stores it once
+//! (rounding to bf16 once): the pool is read once and written once per call, whatever T is.
+//! Everything is validated before the pool is touched, so an error never leaves a partial
+//! update.
+
+use super::decode_validate::{PreparedDecode, prepare_decode};
+use super::prefill::GdnOptions;
+use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
+use super::validate::MAX_HEAD_DIM;
+use crate::error::{Error, Result};
+use crate::tensor::{DType, HostTensor};
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// How the decay `g` and write strength `beta` are given.
+#[derive(Clone, Copy, Debug)]
+pub enum Gating<'a> {
+    /// `g` and `beta`, both `[B, T, H]`.
+    Direct {
+        g: &'a HostTensor,
+        beta: &'a HostTensor,
+    },
+    /// Raw `a`, `b` `[B, T, H]` and per-head `A_log`, `dt_bias` `[H]`:
+    /// `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`, in f32.
+    Fused {
+        a: &'a HostTensor,
+        b: &'a HostTensor,
+        a_log: &'a HostTensor,
+        dt_bias: &'a HostTensor,
+    },
+}
+
+impl<'a> Gating<'a> {
+    /// Picks the gating from optional tensors as found in a file: either both of `g`, `beta`
+    /// or all four of `a`, `b`, `A_log`, `dt_bias`, and nothing of the other kind.
+    pub fn from_parts(
+        g: Option<&'a HostTensor>,
+        beta: Option<&'a HostTensor>,
+        a: Option<&'a HostTensor>,
+        b: Option<&'a HostTensor>,
+        a_log: Option<&'a HostTensor>,
+        dt_bias: Option<&'a HostTensor>,
+    ) -> Result<Self> {
+        let direct = [("g", g.is_some()), ("beta", beta.is_some())];
+        let fused = [
+            ("a", a.is_some()),
+            ("b", b.is_some()),
+            ("A_log", a_log.is_some()),
+            ("dt_bias", dt_bias.is_some()),
+        ];
+        let names = |set: &[(&str, bool)], present: bool| -> Vec<String> {
+            set.iter()
+                .filter(|(_, p)| *p == present)
+                .map(|(n, _)| format!("`{n}`"))
+                .collect()
+        };
+        let any_direct = direct.iter().any(|(_, p)| *p);
+        let any_fused = fused.iter().any(|(_, p)| *p);
+        if any_direct && any_fused {
+            return Err(Error::InvalidValue(format!(
+                "give either g and beta or fused gating (a, b, A_log, dt_bias), not both: found {} and {}",
+                names(&direct, true).join(", "),
+                names(&fused, true).join(", ")
+            )));
+        }
+        match (g, beta, a, b, a_log, dt_bias) {
+            (Some(g), Some(beta), None, None, None, None) => Ok(Gating::Direct { g, beta }),
+            (None, None, Some(a), Some(b), Some(a_log), Some(dt_bias)) => Ok(Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            }),
+            _ if any_fused => Err(Error::InvalidValue(format!(
+                "fused gating needs a, b, A_log and dt_bias, but {} missing",
+                names(&fused, false).join(", ")
+            ))),
+            _ if any_direct => Err(Error::InvalidValue(format!(
+                "gating needs both g and beta, but {} missing",
+                names(&direct, false).join(", ")
+            ))),
+            _ => Err(Error::MissingTensor(
+                "g and beta (or fused gating: a, b, A_log, dt_bias)".to_string(),
+            )),
+        }
+    }
+}
+
+/// The tensors of one decode call (the pool is passed separately, mutably).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeInputs<'a> {
+    pub q: &'a HostTensor,
+    pub k: &'a HostTensor,
+    pub v: &'a HostTensor,
+    pub gating: Gating<'a>,
+    /// `[B]` i32 or i64; negative = skip the row.
+    pub slot_indices: &'a HostTensor,
+}
+
+/// Options of one decode call.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeOptions {
+    /// Scale and l2 norm, as for prefill.
+    pub gdn: GdnOptions,
+    /// Also return the state after every token, `[B, T, H, K, V]` f32.
+    pub intermediate_states: bool,
+}
+
+/// Decode results (the pool itself is updated in place).
+#[derive(Clone, Debug)]
+pub struct DecodeOutput {
+    /// `[B, T, H, V]` in v's dtype; zeros for skipped rows.
+    pub o: HostTensor,
+    /// `[B, T, H, K, V]` f32 when asked; zeros for skipped rows.
+    pub intermediate_states: Option<HostTensor>,
+}
+
+/// A pool element type: widened to f32 when a block is loaded, rounded once when stored.
+trait PoolElem: Copy + Send + Sync {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl PoolElem for f32 {
+    #[inline]
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl PoolElem for bf16 {
+    #[inline]
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [bf16]) {
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+/// A buffer that parallel tasks read and write at disjoint ranges.
+struct Shared<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: tasks only touch disjoint ranges (see `range`), so sharing the pointer is sound.
+unsafe impl<T: Send> Send for Shared<T> {}
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    fn new(buffer: &mut [T]) -> Self {
+        Self {
+            ptr: buffer.as_mut_ptr(),
+            len: buffer.len(),
+        }
+    }
+
+    /// The sub-slice `offset..offset + len`.
+    ///
+    /// # Safety
+    /// No two live slices obtained from this buffer may overlap.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, offset: usize, len: usize) -> &mut [T] {
+        assert!(offset + len <= self.len, "decode range out of bounds");
+        // SAFETY: in bounds (checked above); disjointness is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
+    }
+}
+
+/// Runs GDN decode on the CPU, updating the addressed slots of `state_pool` (`[S, H, K, V]`,
+/// f32 or bf16) in place. On error nothing has been written.
+pub fn gdn_decode(
+    inputs: &DecodeInputs<'_>,
+    state_pool: &mut HostTensor,
+    options: &DecodeOptions,
+) -> Result<DecodeOutput> {
+    let p = prepare_decode(inputs, state_pool, &options.gdn)?;
+    let d = p.dims;
+    let rows = d.batch * d.tokens;
+    // Poisoned so that any element a kernel forgets to write shows up as NaN.
+    let mut o = vec![f32::NAN; rows * d.value_heads * d.value_dim];
+    let mut states = if options.intermediate_states {
+        vec![f32::NAN; rows * d.value_heads * d.key_dim * d.value_dim]
+    } else {
+        Vec::new()
+    };
+    match p.pool_dtype {
+        DType::F32 => {
+            let pool = state_pool.as_f32_mut().expect("checked f32 pool");
+            run_kernel(&p, pool, &mut o, &mut states);
+        }
+        DType::BF16 => {
+            let pool = state_pool.as_bf16_mut().expect("checked bf16 pool");
+            run_kernel(&p, pool, &mut o, &mut states);
+        }
+        other => unreachable!("pool dtype {other} passed validation"),
+    }
+    let o = HostTensor::from_f32_as(
+        vec![d.batch, d.tokens, d.value_heads, d.value_dim],
+        &o,
+        p.out_dtype,
+    )?;
+    let intermediate_states = if options.intermediate_states {
+        Some(HostTensor::from_f32(
+            vec![d.batch, d.tokens, d.value_heads, d.key_dim, d.value_dim],
+            states,
+        )?)
+    } else {
+        None
+    };
+    Ok(DecodeOutput {
+        o,
+        intermediate_states,
+    })
+}
+
+/// Per-token scalars shared by every column block: `k . q` per (row, key head) and
+/// `exp(g)` per (row, value head).
+struct TokenScalars {
+    key_dot_query: Vec<f32>,
+    decay: Vec<f32>,
+}
+
+fn token_scalars(p: &PreparedDecode) -> TokenScalars {
+    let kd = p.dims.key_dim;
+    TokenScalars {
+        key_dot_query: p
+            .q
+            .chunks_exact(kd)
+            .zip(p.k.chunks_exact(kd))
+            .map(|(q, k)| dot(k, q))
+            .collect(),
+        decay: p.g.iter().map(|g| g.exp()).collect(),
+    }
+}
+
+/// Drives the block kernel over every (row, value head, column block).
+fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], states: &mut [f32]) {
+    let d = p.dims;
+    let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
+    let blocks = vd.div_ceil(BLOCK);
+    let scalars = token_scalars(p);
+    let with_states = !states.is_empty();
+    let pool = Shared::new(pool);
+    let o = Shared::new(o);
+    let states = Shared::new(states);
+    (0..d.batch * heads * blocks).into_par_iter().for_each_init(
+        || vec![[0.0f32; BLOCK]; MAX_HEAD_DIM],
+        |block, task| {
+            let (row, head, col0) = (
+                task / (heads * blocks),
+                task / blocks % heads,
+                task % blocks * BLOCK,
+            );
+            let width = BLOCK.min(vd - col0);
+            let block = &mut block[..kd];
+            let Some(slot) = p.slot_of_row[row] else {
+                // Skipped row: zeros out, nothing read or written in the pool.
+                for t in 0..d.tokens {
+                    let token_head = (row * d.tokens + t) * heads + head;
+                    // SAFETY: (row, t, head, this block's columns) belong to this task.
+                    unsafe { o.range(token_head * vd + col0, width) }.fill(0.0);
+                    if with_states {
+                        for i in 0..kd {
+                            let at = (token_head * kd + i) * vd + col0;
+                            // SAFETY: as above.
+                            unsafe { states.range(at, width) }.fill(0.0);
+                        }
+                    }
+                }
+                return;
+            };
+            let slab = (slot * heads + head) * kd * vd;
+            for (i, dst) in block.iter_mut().enumerate() {
+                // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+                // block's columns) belong to this task alone.
+                let src = unsafe { pool.range(slab + i * vd + col0, width) };
+                E::widen(src, &mut dst[..width]);
+                dst[width..].fill(0.0);
+            }
+            let key_head = d.key_head_of(head);
+            let mut out = [0.0f32; BLOCK];
+            for t in 0..d.tokens {
+                let token = row * d.tokens + t;
+                let key_row = token * d.key_heads + key_head;
+                let token_head = token * heads + head;
+                let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+                let step = TokenStep {
+                    q: &p.q[key_row * kd..][..kd],
+                    k: &p.k[key_row * kd..][..kd],
+                    key_dot_query: scalars.key_dot_query[key_row],
+                    value: &value,
+                    decay: scalars.decay[token_head],
+                    beta: p.beta[token_head],
+                    scale: p.scale,
+                };
+                step_block(block, &step, &mut out);
+                // SAFETY: (token, head, this block's columns) belong to this task alone.
+                unsafe { o.range(token_head * vd + col0, width) }.copy_from_slice(&out[..width]);
+                if with_states {
+                    for (i, src) in block.iter().enumerate() {
+                        let at = (token_head * kd + i) * vd + col0;
+                        // SAFETY: as above, for the intermediate state of this token.
+                        unsafe { states.range(at, width) }.copy_from_slice(&src[..width]);
+                    }
+                }
+            }
+            for (i, src) in block.iter().enumerate() {
+                // SAFETY: as for the load above.
+                let dst = unsafe { pool.range(slab + i * vd + col0, width) };
+                E::narrow(&src[..width], dst);
+            }
+        },
+    );
+}

@@ -1,0 +1,477 @@
+//! GDN decode against the f64 oracle on fresh random inputs, decode continuing a prefill, and
+//! every bad-input case.
+
+use deltakv_core::gdn::decode_oracle::gdn_decode_reference;
+use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv_core::gdn::random::{GdnCase, GdnSpec};
+use deltakv_core::gdn::{
+    DecodeInputs, DecodeOptions, Gating, GdnOptions, PrefillMode, gdn_decode, gdn_prefill,
+};
+use deltakv_core::metrics::rel_rms;
+use deltakv_core::{DType, HostTensor};
+
+const O_TOLERANCE: f64 = 2.0e-3;
+const STATE_TOLERANCE_F32: f64 = 1.0e-5;
+const STATE_TOLERANCE_BF16: f64 = 4.0e-3;
+
+fn options(l2: bool, intermediate: bool) -> DecodeOptions {
+    DecodeOptions {
+        gdn: GdnOptions {
+            scale: None,
+            use_qk_l2norm: l2,
+        },
+        intermediate_states: intermediate,
+    }
+}
+
+/// Runs one random case through the kernel and the oracle and checks every output.
+fn check(name: &str, spec: &DecodeSpec, l2: bool, seed: u64) {
+    let case = DecodeCase::random(spec, seed).unwrap();
+    let inputs = case.inputs().unwrap();
+    let opts = options(l2, true);
+    let reference = gdn_decode_reference(&inputs, &case.state_pool, &opts.gdn).unwrap();
+    let mut pool = case.state_pool.clone();
+    let out = gdn_decode(&inputs, &mut pool, &opts).unwrap();
+    assert_eq!(out.o.dtype(), spec.dtype, "{name}: o dtype");
+    assert_eq!(pool.dtype(), spec.pool_dtype, "{name}: pool dtype");
+    let (heads, kd, vd) = (spec.value_heads, spec.key_dim, spec.value_dim);
+    let slab = heads * kd * vd;
+    let slots = case.slot_indices.to_i64_vec("slots").unwrap();
+
+    let o = out.o.to_f32_vec("o").unwrap();
+    let states = out.intermediate_states.as_ref().unwrap();
+    assert_eq!(
+        states.shape(),
+        &[spec.batch, spec.tokens, heads, kd, vd],
+        "{name}"
+    );
+    let states = states.as_f32().unwrap();
+    // Skipped rows: exact zeros; addressed rows: compared with the oracle.
+    let (mut o_got, mut o_ref, mut st_got, mut st_ref) = (vec![], vec![], vec![], vec![]);
+    let o_row = spec.tokens * heads * vd;
+    let st_row = spec.tokens * slab;
+    for (row, &slot) in slots.iter().enumerate() {
+        let o_part = &o[row * o_row..][..o_row];
+        let st_part = &states[row * st_row..][..st_row];
+        if slot < 0 {
+            assert!(
+                o_part.iter().all(|&x| x.to_bits() == 0),
+                "{name}: skipped o"
+            );
+            assert!(
+                st_part.iter().all(|&x| x.to_bits() == 0),
+                "{name}: skipped states"
+            );
+        } else {
+            o_got.extend_from_slice(o_part);
+            o_ref.extend_from_slice(&reference.o[row * o_row..][..o_row]);
+            st_got.extend_from_slice(st_part);
+            st_ref.extend_from_slice(&reference.intermediate_states[row * st_row..][..st_row]);
+        }
+    }
+    // The pool: addressed slots against the oracle, every other slot bit-identical.
+    let before = case.state_pool.to_f32_vec("pool").unwrap();
+    let after = pool.to_f32_vec("pool").unwrap();
+    let (mut pool_got, mut pool_ref) = (vec![], vec![]);
+    for s in 0..spec.slots {
+        let range = s * slab..(s + 1) * slab;
+        if slots.contains(&(s as i64)) {
+            pool_got.extend_from_slice(&after[range.clone()]);
+            pool_ref.extend_from_slice(&reference.state_pool[range]);
+        } else {
+            let same = before[range.clone()]
+                .iter()
+                .zip(&after[range])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: slot {s} is not addressed but changed");
+        }
+    }
+    let o_err = rel_rms(&o_got, &o_ref);
+    let st_err = rel_rms(&st_got, &st_ref);
+    let pool_err = rel_rms(&pool_got, &pool_ref);
+    let pool_tol = if spec.pool_dtype == DType::BF16 {
+        STATE_TOLERANCE_BF16
+    } else {
+        STATE_TOLERANCE_F32
+    };
+    eprintln!("{name}: o {o_err:.3e}, intermediate {st_err:.3e}, pool {pool_err:.3e}");
+    assert!(o_err < O_TOLERANCE, "{name}: o rel_rms {o_err:.3e}");
+    assert!(
+        st_err < STATE_TOLERANCE_F32,
+        "{name}: intermediate rel_rms {st_err:.3e}"
+    );
+    assert!(pool_err < pool_tol, "{name}: pool rel_rms {pool_err:.3e}");
+
+    // Without intermediate states: the same o and pool, bit for bit.
+    let mut pool2 = case.state_pool.clone();
+    let out2 = gdn_decode(&inputs, &mut pool2, &options(l2, false)).unwrap();
+    assert!(out2.intermediate_states.is_none());
+    assert_eq!(
+        out2.o, out.o,
+        "{name}: o differs without intermediate states"
+    );
+    assert_eq!(
+        pool2, pool,
+        "{name}: pool differs without intermediate states"
+    );
+}
+
+#[test]
+fn tokens_gqa_and_head_dims_against_the_oracle() {
+    let mut seed = 1000;
+    for (kd, vd) in [(128, 128), (64, 256)] {
+        for ratio in [1, 4] {
+            for tokens in [1, 3, 16] {
+                for fused in [false, true] {
+                    let mut spec = DecodeSpec::new(3, tokens, 1, ratio, kd, vd);
+                    spec.fused_gating = fused;
+                    spec.skipped_rows = vec![1];
+                    seed += 1;
+                    let name = format!("K={kd} V={vd} GQA {ratio} T={tokens} fused={fused}");
+                    check(&name, &spec, false, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_token_count_with_l2norm_and_two_key_heads() {
+    for tokens in 1..=16 {
+        let mut spec = DecodeSpec::new(2, tokens, 2, 4, 64, 48);
+        spec.raw_qk = true;
+        spec.fused_gating = tokens % 2 == 0;
+        check(&format!("T={tokens} l2"), &spec, true, 2000 + tokens as u64);
+    }
+}
+
+#[test]
+fn bf16_pool() {
+    for (tokens, fused) in [(1, false), (7, true), (16, false)] {
+        let mut spec = DecodeSpec::new(3, tokens, 1, 4, 128, 128);
+        spec.pool_dtype = DType::BF16;
+        spec.fused_gating = fused;
+        spec.skipped_rows = vec![0];
+        check(
+            &format!("bf16 pool T={tokens} fused={fused}"),
+            &spec,
+            false,
+            3000 + tokens as u64,
+        );
+    }
+}
+
+#[test]
+fn f32_inputs_odd_dims_and_all_rows_skipped() {
+    let mut spec = DecodeSpec::new(4, 5, 2, 2, 100, 40);
+    spec.dtype = DType::F32;
+    spec.slots = 9;
+    check("f32 K=100 V=40", &spec, false, 4001);
+    let mut spec = DecodeSpec::new(2, 2, 1, 2, 32, 32);
+    spec.skipped_rows = vec![0, 1];
+    check("all skipped", &spec, false, 4002);
+    let mut spec = DecodeSpec::new(1, 1, 1, 1, 256, 256);
+    spec.slots = 1;
+    check("K=V=256 one slot", &spec, false, 4003);
+}
+
+#[test]
+fn large_fused_gate_inputs_use_the_linear_softplus() {
+    let spec = {
+        let mut s = DecodeSpec::new(2, 4, 1, 2, 32, 32);
+        s.fused_gating = true;
+        s
+    };
+    let mut case = DecodeCase::random(&spec, 5000).unwrap();
+    for (name, t) in case.gates.iter_mut() {
+        if name == "a" {
+            let values: Vec<f32> = (0..t.len())
+                .map(|i| [25.0, -30.0, 0.0, 19.9][i % 4])
+                .collect();
+            *t = HostTensor::from_f32(t.shape().to_vec(), values).unwrap();
+        }
+        if name == "dt_bias" {
+            *t = HostTensor::from_f32(vec![2], vec![0.0, 0.5]).unwrap();
+        }
+        if name == "A_log" {
+            *t = HostTensor::from_f32(vec![2], vec![-3.0, -4.0]).unwrap();
+        }
+    }
+    let inputs = case.inputs().unwrap();
+    let opts = options(false, false);
+    let reference = gdn_decode_reference(&inputs, &case.state_pool, &opts.gdn).unwrap();
+    let mut pool = case.state_pool.clone();
+    let out = gdn_decode(&inputs, &mut pool, &opts).unwrap();
+    let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
+    let p_err = rel_rms(&pool.to_f32_vec("pool").unwrap(), &reference.state_pool);
+    assert!(o_err < O_TOLERANCE, "o {o_err:.3e}");
+    assert!(p_err < STATE_TOLERANCE_F32, "pool {p_err:.3e}");
+}
+
+/// Token range `t0..t1` of a `[B, T, ...]` tensor, as a new tensor in the same dtype.
+fn tokens_of(t: &HostTensor, t0: usize, t1: usize) -> HostTensor {
+    let shape = t.shape();
+    let inner: usize = shape[2..].iter().product();
+    let values = t.to_f32_vec("x").unwrap();
+    let mut picked = Vec::new();
+    for b in 0..shape[0] {
+        picked.extend_from_slice(&values[(b * shape[1] + t0) * inner..(b * shape[1] + t1) * inner]);
+    }
+    let mut new_shape = shape.to_vec();
+    new_shape[1] = t1 - t0;
+    HostTensor::from_f32_as(new_shape, &picked, t.dtype()).unwrap()
+}
+
+#[test]
+fn decode_continuing_a_prefill_equals_the_longer_prefill() {
+    // Two sequences of 70 + 9 tokens: prefill 70, then decode 4 + 1 + 4 tokens from its
+    // final state; the result must match prefilling all 79 tokens at once.
+    let (prompt, total) = (70, 79);
+    let mut spec = GdnSpec::new(total, 2, 4, 64, 64);
+    spec.batch = 2;
+    spec.dtype = DType::F32;
+    spec.raw_qk = true;
+    spec.with_initial_state = true;
+    let case = GdnCase::random(&spec, 6000).unwrap();
+    let gdn = GdnOptions {
+        scale: Some(0.2),
+        use_qk_l2norm: true,
+    };
+    let full = gdn_prefill(&case.inputs(), &gdn, PrefillMode::Chunk).unwrap();
+    let head =
+        |t0, t1| [&case.q, &case.k, &case.v, &case.g, &case.beta].map(|x| tokens_of(x, t0, t1));
+    let [q, k, v, g, beta] = head(0, prompt);
+    let mut prompt_inputs = case.inputs();
+    (
+        prompt_inputs.q,
+        prompt_inputs.k,
+        prompt_inputs.v,
+        prompt_inputs.g,
+        prompt_inputs.beta,
+    ) = (&q, &k, &v, &g, &beta);
+    let prefix = gdn_prefill(&prompt_inputs, &gdn, PrefillMode::Chunk).unwrap();
+
+    // The pool holds the two sequences in slots 2 and 0 of 3 (slot 1 is someone else's).
+    let (heads, state_len) = (4, 64 * 64);
+    let finals = prefix.final_state.as_f32().unwrap();
+    let mut pool_values = vec![7.0f32; 3 * heads * state_len];
+    pool_values[2 * heads * state_len..].copy_from_slice(&finals[..heads * state_len]);
+    pool_values[..heads * state_len].copy_from_slice(&finals[heads * state_len..]);
+    let mut pool = HostTensor::from_f32(vec![3, heads, 64, 64], pool_values).unwrap();
+    let slots = HostTensor::from_i32(vec![2], vec![2, 0]).unwrap();
+    let full_o = full.o.to_f32_vec("o").unwrap();
+    let mut t0 = prompt;
+    for step in [4, 1, 4] {
+        let [q, k, v, g, beta] = head(t0, t0 + step);
+        let inputs = DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating: Gating::Direct { g: &g, beta: &beta },
+            slot_indices: &slots,
+        };
+        let out = gdn_decode(
+            &inputs,
+            &mut pool,
+            &DecodeOptions {
+                gdn: gdn.clone(),
+                intermediate_states: false,
+            },
+        )
+        .unwrap();
+        let expected = tokens_of(&full.o, t0, t0 + step).to_f32_vec("o").unwrap();
+        let got = out.o.to_f32_vec("o").unwrap();
+        let err = got
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(err < 1e-4, "o at tokens {t0}..: max diff {err:.3e}");
+        t0 += step;
+    }
+    assert_eq!(full_o.len(), 2 * total * heads * 64);
+    let pool = pool.as_f32().unwrap();
+    let full_state = full.final_state.as_f32().unwrap();
+    let pairs = [(2, 0), (0, 1)];
+    for (slot, seq) in pairs {
+        let got = &pool[slot * heads * state_len..][..heads * state_len];
+        let expected = &full_state[seq * heads * state_len..][..heads * state_len];
+        let err = got
+            .iter()
+            .zip(expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(err < 1e-4, "state of sequence {seq}: max diff {err:.3e}");
+    }
+    assert!(
+        pool[heads * state_len..2 * heads * state_len]
+            .iter()
+            .all(|&x| x == 7.0)
+    );
+}
+
+// ---- bad input: one clear error, and the pool untouched ----
+
+/// Runs decode on `case` with `edit` applied and returns the error message; also checks the
+/// pool was not modified.
+fn error_of(spec: &DecodeSpec, edit: impl FnOnce(&mut DecodeCase)) -> String {
+    let mut case = DecodeCase::random(spec, 7000).unwrap();
+    edit(&mut case);
+    let mut pool = case.state_pool.clone();
+    let result = case
+        .inputs()
+        .and_then(|inputs| gdn_decode(&inputs, &mut pool, &options(false, true)));
+    assert_eq!(pool, case.state_pool, "the pool changed on an error");
+    result.expect_err("expected an error").to_string()
+}
+
+fn set_gate(case: &mut DecodeCase, name: &str, tensor: Option<HostTensor>) {
+    case.gates.retain(|(n, _)| n != name);
+    if let Some(t) = tensor {
+        case.gates.push((name.to_string(), t));
+    }
+}
+
+fn assert_contains(message: &str, needle: &str) {
+    assert!(message.contains(needle), "`{message}` lacks `{needle}`");
+}
+
+#[test]
+fn bad_slot_indices() {
+    let spec = DecodeSpec::new(3, 2, 1, 2, 32, 32);
+    let err = error_of(&spec, |c| {
+        c.slot_indices = HostTensor::from_i32(vec![3], vec![0, 5, -1]).unwrap();
+    });
+    assert_contains(
+        &err,
+        "slot_indices[1] = 5 is out of range for a state pool of 5 slots",
+    );
+    let err = error_of(&spec, |c| {
+        c.slot_indices = HostTensor::from_i64(vec![3], vec![4, -1, 4]).unwrap();
+    });
+    assert_contains(&err, "rows 0 and 2 both address slot 4");
+    let err = error_of(&spec, |c| {
+        c.slot_indices = HostTensor::from_i32(vec![2], vec![0, 1]).unwrap();
+    });
+    assert_contains(&err, "tensor `slot_indices`: expected shape [3]");
+    let err = error_of(&spec, |c| {
+        c.slot_indices = HostTensor::from_f32(vec![3], vec![0.0, 1.0, 2.0]).unwrap();
+    });
+    assert_contains(
+        &err,
+        "tensor `slot_indices` has dtype f32, expected i32 or i64",
+    );
+}
+
+#[test]
+fn too_many_tokens() {
+    let spec = DecodeSpec::new(1, 17, 1, 1, 16, 16);
+    let err = error_of(&spec, |_| {});
+    assert_contains(&err, "decode takes at most 16 tokens per row, got T = 17");
+}
+
+#[test]
+fn gating_half_given() {
+    let spec = DecodeSpec::new(2, 1, 1, 2, 16, 16);
+    let err = error_of(&spec, |c| set_gate(c, "beta", None));
+    assert_contains(&err, "gating needs both g and beta, but `beta` missing");
+    let mut fused = spec.clone();
+    fused.fused_gating = true;
+    let err = error_of(&fused, |c| {
+        set_gate(c, "A_log", None);
+        set_gate(c, "dt_bias", None);
+    });
+    assert_contains(
+        &err,
+        "fused gating needs a, b, A_log and dt_bias, but `A_log`, `dt_bias` missing",
+    );
+    let err = error_of(&fused, |c| {
+        let g = HostTensor::from_f32(vec![2, 1, 2], vec![-0.1; 4]).unwrap();
+        set_gate(c, "g", Some(g));
+    });
+    assert_contains(&err, "give either g and beta or fused gating");
+    let err = error_of(&spec, |c| {
+        set_gate(c, "g", None);
+        set_gate(c, "beta", None);
+    });
+    assert_contains(&err, "missing tensor `g and beta");
+}
+
+#[test]
+fn shape_and_dtype_mismatches() {
+    let spec = DecodeSpec::new(2, 3, 1, 2, 16, 16);
+    let err = error_of(&spec, |c| {
+        c.state_pool = HostTensor::from_f32(vec![4, 3, 16, 16], vec![0.0; 4 * 3 * 256]).unwrap();
+    });
+    assert_contains(
+        &err,
+        "tensor `state_pool`: expected shape [4, 2, 16, 16] [S, H, K, V]",
+    );
+    let err = error_of(&spec, |c| {
+        c.state_pool =
+            HostTensor::from_f32_as(vec![4, 2, 16, 16], &[0.0; 4 * 2 * 256], DType::F16).unwrap();
+    });
+    assert_contains(
+        &err,
+        "tensor `state_pool` has dtype f16, expected f32 or bf16",
+    );
+    let err = error_of(&spec, |c| {
+        c.v = HostTensor::from_f32_as(vec![2, 2, 2, 16], &[0.0; 128], DType::BF16).unwrap();
+    });
+    assert_contains(&err, "tensor `v`: expected shape [2, 3, 2, 16]");
+    let err = error_of(&spec, |c| {
+        c.k = HostTensor::from_f32_as(vec![2, 3, 1, 16], &[0.0; 96], DType::F32).unwrap();
+    });
+    assert_contains(
+        &err,
+        "tensor `k` has dtype f32, expected bf16 (the dtype of q)",
+    );
+    let err = error_of(&spec, |c| {
+        let g = HostTensor::from_f32(vec![2, 3, 1], vec![-0.1; 6]).unwrap();
+        set_gate(c, "g", Some(g));
+    });
+    assert_contains(&err, "tensor `g`: expected shape [2, 3, 2]");
+    let mut fused = spec.clone();
+    fused.fused_gating = true;
+    let err = error_of(&fused, |c| {
+        set_gate(
+            c,
+            "A_log",
+            Some(HostTensor::from_f32(vec![3], vec![0.0; 3]).unwrap()),
+        );
+    });
+    assert_contains(&err, "tensor `A_log`: expected shape [2] [H]");
+}
+
+#[test]
+fn non_finite_inputs() {
+    let spec = DecodeSpec::new(2, 2, 1, 2, 16, 16);
+    let nan_at = |t: &HostTensor, i: usize| {
+        let mut values = t.to_f32_vec("x").unwrap();
+        values[i] = f32::NAN;
+        HostTensor::from_f32_as(t.shape().to_vec(), &values, t.dtype()).unwrap()
+    };
+    let err = error_of(&spec, |c| c.q = nan_at(&c.q, 5));
+    assert_contains(
+        &err,
+        "tensor `q` holds a non-finite value (NaN) at flat index 5",
+    );
+    let err = error_of(&spec, |c| {
+        let g = nan_at(c.gate("g").unwrap(), 3);
+        set_gate(c, "g", Some(g));
+    });
+    assert_contains(
+        &err,
+        "tensor `g` holds a non-finite value (NaN) at flat index 3",
+    );
+    let mut fused = spec.clone();
+    fused.fused_gating = true;
+    let err = error_of(&fused, |c| {
+        let b = nan_at(c.gate("b").unwrap(), 1);
+        set_gate(c, "b", Some(b));
+    });
+    assert_contains(
+        &err,
+        "tensor `b` holds a non-finite value (NaN) at flat index 1",
+    );
+}

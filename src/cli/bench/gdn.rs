@@ -23,6 +23,9 @@ pub struct GdnBenchArgs {
     /// Which prefill algorithms to time (chunk, recurrent).
     #[arg(long, value_delimiter = ',', default_value = "chunk,recurrent")]
     pub modes: Vec<super::super::gdn::ModeArg>,
+    /// Batch sizes for the decode benchmark (one decode step, pool of B slots).
+    #[arg(long, value_delimiter = ',', default_value = "1,32,256")]
+    pub decode_batches: Vec<usize>,
     #[command(flatten)]
     pub json: JsonArg,
 }
@@ -99,6 +102,7 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
     for line in lines {
         println!("{line}");
     }
+    super::gdn_decode::run(device, &args.decode_batches, &mut records)?;
     if let Some(path) = &args.json.json {
         write_json(path, &records)?;
         println!("wrote {}", path.display());

@@ -2,6 +2,7 @@
 //! progress bar.
 
 mod gdn;
+mod gdn_decode;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};

@@ -31,12 +31,10 @@
 use super::decode_validate::{PreparedDecode, prepare_decode};
 use super::prefill::GdnOptions;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
-use super::validate::MAX_HEAD_DIM;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor};
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How the decay `g` and write strength `beta` are given.
 #[derive(Clone, Copy, Debug)]
@@ -142,30 +140,76 @@ pub struct DecodeOutput {
 }
 
 /// A pool element type: widened to f32 when a block is loaded, rounded once when stored.
+/// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
+/// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
 trait PoolElem: Copy + Send + Sync {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    fn narrow(src: &[f32], dst: &mut [Self]);
+    fn widen(src: &[Self], dst: &mut [f32; BLOCK]);
+    fn narrow(src: &[f32; BLOCK], dst: &mut [Self]);
 }
 
 impl PoolElem for f32 {
-    #[inline]
-    fn widen(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
+    #[inline(always)]
+    fn widen(src: &[f32], dst: &mut [f32; BLOCK]) {
+        if let Ok(full) = <&[f32; BLOCK]>::try_from(src) {
+            *dst = *full;
+        } else {
+            dst[..src.len()].copy_from_slice(src);
+            dst[src.len()..].fill(0.0);
+        }
     }
-    #[inline]
-    fn narrow(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
+    #[inline(always)]
+    fn narrow(src: &[f32; BLOCK], dst: &mut [f32]) {
+        if let Ok(full) = <&mut [f32; BLOCK]>::try_from(&mut *dst) {
+            *full = *src;
+        } else {
+            let width = dst.len();
+            dst.copy_from_slice(&src[..width]);
+        }
     }
 }
 
+/// bf16 -> f32 is exact: the bf16 bits are the top half of the f32.
+#[inline(always)]
+fn bf16_to_f32(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// f32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN), branch-free so that it
+/// vectorises.
+#[inline(always)]
+fn f32_to_bf16(x: f32) -> bf16 {
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
+    let nan = (bits >> 16) | 0x0040;
+    let is_nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
+    bf16::from_bits(if is_nan { nan } else { rounded } as u16)
+}
+
 impl PoolElem for bf16 {
-    #[inline]
-    fn widen(src: &[bf16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+    #[inline(always)]
+    fn widen(src: &[bf16], dst: &mut [f32; BLOCK]) {
+        if let Ok(full) = <&[bf16; BLOCK]>::try_from(src) {
+            for (d, &s) in dst.iter_mut().zip(full) {
+                *d = bf16_to_f32(s);
+            }
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = bf16_to_f32(s);
+            }
+            dst[src.len()..].fill(0.0);
+        }
     }
-    #[inline]
-    fn narrow(src: &[f32], dst: &mut [bf16]) {
-        dst.convert_from_f32_slice(src);
+    #[inline(always)]
+    fn narrow(src: &[f32; BLOCK], dst: &mut [bf16]) {
+        if let Ok(full) = <&mut [bf16; BLOCK]>::try_from(&mut *dst) {
+            for (d, &s) in full.iter_mut().zip(src) {
+                *d = f32_to_bf16(s);
+            }
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = f32_to_bf16(s);
+            }
+        }
     }
 }
 
@@ -266,31 +310,78 @@ fn token_scalars(p: &PreparedDecode) -> TokenScalars {
     }
 }
 
-/// Drives the block kernel over every (row, value head, column block).
+/// Runs `work(scratch, task)` for every task in `0..tasks` on the rayon pool. Each thread owns a
+/// fixed contiguous range (thread `i` of `n` gets the `i`-th n-th), so call after call the same
+/// thread touches the same slots and a pool that fits in the cores' caches stays there; a
+/// thread that finishes its range early helps the others (tasks are claimed with an atomic
+/// cursor per range, so each runs exactly once).
+fn for_each_task<S>(
+    tasks: usize,
+    scratch: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, usize) + Sync,
+) {
+    let threads = rayon::current_num_threads().clamp(1, tasks.max(1));
+    let bounds: Vec<usize> = (0..=threads).map(|i| i * tasks / threads).collect();
+    let cursors: Vec<AtomicUsize> = bounds[..threads]
+        .iter()
+        .map(|&b| AtomicUsize::new(b))
+        .collect();
+    let run = |me: usize| {
+        let mut local = scratch();
+        for r in (me..threads).chain(0..me) {
+            loop {
+                let task = cursors[r].fetch_add(1, Ordering::Relaxed);
+                if task >= bounds[r + 1] {
+                    break;
+                }
+                work(&mut local, task);
+            }
+        }
+    };
+    if threads == 1 {
+        run(0);
+    } else {
+        rayon::broadcast(|ctx| {
+            if ctx.index() < threads {
+                run(ctx.index());
+            }
+        });
+    }
+}
+
+/// Drives the block kernel. A task is one (row, value head, group of column blocks); with
+/// enough rows and heads a group is the whole slab (so the slab is read and written in one
+/// sequential sweep each, which the prefetchers like), and with few of them (B = 1 and small
+/// H) the slab is split so that every thread still gets work.
 fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], states: &mut [f32]) {
     let d = p.dims;
     let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
     let blocks = vd.div_ceil(BLOCK);
+    let units = d.batch * heads;
+    let wanted = 4 * rayon::current_num_threads();
+    let groups = wanted.div_ceil(units).clamp(1, blocks);
+    let group_len = blocks.div_ceil(groups);
+    let groups = blocks.div_ceil(group_len);
     let scalars = token_scalars(p);
     let with_states = !states.is_empty();
     let pool = Shared::new(pool);
     let o = Shared::new(o);
     let states = Shared::new(states);
-    (0..d.batch * heads * blocks).into_par_iter().for_each_init(
-        || vec![[0.0f32; BLOCK]; MAX_HEAD_DIM],
-        |block, task| {
-            let (row, head, col0) = (
-                task / (heads * blocks),
-                task / blocks % heads,
-                task % blocks * BLOCK,
-            );
-            let width = BLOCK.min(vd - col0);
-            let block = &mut block[..kd];
+    for_each_task(
+        units * groups,
+        || vec![[0.0f32; BLOCK]; group_len * kd],
+        |buffer, task| {
+            let (row, head, group) = (task / (heads * groups), task / groups % heads, task % groups);
+            let first = group * group_len;
+            let cols: Vec<(usize, usize)> = (first..blocks.min(first + group_len))
+                .map(|b| (b * BLOCK, BLOCK.min(vd - b * BLOCK)))
+                .collect();
             let Some(slot) = p.slot_of_row[row] else {
                 // Skipped row: zeros out, nothing read or written in the pool.
+                let (col0, width) = (cols[0].0, cols.iter().map(|c| c.1).sum::<usize>());
                 for t in 0..d.tokens {
                     let token_head = (row * d.tokens + t) * heads + head;
-                    // SAFETY: (row, t, head, this block's columns) belong to this task.
+                    // SAFETY: (row, t, head, this group's columns) belong to this task.
                     unsafe { o.range(token_head * vd + col0, width) }.fill(0.0);
                     if with_states {
                         for i in 0..kd {
@@ -303,44 +394,53 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
                 return;
             };
             let slab = (slot * heads + head) * kd * vd;
-            for (i, dst) in block.iter_mut().enumerate() {
-                // SAFETY: slots are distinct across rows (validated), so (slot, head, this
-                // block's columns) belong to this task alone.
-                let src = unsafe { pool.range(slab + i * vd + col0, width) };
-                E::widen(src, &mut dst[..width]);
-                dst[width..].fill(0.0);
+            // Load: one sweep over the slab's rows, each row's columns split into the blocks.
+            for i in 0..kd {
+                for (c, &(col0, width)) in cols.iter().enumerate() {
+                    // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+                    // group's columns) belong to this task alone.
+                    let src = unsafe { pool.range(slab + i * vd + col0, width) };
+                    E::widen(src, &mut buffer[c * kd + i]);
+                }
             }
             let key_head = d.key_head_of(head);
             let mut out = [0.0f32; BLOCK];
-            for t in 0..d.tokens {
-                let token = row * d.tokens + t;
-                let key_row = token * d.key_heads + key_head;
-                let token_head = token * heads + head;
-                let value = pad_value(&p.v[token_head * vd..][..vd], col0);
-                let step = TokenStep {
-                    q: &p.q[key_row * kd..][..kd],
-                    k: &p.k[key_row * kd..][..kd],
-                    key_dot_query: scalars.key_dot_query[key_row],
-                    value: &value,
-                    decay: scalars.decay[token_head],
-                    beta: p.beta[token_head],
-                    scale: p.scale,
-                };
-                step_block(block, &step, &mut out);
-                // SAFETY: (token, head, this block's columns) belong to this task alone.
-                unsafe { o.range(token_head * vd + col0, width) }.copy_from_slice(&out[..width]);
-                if with_states {
-                    for (i, src) in block.iter().enumerate() {
-                        let at = (token_head * kd + i) * vd + col0;
-                        // SAFETY: as above, for the intermediate state of this token.
-                        unsafe { states.range(at, width) }.copy_from_slice(&src[..width]);
+            for (c, &(col0, width)) in cols.iter().enumerate() {
+                let block = &mut buffer[c * kd..(c + 1) * kd];
+                for t in 0..d.tokens {
+                    let token = row * d.tokens + t;
+                    let key_row = token * d.key_heads + key_head;
+                    let token_head = token * heads + head;
+                    let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+                    let step = TokenStep {
+                        q: &p.q[key_row * kd..][..kd],
+                        k: &p.k[key_row * kd..][..kd],
+                        key_dot_query: scalars.key_dot_query[key_row],
+                        value: &value,
+                        decay: scalars.decay[token_head],
+                        beta: p.beta[token_head],
+                        scale: p.scale,
+                    };
+                    step_block(block, &step, &mut out);
+                    // SAFETY: (token, head, this block's columns) belong to this task alone.
+                    unsafe { o.range(token_head * vd + col0, width) }
+                        .copy_from_slice(&out[..width]);
+                    if with_states {
+                        for (i, src) in block.iter().enumerate() {
+                            let at = (token_head * kd + i) * vd + col0;
+                            // SAFETY: as above, for the intermediate state of this token.
+                            unsafe { states.range(at, width) }.copy_from_slice(&src[..width]);
+                        }
                     }
                 }
             }
-            for (i, src) in block.iter().enumerate() {
-                // SAFETY: as for the load above.
-                let dst = unsafe { pool.range(slab + i * vd + col0, width) };
-                E::narrow(&src[..width], dst);
+            // Store: one sweep, rounding once.
+            for i in 0..kd {
+                for (c, &(col0, width)) in cols.iter().enumerate() {
+                    // SAFETY: as for the load above.
+                    let dst = unsafe { pool.range(slab + i * vd + col0, width) };
+                    E::narrow(&buffer[c * kd + i], dst);
+                }
             }
         },
     );

@@ -1,0 +1,81 @@
+//! `deltakv bench gdn` (decode part): latency of one decode call at the Qwen3-Next shape
+//! (Hg = 16, H = 32, K = V = 128) for batch sizes B, with a pool of B slots kept resident and
+//! updated in place call after call, as in a serving loop.
+//!
+//! `state GB/s` counts the pool bytes a call must move at least once (each addressed slot read
+//! and written once), so it shows whether the state is touched once per call.
+
+use super::median_ms;
+use deltakv::gdn::DecodeOptions;
+use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::{DType, Device, Result, gdn_decode};
+use serde_json::json;
+use std::time::Duration;
+
+/// (name, Hg, H, K, V) of the decode shape.
+const SHAPE: (&str, usize, usize, usize, usize) = ("qwen3-next", 16, 32, 128, 128);
+
+/// Times decode at each batch size (T = 1 with f32 and bf16 pools; and T = 4 with intermediate
+/// states at the smallest batch), prints a table and appends JSON records.
+pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Value>) -> Result<()> {
+    device.ensure_available()?;
+    if let Some(bad) = batches.iter().find(|&&b| b == 0) {
+        return Err(deltakv::Error::InvalidValue(format!(
+            "--decode-batches: sizes must be at least 1, got {bad}"
+        )));
+    }
+    let (shape, key_heads, value_heads, key_dim, value_dim) = SHAPE;
+    let mut cases = Vec::new();
+    for &batch in batches {
+        cases.push((batch, 1, DType::F32, false));
+        cases.push((batch, 1, DType::BF16, false));
+    }
+    if let Some(&smallest) = batches.iter().min() {
+        cases.push((smallest, 4, DType::F32, true));
+    }
+    let mut lines = Vec::new();
+    for (batch, tokens, pool_dtype, intermediate) in cases {
+        let mut spec = DecodeSpec::new(batch, tokens, key_heads, value_heads, key_dim, value_dim);
+        spec.slots = batch;
+        spec.pool_dtype = pool_dtype;
+        spec.raw_qk = true;
+        spec.fused_gating = true;
+        let case = DecodeCase::random(&spec, 42)?;
+        let inputs = case.inputs()?;
+        let mut pool = case.state_pool.clone();
+        let options = DecodeOptions {
+            gdn: deltakv::gdn::GdnOptions {
+                scale: None,
+                use_qk_l2norm: true,
+            },
+            intermediate_states: intermediate,
+        };
+        let ms = median_ms(5, Duration::from_secs(1), || {
+            gdn_decode(device, &inputs, &mut pool, &options).map(drop)
+        })?;
+        let us = ms * 1e3;
+        let pool_bytes = (batch * value_heads * key_dim * value_dim * pool_dtype.size_in_bytes()) as f64;
+        let state_gb_s = 2.0 * pool_bytes / (ms / 1e3) / 1e9;
+        let per_token_us = us / tokens as f64;
+        lines.push(format!(
+            "{shape:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {:<13} {us:>10.1} us/call {per_token_us:>10.1} us/token {state_gb_s:>7.1} state GB/s",
+            if intermediate { "+intermediate" } else { "" }
+        ));
+        records.push(json!({
+            "op": "gdn_decode", "device": device.name(), "shape": shape, "B": batch, "T": tokens,
+            "Hg": key_heads, "H": value_heads, "K": key_dim, "V": value_dim, "dtype": "bf16",
+            "pool_dtype": pool_dtype.to_string(), "intermediate_states": intermediate,
+            "fused_gating": true, "use_qk_l2norm": true, "median_ms": ms,
+            "us_per_token": per_token_us, "state_gb_per_s": state_gb_s,
+            "threads": rayon::current_num_threads(),
+        }));
+    }
+    println!(
+        "GDN decode on {device}, {} threads, bf16 q/k/v, fused gating, l2 norm, pool of B slots updated in place, median wall time per call",
+        rayon::current_num_threads()
+    );
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod gdn;
+mod gdn_decode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use deltakv::{Device, Result};
@@ -41,6 +42,9 @@ impl From<DeviceArg> for Device {
 enum Command {
     /// GDN prefill over a safetensors file (q, k, v, g, beta, [initial_state], [cu_seqlens]).
     Gdn(gdn::GdnArgs),
+    /// GDN decode of 1..=16 tokens per row over a state pool in a safetensors file (q, k, v,
+    /// g/beta or a/b/A_log/dt_bias, state_pool, slot_indices); writes o and the updated pool.
+    GdnDecode(gdn_decode::GdnDecodeArgs),
     /// The main job: a Qwen3-Next GDN layer on random inputs, checked against the f64 oracle.
     Demo(demo::DemoArgs),
     /// Benchmarks (tokens/s, GFLOP/s), optionally written as JSON records.
@@ -51,6 +55,7 @@ pub fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Gdn(args) => gdn::run(args),
+        Command::GdnDecode(args) => gdn_decode::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
     }

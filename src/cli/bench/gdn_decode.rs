@@ -54,7 +54,8 @@ pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Valu
             gdn_decode(device, &inputs, &mut pool, &options).map(drop)
         })?;
         let us = ms * 1e3;
-        let pool_bytes = (batch * value_heads * key_dim * value_dim * pool_dtype.size_in_bytes()) as f64;
+        let pool_bytes =
+            (batch * value_heads * key_dim * value_dim * pool_dtype.size_in_bytes()) as f64;
         let state_gb_s = 2.0 * pool_bytes / (ms / 1e3) / 1e9;
         let per_token_us = us / tokens as f64;
         lines.push(format!(

@@ -371,7 +371,11 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
         units * groups,
         || vec![[0.0f32; BLOCK]; group_len * kd],
         |buffer, task| {
-            let (row, head, group) = (task / (heads * groups), task / groups % heads, task % groups);
+            let (row, head, group) = (
+                task / (heads * groups),
+                task / groups % heads,
+                task % groups,
+            );
             let first = group * group_len;
             let cols: Vec<(usize, usize)> = (first..blocks.min(first + group_len))
                 .map(|b| (b * BLOCK, BLOCK.min(vd - b * BLOCK)))

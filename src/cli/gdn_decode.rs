@@ -1,0 +1,103 @@
+//! `deltakv gdn-decode`: one decode call over a safetensors file, writing `o`, the whole updated
+//! `state_pool` and, when asked, `intermediate_states`.
+
+use super::DeviceArg;
+use super::gdn::{options_from_metadata, warn_unknown};
+use clap::Args;
+use deltakv::gdn::validate::check_finite;
+use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating};
+use deltakv::io::TensorFile;
+use deltakv::{Result, gdn_decode};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct GdnDecodeArgs {
+    /// Input safetensors: q, k [B,T,Hg,K]; v [B,T,H,V]; g, beta [B,T,H] or fused gating a, b
+    /// [B,T,H] with A_log, dt_bias [H]; state_pool [S,H,K,V] f32/bf16; slot_indices [B] i32/i64
+    /// (negative = skip). T <= 16. Metadata: scale, use_qk_l2norm, intermediate_states.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output safetensors: o [B,T,H,V] (v's dtype), state_pool (the whole updated pool, same
+    /// dtype) and, with intermediate_states = true, intermediate_states [B,T,H,K,V] f32.
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceArg,
+}
+
+const KNOWN: [&str; 11] = [
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "a",
+    "b",
+    "A_log",
+    "dt_bias",
+    "state_pool",
+    "slot_indices",
+];
+
+pub fn run(args: GdnDecodeArgs) -> Result<()> {
+    let device = args.device.into();
+    deltakv::Device::ensure_available(device)?;
+    let mut file = TensorFile::load(&args.input)?;
+    warn_unknown(&file, &KNOWN);
+    let options = DecodeOptions {
+        gdn: options_from_metadata(&file)?,
+        intermediate_states: file.metadata_bool("intermediate_states")?.unwrap_or(false),
+    };
+    // The pool is taken out of the file so it can be updated in place and written back whole.
+    let mut pool = file
+        .tensors
+        .remove("state_pool")
+        .ok_or_else(|| deltakv::Error::MissingTensor("state_pool".to_string()))?;
+    // The kernel trusts the pool's values (a serving engine owns it); a file gets checked.
+    if pool.dtype().is_float() {
+        check_finite("state_pool", &pool.to_f32_vec("state_pool")?)?;
+    }
+    let inputs = DecodeInputs {
+        q: file.require("q")?,
+        k: file.require("k")?,
+        v: file.require("v")?,
+        gating: Gating::from_parts(
+            file.get("g"),
+            file.get("beta"),
+            file.get("a"),
+            file.get("b"),
+            file.get("A_log"),
+            file.get("dt_bias"),
+        )?,
+        slot_indices: file.require("slot_indices")?,
+    };
+    let started = Instant::now();
+    let out = gdn_decode(device, &inputs, &mut pool, &options)?;
+    let elapsed = started.elapsed();
+    let mut result = TensorFile::new();
+    let o_shape = out.o.shape().to_vec();
+    let pool_shape = pool.shape().to_vec();
+    let pool_dtype = pool.dtype();
+    result.insert("o", out.o);
+    result.insert("state_pool", pool);
+    let states = match out.intermediate_states {
+        Some(states) => {
+            let shape = format!(", intermediate_states {:?}", states.shape());
+            result.insert("intermediate_states", states);
+            shape
+        }
+        None => String::new(),
+    };
+    result.save(&args.output)?;
+    println!(
+        "wrote {}: o {:?}, state_pool {:?} {pool_dtype}{states} (decode of B = {}, T = {} on {device} in {:.3} ms)",
+        args.output.display(),
+        o_shape,
+        pool_shape,
+        o_shape[0],
+        o_shape[1],
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
+}

@@ -121,6 +121,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         args.tokens as f64 / chunk_s,
         recurrent_s / chunk_s
     );
+    let ok = super::demo_decode::run(&case, &options, &out.final_state, args.seed)? && ok;
     if !ok {
         return Err(deltakv::Error::InvalidValue(
             "demo error above tolerance".into(),

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod demo_decode;
 mod gdn;
 mod gdn_decode;
 

@@ -1,0 +1,100 @@
+//! `deltakv demo`, decode part: continue the prefill with 64 single-token decode steps from its
+//! final state (a one-slot f32 pool updated in place), timed, and checked against the f64
+//! recurrence run from the same state over the same 64 tokens.
+
+use deltakv::gdn::oracle::gdn_reference;
+use deltakv::gdn::random::{GdnCase, GdnSpec};
+use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions};
+use deltakv::metrics::rel_rms;
+use deltakv::{Device, HostTensor, Result, gdn_decode};
+use std::time::Instant;
+
+/// Decode steps after the prompt.
+const STEPS: usize = 64;
+
+/// Token `t` of a `[1, T, ...]` tensor as a `[1, 1, ...]` tensor of the same dtype.
+fn token(t: &HostTensor, values: &[f32], index: usize) -> Result<HostTensor> {
+    let inner: usize = t.shape()[2..].iter().product();
+    let mut shape = t.shape().to_vec();
+    shape[1] = 1;
+    HostTensor::from_f32_as(shape, &values[index * inner..][..inner], t.dtype())
+}
+
+/// Runs the decode continuation; prints its lines and returns whether it is within tolerance.
+pub fn run(
+    prompt: &GdnCase,
+    options: &GdnOptions,
+    final_state: &HostTensor,
+    seed: u64,
+) -> Result<bool> {
+    let (key_heads, key_dim) = (prompt.q.shape()[2], prompt.q.shape()[3]);
+    let (value_heads, value_dim) = (prompt.v.shape()[2], prompt.v.shape()[3]);
+    let mut spec = GdnSpec::new(STEPS, key_heads, value_heads, key_dim, value_dim);
+    spec.raw_qk = true;
+    spec.dtype = prompt.q.dtype();
+    let mut next = GdnCase::random(&spec, seed.wrapping_add(1))?;
+    let values = [&next.q, &next.k, &next.v, &next.g, &next.beta]
+        .map(|t| t.to_f32_vec("token").expect("float tensors"));
+
+    let mut pool = final_state.clone();
+    let slots = HostTensor::from_i32(vec![1], vec![0])?;
+    let decode_options = DecodeOptions {
+        gdn: options.clone(),
+        intermediate_states: false,
+    };
+    let mut o = Vec::with_capacity(STEPS * value_heads * value_dim);
+    let mut times = Vec::with_capacity(STEPS);
+    for t in 0..STEPS {
+        let [q, k, v, g, beta] = [&next.q, &next.k, &next.v, &next.g, &next.beta]
+            .into_iter()
+            .zip(&values)
+            .map(|(tensor, vals)| token(tensor, vals, t))
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .expect("five tensors");
+        let inputs = DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating: Gating::Direct { g: &g, beta: &beta },
+            slot_indices: &slots,
+        };
+        let started = Instant::now();
+        let out = gdn_decode(Device::Cpu, &inputs, &mut pool, &decode_options)?;
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+        o.extend(out.o.to_f32_vec("o")?);
+    }
+    times.sort_by(f64::total_cmp);
+
+    // The oracle: the f64 recurrence over the same 64 tokens from the same starting state.
+    next.initial_state = Some(final_state.clone());
+    let started = Instant::now();
+    let reference = gdn_reference(&next.inputs(), options)?;
+    let oracle_s = started.elapsed().as_secs_f64();
+    let o_err = rel_rms(&o, &reference.o);
+    let state_err = rel_rms(pool.as_f32().expect("f32 pool"), &reference.final_state);
+    let ok = o_err < 2e-3 && state_err < 1e-5;
+
+    println!();
+    println!(
+        "decode: {STEPS} steps of one token from the prefill's final state (one-slot f32 pool, updated in place)"
+    );
+    println!(
+        "  per step: median {:.1} us, min {:.1} us, max {:.1} us",
+        times[STEPS / 2],
+        times[0],
+        times[STEPS - 1]
+    );
+    println!(
+        "  error against the f64 oracle (all {value_heads} heads, oracle took {oracle_s:.2} s): o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}"
+    );
+    println!(
+        "  decode: {}",
+        if ok {
+            "PASS (o < 2e-3, state < 1e-5)"
+        } else {
+            "FAIL: error above tolerance"
+        }
+    );
+    Ok(ok)
+}

@@ -32,6 +32,7 @@ use super::decode_validate::{PreparedDecode, prepare_decode};
 use super::prefill::GdnOptions;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::error::{Error, Result};
+use crate::simd::has_avx2_fma;
 use crate::tensor::{DType, HostTensor};
 use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,7 +161,11 @@ impl PoolElem for f32 {
     #[inline(always)]
     fn narrow(src: &[f32; BLOCK], dst: &mut [f32]) {
         if let Ok(full) = <&mut [f32; BLOCK]>::try_from(&mut *dst) {
-            *full = *src;
+            // Eight-wide pieces: a whole-array assignment here became a `memcpy` call.
+            for (d, s) in full.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+                let piece: [f32; 8] = s.try_into().expect("eight");
+                d.copy_from_slice(&piece);
+            }
         } else {
             let width = dst.len();
             dst.copy_from_slice(&src[..width]);
@@ -349,103 +354,143 @@ fn for_each_task<S>(
     }
 }
 
-/// Drives the block kernel. A task is one (row, value head, group of column blocks); with
-/// enough rows and heads a group is the whole slab (so the slab is read and written in one
-/// sequential sweep each, which the prefetchers like), and with few of them (B = 1 and small
-/// H) the slab is split so that every thread still gets work.
+/// Everything a task needs, shared by all tasks of one call.
+struct Kernel<'a, E> {
+    p: &'a PreparedDecode,
+    scalars: TokenScalars,
+    pool: Shared<E>,
+    o: Shared<f32>,
+    states: Shared<f32>,
+    with_states: bool,
+    /// Column blocks per task.
+    group_len: usize,
+    /// Column groups per (row, head).
+    groups: usize,
+}
+
+impl<E: PoolElem> Kernel<'_, E> {
+    /// One (row, value head, column group): for each 32-column block, load it (it then sits
+    /// in L1), run every token on it, store it.
+    #[inline(always)]
+    fn task(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
+        let (row, head, group) = (
+            task / (heads * self.groups),
+            task / self.groups % heads,
+            task % self.groups,
+        );
+        let col_start = group * self.group_len * BLOCK;
+        let col_end = vd.min(col_start + self.group_len * BLOCK);
+        let Some(slot) = p.slot_of_row[row] else {
+            // Skipped row: zeros out, nothing read or written in the pool.
+            let width = col_end - col_start;
+            for t in 0..d.tokens {
+                let token_head = (row * d.tokens + t) * heads + head;
+                // SAFETY: (row, t, head, this group's columns) belong to this task.
+                unsafe { self.o.range(token_head * vd + col_start, width) }.fill(0.0);
+                if self.with_states {
+                    for i in 0..kd {
+                        let at = (token_head * kd + i) * vd + col_start;
+                        // SAFETY: as above.
+                        unsafe { self.states.range(at, width) }.fill(0.0);
+                    }
+                }
+            }
+            return;
+        };
+        let slab = (slot * heads + head) * kd * vd;
+        let key_head = d.key_head_of(head);
+        let mut out = [0.0f32; BLOCK];
+        let block = &mut buffer[..kd];
+        for col0 in (col_start..col_end).step_by(BLOCK) {
+            let width = BLOCK.min(vd - col0);
+            for (i, dst) in block.iter_mut().enumerate() {
+                // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+                // block's columns) belong to this task alone.
+                let src = unsafe { self.pool.range(slab + i * vd + col0, width) };
+                E::widen(src, dst);
+            }
+            for t in 0..d.tokens {
+                let token = row * d.tokens + t;
+                let key_row = token * d.key_heads + key_head;
+                let token_head = token * heads + head;
+                let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+                let step = TokenStep {
+                    q: &p.q[key_row * kd..][..kd],
+                    k: &p.k[key_row * kd..][..kd],
+                    key_dot_query: self.scalars.key_dot_query[key_row],
+                    value: &value,
+                    decay: self.scalars.decay[token_head],
+                    beta: p.beta[token_head],
+                    scale: p.scale,
+                };
+                step_block(block, &step, &mut out);
+                // SAFETY: (token, head, this block's columns) belong to this task alone.
+                unsafe { self.o.range(token_head * vd + col0, width) }
+                    .copy_from_slice(&out[..width]);
+                if self.with_states {
+                    for (i, src) in block.iter().enumerate() {
+                        let at = (token_head * kd + i) * vd + col0;
+                        // SAFETY: as above, for the intermediate state of this token.
+                        unsafe { self.states.range(at, width) }.copy_from_slice(&src[..width]);
+                    }
+                }
+            }
+            for (i, src) in block.iter().enumerate() {
+                // SAFETY: as for the load above.
+                let dst = unsafe { self.pool.range(slab + i * vd + col0, width) };
+                E::narrow(src, dst);
+            }
+        }
+    }
+
+    /// [`Self::task`] compiled for AVX2 + FMA, so the block moves and bf16 conversions are
+    /// 256-bit and inline.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn task_avx2(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+        self.task(buffer, task)
+    }
+
+    fn run(&self, buffer: &mut [[f32; BLOCK]], task: usize, avx2: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU supports AVX2 and FMA (checked by the caller).
+            unsafe { self.task_avx2(buffer, task) };
+            return;
+        }
+        let _ = avx2;
+        self.task(buffer, task)
+    }
+}
+
+/// Drives the block kernel. A task is one (row, value head, group of column blocks): with
+/// enough rows and heads a group is the whole slab, and with few of them (B = 1 and small H)
+/// the slab is split so that every thread still gets work.
 fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], states: &mut [f32]) {
     let d = p.dims;
-    let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
-    let blocks = vd.div_ceil(BLOCK);
+    let (kd, heads) = (d.key_dim, d.value_heads);
+    let blocks = d.value_dim.div_ceil(BLOCK);
     let units = d.batch * heads;
     let wanted = 4 * rayon::current_num_threads();
     let groups = wanted.div_ceil(units).clamp(1, blocks);
     let group_len = blocks.div_ceil(groups);
-    let groups = blocks.div_ceil(group_len);
-    let scalars = token_scalars(p);
-    let with_states = !states.is_empty();
-    let pool = Shared::new(pool);
-    let o = Shared::new(o);
-    let states = Shared::new(states);
+    let kernel = Kernel {
+        p,
+        scalars: token_scalars(p),
+        with_states: !states.is_empty(),
+        pool: Shared::new(pool),
+        o: Shared::new(o),
+        states: Shared::new(states),
+        group_len,
+        groups: blocks.div_ceil(group_len),
+    };
+    let avx2 = has_avx2_fma();
     for_each_task(
-        units * groups,
-        || vec![[0.0f32; BLOCK]; group_len * kd],
-        |buffer, task| {
-            let (row, head, group) = (
-                task / (heads * groups),
-                task / groups % heads,
-                task % groups,
-            );
-            let first = group * group_len;
-            let cols: Vec<(usize, usize)> = (first..blocks.min(first + group_len))
-                .map(|b| (b * BLOCK, BLOCK.min(vd - b * BLOCK)))
-                .collect();
-            let Some(slot) = p.slot_of_row[row] else {
-                // Skipped row: zeros out, nothing read or written in the pool.
-                let (col0, width) = (cols[0].0, cols.iter().map(|c| c.1).sum::<usize>());
-                for t in 0..d.tokens {
-                    let token_head = (row * d.tokens + t) * heads + head;
-                    // SAFETY: (row, t, head, this group's columns) belong to this task.
-                    unsafe { o.range(token_head * vd + col0, width) }.fill(0.0);
-                    if with_states {
-                        for i in 0..kd {
-                            let at = (token_head * kd + i) * vd + col0;
-                            // SAFETY: as above.
-                            unsafe { states.range(at, width) }.fill(0.0);
-                        }
-                    }
-                }
-                return;
-            };
-            let slab = (slot * heads + head) * kd * vd;
-            // Load: one sweep over the slab's rows, each row's columns split into the blocks.
-            for i in 0..kd {
-                for (c, &(col0, width)) in cols.iter().enumerate() {
-                    // SAFETY: slots are distinct across rows (validated), so (slot, head, this
-                    // group's columns) belong to this task alone.
-                    let src = unsafe { pool.range(slab + i * vd + col0, width) };
-                    E::widen(src, &mut buffer[c * kd + i]);
-                }
-            }
-            let key_head = d.key_head_of(head);
-            let mut out = [0.0f32; BLOCK];
-            for (c, &(col0, width)) in cols.iter().enumerate() {
-                let block = &mut buffer[c * kd..(c + 1) * kd];
-                for t in 0..d.tokens {
-                    let token = row * d.tokens + t;
-                    let key_row = token * d.key_heads + key_head;
-                    let token_head = token * heads + head;
-                    let value = pad_value(&p.v[token_head * vd..][..vd], col0);
-                    let step = TokenStep {
-                        q: &p.q[key_row * kd..][..kd],
-                        k: &p.k[key_row * kd..][..kd],
-                        key_dot_query: scalars.key_dot_query[key_row],
-                        value: &value,
-                        decay: scalars.decay[token_head],
-                        beta: p.beta[token_head],
-                        scale: p.scale,
-                    };
-                    step_block(block, &step, &mut out);
-                    // SAFETY: (token, head, this block's columns) belong to this task alone.
-                    unsafe { o.range(token_head * vd + col0, width) }
-                        .copy_from_slice(&out[..width]);
-                    if with_states {
-                        for (i, src) in block.iter().enumerate() {
-                            let at = (token_head * kd + i) * vd + col0;
-                            // SAFETY: as above, for the intermediate state of this token.
-                            unsafe { states.range(at, width) }.copy_from_slice(&src[..width]);
-                        }
-                    }
-                }
-            }
-            // Store: one sweep, rounding once.
-            for i in 0..kd {
-                for (c, &(col0, width)) in cols.iter().enumerate() {
-                    // SAFETY: as for the load above.
-                    let dst = unsafe { pool.range(slab + i * vd + col0, width) };
-                    E::narrow(&buffer[c * kd + i], dst);
-                }
-            }
-        },
+        units * kernel.groups,
+        || vec![[0.0f32; BLOCK]; kd],
+        |buffer, task| kernel.run(buffer, task, avx2),
     );
 }

@@ -475,3 +475,59 @@ fn non_finite_inputs() {
         "tensor `b` holds a non-finite value (NaN) at flat index 1",
     );
 }
+
+#[test]
+fn calls_from_inside_rayon_tasks_and_sequential_steps_agree() {
+    // Four independent decode calls run concurrently from rayon workers (as an engine serving
+    // several layers might); each must equal the same call made alone.
+    use rayon::prelude::*;
+    let spec = DecodeSpec::new(2, 2, 1, 2, 64, 64);
+    let cases: Vec<DecodeCase> = (0..4)
+        .map(|i| DecodeCase::random(&spec, 8000 + i).unwrap())
+        .collect();
+    let alone: Vec<HostTensor> = cases
+        .iter()
+        .map(|c| {
+            let mut pool = c.state_pool.clone();
+            gdn_decode(&c.inputs().unwrap(), &mut pool, &options(false, false)).unwrap();
+            pool
+        })
+        .collect();
+    let together: Vec<HostTensor> = cases
+        .par_iter()
+        .map(|c| {
+            let mut pool = c.state_pool.clone();
+            gdn_decode(&c.inputs().unwrap(), &mut pool, &options(false, false)).unwrap();
+            pool
+        })
+        .collect();
+    assert_eq!(alone, together);
+
+    // Two calls of one token each equal one call of two tokens (the first call's pool is the
+    // second's input), bit for bit.
+    let case = &cases[0];
+    let mut two = case.state_pool.clone();
+    let joint = gdn_decode(&case.inputs().unwrap(), &mut two, &options(false, true)).unwrap();
+    let mut one = case.state_pool.clone();
+    for t in 0..2 {
+        let (q, k, v) = (
+            tokens_of(&case.q, t, t + 1),
+            tokens_of(&case.k, t, t + 1),
+            tokens_of(&case.v, t, t + 1),
+        );
+        let (g, beta) = (
+            tokens_of(case.gate("g").unwrap(), t, t + 1),
+            tokens_of(case.gate("beta").unwrap(), t, t + 1),
+        );
+        let inputs = DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating: Gating::Direct { g: &g, beta: &beta },
+            slot_indices: &case.slot_indices,
+        };
+        let out = gdn_decode(&inputs, &mut one, &options(false, false)).unwrap();
+        assert_eq!(out.o, tokens_of(&joint.o, t, t + 1), "o of token {t}");
+    }
+    assert_eq!(one, two);
+}

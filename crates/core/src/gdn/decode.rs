@@ -32,7 +32,7 @@ use super::decode_validate::{PreparedDecode, prepare_decode};
 use super::prefill::GdnOptions;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::error::{Error, Result};
-use crate::simd::has_avx2_fma;
+use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma};
 use crate::tensor::{DType, HostTensor};
 use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -144,11 +144,16 @@ pub struct DecodeOutput {
 /// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
 /// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
 trait PoolElem: Copy + Send + Sync {
+    /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).
+    fn as_f32_ptr(ptr: *mut Self) -> Option<*mut f32>;
     fn widen(src: &[Self], dst: &mut [f32; BLOCK]);
     fn narrow(src: &[f32; BLOCK], dst: &mut [Self]);
 }
 
 impl PoolElem for f32 {
+    fn as_f32_ptr(ptr: *mut f32) -> Option<*mut f32> {
+        Some(ptr)
+    }
     #[inline(always)]
     fn widen(src: &[f32], dst: &mut [f32; BLOCK]) {
         if let Ok(full) = <&[f32; BLOCK]>::try_from(src) {
@@ -191,6 +196,9 @@ fn f32_to_bf16(x: f32) -> bf16 {
 }
 
 impl PoolElem for bf16 {
+    fn as_f32_ptr(_: *mut bf16) -> Option<*mut f32> {
+        None
+    }
     #[inline(always)]
     fn widen(src: &[bf16], dst: &mut [f32; BLOCK]) {
         if let Ok(full) = <&[bf16; BLOCK]>::try_from(src) {
@@ -372,7 +380,7 @@ impl<E: PoolElem> Kernel<'_, E> {
     /// One (row, value head, column group): for each 32-column block, load it (it then sits
     /// in L1), run every token on it, store it.
     #[inline(always)]
-    fn task(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+    fn task<M: MulAdd>(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
         let p = self.p;
         let d = p.dims;
         let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
@@ -402,6 +410,20 @@ impl<E: PoolElem> Kernel<'_, E> {
         };
         let slab = (slot * heads + head) * kd * vd;
         let key_head = d.key_head_of(head);
+        if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
+            if let Some(pool) = E::as_f32_ptr(self.pool.ptr) {
+                assert!(slab + kd * vd <= self.pool.len);
+                for col0 in (col_start..col_end).step_by(BLOCK) {
+                    // SAFETY: (slot, head, this block's columns) belong to this task alone
+                    // (slots are distinct across rows), and are in bounds (checked above,
+                    // col0 + BLOCK <= V).
+                    unsafe {
+                        self.token_in_place::<M>(pool, slab + col0, row, head, key_head, col0)
+                    };
+                }
+                return;
+            }
+        }
         let mut out = [0.0f32; BLOCK];
         let block = &mut buffer[..kd];
         for col0 in (col_start..col_end).step_by(BLOCK) {
@@ -446,12 +468,71 @@ impl<E: PoolElem> Kernel<'_, E> {
         }
     }
 
+    /// One token (T = 1) on one 32-column block of an f32 slab, directly in the pool: the
+    /// same step as `recurrent_kernel::step_block` (pass 1 reads the rows for `S^T k` and
+    /// `S^T q`, pass 2 updates them while they are still in L1), without the copies into and
+    /// out of a contiguous block.
+    ///
+    /// # Safety
+    /// Rows `at + i * V .. at + i * V + BLOCK` for `i < K` must be in bounds and touched by no
+    /// other thread.
+    #[inline(always)]
+    unsafe fn token_in_place<M: MulAdd>(
+        &self,
+        pool: *mut f32,
+        at: usize,
+        row: usize,
+        head: usize,
+        key_head: usize,
+        col0: usize,
+    ) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let key_row = row * d.key_heads + key_head;
+        let token_head = row * d.value_heads + head;
+        let (q, k) = (&p.q[key_row * kd..][..kd], &p.k[key_row * kd..][..kd]);
+        let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+        let decay = self.scalars.decay[token_head];
+        let (beta, scale) = (p.beta[token_head], p.scale);
+        let key_dot_query = self.scalars.key_dot_query[key_row];
+        let mut sk = [0.0f32; BLOCK];
+        let mut sq = [0.0f32; BLOCK];
+        let mut ptr = pool.wrapping_add(at);
+        for (&ki, &qi) in k.iter().zip(q) {
+            // SAFETY: in bounds and exclusive (the caller's contract).
+            let state = unsafe { &*ptr.cast::<[f32; BLOCK]>() };
+            for j in 0..BLOCK {
+                sk[j] = M::mul_add(ki, state[j], sk[j]);
+                sq[j] = M::mul_add(qi, state[j], sq[j]);
+            }
+            ptr = ptr.wrapping_add(vd);
+        }
+        let mut new_value = [0.0f32; BLOCK];
+        let mut out = [0.0f32; BLOCK];
+        for j in 0..BLOCK {
+            new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
+            out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
+        }
+        let mut ptr = pool.wrapping_add(at);
+        for &ki in k {
+            // SAFETY: as above.
+            let state = unsafe { &mut *ptr.cast::<[f32; BLOCK]>() };
+            for j in 0..BLOCK {
+                state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
+            }
+            ptr = ptr.wrapping_add(vd);
+        }
+        // SAFETY: (token, head, this block's columns) belong to this task alone.
+        unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
+    }
+
     /// [`Self::task`] compiled for AVX2 + FMA, so the block moves and bf16 conversions are
     /// 256-bit and inline.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn task_avx2(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
-        self.task(buffer, task)
+        self.task::<Fused>(buffer, task)
     }
 
     fn run(&self, buffer: &mut [[f32; BLOCK]], task: usize, avx2: bool) {
@@ -462,7 +543,7 @@ impl<E: PoolElem> Kernel<'_, E> {
             return;
         }
         let _ = avx2;
-        self.task(buffer, task)
+        self.task::<Unfused>(buffer, task)
     }
 }
 

@@ -410,19 +410,21 @@ impl<E: PoolElem> Kernel<'_, E> {
         };
         let slab = (slot * heads + head) * kd * vd;
         let key_head = d.key_head_of(head);
-        if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
-            if let Some(pool) = E::as_f32_ptr(self.pool.ptr) {
-                assert!(slab + kd * vd <= self.pool.len);
-                for col0 in (col_start..col_end).step_by(BLOCK) {
-                    // SAFETY: (slot, head, this block's columns) belong to this task alone
-                    // (slots are distinct across rows), and are in bounds (checked above,
-                    // col0 + BLOCK <= V).
-                    unsafe {
-                        self.token_in_place::<M>(pool, slab + col0, row, head, key_head, col0)
-                    };
-                }
-                return;
+        // A single token on an f32 pool runs in place, without block copies.
+        let in_place = if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
+            E::as_f32_ptr(self.pool.ptr)
+        } else {
+            None
+        };
+        if let Some(pool) = in_place {
+            assert!(slab + kd * vd <= self.pool.len);
+            for col0 in (col_start..col_end).step_by(BLOCK) {
+                // SAFETY: (slot, head, this block's columns) belong to this task alone (slots
+                // are distinct across rows), and are in bounds (checked above, and
+                // col0 + BLOCK <= V).
+                unsafe { self.token_in_place::<M>(pool, slab + col0, row, head, key_head, col0) };
             }
+            return;
         }
         let mut out = [0.0f32; BLOCK];
         let block = &mut buffer[..kd];

@@ -187,12 +187,17 @@ fn bf16_to_f32(x: bf16) -> f32 {
 /// f32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN), branch-free so that it
 /// vectorises.
 #[inline(always)]
-fn f32_to_bf16(x: f32) -> bf16 {
+fn f32_to_bf16_bits(x: f32) -> u16 {
     let bits = x.to_bits();
     let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
     let nan = (bits >> 16) | 0x0040;
     let is_nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
-    bf16::from_bits(if is_nan { nan } else { rounded } as u16)
+    (if is_nan { nan } else { rounded }) as u16
+}
+
+#[inline(always)]
+fn f32_to_bf16(x: f32) -> bf16 {
+    bf16::from_bits(f32_to_bf16_bits(x))
 }
 
 impl PoolElem for bf16 {
@@ -202,8 +207,11 @@ impl PoolElem for bf16 {
     #[inline(always)]
     fn widen(src: &[bf16], dst: &mut [f32; BLOCK]) {
         if let Ok(full) = <&[bf16; BLOCK]>::try_from(src) {
-            for (d, &s) in dst.iter_mut().zip(full) {
-                *d = bf16_to_f32(s);
+            // SAFETY: `bf16` is `repr(transparent)` over `u16`. Widening plain integers lets
+            // the loop vectorise (it stayed scalar through `bf16::to_bits`).
+            let bits = unsafe { &*(full as *const [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
+            for j in 0..BLOCK {
+                dst[j] = f32::from_bits(u32::from(bits[j]) << 16);
             }
         } else {
             for (d, &s) in dst.iter_mut().zip(src) {
@@ -215,8 +223,10 @@ impl PoolElem for bf16 {
     #[inline(always)]
     fn narrow(src: &[f32; BLOCK], dst: &mut [bf16]) {
         if let Ok(full) = <&mut [bf16; BLOCK]>::try_from(&mut *dst) {
-            for (d, &s) in full.iter_mut().zip(src) {
-                *d = f32_to_bf16(s);
+            // SAFETY: `bf16` is `repr(transparent)` over `u16` (as in `widen`).
+            let bits = unsafe { &mut *(full as *mut [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
+            for j in 0..BLOCK {
+                bits[j] = f32_to_bf16_bits(src[j]);
             }
         } else {
             for (d, &s) in dst.iter_mut().zip(src) {
@@ -576,4 +586,58 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
         || vec![[0.0f32; BLOCK]; kd],
         |buffer, task| kernel.run(buffer, task, avx2),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_conversions_match_half() {
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1.0e-40,
+            // Ties at the rounding point, both parities.
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x7F7F_FFFF),
+        ];
+        let mut x = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            specials.push(f32::from_bits(x));
+        }
+        for &v in &specials {
+            let ours = f32_to_bf16(v);
+            let reference = bf16::from_f32(v);
+            if v.is_nan() {
+                assert!(ours.is_nan(), "{v:e}");
+            } else {
+                assert_eq!(ours.to_bits(), reference.to_bits(), "{v:e}");
+            }
+        }
+        let src: Vec<bf16> = specials[..BLOCK]
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        let mut wide = [0.0f32; BLOCK];
+        bf16::widen(&src, &mut wide);
+        let mut back = vec![bf16::ZERO; BLOCK];
+        bf16::narrow(&wide, &mut back);
+        for j in 0..BLOCK {
+            assert_eq!(wide[j].to_bits(), src[j].to_f32().to_bits());
+            if !src[j].is_nan() {
+                assert_eq!(back[j].to_bits(), src[j].to_bits());
+            }
+        }
+    }
 }

@@ -100,3 +100,17 @@ pub fn gdn_decode(
     device.ensure_available()?;
     deltakv_core::gdn::gdn_decode(inputs, state_pool, options)
 }
+
+/// [`gdn_decode`] into caller-owned f32 buffers (`o [B, T, H, V]`, optional
+/// `intermediate_states [B, T, H, K, V]`), reused step after step by a serving loop.
+pub fn gdn_decode_into(
+    device: Device,
+    inputs: &deltakv_core::gdn::DecodeInputs<'_>,
+    state_pool: &mut HostTensor,
+    options: &GdnOptions,
+    o: &mut [f32],
+    intermediate_states: Option<&mut [f32]>,
+) -> Result<deltakv_core::gdn::GdnDims> {
+    device.ensure_available()?;
+    deltakv_core::gdn::gdn_decode_into(inputs, state_pool, options, o, intermediate_states)
+}

@@ -531,3 +531,53 @@ fn calls_from_inside_rayon_tasks_and_sequential_steps_agree() {
     }
     assert_eq!(one, two);
 }
+
+#[test]
+fn decode_into_caller_buffers_equals_decode() {
+    use deltakv_core::gdn::gdn_decode_into;
+    let mut spec = DecodeSpec::new(3, 3, 1, 2, 64, 96);
+    spec.dtype = DType::F32;
+    spec.skipped_rows = vec![1];
+    spec.pool_dtype = DType::BF16;
+    let case = DecodeCase::random(&spec, 9000).unwrap();
+    let inputs = case.inputs().unwrap();
+    let mut pool = case.state_pool.clone();
+    let expected = gdn_decode(&inputs, &mut pool, &options(false, true)).unwrap();
+    // Garbage-filled buffers: every element must be overwritten.
+    let mut o = vec![f32::NAN; 3 * 3 * 2 * 96];
+    let mut states = vec![f32::NAN; 3 * 3 * 2 * 64 * 96];
+    let mut pool_into = case.state_pool.clone();
+    let dims = gdn_decode_into(
+        &inputs,
+        &mut pool_into,
+        &options(false, false).gdn,
+        &mut o,
+        Some(&mut states),
+    )
+    .unwrap();
+    assert_eq!((dims.batch, dims.tokens), (3, 3));
+    assert_eq!(o, expected.o.to_f32_vec("o").unwrap());
+    assert_eq!(
+        states,
+        expected
+            .intermediate_states
+            .unwrap()
+            .to_f32_vec("s")
+            .unwrap()
+    );
+    assert_eq!(pool_into, pool);
+
+    let mut short = vec![0.0f32; 10];
+    let mut untouched = case.state_pool.clone();
+    let err = gdn_decode_into(
+        &inputs,
+        &mut untouched,
+        &options(false, false).gdn,
+        &mut short,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert_contains(&err, "output buffer `o` holds 10 values, expected 1728");
+    assert_eq!(untouched, case.state_pool);
+}

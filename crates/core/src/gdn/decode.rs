@@ -31,6 +31,7 @@
 use super::decode_validate::{PreparedDecode, prepare_decode};
 use super::prefill::GdnOptions;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
+use super::validate::GdnDims;
 use crate::error::{Error, Result};
 use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma};
 use crate::tensor::{DType, HostTensor};
@@ -283,17 +284,7 @@ pub fn gdn_decode(
     } else {
         Vec::new()
     };
-    match p.pool_dtype {
-        DType::F32 => {
-            let pool = state_pool.as_f32_mut().expect("checked f32 pool");
-            run_kernel(&p, pool, &mut o, &mut states);
-        }
-        DType::BF16 => {
-            let pool = state_pool.as_bf16_mut().expect("checked bf16 pool");
-            run_kernel(&p, pool, &mut o, &mut states);
-        }
-        other => unreachable!("pool dtype {other} passed validation"),
-    }
+    run_prepared(&p, state_pool, &mut o, &mut states);
     let o = HostTensor::from_f32_as(
         vec![d.batch, d.tokens, d.value_heads, d.value_dim],
         &o,
@@ -311,6 +302,74 @@ pub fn gdn_decode(
         o,
         intermediate_states,
     })
+}
+
+/// [`gdn_decode`] writing into caller-owned f32 buffers, for a serving loop that reuses them
+/// every step (no allocation proportional to B * T, and no page faults on a fresh
+/// intermediate-states buffer): `o` is `[B, T, H, V]` and, when given, `intermediate_states` is
+/// `[B, T, H, K, V]` (then `options.intermediate_states` is ignored). Every element is written
+/// (zeros for skipped rows). Returns the call's sizes. On error nothing has been written.
+pub fn gdn_decode_into(
+    inputs: &DecodeInputs<'_>,
+    state_pool: &mut HostTensor,
+    options: &GdnOptions,
+    o: &mut [f32],
+    intermediate_states: Option<&mut [f32]>,
+) -> Result<GdnDims> {
+    let p = prepare_decode(inputs, state_pool, options)?;
+    let d = p.dims;
+    let rows = d.batch * d.tokens;
+    let check = |name: &str, len: usize, expected: usize, layout: &str| {
+        if len == expected {
+            Ok(())
+        } else {
+            Err(Error::InvalidValue(format!(
+                "output buffer `{name}` holds {len} values, expected {expected} ({layout} = {:?})",
+                [d.batch, d.tokens, d.value_heads, d.key_dim, d.value_dim]
+            )))
+        }
+    };
+    check(
+        "o",
+        o.len(),
+        rows * d.value_heads * d.value_dim,
+        "B*T*H*V, [B, T, H, K, V]",
+    )?;
+    let states = match intermediate_states {
+        Some(states) => {
+            let expected = rows * d.value_heads * d.key_dim * d.value_dim;
+            check(
+                "intermediate_states",
+                states.len(),
+                expected,
+                "B*T*H*K*V, [B, T, H, K, V]",
+            )?;
+            states
+        }
+        None => &mut [],
+    };
+    run_prepared(&p, state_pool, o, states);
+    Ok(d)
+}
+
+/// Dispatches on the pool's dtype (validated to be f32 or bf16).
+fn run_prepared(
+    p: &PreparedDecode,
+    state_pool: &mut HostTensor,
+    o: &mut [f32],
+    states: &mut [f32],
+) {
+    match p.pool_dtype {
+        DType::F32 => {
+            let pool = state_pool.as_f32_mut().expect("checked f32 pool");
+            run_kernel(p, pool, o, states);
+        }
+        DType::BF16 => {
+            let pool = state_pool.as_bf16_mut().expect("checked bf16 pool");
+            run_kernel(p, pool, o, states);
+        }
+        other => unreachable!("pool dtype {other} passed validation"),
+    }
 }
 
 /// Per-token scalars shared by every column block: `k . q` per (row, key head) and

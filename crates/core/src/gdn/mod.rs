@@ -32,6 +32,6 @@ pub mod validate;
 
 mod chunk;
 
-pub use decode::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode};
+pub use decode::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode, gdn_decode_into};
 pub use prefill::{GdnInputs, GdnOptions, GdnOutput, PrefillMode, gdn_prefill};
 pub use validate::GdnDims;

@@ -269,6 +269,29 @@ impl<T> Shared<T> {
 
 /// Runs GDN decode on the CPU, updating the addressed slots of `state_pool` (`[S, H, K, V]`,
 /// f32 or bf16) in place. On error nothing has been written.
+///
+/// ```
+/// use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
+/// use deltakv_core::gdn::{DecodeInputs, DecodeOptions, GdnOptions, Gating, gdn_decode};
+///
+/// // 8 sequences, 1 new token each, Qwen3-Next shape; a pool of 10 slots.
+/// let case = DecodeCase::random(&DecodeSpec::new(8, 1, 16, 32, 128, 128), 1)?;
+/// let mut pool = case.state_pool.clone(); // [S, H, K, V], owned by the engine
+/// let inputs = DecodeInputs {
+///     q: &case.q,
+///     k: &case.k,
+///     v: &case.v,
+///     gating: Gating::Direct { g: case.gate("g").unwrap(), beta: case.gate("beta").unwrap() },
+///     slot_indices: &case.slot_indices,
+/// };
+/// let options = DecodeOptions {
+///     gdn: GdnOptions { scale: None, use_qk_l2norm: false },
+///     intermediate_states: false,
+/// };
+/// let out = gdn_decode(&inputs, &mut pool, &options)?; // the pool is updated in place
+/// assert_eq!(out.o.shape(), &[8, 1, 32, 128]);
+/// # Ok::<(), deltakv_core::Error>(())
+/// ```
 pub fn gdn_decode(
     inputs: &DecodeInputs<'_>,
     state_pool: &mut HostTensor,

@@ -518,6 +518,14 @@ impl<E: PoolElem> Kernel<'_, E> {
             }
             return;
         }
+        if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
+            // Any other pool dtype (bf16): the same single pass pair, converting each row as
+            // it is read and rounding it once as it is written.
+            for col0 in (col_start..col_end).step_by(BLOCK) {
+                self.token_converting::<M>(slab + col0, row, head, key_head, col0);
+            }
+            return;
+        }
         let mut out = [0.0f32; BLOCK];
         let block = &mut buffer[..kd];
         for col0 in (col_start..col_end).step_by(BLOCK) {
@@ -616,6 +624,58 @@ impl<E: PoolElem> Kernel<'_, E> {
                 state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
             }
             ptr = ptr.wrapping_add(vd);
+        }
+        // SAFETY: (token, head, this block's columns) belong to this task alone.
+        unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
+    }
+
+    /// [`Self::token_in_place`] for a pool of another dtype: pass 1 widens each row as it
+    /// reads it, pass 2 widens it again (from L1), updates it and rounds it back once.
+    #[inline(always)]
+    fn token_converting<M: MulAdd>(
+        &self,
+        at: usize,
+        row: usize,
+        head: usize,
+        key_head: usize,
+        col0: usize,
+    ) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let key_row = row * d.key_heads + key_head;
+        let token_head = row * d.value_heads + head;
+        let (q, k) = (&p.q[key_row * kd..][..kd], &p.k[key_row * kd..][..kd]);
+        let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+        let decay = self.scalars.decay[token_head];
+        let (beta, scale) = (p.beta[token_head], p.scale);
+        let key_dot_query = self.scalars.key_dot_query[key_row];
+        let mut sk = [0.0f32; BLOCK];
+        let mut sq = [0.0f32; BLOCK];
+        let mut state = [0.0f32; BLOCK];
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+            // block's columns) belong to this task alone.
+            E::widen(unsafe { self.pool.range(at + i * vd, BLOCK) }, &mut state);
+            for j in 0..BLOCK {
+                sk[j] = M::mul_add(ki, state[j], sk[j]);
+                sq[j] = M::mul_add(qi, state[j], sq[j]);
+            }
+        }
+        let mut new_value = [0.0f32; BLOCK];
+        let mut out = [0.0f32; BLOCK];
+        for j in 0..BLOCK {
+            new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
+            out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
+        }
+        for (i, &ki) in k.iter().enumerate() {
+            // SAFETY: as above.
+            let dst = unsafe { self.pool.range(at + i * vd, BLOCK) };
+            E::widen(dst, &mut state);
+            for j in 0..BLOCK {
+                state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
+            }
+            E::narrow(&state, dst);
         }
         // SAFETY: (token, head, this block's columns) belong to this task alone.
         unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);

@@ -14,6 +14,15 @@ const O_TOLERANCE: f64 = 2.0e-3;
 const STATE_TOLERANCE_F32: f64 = 1.0e-5;
 const STATE_TOLERANCE_BF16: f64 = 4.0e-3;
 
+/// `a` and `b` agree to f32 rounding (rel_rms < 1e-6, in their own dtype).
+fn assert_close(a: &HostTensor, b: &HostTensor, what: &str) {
+    assert_eq!((a.shape(), a.dtype()), (b.shape(), b.dtype()), "{what}");
+    let reference: Vec<f64> = b.to_f64_vec("b").unwrap();
+    let err = rel_rms(&a.to_f32_vec("a").unwrap(), &reference);
+    let tolerance = if a.dtype() == DType::F32 { 1e-6 } else { 1e-2 };
+    assert!(err < tolerance, "{what}: rel_rms {err:.3e}");
+}
+
 fn options(l2: bool, intermediate: bool) -> DecodeOptions {
     DecodeOptions {
         gdn: GdnOptions {
@@ -102,17 +111,21 @@ fn check(name: &str, spec: &DecodeSpec, l2: bool, seed: u64) {
     );
     assert!(pool_err < pool_tol, "{name}: pool rel_rms {pool_err:.3e}");
 
-    // Without intermediate states: the same o and pool, bit for bit.
+    // Without intermediate states (T = 1 then takes the copy-free path): the same o and pool.
+    // The paths do the same arithmetic in the same order today (so they agree bit for bit),
+    // but the shared block step may be retuned, so only near-equality is required here.
     let mut pool2 = case.state_pool.clone();
     let out2 = gdn_decode(&inputs, &mut pool2, &options(l2, false)).unwrap();
     assert!(out2.intermediate_states.is_none());
-    assert_eq!(
-        out2.o, out.o,
-        "{name}: o differs without intermediate states"
+    assert_close(
+        &out2.o,
+        &out.o,
+        &format!("{name}: o without intermediate states"),
     );
-    assert_eq!(
-        pool2, pool,
-        "{name}: pool differs without intermediate states"
+    assert_close(
+        &pool2,
+        &pool,
+        &format!("{name}: pool without intermediate states"),
     );
 }
 
@@ -504,7 +517,7 @@ fn calls_from_inside_rayon_tasks_and_sequential_steps_agree() {
     assert_eq!(alone, together);
 
     // Two calls of one token each equal one call of two tokens (the first call's pool is the
-    // second's input), bit for bit.
+    // second's input).
     let case = &cases[0];
     let mut two = case.state_pool.clone();
     let joint = gdn_decode(&case.inputs().unwrap(), &mut two, &options(false, true)).unwrap();
@@ -527,9 +540,13 @@ fn calls_from_inside_rayon_tasks_and_sequential_steps_agree() {
             slot_indices: &case.slot_indices,
         };
         let out = gdn_decode(&inputs, &mut one, &options(false, false)).unwrap();
-        assert_eq!(out.o, tokens_of(&joint.o, t, t + 1), "o of token {t}");
+        assert_close(
+            &out.o,
+            &tokens_of(&joint.o, t, t + 1),
+            &format!("o of token {t}"),
+        );
     }
-    assert_eq!(one, two);
+    assert_close(&one, &two, "pool after two single-token calls");
 }
 
 #[test]

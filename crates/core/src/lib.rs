@@ -7,6 +7,7 @@ pub mod io;
 pub(crate) mod linalg;
 pub mod metrics;
 pub mod rng;
+pub(crate) mod rows;
 pub(crate) mod simd;
 pub mod tensor;
 

@@ -44,18 +44,18 @@ pub(crate) fn has_avx2_fma() -> bool {
 }
 
 /// A raw view of an output buffer that parallel tasks write at disjoint offsets.
-pub(crate) struct DisjointWriter<'a> {
-    ptr: *mut f32,
+pub(crate) struct DisjointWriter<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: tasks only obtain disjoint ranges (see `range`), so sharing the pointer is sound.
-unsafe impl Send for DisjointWriter<'_> {}
-unsafe impl Sync for DisjointWriter<'_> {}
+unsafe impl<T: Send> Send for DisjointWriter<'_, T> {}
+unsafe impl<T: Send> Sync for DisjointWriter<'_, T> {}
 
-impl<'a> DisjointWriter<'a> {
-    pub(crate) fn new(buffer: &'a mut [f32]) -> Self {
+impl<'a, T> DisjointWriter<'a, T> {
+    pub(crate) fn new(buffer: &'a mut [T]) -> Self {
         Self {
             ptr: buffer.as_mut_ptr(),
             len: buffer.len(),
@@ -68,7 +68,7 @@ impl<'a> DisjointWriter<'a> {
     /// # Safety
     /// No two live slices obtained from this writer may overlap.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn range(&self, offset: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn range(&self, offset: usize, len: usize) -> &mut [T] {
         assert!(
             offset + len <= self.len,
             "DisjointWriter range out of bounds"

@@ -11,17 +11,19 @@
 //! S    = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T V'
 //! ```
 //!
-//! which unrolls the recurrence exactly. Masks are applied before any `exp`, so rows past a
-//! sequence end never produce `0 * inf`; a partial last chunk decays with its last valid token.
+//! which unrolls the recurrence exactly. Products that share an operand run as one larger
+//! product (five per chunk): `[diag(beta) K ; scale Q] K^T`, `T [diag(beta exp G) K | diag(beta) V]`,
+//! `[W ; scale diag(exp G) Q] S0`, the intra-chunk `scores V'`, and the state update.
 //!
-//! g is not bounded below. A gate under [`RESET_GATE`] makes `exp(g)` vanish (below 1e-34) and
-//! would wreck the f32 cumsum by cancellation (`(-3e38 + x) - (-3e38 + y)`), so such a token is
-//! treated as an exact state reset: the cumsum restarts there and every decay that spans it is
-//! exactly 0.
+//! Masks are applied before any `exp`, so rows past a sequence end never produce `0 * inf`; a
+//! partial last chunk decays with its last valid token. g is not bounded below: a gate under
+//! [`RESET_GATE`] makes `exp(g)` vanish (below 1e-34) and would wreck the f32 cumsum by
+//! cancellation (`(-3e38 + x) - (-3e38 + y)`), so such a token is treated as an exact state
+//! reset: the cumsum restarts there and every decay that spans it is exactly 0.
 
 use super::validate::{PreparedGdn, SeqSpan};
 use crate::linalg::{MatRef, matmul};
-use crate::simd::DisjointWriter;
+use crate::rows::RowWriter;
 
 /// Tokens per chunk (FLA's BT).
 pub(crate) const CHUNK: usize = 64;
@@ -29,45 +31,56 @@ pub(crate) const CHUNK: usize = 64;
 /// Gates below this reset the state (`exp(-80)` is 1.8e-35: nothing survives it in f32).
 pub(crate) const RESET_GATE: f32 = -80.0;
 
-/// Per-task scratch, allocated once per (sequence, head).
+/// Per-task scratch, allocated once per (sequence, head). Row strides are fixed by K and V;
+/// only the first `c` (or `2c`) rows are live in a partial chunk.
 struct Scratch {
-    q: Vec<f32>,
+    /// `[2c, K]`: rows `0..c` = diag(beta) K, rows `c..2c` = scale * Q.
+    kq: Vec<f32>,
+    /// `[c, K]` raw keys.
     k: Vec<f32>,
-    k_scaled: Vec<f32>,
-    v_scaled: Vec<f32>,
-    g_cum: Vec<f32>,
-    /// Index of the reset segment each token is in (0 = still connected to the chunk's S0).
-    segment: Vec<u32>,
-    beta: Vec<f32>,
-    a: Vec<f32>,
+    /// `[2c, CHUNK]`: rows `0..c` = A, rows `c..2c` = intra-chunk scores.
+    products: Vec<f32>,
+    /// `[c, CHUNK]` = (I + A)^-1.
     t_inv: Vec<f32>,
-    w: Vec<f32>,
+    /// `[c, K + V]` = [diag(beta exp G) K | diag(beta) V].
+    wu_in: Vec<f32>,
+    /// `[2c, K + V]`: rows `0..c` = [W | U], rows `c..2c` = [scale diag(exp G) Q | unused].
+    wu: Vec<f32>,
+    /// `[2c, V]`: rows `0..c` = W S0, rows `c..2c` = the chunk's output.
+    projected: Vec<f32>,
+    /// `[c, V]` = V'.
     new_values: Vec<f32>,
-    scores: Vec<f32>,
-    out: Vec<f32>,
+    /// `[c, K]` = diag(exp(G_last - G)) K.
+    k_decayed: Vec<f32>,
+    /// `[c, c]` pairwise decays exp(G_i - G_j), j <= i.
+    pair_decay: Vec<f32>,
+    g_cum: [f32; CHUNK],
+    /// Index of the reset segment each token is in (0 = still connected to the chunk's S0).
+    segment: [u32; CHUNK],
+    beta: [f32; CHUNK],
+    row: Vec<f32>,
 }
 
 impl Scratch {
     fn new(kd: usize, vd: usize) -> Self {
         Self {
-            q: vec![0.0; CHUNK * kd],
+            kq: vec![0.0; 2 * CHUNK * kd],
             k: vec![0.0; CHUNK * kd],
-            k_scaled: vec![0.0; CHUNK * kd],
-            v_scaled: vec![0.0; CHUNK * vd],
-            g_cum: vec![0.0; CHUNK],
-            segment: vec![0; CHUNK],
-            beta: vec![0.0; CHUNK],
-            a: vec![0.0; CHUNK * CHUNK],
+            products: vec![0.0; 2 * CHUNK * CHUNK],
             t_inv: vec![0.0; CHUNK * CHUNK],
-            w: vec![0.0; CHUNK * kd],
+            wu_in: vec![0.0; CHUNK * (kd + vd)],
+            wu: vec![0.0; 2 * CHUNK * (kd + vd)],
+            projected: vec![0.0; 2 * CHUNK * vd],
             new_values: vec![0.0; CHUNK * vd],
-            scores: vec![0.0; CHUNK * CHUNK],
-            out: vec![0.0; CHUNK * vd],
+            k_decayed: vec![0.0; CHUNK * kd],
+            pair_decay: vec![0.0; CHUNK * CHUNK],
+            g_cum: [0.0; CHUNK],
+            segment: [0; CHUNK],
+            beta: [0.0; CHUNK],
+            row: vec![0.0; kd.max(vd)],
         }
     }
-}
 
-impl Scratch {
     /// `exp(G_i - G_j)` for `j <= i` in the chunk, 0 across a reset.
     #[inline]
     fn decay_between(&self, i: usize, j: usize) -> f32 {
@@ -111,26 +124,26 @@ fn invert_unit_lower(a: &[f32], t_inv: &mut [f32], c: usize) {
 
 /// Runs every chunk of `seq` for value head `head`; `state` is S on entry and on return.
 pub(crate) fn chunk_head(
-    p: &PreparedGdn,
+    p: &PreparedGdn<'_>,
     seq: SeqSpan,
     head: usize,
     state: &mut [f32],
-    o: &DisjointWriter<'_>,
+    o: &RowWriter<'_>,
 ) {
     let d = p.dims;
     let (kd, vd) = (d.key_dim, d.value_dim);
+    let kv = kd + vd;
     let key_head = d.key_head_of(head);
     let mut s = Scratch::new(kd, vd);
     for chunk_start in (0..seq.len).step_by(CHUNK) {
         let c = CHUNK.min(seq.len - chunk_start);
         let first_row = seq.start + chunk_start;
 
-        // Gather the chunk; fold beta into K and V as the products below need.
+        // Gates: segment-aware cumsum.
         let mut running = 0.0f32;
         let mut segment = 0u32;
         for i in 0..c {
-            let row = first_row + i;
-            let gate = row * d.value_heads + head;
+            let gate = (first_row + i) * d.value_heads + head;
             let g = p.g[gate];
             if g < RESET_GATE {
                 segment += 1;
@@ -140,123 +153,126 @@ pub(crate) fn chunk_head(
             }
             s.g_cum[i] = running;
             s.segment[i] = segment;
-            let beta = p.beta[gate];
-            s.beta[i] = beta;
-            let qk_at = (row * d.key_heads + key_head) * kd;
-            s.q[i * kd..][..kd].copy_from_slice(&p.q[qk_at..qk_at + kd]);
-            s.k[i * kd..][..kd].copy_from_slice(&p.k[qk_at..qk_at + kd]);
-            let v_at = (row * d.value_heads + head) * vd;
-            for (dst, &src) in s.v_scaled[i * vd..][..vd]
-                .iter_mut()
-                .zip(&p.v[v_at..v_at + vd])
-            {
-                *dst = beta * src;
-            }
-            for (dst, &src) in s.k_scaled[i * kd..][..kd]
-                .iter_mut()
-                .zip(&p.k[qk_at..qk_at + kd])
-            {
-                *dst = beta * src;
+            s.beta[i] = p.beta[gate];
+        }
+        for i in 0..c {
+            for j in 0..=i {
+                s.pair_decay[i * CHUNK + j] = s.decay_between(i, j);
             }
         }
-        let q = MatRef::rows(&s.q, c, kd, kd);
+
+        // Gather rows, folding in the per-row scalings the products need.
+        for i in 0..c {
+            let row = first_row + i;
+            let beta = s.beta[i];
+            let start_decay = s.decay_from_start(i);
+            p.read_k(row, key_head, &mut s.k[i * kd..]);
+            p.read_q(row, key_head, &mut s.row);
+            let k_row = &s.k[i * kd..][..kd];
+            for (x, &y) in s.kq[i * kd..][..kd].iter_mut().zip(k_row) {
+                *x = beta * y;
+            }
+            for (x, &y) in s.kq[(c + i) * kd..][..kd].iter_mut().zip(&s.row[..kd]) {
+                *x = p.scale * y;
+            }
+            for (x, &y) in s.wu[(c + i) * kv..][..kd].iter_mut().zip(&s.row[..kd]) {
+                *x = p.scale * start_decay * y;
+            }
+            let beta_decay = beta * start_decay;
+            for (x, &y) in s.wu_in[i * kv..][..kd].iter_mut().zip(k_row) {
+                *x = beta_decay * y;
+            }
+            p.read_v(row, head, &mut s.row);
+            for (x, &y) in s.wu_in[i * kv + kd..][..vd].iter_mut().zip(&s.row[..vd]) {
+                *x = beta * y;
+            }
+        }
         let k = MatRef::rows(&s.k, c, kd, kd);
 
-        // A = strictly_lower(diag(beta) K K^T o exp(G_i - G_j)).
+        // [A ; scores] = [diag(beta) K ; scale Q] K^T, then the decay masks.
         matmul(
-            &mut s.a,
+            &mut s.products,
             CHUNK,
-            MatRef::rows(&s.k_scaled, c, kd, kd),
+            MatRef::rows(&s.kq, 2 * c, kd, kd),
             k.t(),
             0.0,
             1.0,
         );
         for i in 0..c {
-            for j in 0..c {
-                let decay = if j < i { s.decay_between(i, j) } else { 0.0 };
-                s.a[i * CHUNK + j] *= decay;
+            let a_row = &mut s.products[i * CHUNK..][..c];
+            let decays = &s.pair_decay[i * CHUNK..][..c];
+            for (j, (x, &dec)) in a_row.iter_mut().zip(decays).enumerate() {
+                *x = if j < i { *x * dec } else { 0.0 };
+            }
+            let score_row = &mut s.products[(c + i) * CHUNK..][..c];
+            for (j, (x, &dec)) in score_row.iter_mut().zip(decays).enumerate() {
+                *x = if j <= i { *x * dec } else { 0.0 };
             }
         }
-        invert_unit_lower(&s.a, &mut s.t_inv, c);
-        let t_inv = MatRef::rows(&s.t_inv, c, c, CHUNK);
+        invert_unit_lower(&s.products, &mut s.t_inv, c);
 
-        // U = T diag(beta) V  (into new_values); W = T diag(beta exp(G)) K.
+        // [W | U] = T [diag(beta exp G) K | diag(beta) V].
         matmul(
-            &mut s.new_values,
-            vd,
-            t_inv,
-            MatRef::rows(&s.v_scaled, c, vd, vd),
+            &mut s.wu,
+            kv,
+            MatRef::rows(&s.t_inv, c, c, CHUNK),
+            MatRef::rows(&s.wu_in, c, kv, kv),
             0.0,
             1.0,
         );
-        for i in 0..c {
-            let decay = s.decay_from_start(i);
-            s.k_scaled[i * kd..][..kd]
-                .iter_mut()
-                .for_each(|x| *x *= decay);
-        }
-        matmul(
-            &mut s.w,
-            kd,
-            t_inv,
-            MatRef::rows(&s.k_scaled, c, kd, kd),
-            0.0,
-            1.0,
-        );
+        // [W S0 ; scale diag(exp G) Q S0].
         let state_view = MatRef::rows(state, kd, vd, vd);
-        // V' = U - W S0.
         matmul(
-            &mut s.new_values,
+            &mut s.projected,
             vd,
-            MatRef::rows(&s.w, c, kd, kd),
+            MatRef::rows(&s.wu, 2 * c, kd, kv),
             state_view,
+            0.0,
             1.0,
-            -1.0,
         );
-
-        // O = scale * (diag(exp G) Q S0 + lower_incl(Q K^T o exp(G_i - G_j)) V').
-        matmul(&mut s.out, vd, q, state_view, 0.0, p.scale);
+        // V' = U - W S0.
         for i in 0..c {
-            let decay = s.decay_from_start(i);
-            s.out[i * vd..][..vd].iter_mut().for_each(|x| *x *= decay);
-        }
-        matmul(&mut s.scores, CHUNK, q, k.t(), 0.0, p.scale);
-        for i in 0..c {
-            for j in 0..c {
-                let decay = if j <= i { s.decay_between(i, j) } else { 0.0 };
-                s.scores[i * CHUNK + j] *= decay;
+            let u = &s.wu[i * kv + kd..][..vd];
+            let ws = &s.projected[i * vd..][..vd];
+            for ((x, &u), &w) in s.new_values[i * vd..][..vd].iter_mut().zip(u).zip(ws) {
+                *x = u - w;
             }
         }
+        // O = scale diag(exp G) Q S0 + scores V'.
+        let new_values = MatRef::rows(&s.new_values, c, vd, vd);
         matmul(
-            &mut s.out,
+            &mut s.projected[c * vd..],
             vd,
-            MatRef::rows(&s.scores, c, c, CHUNK),
-            MatRef::rows(&s.new_values, c, vd, vd),
+            MatRef::rows(&s.products[c * CHUNK..], c, c, CHUNK),
+            new_values,
             1.0,
             1.0,
         );
         for i in 0..c {
-            let at = ((first_row + i) * d.value_heads + head) * vd;
             // SAFETY: (row, head) belongs to this task alone.
-            let dst = unsafe { o.range(at, vd) };
-            dst.copy_from_slice(&s.out[i * vd..][..vd]);
+            unsafe {
+                o.write(
+                    ((first_row + i) * d.value_heads + head) * vd,
+                    &s.projected[(c + i) * vd..][..vd],
+                )
+            };
         }
 
         // S = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T V'.
         for i in 0..c {
-            let decay = s.decay_between(c - 1, i);
-            for (dst, &src) in s.k_scaled[i * kd..][..kd]
+            let decay = s.pair_decay[(c - 1) * CHUNK + i];
+            for (x, &y) in s.k_decayed[i * kd..][..kd]
                 .iter_mut()
                 .zip(&s.k[i * kd..][..kd])
             {
-                *dst = decay * src;
+                *x = decay * y;
             }
         }
         matmul(
             state,
             vd,
-            MatRef::rows(&s.k_scaled, c, kd, kd).t(),
-            MatRef::rows(&s.new_values, c, vd, vd),
+            MatRef::rows(&s.k_decayed, c, kd, kd).t(),
+            new_values,
             s.decay_from_start(c - 1),
             1.0,
         );

@@ -10,7 +10,7 @@ use super::recurrent_kernel::{
 };
 use super::validate::{PreparedGdn, SeqSpan, prepare_prefill};
 use crate::error::Result;
-use crate::simd::DisjointWriter;
+use crate::rows::{OutputBuffer, RowWriter};
 use crate::tensor::HostTensor;
 use rayon::prelude::*;
 
@@ -64,16 +64,19 @@ pub fn gdn_prefill(
     let d = p.dims;
     let state_len = d.key_dim * d.value_dim;
     // Poisoned so that any element a kernel forgets to write shows up as NaN.
-    let mut o = vec![f32::NAN; d.batch * d.tokens * d.value_heads * d.value_dim];
+    let mut o = OutputBuffer::poisoned(
+        p.out_dtype,
+        d.batch * d.tokens * d.value_heads * d.value_dim,
+    );
     let mut final_state = vec![f32::NAN; p.seqs.len() * d.value_heads * state_len];
     {
-        let o_writer = DisjointWriter::new(&mut o);
+        let o_writer = o.writer();
         final_state
             .par_chunks_mut(state_len)
             .enumerate()
             .for_each(|(task, state)| {
                 let (n, head) = (task / d.value_heads, task % d.value_heads);
-                match &p.initial_state {
+                match p.initial_state {
                     Some(init) => state.copy_from_slice(&init[task * state_len..][..state_len]),
                     None => state.fill(0.0),
                 }
@@ -83,11 +86,7 @@ pub fn gdn_prefill(
                 }
             });
     }
-    let o = HostTensor::from_f32_as(
-        vec![d.batch, d.tokens, d.value_heads, d.value_dim],
-        &o,
-        p.out_dtype,
-    )?;
+    let o = o.into_tensor(vec![d.batch, d.tokens, d.value_heads, d.value_dim])?;
     let final_state = HostTensor::from_f32(
         vec![p.seqs.len(), d.value_heads, d.key_dim, d.value_dim],
         final_state,
@@ -95,43 +94,71 @@ pub fn gdn_prefill(
     Ok(GdnOutput { o, final_state })
 }
 
-/// The recurrence for one (sequence, value head), one column block at a time. `state` holds
-/// the initial state on entry and the final state on return.
+/// Tokens gathered (widened, normalised) at a time by the recurrent path, so that each state
+/// block is loaded once per group rather than once per token.
+const TOKEN_GROUP: usize = 64;
+
+/// The recurrence for one (sequence, value head). `state` holds the initial state on entry and
+/// the final state on return.
 fn recurrent_head(
-    p: &PreparedGdn,
+    p: &PreparedGdn<'_>,
     seq: SeqSpan,
     head: usize,
     state: &mut [f32],
-    o: &DisjointWriter<'_>,
+    o: &RowWriter<'_>,
 ) {
     let d = p.dims;
     let (kd, vd) = (d.key_dim, d.value_dim);
     let key_head = d.key_head_of(head);
+    let mut q = vec![0.0f32; TOKEN_GROUP * kd];
+    let mut k = vec![0.0f32; TOKEN_GROUP * kd];
+    let mut v = vec![0.0f32; TOKEN_GROUP * vd];
+    let mut out = vec![0.0f32; TOKEN_GROUP * vd];
+    let mut decay = [0.0f32; TOKEN_GROUP];
+    let mut beta = [0.0f32; TOKEN_GROUP];
+    let mut key_dot_query = [0.0f32; TOKEN_GROUP];
     let mut block: StateBlock = vec![[0.0; BLOCK]; kd];
-    let mut out = [0.0f32; BLOCK];
-    for col0 in (0..vd).step_by(BLOCK) {
-        let width = BLOCK.min(vd - col0);
-        load_block(&mut block, state, vd, col0);
-        for row in seq.start..seq.start + seq.len {
-            let q = &p.q[(row * d.key_heads + key_head) * kd..][..kd];
-            let k = &p.k[(row * d.key_heads + key_head) * kd..][..kd];
+    let mut out_block = [0.0f32; BLOCK];
+    for group_start in (0..seq.len).step_by(TOKEN_GROUP) {
+        let n = TOKEN_GROUP.min(seq.len - group_start);
+        let first_row = seq.start + group_start;
+        for i in 0..n {
+            let row = first_row + i;
+            p.read_q(row, key_head, &mut q[i * kd..]);
+            p.read_k(row, key_head, &mut k[i * kd..]);
+            p.read_v(row, head, &mut v[i * vd..]);
             let gate = row * d.value_heads + head;
-            let value_row = (row * d.value_heads + head) * vd;
-            let value = pad_value(&p.v[value_row..value_row + vd], col0);
-            let step = TokenStep {
-                q,
-                k,
-                key_dot_query: dot(k, q),
-                value: &value,
-                decay: p.g[gate].exp(),
-                beta: p.beta[gate],
-                scale: p.scale,
-            };
-            step_block(&mut block, &step, &mut out);
-            // SAFETY: (row, head, columns of this block) belongs to this task alone.
-            let dst = unsafe { o.range(value_row + col0, width) };
-            dst.copy_from_slice(&out[..width]);
+            decay[i] = p.g[gate].exp();
+            beta[i] = p.beta[gate];
+            key_dot_query[i] = dot(&k[i * kd..][..kd], &q[i * kd..][..kd]);
         }
-        store_block(&block, state, vd, col0);
+        for col0 in (0..vd).step_by(BLOCK) {
+            let width = BLOCK.min(vd - col0);
+            load_block(&mut block, state, vd, col0);
+            for i in 0..n {
+                let value = pad_value(&v[i * vd..][..vd], col0);
+                let step = TokenStep {
+                    q: &q[i * kd..][..kd],
+                    k: &k[i * kd..][..kd],
+                    key_dot_query: key_dot_query[i],
+                    value: &value,
+                    decay: decay[i],
+                    beta: beta[i],
+                    scale: p.scale,
+                };
+                step_block(&mut block, &step, &mut out_block);
+                out[i * vd + col0..][..width].copy_from_slice(&out_block[..width]);
+            }
+            store_block(&block, state, vd, col0);
+        }
+        for i in 0..n {
+            // SAFETY: (row, head) belongs to this task alone.
+            unsafe {
+                o.write(
+                    ((first_row + i) * d.value_heads + head) * vd,
+                    &out[i * vd..][..vd],
+                )
+            };
+        }
     }
 }

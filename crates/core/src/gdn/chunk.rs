@@ -21,7 +21,7 @@
 //! cancellation (`(-3e38 + x) - (-3e38 + y)`), so such a token is treated as an exact state
 //! reset: the cumsum restarts there and every decay that spans it is exactly 0.
 
-use super::validate::{PreparedGdn, SeqSpan};
+use super::validate::PreparedGdn;
 use crate::linalg::{MatRef, matmul};
 use crate::rows::RowWriter;
 
@@ -33,7 +33,7 @@ pub(crate) const RESET_GATE: f32 = -80.0;
 
 /// Per-task scratch, allocated once per (sequence, head). Row strides are fixed by K and V;
 /// only the first `c` (or `2c`) rows are live in a partial chunk.
-struct Scratch {
+pub(crate) struct ChunkScratch {
     /// `[2c, K]`: rows `0..c` = diag(beta) K, rows `c..2c` = scale * Q.
     kq: Vec<f32>,
     /// `[c, K]` raw keys.
@@ -61,8 +61,8 @@ struct Scratch {
     row: Vec<f32>,
 }
 
-impl Scratch {
-    fn new(kd: usize, vd: usize) -> Self {
+impl ChunkScratch {
+    pub(crate) fn new(kd: usize, vd: usize) -> Self {
         Self {
             kq: vec![0.0; 2 * CHUNK * kd],
             k: vec![0.0; CHUNK * kd],
@@ -122,159 +122,157 @@ fn invert_unit_lower(a: &[f32], t_inv: &mut [f32], c: usize) {
     }
 }
 
-/// Runs every chunk of `seq` for value head `head`; `state` is S on entry and on return.
-pub(crate) fn chunk_head(
+/// Advances value head `head` over one chunk: `c <= CHUNK` tokens at flattened rows
+/// `first_row..first_row + c` of one sequence. `state` is S0 on entry and S on return.
+pub(crate) fn chunk_step(
     p: &PreparedGdn<'_>,
-    seq: SeqSpan,
+    first_row: usize,
+    c: usize,
     head: usize,
     state: &mut [f32],
+    s: &mut ChunkScratch,
     o: &RowWriter<'_>,
 ) {
     let d = p.dims;
     let (kd, vd) = (d.key_dim, d.value_dim);
     let kv = kd + vd;
     let key_head = d.key_head_of(head);
-    let mut s = Scratch::new(kd, vd);
-    for chunk_start in (0..seq.len).step_by(CHUNK) {
-        let c = CHUNK.min(seq.len - chunk_start);
-        let first_row = seq.start + chunk_start;
 
-        // Gates: segment-aware cumsum.
-        let mut running = 0.0f32;
-        let mut segment = 0u32;
-        for i in 0..c {
-            let gate = (first_row + i) * d.value_heads + head;
-            let g = p.g[gate];
-            if g < RESET_GATE {
-                segment += 1;
-                running = 0.0;
-            } else {
-                running += g;
-            }
-            s.g_cum[i] = running;
-            s.segment[i] = segment;
-            s.beta[i] = p.beta[gate];
+    // Gates: segment-aware cumsum.
+    let mut running = 0.0f32;
+    let mut segment = 0u32;
+    for i in 0..c {
+        let gate = (first_row + i) * d.value_heads + head;
+        let g = p.g[gate];
+        if g < RESET_GATE {
+            segment += 1;
+            running = 0.0;
+        } else {
+            running += g;
         }
-        for i in 0..c {
-            for j in 0..=i {
-                s.pair_decay[i * CHUNK + j] = s.decay_between(i, j);
-            }
-        }
-
-        // Gather rows, folding in the per-row scalings the products need.
-        for i in 0..c {
-            let row = first_row + i;
-            let beta = s.beta[i];
-            let start_decay = s.decay_from_start(i);
-            p.read_k(row, key_head, &mut s.k[i * kd..]);
-            p.read_q(row, key_head, &mut s.row);
-            let k_row = &s.k[i * kd..][..kd];
-            for (x, &y) in s.kq[i * kd..][..kd].iter_mut().zip(k_row) {
-                *x = beta * y;
-            }
-            for (x, &y) in s.kq[(c + i) * kd..][..kd].iter_mut().zip(&s.row[..kd]) {
-                *x = p.scale * y;
-            }
-            for (x, &y) in s.wu[(c + i) * kv..][..kd].iter_mut().zip(&s.row[..kd]) {
-                *x = p.scale * start_decay * y;
-            }
-            let beta_decay = beta * start_decay;
-            for (x, &y) in s.wu_in[i * kv..][..kd].iter_mut().zip(k_row) {
-                *x = beta_decay * y;
-            }
-            p.read_v(row, head, &mut s.row);
-            for (x, &y) in s.wu_in[i * kv + kd..][..vd].iter_mut().zip(&s.row[..vd]) {
-                *x = beta * y;
-            }
-        }
-        let k = MatRef::rows(&s.k, c, kd, kd);
-
-        // [A ; scores] = [diag(beta) K ; scale Q] K^T, then the decay masks.
-        matmul(
-            &mut s.products,
-            CHUNK,
-            MatRef::rows(&s.kq, 2 * c, kd, kd),
-            k.t(),
-            0.0,
-            1.0,
-        );
-        for i in 0..c {
-            let a_row = &mut s.products[i * CHUNK..][..c];
-            let decays = &s.pair_decay[i * CHUNK..][..c];
-            for (j, (x, &dec)) in a_row.iter_mut().zip(decays).enumerate() {
-                *x = if j < i { *x * dec } else { 0.0 };
-            }
-            let score_row = &mut s.products[(c + i) * CHUNK..][..c];
-            for (j, (x, &dec)) in score_row.iter_mut().zip(decays).enumerate() {
-                *x = if j <= i { *x * dec } else { 0.0 };
-            }
-        }
-        invert_unit_lower(&s.products, &mut s.t_inv, c);
-
-        // [W | U] = T [diag(beta exp G) K | diag(beta) V].
-        matmul(
-            &mut s.wu,
-            kv,
-            MatRef::rows(&s.t_inv, c, c, CHUNK),
-            MatRef::rows(&s.wu_in, c, kv, kv),
-            0.0,
-            1.0,
-        );
-        // [W S0 ; scale diag(exp G) Q S0].
-        let state_view = MatRef::rows(state, kd, vd, vd);
-        matmul(
-            &mut s.projected,
-            vd,
-            MatRef::rows(&s.wu, 2 * c, kd, kv),
-            state_view,
-            0.0,
-            1.0,
-        );
-        // V' = U - W S0.
-        for i in 0..c {
-            let u = &s.wu[i * kv + kd..][..vd];
-            let ws = &s.projected[i * vd..][..vd];
-            for ((x, &u), &w) in s.new_values[i * vd..][..vd].iter_mut().zip(u).zip(ws) {
-                *x = u - w;
-            }
-        }
-        // O = scale diag(exp G) Q S0 + scores V'.
-        let new_values = MatRef::rows(&s.new_values, c, vd, vd);
-        matmul(
-            &mut s.projected[c * vd..],
-            vd,
-            MatRef::rows(&s.products[c * CHUNK..], c, c, CHUNK),
-            new_values,
-            1.0,
-            1.0,
-        );
-        for i in 0..c {
-            // SAFETY: (row, head) belongs to this task alone.
-            unsafe {
-                o.write(
-                    ((first_row + i) * d.value_heads + head) * vd,
-                    &s.projected[(c + i) * vd..][..vd],
-                )
-            };
-        }
-
-        // S = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T V'.
-        for i in 0..c {
-            let decay = s.pair_decay[(c - 1) * CHUNK + i];
-            for (x, &y) in s.k_decayed[i * kd..][..kd]
-                .iter_mut()
-                .zip(&s.k[i * kd..][..kd])
-            {
-                *x = decay * y;
-            }
-        }
-        matmul(
-            state,
-            vd,
-            MatRef::rows(&s.k_decayed, c, kd, kd).t(),
-            new_values,
-            s.decay_from_start(c - 1),
-            1.0,
-        );
+        s.g_cum[i] = running;
+        s.segment[i] = segment;
+        s.beta[i] = p.beta[gate];
     }
+    for i in 0..c {
+        for j in 0..=i {
+            s.pair_decay[i * CHUNK + j] = s.decay_between(i, j);
+        }
+    }
+
+    // Gather rows, folding in the per-row scalings the products need.
+    for i in 0..c {
+        let row = first_row + i;
+        let beta = s.beta[i];
+        let start_decay = s.decay_from_start(i);
+        p.read_k(row, key_head, &mut s.k[i * kd..]);
+        p.read_q(row, key_head, &mut s.row);
+        let k_row = &s.k[i * kd..][..kd];
+        for (x, &y) in s.kq[i * kd..][..kd].iter_mut().zip(k_row) {
+            *x = beta * y;
+        }
+        for (x, &y) in s.kq[(c + i) * kd..][..kd].iter_mut().zip(&s.row[..kd]) {
+            *x = p.scale * y;
+        }
+        for (x, &y) in s.wu[(c + i) * kv..][..kd].iter_mut().zip(&s.row[..kd]) {
+            *x = p.scale * start_decay * y;
+        }
+        let beta_decay = beta * start_decay;
+        for (x, &y) in s.wu_in[i * kv..][..kd].iter_mut().zip(k_row) {
+            *x = beta_decay * y;
+        }
+        p.read_v(row, head, &mut s.row);
+        for (x, &y) in s.wu_in[i * kv + kd..][..vd].iter_mut().zip(&s.row[..vd]) {
+            *x = beta * y;
+        }
+    }
+    let k = MatRef::rows(&s.k, c, kd, kd);
+
+    // [A ; scores] = [diag(beta) K ; scale Q] K^T, then the decay masks.
+    matmul(
+        &mut s.products,
+        CHUNK,
+        MatRef::rows(&s.kq, 2 * c, kd, kd),
+        k.t(),
+        0.0,
+        1.0,
+    );
+    for i in 0..c {
+        let a_row = &mut s.products[i * CHUNK..][..c];
+        let decays = &s.pair_decay[i * CHUNK..][..c];
+        for (j, (x, &dec)) in a_row.iter_mut().zip(decays).enumerate() {
+            *x = if j < i { *x * dec } else { 0.0 };
+        }
+        let score_row = &mut s.products[(c + i) * CHUNK..][..c];
+        for (j, (x, &dec)) in score_row.iter_mut().zip(decays).enumerate() {
+            *x = if j <= i { *x * dec } else { 0.0 };
+        }
+    }
+    invert_unit_lower(&s.products, &mut s.t_inv, c);
+
+    // [W | U] = T [diag(beta exp G) K | diag(beta) V].
+    matmul(
+        &mut s.wu,
+        kv,
+        MatRef::rows(&s.t_inv, c, c, CHUNK),
+        MatRef::rows(&s.wu_in, c, kv, kv),
+        0.0,
+        1.0,
+    );
+    // [W S0 ; scale diag(exp G) Q S0].
+    let state_view = MatRef::rows(state, kd, vd, vd);
+    matmul(
+        &mut s.projected,
+        vd,
+        MatRef::rows(&s.wu, 2 * c, kd, kv),
+        state_view,
+        0.0,
+        1.0,
+    );
+    // V' = U - W S0.
+    for i in 0..c {
+        let u = &s.wu[i * kv + kd..][..vd];
+        let ws = &s.projected[i * vd..][..vd];
+        for ((x, &u), &w) in s.new_values[i * vd..][..vd].iter_mut().zip(u).zip(ws) {
+            *x = u - w;
+        }
+    }
+    // O = scale diag(exp G) Q S0 + scores V'.
+    let new_values = MatRef::rows(&s.new_values, c, vd, vd);
+    matmul(
+        &mut s.projected[c * vd..],
+        vd,
+        MatRef::rows(&s.products[c * CHUNK..], c, c, CHUNK),
+        new_values,
+        1.0,
+        1.0,
+    );
+    for i in 0..c {
+        // SAFETY: (row, head) belongs to this task alone.
+        unsafe {
+            o.write(
+                ((first_row + i) * d.value_heads + head) * vd,
+                &s.projected[(c + i) * vd..][..vd],
+            )
+        };
+    }
+
+    // S = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T V'.
+    for i in 0..c {
+        let decay = s.pair_decay[(c - 1) * CHUNK + i];
+        for (x, &y) in s.k_decayed[i * kd..][..kd]
+            .iter_mut()
+            .zip(&s.k[i * kd..][..kd])
+        {
+            *x = decay * y;
+        }
+    }
+    matmul(
+        state,
+        vd,
+        MatRef::rows(&s.k_decayed, c, kd, kd).t(),
+        new_values,
+        s.decay_from_start(c - 1),
+        1.0,
+    );
 }

@@ -107,7 +107,6 @@ pub fn gdn_prefill(
                 });
             });
     }
-    drop(o_writer);
     let o = o.into_tensor(vec![d.batch, d.tokens, d.value_heads, d.value_dim])?;
     let final_state = HostTensor::from_f32(
         vec![p.seqs.len(), d.value_heads, d.key_dim, d.value_dim],

@@ -24,6 +24,7 @@
 use super::validate::PreparedGdn;
 use crate::linalg::{MatRef, matmul};
 use crate::rows::RowWriter;
+use crate::simd::has_avx2_fma;
 
 /// Tokens per chunk (FLA's BT).
 pub(crate) const CHUNK: usize = 64;
@@ -81,16 +82,6 @@ impl ChunkScratch {
         }
     }
 
-    /// `exp(G_i - G_j)` for `j <= i` in the chunk, 0 across a reset.
-    #[inline]
-    fn decay_between(&self, i: usize, j: usize) -> f32 {
-        if self.segment[i] == self.segment[j] {
-            (self.g_cum[i] - self.g_cum[j]).exp()
-        } else {
-            0.0
-        }
-    }
-
     /// `exp(G_i)`: the decay from the chunk's entry state to token i.
     #[inline]
     fn decay_from_start(&self, i: usize) -> f32 {
@@ -103,28 +94,84 @@ impl ChunkScratch {
 }
 
 /// `T = (I + A)^-1` for strictly lower `A` (c x c, row stride CHUNK), by rows:
-/// `T_i = e_i - sum_{m<i} A_im T_m`.
+/// `T_i = e_i - sum_{m<i} A_im T_m`. Row m of T is zero past column m, so each update runs
+/// over a whole number of 8-lane groups (vectorisable) without reading garbage.
+#[inline(always)]
 fn invert_unit_lower(a: &[f32], t_inv: &mut [f32], c: usize) {
     for i in 0..c {
         let (done, rest) = t_inv.split_at_mut(i * CHUNK);
         let row = &mut rest[..CHUNK];
-        row[..c].fill(0.0);
+        row.fill(0.0);
         row[i] = 1.0;
         for m in 0..i {
             let coef = a[i * CHUNK + m];
-            if coef != 0.0 {
-                let prev = &done[m * CHUNK..m * CHUNK + m + 1];
-                for (x, &y) in row[..=m].iter_mut().zip(prev) {
-                    *x -= coef * y;
-                }
+            let width = (m + 1).next_multiple_of(8);
+            let prev = &done[m * CHUNK..][..width];
+            for (x, &y) in row[..width].iter_mut().zip(prev) {
+                *x -= coef * y;
             }
         }
     }
 }
 
+/// `exp(x)` for f32 without a libm call, so loops of it vectorise: Cody-Waite reduction to
+/// `2^n * exp(r)`, |r| <= ln2/2, and a degree-6 Taylor polynomial (relative error ~1e-7).
+/// Returns exactly 0 below -87.3 (where f32 `exp` leaves the normal range), including -inf.
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let clamped = x.clamp(-87.3, 88.0);
+    let n = (clamped * LOG2E + ROUND) - ROUND;
+    let r = clamped - n * LN2_HI - n * LN2_LO;
+    let poly = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.3 { 0.0 } else { poly * scale }
+}
+
 /// Advances value head `head` over one chunk: `c <= CHUNK` tokens at flattened rows
 /// `first_row..first_row + c` of one sequence. `state` is S0 on entry and S on return.
+/// The element-wise work is compiled twice (AVX2+FMA, and baseline) and picked at run time;
+/// the products dispatch inside `gemm`.
 pub(crate) fn chunk_step(
+    p: &PreparedGdn<'_>,
+    first_row: usize,
+    c: usize,
+    head: usize,
+    state: &mut [f32],
+    s: &mut ChunkScratch,
+    o: &RowWriter<'_>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        unsafe { chunk_step_avx2(p, first_row, c, head, state, s, o) };
+        return;
+    }
+    chunk_step_impl(p, first_row, c, head, state, s, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn chunk_step_avx2(
+    p: &PreparedGdn<'_>,
+    first_row: usize,
+    c: usize,
+    head: usize,
+    state: &mut [f32],
+    s: &mut ChunkScratch,
+    o: &RowWriter<'_>,
+) {
+    chunk_step_impl(p, first_row, c, head, state, s, o)
+}
+
+#[inline(always)]
+fn chunk_step_impl(
     p: &PreparedGdn<'_>,
     first_row: usize,
     c: usize,
@@ -155,8 +202,20 @@ pub(crate) fn chunk_step(
         s.beta[i] = p.beta[gate];
     }
     for i in 0..c {
-        for j in 0..=i {
-            s.pair_decay[i * CHUNK + j] = s.decay_between(i, j);
+        let (g_i, seg_i) = (s.g_cum[i], s.segment[i]);
+        let row = &mut s.pair_decay[i * CHUNK..][..c];
+        for (j, ((x, &g_j), &seg_j)) in row
+            .iter_mut()
+            .zip(&s.g_cum[..c])
+            .zip(&s.segment[..c])
+            .enumerate()
+        {
+            let exponent = if j <= i && seg_j == seg_i {
+                g_i - g_j
+            } else {
+                f32::NEG_INFINITY
+            };
+            *x = exp_f32(exponent);
         }
     }
 
@@ -275,4 +334,26 @@ pub(crate) fn chunk_step(
         s.decay_from_start(c - 1),
         1.0,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_f32;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = f64::from(x).exp();
+            let rel = ((f64::from(exp_f32(x)) - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-90.0), 0.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-3.0e38), 0.0);
+    }
 }

@@ -5,15 +5,16 @@
 //! ```text
 //! A    = strictly_lower( diag(beta) K K^T  o  exp(G_i - G_j) )
 //! T    = (I + A)^-1                               (unit lower triangular, forward substitution)
-//! W    = T diag(beta exp(G)) K,   U = T diag(beta) V
-//! V'   = U - W S0                                 (the delta-rule values v'_t of the chunk)
+//! V'   = T ( diag(beta) V - diag(beta exp(G)) K S0 )   (the delta-rule values v'_t; FLA's
+//!                                                       U - W S0 with the T factored out)
 //! O    = scale * ( diag(exp(G)) Q S0 + lower_incl( Q K^T o exp(G_i - G_j) ) V' )
 //! S    = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T V'
 //! ```
 //!
-//! which unrolls the recurrence exactly. Products that share an operand run as one larger
-//! product (five per chunk): `[diag(beta) K ; scale Q] K^T`, `T [diag(beta exp G) K | diag(beta) V]`,
-//! `[W ; scale diag(exp G) Q] S0`, the intra-chunk `scores V'`, and the state update.
+//! which unrolls the recurrence exactly. Applying T after the product with S0 saves the
+//! c x c x K product of FLA's W; products that share an operand run stacked, so a chunk makes
+//! five calls: `[diag(beta) K ; scale Q] K^T`, `[diag(beta exp G) K ; scale diag(exp G) Q] S0`,
+//! `T X`, the intra-chunk `scores V'`, and the state update.
 //!
 //! Masks are applied before any `exp`, so rows past a sequence end never produce `0 * inf`; a
 //! partial last chunk decays with its last valid token. g is not bounded below: a gate under
@@ -32,22 +33,22 @@ pub(crate) const CHUNK: usize = 64;
 /// Gates below this reset the state (`exp(-80)` is 1.8e-35: nothing survives it in f32).
 pub(crate) const RESET_GATE: f32 = -80.0;
 
-/// Per-task scratch, allocated once per (sequence, head). Row strides are fixed by K and V;
-/// only the first `c` (or `2c`) rows are live in a partial chunk.
+/// Per-thread scratch, reused across chunks and heads. Row strides are fixed by K and V; only
+/// the first `c` (or `2c`) rows are live in a partial chunk.
 pub(crate) struct ChunkScratch {
     /// `[2c, K]`: rows `0..c` = diag(beta) K, rows `c..2c` = scale * Q.
     kq: Vec<f32>,
+    /// `[2c, K]`: rows `0..c` = diag(beta exp G) K, rows `c..2c` = scale diag(exp G) Q.
+    kq_decayed: Vec<f32>,
     /// `[c, K]` raw keys.
     k: Vec<f32>,
     /// `[2c, CHUNK]`: rows `0..c` = A, rows `c..2c` = intra-chunk scores.
     products: Vec<f32>,
     /// `[c, CHUNK]` = (I + A)^-1.
     t_inv: Vec<f32>,
-    /// `[c, K + V]` = [diag(beta exp G) K | diag(beta) V].
-    wu_in: Vec<f32>,
-    /// `[2c, K + V]`: rows `0..c` = [W | U], rows `c..2c` = [scale diag(exp G) Q | unused].
-    wu: Vec<f32>,
-    /// `[2c, V]`: rows `0..c` = W S0, rows `c..2c` = the chunk's output.
+    /// `[c, V]`: diag(beta) V, then X = diag(beta) V - diag(beta exp G) K S0.
+    x: Vec<f32>,
+    /// `[2c, V]`: rows `0..c` = diag(beta exp G) K S0, rows `c..2c` = the chunk's output.
     projected: Vec<f32>,
     /// `[c, V]` = V'.
     new_values: Vec<f32>,
@@ -66,11 +67,11 @@ impl ChunkScratch {
     pub(crate) fn new(kd: usize, vd: usize) -> Self {
         Self {
             kq: vec![0.0; 2 * CHUNK * kd],
+            kq_decayed: vec![0.0; 2 * CHUNK * kd],
             k: vec![0.0; CHUNK * kd],
             products: vec![0.0; 2 * CHUNK * CHUNK],
             t_inv: vec![0.0; CHUNK * CHUNK],
-            wu_in: vec![0.0; CHUNK * (kd + vd)],
-            wu: vec![0.0; 2 * CHUNK * (kd + vd)],
+            x: vec![0.0; CHUNK * vd],
             projected: vec![0.0; 2 * CHUNK * vd],
             new_values: vec![0.0; CHUNK * vd],
             k_decayed: vec![0.0; CHUNK * kd],
@@ -182,7 +183,6 @@ fn chunk_step_impl(
 ) {
     let d = p.dims;
     let (kd, vd) = (d.key_dim, d.value_dim);
-    let kv = kd + vd;
     let key_head = d.key_head_of(head);
 
     // Gates: segment-aware cumsum.
@@ -201,21 +201,40 @@ fn chunk_step_impl(
         s.segment[i] = segment;
         s.beta[i] = p.beta[gate];
     }
-    for i in 0..c {
-        let (g_i, seg_i) = (s.g_cum[i], s.segment[i]);
-        let row = &mut s.pair_decay[i * CHUNK..][..c];
-        for (j, ((x, &g_j), &seg_j)) in row
-            .iter_mut()
-            .zip(&s.g_cum[..c])
-            .zip(&s.segment[..c])
-            .enumerate()
-        {
-            let exponent = if j <= i && seg_j == seg_i {
-                g_i - g_j
-            } else {
-                f32::NEG_INFINITY
-            };
-            *x = exp_f32(exponent);
+    // Pairwise decays exp(G_i - G_j), j <= i. When the chunk's cumsum stays within +-40 (the
+    // common case) they factor as exp(G_i) * exp(-G_j): 2c exponentials instead of c^2.
+    let no_reset = s.segment[c - 1] == 0;
+    let in_range = s.g_cum[..c].iter().all(|g| g.abs() < 40.0);
+    if no_reset && in_range {
+        let mut up = [0.0f32; CHUNK];
+        let mut down = [0.0f32; CHUNK];
+        for j in 0..c {
+            up[j] = exp_f32(s.g_cum[j]);
+            down[j] = exp_f32(-s.g_cum[j]);
+        }
+        for i in 0..c {
+            let row = &mut s.pair_decay[i * CHUNK..][..c];
+            for (j, (x, &d)) in row.iter_mut().zip(&down[..c]).enumerate() {
+                *x = if j <= i { up[i] * d } else { 0.0 };
+            }
+        }
+    } else {
+        for i in 0..c {
+            let (g_i, seg_i) = (s.g_cum[i], s.segment[i]);
+            let row = &mut s.pair_decay[i * CHUNK..][..c];
+            for (j, ((x, &g_j), &seg_j)) in row
+                .iter_mut()
+                .zip(&s.g_cum[..c])
+                .zip(&s.segment[..c])
+                .enumerate()
+            {
+                let exponent = if j <= i && seg_j == seg_i {
+                    g_i - g_j
+                } else {
+                    f32::NEG_INFINITY
+                };
+                *x = exp_f32(exponent);
+            }
         }
     }
 
@@ -225,24 +244,27 @@ fn chunk_step_impl(
         let beta = s.beta[i];
         let start_decay = s.decay_from_start(i);
         p.read_k(row, key_head, &mut s.k[i * kd..]);
-        p.read_q(row, key_head, &mut s.row);
         let k_row = &s.k[i * kd..][..kd];
-        for (x, &y) in s.kq[i * kd..][..kd].iter_mut().zip(k_row) {
-            *x = beta * y;
+        for ((x, y), &k) in s.kq[i * kd..][..kd]
+            .iter_mut()
+            .zip(&mut s.kq_decayed[i * kd..][..kd])
+            .zip(k_row)
+        {
+            *x = beta * k;
+            *y = beta * start_decay * k;
         }
-        for (x, &y) in s.kq[(c + i) * kd..][..kd].iter_mut().zip(&s.row[..kd]) {
-            *x = p.scale * y;
-        }
-        for (x, &y) in s.wu[(c + i) * kv..][..kd].iter_mut().zip(&s.row[..kd]) {
-            *x = p.scale * start_decay * y;
-        }
-        let beta_decay = beta * start_decay;
-        for (x, &y) in s.wu_in[i * kv..][..kd].iter_mut().zip(k_row) {
-            *x = beta_decay * y;
+        p.read_q(row, key_head, &mut s.row);
+        let (q_rows, q_decayed_rows) = (
+            &mut s.kq[(c + i) * kd..][..kd],
+            &mut s.kq_decayed[(c + i) * kd..][..kd],
+        );
+        for ((x, y), &q) in q_rows.iter_mut().zip(q_decayed_rows).zip(&s.row[..kd]) {
+            *x = p.scale * q;
+            *y = p.scale * start_decay * q;
         }
         p.read_v(row, head, &mut s.row);
-        for (x, &y) in s.wu_in[i * kv + kd..][..vd].iter_mut().zip(&s.row[..vd]) {
-            *x = beta * y;
+        for (x, &v) in s.x[i * vd..][..vd].iter_mut().zip(&s.row[..vd]) {
+            *x = beta * v;
         }
     }
     let k = MatRef::rows(&s.k, c, kd, kd);
@@ -269,33 +291,27 @@ fn chunk_step_impl(
     }
     invert_unit_lower(&s.products, &mut s.t_inv, c);
 
-    // [W | U] = T [diag(beta exp G) K | diag(beta) V].
-    matmul(
-        &mut s.wu,
-        kv,
-        MatRef::rows(&s.t_inv, c, c, CHUNK),
-        MatRef::rows(&s.wu_in, c, kv, kv),
-        0.0,
-        1.0,
-    );
-    // [W S0 ; scale diag(exp G) Q S0].
+    // [diag(beta exp G) K S0 ; scale diag(exp G) Q S0], then X and V' = T X.
     let state_view = MatRef::rows(state, kd, vd, vd);
     matmul(
         &mut s.projected,
         vd,
-        MatRef::rows(&s.wu, 2 * c, kd, kv),
+        MatRef::rows(&s.kq_decayed, 2 * c, kd, kd),
         state_view,
         0.0,
         1.0,
     );
-    // V' = U - W S0.
-    for i in 0..c {
-        let u = &s.wu[i * kv + kd..][..vd];
-        let ws = &s.projected[i * vd..][..vd];
-        for ((x, &u), &w) in s.new_values[i * vd..][..vd].iter_mut().zip(u).zip(ws) {
-            *x = u - w;
-        }
+    for (x, &ks) in s.x[..c * vd].iter_mut().zip(&s.projected[..c * vd]) {
+        *x -= ks;
     }
+    matmul(
+        &mut s.new_values,
+        vd,
+        MatRef::rows(&s.t_inv, c, c, CHUNK),
+        MatRef::rows(&s.x, c, vd, vd),
+        0.0,
+        1.0,
+    );
     // O = scale diag(exp G) Q S0 + scores V'.
     let new_values = MatRef::rows(&s.new_values, c, vd, vd);
     matmul(

@@ -208,14 +208,14 @@ fn chunk_step_impl(
     if no_reset && in_range {
         let mut up = [0.0f32; CHUNK];
         let mut down = [0.0f32; CHUNK];
-        for j in 0..c {
-            up[j] = exp_f32(s.g_cum[j]);
-            down[j] = exp_f32(-s.g_cum[j]);
+        for ((u, d), &g) in up.iter_mut().zip(&mut down).zip(&s.g_cum[..c]) {
+            *u = exp_f32(g);
+            *d = exp_f32(-g);
         }
-        for i in 0..c {
+        for (i, &up_i) in up[..c].iter().enumerate() {
             let row = &mut s.pair_decay[i * CHUNK..][..c];
             for (j, (x, &d)) in row.iter_mut().zip(&down[..c]).enumerate() {
-                *x = if j <= i { up[i] * d } else { 0.0 };
+                *x = if j <= i { up_i * d } else { 0.0 };
             }
         }
     } else {

@@ -43,6 +43,19 @@ pub(crate) fn has_avx2_fma() -> bool {
     }
 }
 
+/// True when the running CPU has AVX-512F (as well as AVX2 and FMA).
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && has_avx2_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// A raw view of an output buffer that parallel tasks write at disjoint offsets.
 pub(crate) struct DisjointWriter<'a, T = f32> {
     ptr: *mut T,

@@ -25,7 +25,7 @@
 use super::validate::PreparedGdn;
 use crate::linalg::{MatRef, matmul};
 use crate::rows::RowWriter;
-use crate::simd::has_avx2_fma;
+use crate::simd::{has_avx2_fma, has_avx512};
 
 /// Tokens per chunk (FLA's BT).
 pub(crate) const CHUNK: usize = 64;
@@ -137,7 +137,8 @@ fn exp_f32(x: f32) -> f32 {
 
 /// Advances value head `head` over one chunk: `c <= CHUNK` tokens at flattened rows
 /// `first_row..first_row + c` of one sequence. `state` is S0 on entry and S on return.
-/// The element-wise work is compiled twice (AVX2+FMA, and baseline) and picked at run time;
+/// The element-wise work is compiled three times (AVX-512, AVX2+FMA, baseline) and picked at
+/// run time;
 /// the products dispatch inside `gemm`.
 pub(crate) fn chunk_step(
     p: &PreparedGdn<'_>,
@@ -149,11 +150,31 @@ pub(crate) fn chunk_step(
     o: &RowWriter<'_>,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above).
+        unsafe { chunk_step_avx512(p, first_row, c, head, state, s, o) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
         unsafe { chunk_step_avx2(p, first_row, c, head, state, s, o) };
         return;
     }
+    chunk_step_impl(p, first_row, c, head, state, s, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn chunk_step_avx512(
+    p: &PreparedGdn<'_>,
+    first_row: usize,
+    c: usize,
+    head: usize,
+    state: &mut [f32],
+    s: &mut ChunkScratch,
+    o: &RowWriter<'_>,
+) {
     chunk_step_impl(p, first_row, c, head, state, s, o)
 }
 

@@ -8,7 +8,7 @@ pub(crate) mod linalg;
 pub mod metrics;
 pub mod rng;
 pub(crate) mod rows;
-pub(crate) mod simd;
+pub mod simd;
 pub mod tensor;
 
 pub use error::{Error, Result};

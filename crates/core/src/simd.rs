@@ -30,12 +30,37 @@ impl MulAdd for Unfused {
     }
 }
 
+/// The widest instruction set kernels may use, lowered by tests so that every dispatch path
+/// is exercised on a machine that has them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum SimdLimit {
+    Baseline = 0,
+    Avx2 = 1,
+    Any = 2,
+}
+
+static SIMD_LIMIT: std::sync::atomic::AtomicU8 =
+    std::sync::atomic::AtomicU8::new(SimdLimit::Any as u8);
+
+/// Caps the instruction set CPU kernels dispatch to (process-wide). For tests and
+/// benchmarks; results are the same to rounding at every level.
+pub fn set_simd_limit(limit: SimdLimit) {
+    SIMD_LIMIT.store(limit as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn limit_allows(level: SimdLimit) -> bool {
+    SIMD_LIMIT.load(std::sync::atomic::Ordering::Relaxed) >= level as u8
+}
+
 /// True when the running CPU has AVX2 and FMA (checked once, then cached by std).
 #[inline]
 pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        limit_allows(SimdLimit::Avx2)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -48,7 +73,9 @@ pub(crate) fn has_avx2_fma() -> bool {
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f") && has_avx2_fma()
+        limit_allows(SimdLimit::Any)
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && has_avx2_fma()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -61,3 +61,14 @@ pub fn run() -> Result<()> {
         Command::Bench(args) => bench::run(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -7,7 +7,8 @@ pub mod io;
 pub(crate) mod linalg;
 pub mod metrics;
 pub mod rng;
-pub(crate) mod simd;
+pub(crate) mod rows;
+pub mod simd;
 pub mod tensor;
 
 pub use error::{Error, Result};

@@ -30,12 +30,52 @@ impl MulAdd for Unfused {
     }
 }
 
+/// The widest instruction set kernels may use, lowered by tests so that every dispatch path
+/// is exercised on a machine that has them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum SimdLimit {
+    Baseline = 0,
+    Avx2 = 1,
+    Any = 2,
+}
+
+static SIMD_LIMIT: std::sync::atomic::AtomicU8 =
+    std::sync::atomic::AtomicU8::new(SimdLimit::Any as u8);
+
+/// Caps the instruction set CPU kernels dispatch to (process-wide). For tests and
+/// benchmarks; results are the same to rounding at every level.
+pub fn set_simd_limit(limit: SimdLimit) {
+    SIMD_LIMIT.store(limit as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn limit_allows(level: SimdLimit) -> bool {
+    SIMD_LIMIT.load(std::sync::atomic::Ordering::Relaxed) >= level as u8
+}
+
 /// True when the running CPU has AVX2 and FMA (checked once, then cached by std).
 #[inline]
 pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        limit_allows(SimdLimit::Avx2)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// True when the running CPU has AVX-512F (as well as AVX2 and FMA).
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        limit_allows(SimdLimit::Any)
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && has_avx2_fma()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -44,18 +84,18 @@ pub(crate) fn has_avx2_fma() -> bool {
 }
 
 /// A raw view of an output buffer that parallel tasks write at disjoint offsets.
-pub(crate) struct DisjointWriter<'a> {
-    ptr: *mut f32,
+pub(crate) struct DisjointWriter<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: tasks only obtain disjoint ranges (see `range`), so sharing the pointer is sound.
-unsafe impl Send for DisjointWriter<'_> {}
-unsafe impl Sync for DisjointWriter<'_> {}
+unsafe impl<T: Send> Send for DisjointWriter<'_, T> {}
+unsafe impl<T: Send> Sync for DisjointWriter<'_, T> {}
 
-impl<'a> DisjointWriter<'a> {
-    pub(crate) fn new(buffer: &'a mut [f32]) -> Self {
+impl<'a, T> DisjointWriter<'a, T> {
+    pub(crate) fn new(buffer: &'a mut [T]) -> Self {
         Self {
             ptr: buffer.as_mut_ptr(),
             len: buffer.len(),
@@ -68,7 +108,7 @@ impl<'a> DisjointWriter<'a> {
     /// # Safety
     /// No two live slices obtained from this writer may overlap.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn range(&self, offset: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn range(&self, offset: usize, len: usize) -> &mut [T] {
         assert!(
             offset + len <= self.len,
             "DisjointWriter range out of bounds"

@@ -138,3 +138,15 @@ fn f32_and_f16_inputs_and_custom_scale() {
     spec.dtype = deltakv_core::DType::F16;
     check("f16", &spec, &opts, 61);
 }
+
+#[test]
+fn every_simd_dispatch_level_matches_the_oracle() {
+    use deltakv_core::simd::{SimdLimit, set_simd_limit};
+    let mut spec = GdnSpec::new(130, 2, 4, 64, 100);
+    spec.with_initial_state = true;
+    for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
+        set_simd_limit(limit);
+        check(&format!("{limit:?}"), &spec, &options(false), 70);
+    }
+    set_simd_limit(SimdLimit::Any);
+}

@@ -79,7 +79,7 @@ pub fn gdn_reference_heads(
         use_qk_l2norm: false,
         ..options.clone()
     };
-    let p: PreparedGdn = prepare_prefill(inputs, &raw)?;
+    let p: PreparedGdn<'_> = prepare_prefill(inputs, &raw)?;
     let d = p.dims;
     if let Some(&bad) = heads.iter().find(|&&h| h >= d.value_heads) {
         return Err(Error::InvalidValue(format!(
@@ -113,13 +113,17 @@ pub fn gdn_reference_heads(
             let mut outs = Vec::with_capacity(seq.len * vd);
             for row in seq.start..seq.start + seq.len {
                 let widen = |src: &[f32]| src.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
-                let mut q = widen(&p.q[(row * d.key_heads + hk) * kd..][..kd]);
-                let mut k = widen(&p.k[(row * d.key_heads + hk) * kd..][..kd]);
+                let (mut q32, mut k32, mut v32) = (vec![0.0; kd], vec![0.0; kd], vec![0.0; vd]);
+                p.read_q(row, hk, &mut q32);
+                p.read_k(row, hk, &mut k32);
+                p.read_v(row, h, &mut v32);
+                let mut q = widen(&q32);
+                let mut k = widen(&k32);
                 if options.use_qk_l2norm {
                     q = l2_normalize(&q);
                     k = l2_normalize(&k);
                 }
-                let v = widen(&p.v[(row * d.value_heads + h) * vd..][..vd]);
+                let v = widen(&v32);
                 let gate = row * d.value_heads + h;
                 let o = recurrence_step(
                     &mut state,

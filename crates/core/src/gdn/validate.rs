@@ -4,7 +4,8 @@
 
 use super::prefill::{GdnInputs, GdnOptions};
 use crate::error::{Error, Result};
-use crate::tensor::{DType, HostTensor};
+use crate::tensor::{DType, HostTensor, TensorData};
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Largest supported head dimension for K and V.
@@ -46,26 +47,143 @@ pub struct SeqSpan {
     pub len: usize,
 }
 
-/// Validated inputs widened to f32, ready for any kernel.
+/// Validated inputs. q, k and v stay in their own dtype and are widened to f32 row by row as
+/// kernels gather them (no full-size f32 copies); gates are small and widened up front.
 #[derive(Clone, Debug)]
-pub struct PreparedGdn {
+pub struct PreparedGdn<'a> {
     pub dims: GdnDims,
     pub seqs: Vec<SeqSpan>,
-    /// `[B*T, Hg, K]`, l2-normalised when asked.
-    pub q: Vec<f32>,
-    /// `[B*T, Hg, K]`, l2-normalised when asked.
-    pub k: Vec<f32>,
+    /// `[B*T, Hg, K]`
+    pub q: &'a TensorData,
+    /// `[B*T, Hg, K]`
+    pub k: &'a TensorData,
     /// `[B*T, H, V]`
-    pub v: Vec<f32>,
+    pub v: &'a TensorData,
     /// `[B*T, H]`
     pub g: Vec<f32>,
     /// `[B*T, H]`
     pub beta: Vec<f32>,
     /// `[N, H, K, V]`
-    pub initial_state: Option<Vec<f32>>,
+    pub initial_state: Option<&'a [f32]>,
     pub scale: f32,
+    /// Normalise q and k rows as they are read.
+    pub use_qk_l2norm: bool,
     /// dtype of `o` (v's dtype).
     pub out_dtype: DType,
+}
+
+impl PreparedGdn<'_> {
+    /// Query row of token `row` (flattened B*T index) for `key_head`, widened (and normalised).
+    #[inline]
+    pub fn read_q(&self, row: usize, key_head: usize, dst: &mut [f32]) {
+        let kd = self.dims.key_dim;
+        widen_into(
+            self.q,
+            (row * self.dims.key_heads + key_head) * kd,
+            &mut dst[..kd],
+        );
+        if self.use_qk_l2norm {
+            l2_normalize_row(&mut dst[..kd]);
+        }
+    }
+
+    /// Key row, as [`Self::read_q`].
+    #[inline]
+    pub fn read_k(&self, row: usize, key_head: usize, dst: &mut [f32]) {
+        let kd = self.dims.key_dim;
+        widen_into(
+            self.k,
+            (row * self.dims.key_heads + key_head) * kd,
+            &mut dst[..kd],
+        );
+        if self.use_qk_l2norm {
+            l2_normalize_row(&mut dst[..kd]);
+        }
+    }
+
+    /// Value row of token `row` for `value_head`, widened.
+    #[inline]
+    pub fn read_v(&self, row: usize, value_head: usize, dst: &mut [f32]) {
+        let vd = self.dims.value_dim;
+        widen_into(
+            self.v,
+            (row * self.dims.value_heads + value_head) * vd,
+            &mut dst[..vd],
+        );
+    }
+}
+
+/// Widens `dst.len()` elements of a float tensor, starting at `offset`, into `dst`.
+#[inline]
+pub fn widen_into(src: &TensorData, offset: usize, dst: &mut [f32]) {
+    let n = dst.len();
+    match src {
+        TensorData::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
+        // bf16 is the top half of an f32; a plain shift (exact, vectorisable) instead of
+        // `half`'s NaN-quieting scalar path. Inputs are validated finite.
+        TensorData::BF16(v) => {
+            for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
+                *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+            }
+        }
+        TensorData::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
+        // Validation admits only float tensors here.
+        TensorData::I32(_) | TensorData::I64(_) => dst.fill(f32::NAN),
+    }
+}
+
+/// `x / sqrt(|x|^2 + 1e-6)` in place.
+#[inline]
+pub fn l2_normalize_row(row: &mut [f32]) {
+    let sum: f32 = row.iter().map(|x| x * x).sum();
+    let inv = 1.0 / (sum + 1e-6).sqrt();
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// Fails on the first non-finite element of a float tensor (scanned in parallel, no copy).
+pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
+    /// Index of the first element whose exponent bits are all ones (inf or NaN). Blocks are
+    /// tested with a branch-free OR (vectorisable) and searched only when one is flagged.
+    fn first_bad<T: Copy + Sync>(
+        values: &[T],
+        exponent_all_ones: impl Fn(T) -> bool + Sync,
+    ) -> Option<usize> {
+        const BLOCK: usize = 1 << 16;
+        values
+            .par_chunks(BLOCK)
+            .enumerate()
+            .find_map_first(|(b, chunk)| {
+                let flagged = chunk
+                    .iter()
+                    .fold(false, |acc, &x| acc | exponent_all_ones(x));
+                if flagged {
+                    chunk
+                        .iter()
+                        .position(|&x| exponent_all_ones(x))
+                        .map(|i| b * BLOCK + i)
+                } else {
+                    None
+                }
+            })
+    }
+    let bad = match data {
+        TensorData::F32(v) => {
+            first_bad(v, |x| x.to_bits() & 0x7f80_0000 == 0x7f80_0000).map(|i| (i, v[i]))
+        }
+        TensorData::BF16(v) => {
+            first_bad(v, |x| x.to_bits() & 0x7f80 == 0x7f80).map(|i| (i, v[i].to_f32()))
+        }
+        TensorData::F16(v) => {
+            first_bad(v, |x| x.to_bits() & 0x7c00 == 0x7c00).map(|i| (i, v[i].to_f32()))
+        }
+        TensorData::I32(_) | TensorData::I64(_) => None,
+    };
+    match bad {
+        None => Ok(()),
+        Some((i, x)) => Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({x}) at flat index {i}"
+        ))),
+    }
 }
 
 fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
@@ -192,13 +310,9 @@ fn sequence_spans(
 
 /// Divides each `dim`-long row by `sqrt(|row|^2 + 1e-6)` in place.
 pub fn l2_normalize_rows(values: &mut [f32], dim: usize) {
-    values.par_chunks_mut(dim * 64).for_each(|block| {
-        for row in block.chunks_exact_mut(dim) {
-            let sum: f32 = row.iter().map(|x| x * x).sum();
-            let inv = 1.0 / (sum + 1e-6).sqrt();
-            row.iter_mut().for_each(|x| *x *= inv);
-        }
-    });
+    values
+        .par_chunks_mut(dim * 64)
+        .for_each(|block| block.chunks_exact_mut(dim).for_each(l2_normalize_row));
 }
 
 /// Reads a `[.., H]` gate tensor (g or beta) as f32, checking shape and finiteness.
@@ -236,8 +350,30 @@ pub fn activation_values(
     Ok(values)
 }
 
-/// Validates prefill inputs and widens them to f32.
-pub fn prepare_prefill(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<PreparedGdn> {
+/// Checks a q/k/v-like activation: shape, dtype (must equal `dtype`) and finiteness.
+pub fn check_activation(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+    dtype: DType,
+) -> Result<()> {
+    expect_shape(name, t, expected, layout)?;
+    if t.dtype() != dtype {
+        return Err(Error::dtype(
+            name,
+            t.dtype(),
+            &format!("{dtype} (the dtype of q)"),
+        ));
+    }
+    check_finite_data(name, t.data())
+}
+
+/// Validates prefill inputs.
+pub fn prepare_prefill<'a>(
+    inputs: &GdnInputs<'a>,
+    options: &GdnOptions,
+) -> Result<PreparedGdn<'a>> {
     let q = inputs.q;
     expect_rank("q", q, 4, "[B, T, Hg, K]")?;
     expect_float("q", q)?;
@@ -261,9 +397,9 @@ pub fn prepare_prefill(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<P
         key_dim,
         value_dim,
     };
-    let mut q_values = activation_values("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
-    let mut k_values = activation_values("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
-    let v_values = activation_values(
+    check_activation("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
+    check_activation("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
+    check_activation(
         "v",
         inputs.v,
         &[batch, tokens, value_heads, value_dim],
@@ -286,8 +422,8 @@ pub fn prepare_prefill(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<P
                 &[seqs.len(), value_heads, key_dim, value_dim],
                 "[N, H, K, V]",
             )?;
-            let values = s.to_f32_vec("initial_state")?;
-            check_finite("initial_state", &values)?;
+            let values = s.as_f32().expect("dtype checked above");
+            check_finite("initial_state", values)?;
             Some(values)
         }
     };
@@ -297,20 +433,17 @@ pub fn prepare_prefill(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<P
             "scale must be finite, got {scale}"
         )));
     }
-    if options.use_qk_l2norm {
-        l2_normalize_rows(&mut q_values, key_dim);
-        l2_normalize_rows(&mut k_values, key_dim);
-    }
     Ok(PreparedGdn {
         dims,
         seqs,
-        q: q_values,
-        k: k_values,
-        v: v_values,
+        q: q.data(),
+        k: inputs.k.data(),
+        v: inputs.v.data(),
         g,
         beta,
         initial_state,
         scale,
+        use_qk_l2norm: options.use_qk_l2norm,
         out_dtype: inputs.v.dtype(),
     })
 }

@@ -598,3 +598,25 @@ fn decode_into_caller_buffers_equals_decode() {
     assert_contains(&err, "output buffer `o` holds 10 values, expected 1728");
     assert_eq!(untouched, case.state_pool);
 }
+
+#[test]
+fn every_simd_dispatch_level_matches_the_oracle() {
+    // The portable build (no AVX2/FMA) and the AVX2 build of every decode path: T = 1 in place
+    // (f32 and bf16 pools), and the block path (T > 1, intermediate states).
+    use deltakv_core::simd::{SimdLimit, set_simd_limit};
+    for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
+        set_simd_limit(limit);
+        for (tokens, pool_dtype) in [(1, DType::F32), (1, DType::BF16), (5, DType::F32)] {
+            let mut spec = DecodeSpec::new(3, tokens, 1, 2, 64, 64);
+            spec.pool_dtype = pool_dtype;
+            spec.skipped_rows = vec![2];
+            check(
+                &format!("{limit:?} T={tokens} pool {pool_dtype}"),
+                &spec,
+                false,
+                9100 + tokens as u64,
+            );
+        }
+    }
+    set_simd_limit(SimdLimit::Any);
+}

@@ -103,6 +103,17 @@ impl<'a, T> DisjointWriter<'a, T> {
         }
     }
 
+    /// Elements in the buffer.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The start of the buffer (for prefetch hints and in-place kernels that keep to their own
+    /// ranges).
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     /// The sub-slice `offset..offset + len`.
     ///
     /// # Safety

@@ -4,6 +4,7 @@
 
 use super::prefill::{GdnInputs, GdnOptions};
 use crate::error::{Error, Result};
+use crate::rows::bf16_widen;
 use crate::tensor::{DType, HostTensor, TensorData};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -123,7 +124,7 @@ pub fn widen_into(src: &TensorData, offset: usize, dst: &mut [f32]) {
         // `half`'s NaN-quieting scalar path. Inputs are validated finite.
         TensorData::BF16(v) => {
             for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
-                *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+                *d = bf16_widen(*s);
             }
         }
         TensorData::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),

@@ -1,0 +1,521 @@
+//! The decode kernel: runs validated decode inputs over the pool's addressed slots (see
+//! [`super::decode`] for the op's math, layouts and schedule).
+
+use super::decode_validate::PreparedDecode;
+use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
+use crate::rows::{bf16_round, bf16_widen};
+use crate::simd::{DisjointWriter, Fused, MulAdd, Unfused, has_avx2_fma};
+use crate::tensor::{DType, HostTensor};
+use half::bf16;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A pool element type: widened to f32 when a block is loaded, rounded once when stored.
+/// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
+/// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
+pub(super) trait PoolElem: Copy + Send + Sync {
+    /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).
+    fn as_f32_ptr(ptr: *mut Self) -> Option<*mut f32>;
+    fn widen(src: &[Self], dst: &mut [f32; BLOCK]);
+    fn narrow(src: &[f32; BLOCK], dst: &mut [Self]);
+}
+
+impl PoolElem for f32 {
+    fn as_f32_ptr(ptr: *mut f32) -> Option<*mut f32> {
+        Some(ptr)
+    }
+    #[inline(always)]
+    fn widen(src: &[f32], dst: &mut [f32; BLOCK]) {
+        if let Ok(full) = <&[f32; BLOCK]>::try_from(src) {
+            *dst = *full;
+        } else {
+            dst[..src.len()].copy_from_slice(src);
+            dst[src.len()..].fill(0.0);
+        }
+    }
+    #[inline(always)]
+    fn narrow(src: &[f32; BLOCK], dst: &mut [f32]) {
+        if let Ok(full) = <&mut [f32; BLOCK]>::try_from(&mut *dst) {
+            // Eight-wide pieces: a whole-array assignment here became a `memcpy` call.
+            for (d, s) in full.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+                let piece: [f32; 8] = s.try_into().expect("eight");
+                d.copy_from_slice(&piece);
+            }
+        } else {
+            let width = dst.len();
+            dst.copy_from_slice(&src[..width]);
+        }
+    }
+}
+
+impl PoolElem for bf16 {
+    fn as_f32_ptr(_: *mut bf16) -> Option<*mut f32> {
+        None
+    }
+    #[inline(always)]
+    fn widen(src: &[bf16], dst: &mut [f32; BLOCK]) {
+        if let Ok(full) = <&[bf16; BLOCK]>::try_from(src) {
+            // SAFETY: `bf16` is `repr(transparent)` over `u16`. Widening plain integers lets
+            // the loop vectorise (it stayed scalar through `bf16::to_bits`).
+            let bits = unsafe { &*(full as *const [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
+            for j in 0..BLOCK {
+                dst[j] = f32::from_bits(u32::from(bits[j]) << 16);
+            }
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = bf16_widen(s);
+            }
+            dst[src.len()..].fill(0.0);
+        }
+    }
+    #[inline(always)]
+    fn narrow(src: &[f32; BLOCK], dst: &mut [bf16]) {
+        if let Ok(full) = <&mut [bf16; BLOCK]>::try_from(&mut *dst) {
+            // SAFETY: `bf16` is `repr(transparent)` over `u16` (as in `widen`).
+            let bits = unsafe { &mut *(full as *mut [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
+            for j in 0..BLOCK {
+                bits[j] = bf16_round(src[j]).to_bits();
+            }
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = bf16_round(s);
+            }
+        }
+    }
+}
+
+/// Dispatches on the pool's dtype (validated to be f32 or bf16).
+pub(super) fn run_prepared(
+    p: &PreparedDecode,
+    state_pool: &mut HostTensor,
+    o: &mut [f32],
+    states: &mut [f32],
+) {
+    match p.pool_dtype {
+        DType::F32 => {
+            let pool = state_pool.as_f32_mut().expect("checked f32 pool");
+            run_kernel(p, pool, o, states);
+        }
+        DType::BF16 => {
+            let pool = state_pool.as_bf16_mut().expect("checked bf16 pool");
+            run_kernel(p, pool, o, states);
+        }
+        other => unreachable!("pool dtype {other} passed validation"),
+    }
+}
+
+/// Per-token scalars shared by every column block: `k . q` per (row, key head) and
+/// `exp(g)` per (row, value head).
+struct TokenScalars {
+    key_dot_query: Vec<f32>,
+    decay: Vec<f32>,
+}
+
+fn token_scalars(p: &PreparedDecode) -> TokenScalars {
+    let kd = p.dims.key_dim;
+    TokenScalars {
+        key_dot_query: p
+            .q
+            .chunks_exact(kd)
+            .zip(p.k.chunks_exact(kd))
+            .map(|(q, k)| dot(k, q))
+            .collect(),
+        decay: p.g.iter().map(|g| g.exp()).collect(),
+    }
+}
+
+/// Runs `work(scratch, task)` for every task in `0..tasks` on the rayon pool. Each thread owns a
+/// fixed contiguous range (thread `i` of `n` gets the `i`-th n-th), so call after call the same
+/// thread touches the same slots and a pool that fits in the cores' caches stays there; a
+/// thread that finishes its range early helps the others (tasks are claimed with an atomic
+/// cursor per range, so each runs exactly once).
+fn for_each_task<S>(
+    tasks: usize,
+    scratch: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, usize) + Sync,
+) {
+    let threads = rayon::current_num_threads().clamp(1, tasks.max(1));
+    let bounds: Vec<usize> = (0..=threads).map(|i| i * tasks / threads).collect();
+    let cursors: Vec<AtomicUsize> = bounds[..threads]
+        .iter()
+        .map(|&b| AtomicUsize::new(b))
+        .collect();
+    let run = |me: usize| {
+        let mut local = scratch();
+        for r in (me..threads).chain(0..me) {
+            loop {
+                let task = cursors[r].fetch_add(1, Ordering::Relaxed);
+                if task >= bounds[r + 1] {
+                    break;
+                }
+                work(&mut local, task);
+            }
+        }
+    };
+    if threads == 1 {
+        run(0);
+    } else {
+        rayon::broadcast(|ctx| {
+            if ctx.index() < threads {
+                run(ctx.index());
+            }
+        });
+    }
+}
+
+/// Hints the CPU to bring the `BLOCK` elements at `at` (one or two cache lines) towards L2. A
+/// hint only: it never faults, whatever the address, and changes no value.
+#[inline(always)]
+fn prefetch_block<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let bytes = BLOCK * std::mem::size_of::<T>();
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: prefetch instructions never fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast::<i8>().wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
+/// Everything a task needs, shared by all tasks of one call.
+struct Kernel<'a, E> {
+    p: &'a PreparedDecode,
+    scalars: TokenScalars,
+    pool: DisjointWriter<'a, E>,
+    o: DisjointWriter<'a, f32>,
+    states: DisjointWriter<'a, f32>,
+    with_states: bool,
+    /// Column blocks per task.
+    group_len: usize,
+    /// Column groups per (row, head).
+    groups: usize,
+}
+
+impl<E: PoolElem> Kernel<'_, E> {
+    /// One (row, value head, column group): for each 32-column block, load it (it then sits
+    /// in L1), run every token on it, store it.
+    #[inline(always)]
+    fn task<M: MulAdd>(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
+        let (row, head, group) = (
+            task / (heads * self.groups),
+            task / self.groups % heads,
+            task % self.groups,
+        );
+        let col_start = group * self.group_len * BLOCK;
+        let col_end = vd.min(col_start + self.group_len * BLOCK);
+        let Some(slot) = p.slot_of_row[row] else {
+            // Skipped row: zeros out, nothing read or written in the pool.
+            let width = col_end - col_start;
+            for t in 0..d.tokens {
+                let token_head = (row * d.tokens + t) * heads + head;
+                // SAFETY: (row, t, head, this group's columns) belong to this task.
+                unsafe { self.o.range(token_head * vd + col_start, width) }.fill(0.0);
+                if self.with_states {
+                    for i in 0..kd {
+                        let at = (token_head * kd + i) * vd + col_start;
+                        // SAFETY: as above.
+                        unsafe { self.states.range(at, width) }.fill(0.0);
+                    }
+                }
+            }
+            return;
+        };
+        let slab = (slot * heads + head) * kd * vd;
+        let key_head = d.key_head_of(head);
+        // A single token on an f32 pool runs in place, without block copies.
+        let in_place = if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
+            E::as_f32_ptr(self.pool.as_ptr())
+        } else {
+            None
+        };
+        if let Some(pool) = in_place {
+            assert!(slab + kd * vd <= self.pool.len());
+            for col0 in (col_start..col_end).step_by(BLOCK) {
+                // SAFETY: (slot, head, this block's columns) belong to this task alone (slots
+                // are distinct across rows), and are in bounds (checked above, and
+                // col0 + BLOCK <= V).
+                unsafe { self.token_in_place::<M>(pool, slab + col0, row, head, key_head, col0) };
+            }
+            return;
+        }
+        if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
+            // Any other pool dtype (bf16): the same single pass pair, converting each row as
+            // it is read and rounding it once as it is written.
+            for col0 in (col_start..col_end).step_by(BLOCK) {
+                self.token_converting::<M>(slab + col0, row, head, key_head, col0);
+            }
+            return;
+        }
+        let mut out = [0.0f32; BLOCK];
+        let block = &mut buffer[..kd];
+        for col0 in (col_start..col_end).step_by(BLOCK) {
+            let width = BLOCK.min(vd - col0);
+            for (i, dst) in block.iter_mut().enumerate() {
+                // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+                // block's columns) belong to this task alone.
+                let src = unsafe { self.pool.range(slab + i * vd + col0, width) };
+                E::widen(src, dst);
+            }
+            for t in 0..d.tokens {
+                let token = row * d.tokens + t;
+                let key_row = token * d.key_heads + key_head;
+                let token_head = token * heads + head;
+                let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+                let step = TokenStep {
+                    q: &p.q[key_row * kd..][..kd],
+                    k: &p.k[key_row * kd..][..kd],
+                    key_dot_query: self.scalars.key_dot_query[key_row],
+                    value: &value,
+                    decay: self.scalars.decay[token_head],
+                    beta: p.beta[token_head],
+                    scale: p.scale,
+                };
+                step_block(block, &step, &mut out);
+                // SAFETY: (token, head, this block's columns) belong to this task alone.
+                unsafe { self.o.range(token_head * vd + col0, width) }
+                    .copy_from_slice(&out[..width]);
+                if self.with_states {
+                    for (i, src) in block.iter().enumerate() {
+                        let at = (token_head * kd + i) * vd + col0;
+                        // SAFETY: as above, for the intermediate state of this token.
+                        unsafe { self.states.range(at, width) }.copy_from_slice(&src[..width]);
+                    }
+                }
+            }
+            for (i, src) in block.iter().enumerate() {
+                // SAFETY: as for the load above.
+                let dst = unsafe { self.pool.range(slab + i * vd + col0, width) };
+                E::narrow(src, dst);
+            }
+        }
+    }
+
+    /// One token (T = 1) on one 32-column block of an f32 slab, directly in the pool: the
+    /// same step as `recurrent_kernel::step_block` (pass 1 reads the rows for `S^T k` and
+    /// `S^T q`, pass 2 updates them while they are still in L1), without the copies into and
+    /// out of a contiguous block.
+    ///
+    /// # Safety
+    /// Rows `at + i * V .. at + i * V + BLOCK` for `i < K` must be in bounds and touched by no
+    /// other thread.
+    #[inline(always)]
+    unsafe fn token_in_place<M: MulAdd>(
+        &self,
+        pool: *mut f32,
+        at: usize,
+        row: usize,
+        head: usize,
+        key_head: usize,
+        col0: usize,
+    ) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let key_row = row * d.key_heads + key_head;
+        let token_head = row * d.value_heads + head;
+        let (q, k) = (&p.q[key_row * kd..][..kd], &p.k[key_row * kd..][..kd]);
+        let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+        let decay = self.scalars.decay[token_head];
+        let (beta, scale) = (p.beta[token_head], p.scale);
+        let key_dot_query = self.scalars.key_dot_query[key_row];
+        let mut sk = [0.0f32; BLOCK];
+        let mut sq = [0.0f32; BLOCK];
+        let mut ptr = pool.wrapping_add(at);
+        // The same block of the next head's slab (contiguous after this one in the slot), to
+        // be streamed towards L2 while this one is computed; the next task reads it.
+        let next = (head + 1 < d.value_heads).then(|| pool.wrapping_add(at + kd * vd));
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            // SAFETY: in bounds and exclusive (the caller's contract).
+            let state = unsafe { &*ptr.cast::<[f32; BLOCK]>() };
+            for j in 0..BLOCK {
+                sk[j] = M::mul_add(ki, state[j], sk[j]);
+                sq[j] = M::mul_add(qi, state[j], sq[j]);
+            }
+            ptr = ptr.wrapping_add(vd);
+            if let Some(next) = next {
+                prefetch_block(next.wrapping_add(i * vd));
+            }
+        }
+        let mut new_value = [0.0f32; BLOCK];
+        let mut out = [0.0f32; BLOCK];
+        for j in 0..BLOCK {
+            new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
+            out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
+        }
+        let mut ptr = pool.wrapping_add(at);
+        for &ki in k {
+            // SAFETY: as above.
+            let state = unsafe { &mut *ptr.cast::<[f32; BLOCK]>() };
+            for j in 0..BLOCK {
+                state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
+            }
+            ptr = ptr.wrapping_add(vd);
+        }
+        // SAFETY: (token, head, this block's columns) belong to this task alone.
+        unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
+    }
+
+    /// [`Self::token_in_place`] for a pool of another dtype: pass 1 widens each row as it
+    /// reads it, pass 2 widens it again (from L1), updates it and rounds it back once.
+    #[inline(always)]
+    fn token_converting<M: MulAdd>(
+        &self,
+        at: usize,
+        row: usize,
+        head: usize,
+        key_head: usize,
+        col0: usize,
+    ) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let key_row = row * d.key_heads + key_head;
+        let token_head = row * d.value_heads + head;
+        let (q, k) = (&p.q[key_row * kd..][..kd], &p.k[key_row * kd..][..kd]);
+        let value = pad_value(&p.v[token_head * vd..][..vd], col0);
+        let decay = self.scalars.decay[token_head];
+        let (beta, scale) = (p.beta[token_head], p.scale);
+        let key_dot_query = self.scalars.key_dot_query[key_row];
+        let mut sk = [0.0f32; BLOCK];
+        let mut sq = [0.0f32; BLOCK];
+        let mut state = [0.0f32; BLOCK];
+        let next =
+            (head + 1 < d.value_heads).then(|| self.pool.as_ptr().wrapping_add(at + kd * vd));
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+            // block's columns) belong to this task alone.
+            E::widen(unsafe { self.pool.range(at + i * vd, BLOCK) }, &mut state);
+            for j in 0..BLOCK {
+                sk[j] = M::mul_add(ki, state[j], sk[j]);
+                sq[j] = M::mul_add(qi, state[j], sq[j]);
+            }
+            if let Some(next) = next {
+                prefetch_block(next.wrapping_add(i * vd));
+            }
+        }
+        let mut new_value = [0.0f32; BLOCK];
+        let mut out = [0.0f32; BLOCK];
+        for j in 0..BLOCK {
+            new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
+            out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
+        }
+        for (i, &ki) in k.iter().enumerate() {
+            // SAFETY: as above.
+            let dst = unsafe { self.pool.range(at + i * vd, BLOCK) };
+            E::widen(dst, &mut state);
+            for j in 0..BLOCK {
+                state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
+            }
+            E::narrow(&state, dst);
+        }
+        // SAFETY: (token, head, this block's columns) belong to this task alone.
+        unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
+    }
+
+    /// [`Self::task`] compiled for AVX2 + FMA, so the block moves and bf16 conversions are
+    /// 256-bit and inline.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn task_avx2(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+        self.task::<Fused>(buffer, task)
+    }
+
+    fn run(&self, buffer: &mut [[f32; BLOCK]], task: usize, avx2: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU supports AVX2 and FMA (checked by the caller).
+            unsafe { self.task_avx2(buffer, task) };
+            return;
+        }
+        let _ = avx2;
+        self.task::<Unfused>(buffer, task)
+    }
+}
+
+/// Drives the block kernel. A task is one (row, value head, group of column blocks): with
+/// enough rows and heads a group is the whole slab, and with few of them (B = 1 and small H)
+/// the slab is split so that every thread still gets work.
+fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], states: &mut [f32]) {
+    let d = p.dims;
+    let (kd, heads) = (d.key_dim, d.value_heads);
+    let blocks = d.value_dim.div_ceil(BLOCK);
+    let units = d.batch * heads;
+    let wanted = 4 * rayon::current_num_threads();
+    let groups = wanted.div_ceil(units).clamp(1, blocks);
+    let group_len = blocks.div_ceil(groups);
+    let kernel = Kernel {
+        p,
+        scalars: token_scalars(p),
+        with_states: !states.is_empty(),
+        pool: DisjointWriter::new(pool),
+        o: DisjointWriter::new(o),
+        states: DisjointWriter::new(states),
+        group_len,
+        groups: blocks.div_ceil(group_len),
+    };
+    let avx2 = has_avx2_fma();
+    for_each_task(
+        units * kernel.groups,
+        || vec![[0.0f32; BLOCK]; kd],
+        |buffer, task| kernel.run(buffer, task, avx2),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_conversions_match_half() {
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1.0e-40,
+            // Ties at the rounding point, both parities.
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x7F7F_FFFF),
+        ];
+        let mut x = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            specials.push(f32::from_bits(x));
+        }
+        for &v in &specials {
+            let ours = bf16_round(v);
+            let reference = bf16::from_f32(v);
+            if v.is_nan() {
+                assert!(ours.is_nan(), "{v:e}");
+            } else {
+                assert_eq!(ours.to_bits(), reference.to_bits(), "{v:e}");
+            }
+        }
+        let src: Vec<bf16> = specials[..BLOCK]
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        let mut wide = [0.0f32; BLOCK];
+        bf16::widen(&src, &mut wide);
+        let mut back = vec![bf16::ZERO; BLOCK];
+        bf16::narrow(&wide, &mut back);
+        for j in 0..BLOCK {
+            assert_eq!(wide[j].to_bits(), src[j].to_f32().to_bits());
+            if !src[j].is_nan() {
+                assert_eq!(back[j].to_bits(), src[j].to_bits());
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Measures one GDN decode step by process CPU time (robust on a busy machine):
+//! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters]`.
+//! Run with RAYON_NUM_THREADS=1 for per-core cost.
+
+use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv_core::gdn::{DecodeInputs, DecodeOptions, GdnOptions, Gating, gdn_decode};
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn main() -> deltakv_core::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let case = DecodeCase::random(&DecodeSpec::new(batch, 1, 16, 32, 128, 128), 1)?;
+    let mut pool = case.state_pool.clone();
+    let inputs = DecodeInputs {
+        q: &case.q,
+        k: &case.k,
+        v: &case.v,
+        gating: Gating::Direct {
+            g: case.gate("g").expect("g"),
+            beta: case.gate("beta").expect("beta"),
+        },
+        slot_indices: &case.slot_indices,
+    };
+    let options = DecodeOptions {
+        gdn: GdnOptions {
+            scale: None,
+            use_qk_l2norm: true,
+        },
+        intermediate_states: false,
+    };
+    gdn_decode(&inputs, &mut pool, &options)?;
+    let start = cpu_seconds();
+    let wall = std::time::Instant::now();
+    for _ in 0..iters {
+        gdn_decode(&inputs, &mut pool, &options)?;
+    }
+    let cpu = (cpu_seconds() - start) / iters as f64;
+    let wall = wall.elapsed().as_secs_f64() / iters as f64;
+    println!("decode B={batch}: {:.1} us CPU, {:.1} us wall per step", cpu * 1e6, wall * 1e6);
+    Ok(())
+}

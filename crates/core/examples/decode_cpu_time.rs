@@ -3,13 +3,18 @@
 //! Run with RAYON_NUM_THREADS=1 for per-core cost.
 
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
-use deltakv_core::gdn::{DecodeInputs, DecodeOptions, GdnOptions, Gating, gdn_decode};
+use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions, gdn_decode};
 
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -44,6 +49,10 @@ fn main() -> deltakv_core::Result<()> {
     }
     let cpu = (cpu_seconds() - start) / iters as f64;
     let wall = wall.elapsed().as_secs_f64() / iters as f64;
-    println!("decode B={batch}: {:.1} us CPU, {:.1} us wall per step", cpu * 1e6, wall * 1e6);
+    println!(
+        "decode B={batch}: {:.1} us CPU, {:.1} us wall per step",
+        cpu * 1e6,
+        wall * 1e6
+    );
     Ok(())
 }

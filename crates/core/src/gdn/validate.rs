@@ -77,23 +77,20 @@ impl PreparedGdn<'_> {
     /// Query row of token `row` (flattened B*T index) for `key_head`, widened (and normalised).
     #[inline]
     pub fn read_q(&self, row: usize, key_head: usize, dst: &mut [f32]) {
-        let kd = self.dims.key_dim;
-        widen_into(
-            self.q,
-            (row * self.dims.key_heads + key_head) * kd,
-            &mut dst[..kd],
-        );
-        if self.use_qk_l2norm {
-            l2_normalize_row(&mut dst[..kd]);
-        }
+        self.read_key_like(self.q, row, key_head, dst);
     }
 
     /// Key row, as [`Self::read_q`].
     #[inline]
     pub fn read_k(&self, row: usize, key_head: usize, dst: &mut [f32]) {
+        self.read_key_like(self.k, row, key_head, dst);
+    }
+
+    #[inline(always)]
+    fn read_key_like(&self, data: &TensorData, row: usize, key_head: usize, dst: &mut [f32]) {
         let kd = self.dims.key_dim;
         widen_into(
-            self.k,
+            data,
             (row * self.dims.key_heads + key_head) * kd,
             &mut dst[..kd],
         );

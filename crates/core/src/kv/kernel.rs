@@ -397,7 +397,7 @@ mod tests {
 
     #[test]
     fn exp_is_accurate() {
-        for i in 0..2000 {
+        for i in 0..1740 {
             let x = -(i as f32) * 0.05;
             let want = (f64::from(x)).exp();
             let got = f64::from(exp_neg::<Unfused>(x));
@@ -406,6 +406,7 @@ mod tests {
                 "{x}: {got} vs {want}"
             );
         }
+        assert_eq!(exp_neg::<Unfused>(-88.0), 0.0);
         assert_eq!(exp_neg::<Unfused>(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_neg::<Unfused>(0.0), 1.0);
     }

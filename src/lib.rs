@@ -88,3 +88,16 @@ pub fn gdn_prefill(
     device.ensure_available()?;
     deltakv_core::gdn::gdn_prefill(inputs, options, mode)
 }
+
+pub use deltakv_core::kv;
+
+/// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
+/// [`deltakv_core::kv`] for the math and shapes.
+pub fn kv_attention(
+    device: Device,
+    inputs: &kv::KvInputs<'_>,
+    options: &kv::KvOptions,
+) -> Result<kv::KvOutput> {
+    device.ensure_available()?;
+    deltakv_core::kv::kv_attention(inputs, options)
+}

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod gdn;
+mod kv;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use deltakv::{Device, Result};
@@ -45,6 +46,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Benchmarks (tokens/s, GFLOP/s), optionally written as JSON records.
     Bench(bench::BenchArgs),
+    /// Attention over a compressed KV cache (q, k, v in a safetensors file; writes o).
+    Kv(kv::KvArgs),
 }
 
 pub fn run() -> Result<()> {
@@ -53,5 +56,6 @@ pub fn run() -> Result<()> {
         Command::Gdn(args) => gdn::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Kv(args) => kv::run(args),
     }
 }

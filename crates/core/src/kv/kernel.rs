@@ -184,6 +184,142 @@ mod avx2 {
     use super::Quantizer;
     use std::arch::x86_64::*;
 
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// `<q_r, k>` for `R` rows (`dim` a multiple of 8, slices long enough: checked).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dots<const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R] {
+        assert!(dim.is_multiple_of(8) && q.len() >= R * dim && k.len() >= dim);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        // SAFETY: every load is below R * dim of q and dim of k (asserted).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for c in (0..dim).step_by(8) {
+                let kv = _mm256_loadu_ps(kp.add(c));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(r * dim + c)), kv, *a);
+                }
+            }
+            let mut out = [0.0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
+        }
+    }
+
+    /// `acc_r += sum_{t < n} w[r * wstride + t] * tile[t * dim ..]` (`dim` a multiple of 8).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn accumulate<const R: usize>(
+        w: &[f32],
+        wstride: usize,
+        tile: &[f32],
+        n: usize,
+        dim: usize,
+        acc: &mut [f32],
+    ) {
+        if n == 0 {
+            return;
+        }
+        assert!(dim.is_multiple_of(8) && tile.len() >= n * dim && acc.len() >= R * dim);
+        assert!(w.len() >= (R - 1) * wstride + n);
+        let (wp, tp, ap) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: bounds asserted above.
+        unsafe {
+            let mut c = 0;
+            while c + 16 <= dim {
+                let mut a = [[_mm256_setzero_ps(); 2]; R];
+                for t in 0..n {
+                    let v0 = _mm256_loadu_ps(tp.add(t * dim + c));
+                    let v1 = _mm256_loadu_ps(tp.add(t * dim + c + 8));
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
+                        ar[0] = _mm256_fmadd_ps(wt, v0, ar[0]);
+                        ar[1] = _mm256_fmadd_ps(wt, v1, ar[1]);
+                    }
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    for (h, v) in ar.iter().enumerate() {
+                        let p = ap.add(r * dim + c + 8 * h);
+                        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
+                    }
+                }
+                c += 16;
+            }
+            if c < dim {
+                let mut a = [_mm256_setzero_ps(); R];
+                for t in 0..n {
+                    let v0 = _mm256_loadu_ps(tp.add(t * dim + c));
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
+                        *ar = _mm256_fmadd_ps(wt, v0, *ar);
+                    }
+                }
+                for (r, v) in a.iter().enumerate() {
+                    let p = ap.add(r * dim + c);
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
+                }
+            }
+        }
+    }
+
+    /// `x <- exp(x - m)` in place for x <= m (same polynomial as `exp_neg`); returns the sum.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut total = _mm256_setzero_ps();
+        // SAFETY: i + 8 <= n8 <= x.len().
+        unsafe {
+            let mv = _mm256_set1_ps(m);
+            for i in (0..n8).step_by(8) {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv);
+                let e = exp_neg8(v);
+                _mm256_storeu_ps(p.add(i), e);
+                total = _mm256_add_ps(total, e);
+            }
+        }
+        let mut sum = hsum(total);
+        for v in &mut x[n8..] {
+            *v = super::exp_neg::<super::Fused>(*v - m);
+            sum += *v;
+        }
+        sum
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp_neg8(x: __m256) -> __m256 {
+        {
+            let xc = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+            let magic = _mm256_set1_ps(12_582_912.0);
+            let n = _mm256_sub_ps(
+                _mm256_fmadd_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E), magic),
+                magic,
+            );
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), xc);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+            let mut y = _mm256_set1_ps(1.0 / 720.0);
+            for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+                y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+            }
+            let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            let e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+            let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(-87.0));
+            _mm256_and_ps(e, keep)
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn decode_tile(
         codes: &[u32],
@@ -275,7 +411,16 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
             HeadSource::Dense { k, .. } => &k[t * dim..(t + n) * dim],
         };
         for i in 0..n {
-            let d = dots::<M, R>(rows.q, &keys[i * dim..(i + 1) * dim], dim);
+            let key = &keys[i * dim..(i + 1) * dim];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX is only true inside the avx2+fma wrapper.
+            let d = if AVX && dim.is_multiple_of(8) {
+                unsafe { avx2::dots::<R>(rows.q, key, dim) }
+            } else {
+                dots::<M, R>(rows.q, key, dim)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let d = dots::<M, R>(rows.q, key, dim);
             let nk = if matches!(src, HeadSource::Dense { .. }) {
                 1.0
             } else {
@@ -299,6 +444,12 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
         if m == f32::NEG_INFINITY {
             sr.iter_mut().for_each(|v| *v = 0.0);
             rows.l[r] = 0.0;
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: AVX is only true inside the avx2+fma wrapper.
+            rows.l[r] = unsafe { avx2::exp_sub_sum(sr, m) };
             continue;
         }
         let mut l = 0.0f32;
@@ -328,6 +479,13 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
             }
             HeadSource::Dense { v, .. } => &v[t * dim..(t + n) * dim],
         };
+        #[cfg(target_arch = "x86_64")]
+        if AVX && dim.is_multiple_of(8) {
+            // SAFETY: AVX is only true inside the avx2+fma wrapper.
+            unsafe { avx2::accumulate::<R>(&s[off..], bs, values, n, dim, rows.acc) };
+            t += n;
+            continue;
+        }
         accumulate::<M, R>(&s[off..], bs, values, n, dim, rows.acc);
         t += n;
     }

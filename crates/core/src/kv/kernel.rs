@@ -215,6 +215,199 @@ mod avx2 {
         }
     }
 
+    /// Eight levels of group `j` of the vector at `src` (`B` bits per code, B <= 4).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn decode8<const B: usize>(src: *const u8, j: usize, lo: __m256, hi: __m256) -> __m256 {
+        // SAFETY: the caller keeps src + j*B + 4 inside the code stream.
+        let w = unsafe { (src.add(j * B) as *const u32).read_unaligned() };
+        let b = B as i32;
+        let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+        let idx = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts),
+            _mm256_set1_epi32((1 << b) - 1),
+        );
+        let v = _mm256_permutevar8x32_ps(lo, idx);
+        if B == 4 {
+            let vh = _mm256_permutevar8x32_ps(hi, idx);
+            _mm256_blendv_ps(v, vh, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx)))
+        } else {
+            v
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn code_dots_b<const R: usize, const B: usize>(
+        codes: &[u32],
+        words: usize,
+        levels: &[f32],
+        n: usize,
+        dim: usize,
+        q: &[f32],
+        out: &mut [[f32; R]],
+    ) {
+        let groups = dim / 8;
+        let mut table = [0.0f32; 16];
+        table[..levels.len()].copy_from_slice(levels);
+        let base = codes.as_ptr() as *const u8;
+        let qp = q.as_ptr();
+        // SAFETY: checked by the caller (`code_dots`).
+        unsafe {
+            let lo = _mm256_loadu_ps(table.as_ptr());
+            let hi = _mm256_loadu_ps(table.as_ptr().add(8));
+            for (t, o) in out[..n].iter_mut().enumerate() {
+                let src = base.add(t * words * 4);
+                let mut acc = [_mm256_setzero_ps(); R];
+                for j in 0..groups {
+                    let v = decode8::<B>(src, j, lo, hi);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(r * dim + j * 8)), v, *a);
+                    }
+                }
+                for r in 0..R {
+                    o[r] = hsum(acc[r]);
+                }
+            }
+        }
+    }
+
+    /// `out[t][r] = <q_r, c(idx[t])>` for `n` packed vectors, decoded in registers.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn code_dots<const R: usize>(
+        codes: &[u32],
+        words: usize,
+        quant: &Quantizer,
+        n: usize,
+        dim: usize,
+        q: &[f32],
+        out: &mut [[f32; R]],
+    ) {
+        if n == 0 {
+            return;
+        }
+        let bits = quant.bits() as usize;
+        let groups = dim / 8;
+        assert!(dim.is_multiple_of(8) && q.len() >= R * dim && out.len() >= n);
+        let last = (n - 1) * words * 4 + (groups - 1) * bits + if bits == 8 { 8 } else { 4 };
+        assert!(last <= codes.len() * 4, "code_dots reads past the codes");
+        let levels = &quant.codebook.levels;
+        // SAFETY: bounds asserted above.
+        unsafe {
+            match bits {
+                2 => code_dots_b::<R, 2>(codes, words, levels, n, dim, q, out),
+                3 => code_dots_b::<R, 3>(codes, words, levels, n, dim, q, out),
+                4 => code_dots_b::<R, 4>(codes, words, levels, n, dim, q, out),
+                _ => {
+                    let mut tile = [0.0f32; 256];
+                    for (t, o) in out[..n].iter_mut().enumerate() {
+                        decode_tile(&codes[t * words..], words, quant, 1, dim, &mut tile);
+                        *o = dots::<R>(q, &tile[..dim], dim);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn code_accumulate_b<const R: usize, const B: usize>(
+        codes: &[u32],
+        words: usize,
+        levels: &[f32],
+        w: &[f32],
+        wstride: usize,
+        n: usize,
+        dim: usize,
+        acc: &mut [f32],
+    ) {
+        let mut table = [0.0f32; 16];
+        table[..levels.len()].copy_from_slice(levels);
+        let base = codes.as_ptr() as *const u8;
+        let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: checked by the caller (`code_accumulate`).
+        unsafe {
+            let lo = _mm256_loadu_ps(table.as_ptr());
+            let hi = _mm256_loadu_ps(table.as_ptr().add(8));
+            let mut c = 0;
+            while c + 16 <= dim {
+                let j = c / 8;
+                let mut a = [[_mm256_setzero_ps(); 2]; R];
+                for t in 0..n {
+                    let src = base.add(t * words * 4);
+                    let v0 = decode8::<B>(src, j, lo, hi);
+                    let v1 = decode8::<B>(src, j + 1, lo, hi);
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
+                        ar[0] = _mm256_fmadd_ps(wt, v0, ar[0]);
+                        ar[1] = _mm256_fmadd_ps(wt, v1, ar[1]);
+                    }
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    for (h, v) in ar.iter().enumerate() {
+                        let p = ap.add(r * dim + c + 8 * h);
+                        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
+                    }
+                }
+                c += 16;
+            }
+            if c < dim {
+                let j = c / 8;
+                let mut a = [_mm256_setzero_ps(); R];
+                for t in 0..n {
+                    let v0 = decode8::<B>(base.add(t * words * 4), j, lo, hi);
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
+                        *ar = _mm256_fmadd_ps(wt, v0, *ar);
+                    }
+                }
+                for (r, v) in a.iter().enumerate() {
+                    let p = ap.add(r * dim + c);
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
+                }
+            }
+        }
+    }
+
+    /// `acc_r += sum_t w[r * wstride + t] * c(idx[t])` over `n` packed vectors decoded in
+    /// registers; false (nothing done) for 8-bit codes, which go through a tile.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn code_accumulate<const R: usize>(
+        codes: &[u32],
+        words: usize,
+        quant: &Quantizer,
+        w: &[f32],
+        wstride: usize,
+        n: usize,
+        dim: usize,
+        acc: &mut [f32],
+    ) -> bool {
+        let bits = quant.bits() as usize;
+        if n == 0 || bits == 8 {
+            return n == 0;
+        }
+        let groups = dim / 8;
+        assert!(dim.is_multiple_of(8) && acc.len() >= R * dim);
+        assert!(w.len() >= (R - 1) * wstride + n);
+        let last = (n - 1) * words * 4 + (groups - 1) * bits + 4;
+        assert!(
+            last <= codes.len() * 4,
+            "code_accumulate reads past the codes"
+        );
+        let levels = &quant.codebook.levels;
+        // SAFETY: bounds asserted above.
+        unsafe {
+            match bits {
+                2 => code_accumulate_b::<R, 2>(codes, words, levels, w, wstride, n, dim, acc),
+                3 => code_accumulate_b::<R, 3>(codes, words, levels, w, wstride, n, dim, acc),
+                _ => code_accumulate_b::<R, 4>(codes, words, levels, w, wstride, n, dim, acc),
+            }
+        }
+        true
+    }
+
     /// `acc_r += sum_{t < n} w[r * wstride + t] * tile[t * dim ..]` (`dim` a multiple of 8).
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn accumulate<const R: usize>(
@@ -399,36 +592,53 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
     let Scratch { tile, norms, s, .. } = scratch;
     // Scores.
     let mut t = t0;
+    let mut dd = [[0.0f32; R]; SUB];
     while t < t1 {
         let n = SUB.min(t1 - t);
-        let keys: &[f32] = match src {
+        match src {
             HeadSource::Compressed { store, kq, .. } => {
                 let w = kq.words();
-                decode_tile::<AVX>(&store.k_codes[t * w..], w, kq, n, dim, tile);
                 store.k_norms.copy_to(t, &mut norms[..n]);
-                tile
+                let codes = &store.k_codes[t * w..];
+                #[cfg(target_arch = "x86_64")]
+                if AVX {
+                    // SAFETY: AVX is only true inside the avx2+fma wrapper; codes carry
+                    // CODE_PAD words after the last vector.
+                    unsafe { avx2::code_dots::<R>(codes, w, kq, n, dim, rows.q, &mut dd) };
+                } else {
+                    decode_tile::<AVX>(codes, w, kq, n, dim, tile);
+                    for (i, d) in dd[..n].iter_mut().enumerate() {
+                        *d = dots::<M, R>(rows.q, &tile[i * dim..(i + 1) * dim], dim);
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                {
+                    decode_tile::<AVX>(codes, w, kq, n, dim, tile);
+                    for (i, d) in dd[..n].iter_mut().enumerate() {
+                        *d = dots::<M, R>(rows.q, &tile[i * dim..(i + 1) * dim], dim);
+                    }
+                }
             }
-            HeadSource::Dense { k, .. } => &k[t * dim..(t + n) * dim],
-        };
-        for i in 0..n {
-            let key = &keys[i * dim..(i + 1) * dim];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX is only true inside the avx2+fma wrapper.
-            let d = if AVX && dim.is_multiple_of(8) {
-                unsafe { avx2::dots::<R>(rows.q, key, dim) }
-            } else {
-                dots::<M, R>(rows.q, key, dim)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let d = dots::<M, R>(rows.q, key, dim);
-            let nk = if matches!(src, HeadSource::Dense { .. }) {
-                1.0
-            } else {
-                norms[i]
-            };
-            for r in 0..R {
-                s[r * bs + (t - t0) + i] = if t + i < rows.limits[r] {
-                    d[r] * nk
+            HeadSource::Dense { k, .. } => {
+                norms[..n].iter_mut().for_each(|v| *v = 1.0);
+                for (i, d) in dd[..n].iter_mut().enumerate() {
+                    let key = &k[(t + i) * dim..(t + i + 1) * dim];
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX && dim.is_multiple_of(8) {
+                        // SAFETY: AVX is only true inside the avx2+fma wrapper.
+                        *d = unsafe { avx2::dots::<R>(rows.q, key, dim) };
+                        continue;
+                    }
+                    *d = dots::<M, R>(rows.q, key, dim);
+                }
+            }
+        }
+        for r in 0..R {
+            let limit = rows.limits[r];
+            let out = &mut s[r * bs + (t - t0)..r * bs + (t - t0) + n];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = if t + i < limit {
+                    dd[i][r] * norms[i]
                 } else {
                     f32::NEG_INFINITY
                 };
@@ -468,13 +678,25 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
         let values: &[f32] = match src {
             HeadSource::Compressed { store, vq, .. } => {
                 let w = vq.words();
-                decode_tile::<AVX>(&store.v_codes[t * w..], w, vq, n, dim, tile);
                 store.v_norms.copy_to(t, &mut norms[..n]);
                 for r in 0..R {
                     for i in 0..n {
                         s[r * bs + off + i] *= norms[i];
                     }
                 }
+                let codes = &store.v_codes[t * w..];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX is only true inside the avx2+fma wrapper; codes carry CODE_PAD
+                // words after the last vector.
+                if AVX
+                    && unsafe {
+                        avx2::code_accumulate::<R>(codes, w, vq, &s[off..], bs, n, dim, rows.acc)
+                    }
+                {
+                    t += n;
+                    continue;
+                }
+                decode_tile::<AVX>(codes, w, vq, n, dim, tile);
                 tile
             }
             HeadSource::Dense { v, .. } => &v[t * dim..(t + n) * dim],

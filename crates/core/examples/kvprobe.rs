@@ -19,6 +19,12 @@ fn main() {
     }
     let q = rng.normal_vec(hq * d, 1.0);
     let o = AttnOptions::default();
+    let cpu = || {
+        let st = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<&str> = st.rsplit(')').next().unwrap().split_whitespace().collect();
+        (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) * 10.0
+    };
+    let c0 = cpu();
     let mut times = vec![];
     for _ in 0..30 {
         let t = Instant::now();
@@ -29,7 +35,9 @@ fn main() {
         }
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    let cpu_ms = (cpu() - c0) / 30.0;
     times.sort_by(f64::total_cmp);
+    println!("cpu ms per call {cpu_ms:.2}");
     println!(
         "{mode} ctx {ctx}: median {:.2} ms min {:.2}",
         times[15], times[0]

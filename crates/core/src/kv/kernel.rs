@@ -256,7 +256,29 @@ mod avx2 {
         unsafe {
             let lo = _mm256_loadu_ps(table.as_ptr());
             let hi = _mm256_loadu_ps(table.as_ptr().add(8));
-            for (t, o) in out[..n].iter_mut().enumerate() {
+            // Two tokens at a time: eight independent FMA chains, each q load used twice.
+            let mut t = 0;
+            while t + 2 <= n {
+                let src0 = base.add(t * words * 4);
+                let src1 = base.add((t + 1) * words * 4);
+                let mut acc0 = [_mm256_setzero_ps(); R];
+                let mut acc1 = [_mm256_setzero_ps(); R];
+                for j in 0..groups {
+                    let v0 = decode8::<B>(src0, j, lo, hi);
+                    let v1 = decode8::<B>(src1, j, lo, hi);
+                    for r in 0..R {
+                        let qv = _mm256_loadu_ps(qp.add(r * dim + j * 8));
+                        acc0[r] = _mm256_fmadd_ps(qv, v0, acc0[r]);
+                        acc1[r] = _mm256_fmadd_ps(qv, v1, acc1[r]);
+                    }
+                }
+                for r in 0..R {
+                    out[t][r] = hsum(acc0[r]);
+                    out[t + 1][r] = hsum(acc1[r]);
+                }
+                t += 2;
+            }
+            if t < n {
                 let src = base.add(t * words * 4);
                 let mut acc = [_mm256_setzero_ps(); R];
                 for j in 0..groups {
@@ -266,7 +288,7 @@ mod avx2 {
                     }
                 }
                 for r in 0..R {
-                    o[r] = hsum(acc[r]);
+                    out[t][r] = hsum(acc[r]);
                 }
             }
         }

@@ -37,6 +37,7 @@ pub mod codec;
 mod kernel;
 pub mod op;
 pub mod oracle;
+pub mod random;
 pub mod rotation;
 
 pub use attention::{AttnOptions, attend_compressed, attend_dense};

@@ -126,5 +126,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "demo error above tolerance".into(),
         ));
     }
+    super::demo_kv::run(args.seed)?;
     Ok(())
 }

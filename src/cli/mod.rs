@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod demo_kv;
 mod gdn;
 mod kv;
 

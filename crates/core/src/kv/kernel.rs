@@ -193,6 +193,16 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
+    /// The four horizontal sums of `a[0..4]` (R == 4).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum4<const R: usize>(a: &[__m256; R]) -> __m128 {
+        let h01 = _mm256_hadd_ps(a[0], a[1]);
+        let h23 = _mm256_hadd_ps(a[2], a[3]);
+        let h = _mm256_hadd_ps(h01, h23);
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+    }
+
     /// `<q_r, k>` for `R` rows (`dim` a multiple of 8, slices long enough: checked).
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn dots<const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R] {
@@ -272,9 +282,14 @@ mod avx2 {
                         acc1[r] = _mm256_fmadd_ps(qv, v1, acc1[r]);
                     }
                 }
-                for r in 0..R {
-                    out[t][r] = hsum(acc0[r]);
-                    out[t + 1][r] = hsum(acc1[r]);
+                if R == 4 {
+                    _mm_storeu_ps(out[t].as_mut_ptr(), hsum4(&acc0));
+                    _mm_storeu_ps(out[t + 1].as_mut_ptr(), hsum4(&acc1));
+                } else {
+                    for r in 0..R {
+                        out[t][r] = hsum(acc0[r]);
+                        out[t + 1][r] = hsum(acc1[r]);
+                    }
                 }
                 t += 2;
             }

@@ -230,3 +230,28 @@ fn cache_rejects_bad_chunks() {
     assert!(KvCache::new(KvScheme::new(48, 2, 4, 2), 1).is_err());
     assert!(KvCache::new(KvScheme::new(64, 2, 5, 2), 1).is_err());
 }
+
+#[test]
+fn nearest_level_is_the_closest_one() {
+    let mut rng = Rng::new(8);
+    for bits in [1, 2, 3, 4, 8] {
+        let cb = lloyd_max(128, bits).unwrap();
+        for _ in 0..2000 {
+            let y = (rng.normal() * 0.15) as f32;
+            let idx = cb.nearest(y) as usize;
+            let best = cb
+                .levels
+                .iter()
+                .map(|&c| (c - y).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert!((cb.levels[idx] - y).abs() <= best, "bits {bits} y {y}");
+            assert_eq!(idx, cb.boundaries.partition_point(|&b| b < y));
+        }
+        for &b in &cb.boundaries {
+            assert_eq!(
+                cb.nearest(b),
+                cb.boundaries.partition_point(|&x| x < b) as u32
+            );
+        }
+    }
+}

@@ -58,7 +58,14 @@ impl Codebook {
     /// Index of the level nearest to `y` (ties go to the lower level).
     #[inline]
     pub fn nearest(&self, y: f32) -> u32 {
-        self.boundaries.partition_point(|&b| b < y) as u32
+        // Branchless binary search: `bits` steps over the 2^bits - 1 sorted boundaries.
+        let mut idx = 0usize;
+        let mut step = 1usize << (self.bits - 1);
+        while step > 0 {
+            idx += usize::from(y > self.boundaries[idx + step - 1]) * step;
+            step >>= 1;
+        }
+        idx as u32
     }
 }
 

@@ -53,6 +53,19 @@ pub fn unpack(words: &[u32], bits: u32, codes: &mut [u32]) {
     }
 }
 
+/// `sum(x^2)` in f32 with eight partial sums.
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i] * c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Encoder/decoder for one bit width, dimension and rotation.
 #[derive(Clone, Debug)]
 pub struct Quantizer {
@@ -88,23 +101,31 @@ impl Quantizer {
         codes: &mut [u32],
     ) -> f32 {
         let d = self.dim();
-        let r = x
-            .iter()
-            .map(|&v| f64::from(v) * f64::from(v))
-            .sum::<f64>()
-            .sqrt();
+        let r = f64::from(sum_squares(&x[..d])).sqrt();
         let y = &mut scratch[..d];
         self.rotation.forward(x, y);
         let inv = if r > 0.0 { (1.0 / r) as f32 } else { 0.0 };
-        let mut code_norm = 0.0f64;
-        for (c, &v) in codes[..d].iter_mut().zip(y.iter()) {
-            *c = self.codebook.nearest(v * inv);
-            let level = f64::from(self.codebook.levels[*c as usize]);
-            code_norm += level * level;
+        let cb = &self.codebook;
+        if cb.bits <= 4 {
+            // Count the boundaries below each coordinate: branch-free and vectorisable.
+            let mut bounds = [f32::INFINITY; 15];
+            bounds[..cb.boundaries.len()].copy_from_slice(&cb.boundaries);
+            for (c, &v) in codes[..d].iter_mut().zip(y.iter()) {
+                let u = v * inv;
+                *c = bounds.iter().map(|&b| u32::from(u > b)).sum();
+            }
+        } else {
+            for (c, &v) in codes[..d].iter_mut().zip(y.iter()) {
+                *c = cb.nearest(v * inv);
+            }
         }
+        for (v, &c) in y.iter_mut().zip(codes[..d].iter()) {
+            *v = cb.levels[c as usize];
+        }
+        let code_norm = f64::from(sum_squares(y)).sqrt();
         pack(&codes[..d], self.bits(), out);
         if r > 0.0 && code_norm > 0.0 {
-            (r / code_norm.sqrt()) as f32
+            (r / code_norm) as f32
         } else {
             0.0
         }

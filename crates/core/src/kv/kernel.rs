@@ -671,22 +671,22 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
             }
         }
         for r in 0..R {
-            let limit = rows.limits[r];
+            let valid = rows.limits[r].saturating_sub(t).min(n);
             let out = &mut s[r * bs + (t - t0)..r * bs + (t - t0) + n];
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = if t + i < limit {
-                    dd[i][r] * norms[i]
-                } else {
-                    f32::NEG_INFINITY
-                };
+            let (live, masked) = out.split_at_mut(valid);
+            for ((o, d), &nk) in live.iter_mut().zip(&dd[..valid]).zip(&norms[..valid]) {
+                *o = d[r] * nk;
             }
+            masked.iter_mut().for_each(|o| *o = f32::NEG_INFINITY);
         }
         t += n;
     }
     // Softmax of the block.
     for r in 0..R {
         let sr = &mut s[r * bs..r * bs + n_all];
-        let m = sr.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let m = sr
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
         rows.m[r] = m;
         if m == f32::NEG_INFINITY {
             sr.iter_mut().for_each(|v| *v = 0.0);
@@ -717,8 +717,9 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
                 let w = vq.words();
                 store.v_norms.copy_to(t, &mut norms[..n]);
                 for r in 0..R {
-                    for i in 0..n {
-                        s[r * bs + off + i] *= norms[i];
+                    let wr = &mut s[r * bs + off..r * bs + off + n];
+                    for (x, &nv) in wr.iter_mut().zip(&norms[..n]) {
+                        *x *= nv;
                     }
                 }
                 let codes = &store.v_codes[t * w..];

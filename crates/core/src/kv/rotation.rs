@@ -31,6 +31,36 @@ pub struct Rotation {
 fn fwht(x: &mut [f32]) {
     let n = x.len();
     let mut h = 1;
+    if n >= 8 {
+        // The first three stages within each group of eight, unrolled.
+        for c in x.chunks_exact_mut(8) {
+            let a: [f32; 8] = [
+                c[0] + c[1],
+                c[0] - c[1],
+                c[2] + c[3],
+                c[2] - c[3],
+                c[4] + c[5],
+                c[4] - c[5],
+                c[6] + c[7],
+                c[6] - c[7],
+            ];
+            let b: [f32; 8] = [
+                a[0] + a[2],
+                a[1] + a[3],
+                a[0] - a[2],
+                a[1] - a[3],
+                a[4] + a[6],
+                a[5] + a[7],
+                a[4] - a[6],
+                a[5] - a[7],
+            ];
+            for i in 0..4 {
+                c[i] = b[i] + b[i + 4];
+                c[i + 4] = b[i] - b[i + 4];
+            }
+        }
+        h = 8;
+    }
     while h < n {
         for block in x.chunks_exact_mut(2 * h) {
             let (a, b) = block.split_at_mut(h);

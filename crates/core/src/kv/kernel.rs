@@ -82,6 +82,24 @@ fn exp_neg<M: MulAdd>(x: f32) -> f32 {
     if x < -87.0 { 0.0 } else { p * scale }
 }
 
+/// Largest element (-inf for an empty slice), eight lanes at a time so it vectorises.
+#[inline(always)]
+fn max_of(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            lanes[i] = if c[i] > lanes[i] { c[i] } else { lanes[i] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &v in lanes.iter().chain(tail) {
+        m = if v > m { v } else { m };
+    }
+    m
+}
+
 /// `<q_r, k>` for `R` rows of `q` (stride `dim`).
 #[inline(always)]
 fn dots<M: MulAdd, const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R] {
@@ -684,9 +702,7 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
     // Softmax of the block.
     for r in 0..R {
         let sr = &mut s[r * bs..r * bs + n_all];
-        let m = sr
-            .iter()
-            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        let m = max_of(sr);
         rows.m[r] = m;
         if m == f32::NEG_INFINITY {
             sr.iter_mut().for_each(|v| *v = 0.0);

@@ -1,5 +1,5 @@
 //! Attention over the compressed and dense KV caches against the f64 oracle, on fresh random
-//! inputs at odd shapes (d = 64..256, Tq = 1 and > 1, GQA ratios, ragged batches).
+//! inputs at odd shapes (d = 64, 72, 80, 96, 100, 128, 192, 256, Tq = 1 and > 1, GQA ratios, ragged batches).
 
 use deltakv_core::kv::oracle::{OracleDims, attention_reference};
 use deltakv_core::kv::{
@@ -95,7 +95,7 @@ fn opts(block: usize, splits: Option<usize>, simd: bool) -> AttnOptions {
     }
 }
 
-const SHAPES: [(&[usize], usize, usize, usize, usize); 7] = [
+const SHAPES: [(&[usize], usize, usize, usize, usize); 8] = [
     // (lens, Tq, Hq, Hkv, d)
     (&[300], 1, 8, 2, 128),
     (&[77, 140], 1, 4, 4, 64),
@@ -104,6 +104,7 @@ const SHAPES: [(&[usize], usize, usize, usize, usize); 7] = [
     (&[90, 260], 2, 8, 1, 192),
     (&[130], 1, 4, 2, 256),
     (&[64, 65], 7, 3, 3, 72),
+    (&[41, 97], 2, 4, 2, 100),
 ];
 
 #[test]

@@ -215,21 +215,36 @@ fn run<'a>(
             let mut bm = [0.0f32; MAX_ROWS];
             let mut bl = [0.0f32; MAX_ROWS];
             let mut bacc = vec![0.0f32; MAX_ROWS * dim];
-            for r0 in (0..rows).step_by(MAX_ROWS) {
-                let nr = MAX_ROWS.min(rows - r0);
-                let limits: Vec<usize> = (r0..r0 + nr).map(|r| len - tq + r / group + 1).collect();
-                let reach = end.min(*limits.iter().max().expect("rows"));
-                let mut t0 = start;
-                while t0 < reach {
-                    let t1 = (t0 + block).min(reach);
+            // Row chunks of up to MAX_ROWS (one position's GQA group when it fits), with the
+            // causal limit of each row; blocks outer so a block's codes stay in cache while
+            // every chunk reads them.
+            let chunks: Vec<(usize, Vec<usize>)> = (0..rows)
+                .step_by(MAX_ROWS)
+                .map(|r0| {
+                    let nr = MAX_ROWS.min(rows - r0);
+                    (
+                        r0,
+                        (r0..r0 + nr).map(|r| len - tq + r / group + 1).collect(),
+                    )
+                })
+                .collect();
+            let mut t0 = start;
+            while t0 < end {
+                let t1 = (t0 + block).min(end);
+                for (r0, limits) in &chunks {
+                    let (r0, nr) = (*r0, limits.len());
+                    let reach = t1.min(*limits.iter().max().expect("rows"));
+                    if t0 >= reach {
+                        continue;
+                    }
                     let mut view = Rows {
                         q: &qs[r0 * dim..(r0 + nr) * dim],
-                        limits: &limits,
+                        limits,
                         m: &mut bm[..nr],
                         l: &mut bl[..nr],
                         acc: &mut bacc[..nr * dim],
                     };
-                    attend_block(&src, dim, t0, t1, &mut view, &mut scratch, opts.simd);
+                    attend_block(&src, dim, t0, reach, &mut view, &mut scratch, opts.simd);
                     for j in 0..nr {
                         let r = r0 + j;
                         merge(
@@ -241,8 +256,8 @@ fn run<'a>(
                             &bacc[j * dim..(j + 1) * dim],
                         );
                     }
-                    t0 = t1;
                 }
+                t0 = t1;
             }
             out
         })

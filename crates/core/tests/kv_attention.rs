@@ -199,3 +199,38 @@ fn poisoned_outputs_are_all_written() {
     let err = rel_rms(&out, &case.decoded_reference(&cache));
     assert!(err < 5e-6, "{err:.3e}");
 }
+
+#[test]
+fn chunk_form_equals_token_by_token_decode() {
+    // Query i of a causal chunk equals a decode step after appending tokens 0..=T-Tq+i.
+    let (lens, tq, hq, hkv, d) = (&[120usize][..], 5, 8, 2, 96);
+    let case = Case::new(lens, tq, hq, hkv, d, 77);
+    let scheme = KvScheme::new(d, hkv, 4, 2);
+    let full = case.compressed(scheme, 1);
+    let chunk =
+        attend_compressed(&full, &case.q, tq, hq, case.scale, &opts(32, None, true)).unwrap();
+    let row = hkv * d;
+    let t = lens[0];
+    let mut cache = KvCache::new(scheme, 1).unwrap();
+    cache
+        .append(
+            0,
+            &case.keys[0][..(t - tq) * row],
+            &case.values[0][..(t - tq) * row],
+        )
+        .unwrap();
+    for i in 0..tq {
+        let r = (t - tq + i) * row..(t - tq + i + 1) * row;
+        cache
+            .append(0, &case.keys[0][r.clone()], &case.values[0][r])
+            .unwrap();
+        let qi = &case.q[i * hq * d..(i + 1) * hq * d];
+        let step = attend_compressed(&cache, qi, 1, hq, case.scale, &opts(32, None, true)).unwrap();
+        let want: Vec<f64> = chunk[i * hq * d..(i + 1) * hq * d]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let err = rel_rms(&step, &want);
+        assert!(err < 1e-6, "query {i}: {err:.3e}");
+    }
+}

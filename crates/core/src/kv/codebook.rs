@@ -52,12 +52,37 @@ pub struct Codebook {
     pub boundaries: Vec<f32>,
     /// Expected per-coordinate squared error under the coordinate law (f64 integral).
     pub mse: f64,
+    /// For fast encoding of wide codebooks: `grid[g]` is the cell of the point
+    /// `boundaries[0] + g * grid_step` (empty for narrow codebooks).
+    grid: Vec<u16>,
+    grid_step: f32,
 }
+
+/// Grid cells used to start the search of wide (8-bit) codebooks.
+const GRID_CELLS: usize = 4096;
 
 impl Codebook {
     /// Index of the level nearest to `y` (ties go to the lower level).
     #[inline]
     pub fn nearest(&self, y: f32) -> u32 {
+        if !self.grid.is_empty() {
+            // Start at the cell of the grid point at or below y, then step up.
+            let g = ((y - self.boundaries[0]) / self.grid_step).floor();
+            if g < 0.0 {
+                return 0;
+            }
+            let mut idx = self.grid[(g as usize).min(self.grid.len() - 1)] as usize;
+            while idx < self.boundaries.len() && y > self.boundaries[idx] {
+                idx += 1;
+            }
+            return idx as u32;
+        }
+        self.nearest_search(y)
+    }
+
+    /// Branch-free binary search over the boundaries.
+    #[inline]
+    fn nearest_search(&self, y: f32) -> u32 {
         // Branchless binary search: `bits` steps over the 2^bits - 1 sorted boundaries.
         let mut idx = 0usize;
         let mut step = 1usize << (self.bits - 1);
@@ -172,14 +197,29 @@ fn lloyd_max_levels(dim: usize, bits: u32) -> (Vec<f64>, f64) {
 fn build(dim: usize, bits: u32) -> Codebook {
     let (levels64, mse) = lloyd_max_levels(dim, bits);
     let levels: Vec<f32> = levels64.iter().map(|&c| c as f32).collect();
-    let boundaries = levels.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
-    Codebook {
+    let boundaries: Vec<f32> = levels.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
+    let mut book = Codebook {
         dim,
         bits,
         levels,
         boundaries,
         mse,
+        grid: Vec::new(),
+        grid_step: 0.0,
+    };
+    if bits >= 6 {
+        let lo = book.boundaries[0];
+        let hi = book.boundaries[book.boundaries.len() - 1];
+        book.grid_step = (hi - lo) / GRID_CELLS as f32;
+        book.grid = (0..GRID_CELLS)
+            .map(|g| {
+                // The cell of the grid point itself, minus one for rounding safety.
+                let y = lo + g as f32 * book.grid_step;
+                book.nearest_search(y).saturating_sub(1) as u16
+            })
+            .collect();
     }
+    book
 }
 
 type Cache = Mutex<HashMap<(usize, u32), Arc<Codebook>>>;

@@ -47,6 +47,18 @@ pub(super) fn dots<const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R]
     }
 }
 
+/// The level table as used by [`decode8`]: 8 + 8 entries, 2-bit levels repeated twice.
+fn level_table(levels: &[f32]) -> [f32; 16] {
+    let mut table = [0.0f32; 16];
+    if levels.len() == 4 {
+        table[..4].copy_from_slice(levels);
+        table[4..8].copy_from_slice(levels);
+    } else {
+        table[..levels.len()].copy_from_slice(levels);
+    }
+    table
+}
+
 /// Eight levels of group `j` of the vector at `src` (`B` bits per code, B <= 4).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -55,10 +67,9 @@ unsafe fn decode8<const B: usize>(src: *const u8, j: usize, lo: __m256, hi: __m2
     let w = unsafe { (src.add(j * B) as *const u32).read_unaligned() };
     let b = B as i32;
     let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
-    let idx = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts),
-        _mm256_set1_epi32((1 << b) - 1),
-    );
+    // No mask: vpermps reads only the low 3 bits (the 2-bit table is repeated twice so bit 2
+    // does not matter), and the 4-bit blend reads bit 3 after shifting it to the sign bit.
+    let idx = _mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts);
     let v = _mm256_permutevar8x32_ps(lo, idx);
     if B == 4 {
         let vh = _mm256_permutevar8x32_ps(hi, idx);
@@ -80,8 +91,7 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
     out: &mut [[f32; R]],
 ) {
     let groups = dim / 8;
-    let mut table = [0.0f32; 16];
-    table[..levels.len()].copy_from_slice(levels);
+    let table = level_table(levels);
     let base = codes.as_ptr() as *const u8;
     let qp = q.as_ptr();
     // SAFETY: checked by the caller (`code_dots`).
@@ -181,8 +191,7 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize>(
     dim: usize,
     acc: &mut [f32],
 ) {
-    let mut table = [0.0f32; 16];
-    table[..levels.len()].copy_from_slice(levels);
+    let table = level_table(levels);
     let base = codes.as_ptr() as *const u8;
     let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
     // SAFETY: checked by the caller (`code_accumulate`).

@@ -79,6 +79,21 @@ unsafe fn decode8<const B: usize>(src: *const u8, j: usize, lo: __m256, hi: __m2
     }
 }
 
+/// Sixteen 2-bit levels (groups `j` and `j + 1`) from one u32 load.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode16_b2(src: *const u8, j: usize, lo: __m256) -> (__m256, __m256) {
+    // SAFETY: the caller keeps src + j*2 + 4 inside the code stream.
+    let w = unsafe { (src.add(j * 2) as *const u32).read_unaligned() };
+    let w = _mm256_set1_epi32(w as i32);
+    let i0 = _mm256_srlv_epi32(w, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    let i1 = _mm256_srlv_epi32(w, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30));
+    (
+        _mm256_permutevar8x32_ps(lo, i0),
+        _mm256_permutevar8x32_ps(lo, i1),
+    )
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn code_dots_b<const R: usize, const B: usize>(
@@ -204,8 +219,14 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize>(
             let mut a = [[_mm256_setzero_ps(); 2]; R];
             for t in 0..n {
                 let src = base.add(t * words * 4);
-                let v0 = decode8::<B>(src, j, lo, hi);
-                let v1 = decode8::<B>(src, j + 1, lo, hi);
+                let (v0, v1) = if B == 2 {
+                    decode16_b2(src, j, lo)
+                } else {
+                    (
+                        decode8::<B>(src, j, lo, hi),
+                        decode8::<B>(src, j + 1, lo, hi),
+                    )
+                };
                 for (r, ar) in a.iter_mut().enumerate() {
                     let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
                     ar[0] = _mm256_fmadd_ps(wt, v0, ar[0]);

@@ -15,16 +15,6 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The four horizontal sums of `a[0..4]` (R == 4).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum4<const R: usize>(a: &[__m256; R]) -> __m128 {
-    let h01 = _mm256_hadd_ps(a[0], a[1]);
-    let h23 = _mm256_hadd_ps(a[2], a[3]);
-    let h = _mm256_hadd_ps(h01, h23);
-    _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
-}
-
 /// `<q_r, k>` for `R` rows (`dim` a multiple of 8, slices long enough: checked).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn dots<const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R] {
@@ -130,8 +120,21 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
                 }
             }
             if R == 4 {
-                _mm_storeu_ps(out[t].as_mut_ptr(), hsum4(&acc0));
-                _mm_storeu_ps(out[t + 1].as_mut_ptr(), hsum4(&acc1));
+                // Both tokens' four sums at once: out[t] and out[t + 1] are adjacent.
+                let x = _mm256_hadd_ps(
+                    _mm256_hadd_ps(acc0[0], acc0[1]),
+                    _mm256_hadd_ps(acc0[2], acc0[3]),
+                );
+                let y = _mm256_hadd_ps(
+                    _mm256_hadd_ps(acc1[0], acc1[1]),
+                    _mm256_hadd_ps(acc1[2], acc1[3]),
+                );
+                let sums = _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(x, y),
+                    _mm256_permute2f128_ps::<0x31>(x, y),
+                );
+                debug_assert!(t + 2 <= out.len());
+                _mm256_storeu_ps(out.as_mut_ptr().add(t) as *mut f32, sums);
             } else {
                 for r in 0..R {
                     out[t][r] = hsum(acc0[r]);

@@ -17,7 +17,7 @@ use super::codec::{Quantizer, code_at};
 use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma};
 
 /// Tokens decoded per tile.
-pub(crate) const SUB: usize = 32;
+pub(crate) const SUB: usize = 128;
 /// Most rows handled together.
 pub(crate) const MAX_ROWS: usize = 4;
 

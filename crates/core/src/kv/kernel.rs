@@ -7,10 +7,12 @@
 //! a_r  = sum_t (p_rt * norm_v[t]) c(idx_v[t])     (still in the rotated basis)
 //! ```
 //!
-//! The packed codes are decoded [`SUB`] tokens at a time into a tile that stays in L1 (never a
-//! dequantised copy of the cache), once for all rows: with AVX2 eight codes come out of one
-//! unaligned u32 load (`srlv`, mask, `permutevar8x32` on the levels; a gather for 8 bits). The
-//! dense (exact) cache runs the same code on its f32 rows directly, with unit norms.
+//! The packed codes are read [`SUB`] tokens at a time, once for all rows, and never through a
+//! dequantised copy of the cache: with AVX2 (`kernel_avx2.rs`) eight codes come out of one
+//! unaligned u32 load straight into a register (`vpsrlvd`, `vpermps` on the levels; a gather
+//! for 8 bits) and feed the FMAs; the portable path decodes a [`SUB`]-token tile and runs plain
+//! Rust. The dense (exact) cache runs the same dot / accumulate code on its f32 rows directly,
+//! with unit norms.
 
 use super::cache::HeadStore;
 use super::codec::{Quantizer, code_at};

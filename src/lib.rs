@@ -114,3 +114,16 @@ pub fn gdn_decode_into(
     device.ensure_available()?;
     deltakv_core::gdn::gdn_decode_into(inputs, state_pool, options, o, intermediate_states)
 }
+
+pub use deltakv_core::kv;
+
+/// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
+/// [`deltakv_core::kv`] for the math and shapes.
+pub fn kv_attention(
+    device: Device,
+    inputs: &kv::KvInputs<'_>,
+    options: &kv::KvOptions,
+) -> Result<kv::KvOutput> {
+    device.ensure_available()?;
+    deltakv_core::kv::kv_attention(inputs, options)
+}

@@ -127,5 +127,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "demo error above tolerance".into(),
         ));
     }
+    super::demo_kv::run(args.seed)?;
     Ok(())
 }

@@ -3,8 +3,10 @@
 mod bench;
 mod demo;
 mod demo_decode;
+mod demo_kv;
 mod gdn;
 mod gdn_decode;
+mod kv;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use deltakv::{Device, Result};
@@ -50,6 +52,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Benchmarks (tokens/s, GFLOP/s), optionally written as JSON records.
     Bench(bench::BenchArgs),
+    /// Attention over a compressed KV cache (q, k, v in a safetensors file; writes o).
+    Kv(kv::KvArgs),
 }
 
 pub fn run() -> Result<()> {
@@ -59,6 +63,7 @@ pub fn run() -> Result<()> {
         Command::GdnDecode(args) => gdn_decode::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Kv(args) => kv::run(args),
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod gdn;
 pub mod io;
+pub mod kv;
 pub(crate) mod linalg;
 pub mod metrics;
 pub mod rng;

@@ -3,6 +3,7 @@
 
 mod gdn;
 mod gdn_decode;
+mod kv;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};
@@ -20,11 +21,14 @@ pub struct BenchArgs {
 pub enum BenchOp {
     /// GDN prefill (chunk and recurrent) at Qwen3-Next and Qwen3.5 shapes.
     Gdn(gdn::GdnBenchArgs),
+    /// Compressed-KV encode and decode attention vs the exact f32 path.
+    Kv(kv::KvBenchArgs),
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.op {
         BenchOp::Gdn(a) => gdn::run(a),
+        BenchOp::Kv(a) => kv::run(a),
     }
 }
 

@@ -1,0 +1,327 @@
+//! The KV cache of one attention layer for a batch of sequences, compressed ([`KvCache`]) or
+//! dense f32 ([`DenseKvCache`], the exact baseline), both appended token by token or in chunks.
+//!
+//! Layout of the compressed cache, per sequence and KV head (logically `[kv_heads, tokens,
+//! words]` per sequence): K codes `tokens x words_k` u32 then [`CODE_PAD`] zero words, K norms
+//! `tokens` (f32 or f16), and the same for V. The pad lets kernels read a whole u32 at any
+//! 8-code group without a bounds check; it is not counted in [`KvCache::bytes`].
+
+use super::KvScheme;
+use super::codebook::codebook;
+use super::codec::Quantizer;
+use super::rotation::Rotation;
+use crate::error::{Error, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// Zero words kept after each code stream.
+pub const CODE_PAD: usize = 2;
+
+/// How per-vector norms are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum NormDType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl NormDType {
+    pub fn bytes(self) -> usize {
+        match self {
+            NormDType::F32 => 4,
+            NormDType::F16 => 2,
+        }
+    }
+}
+
+/// Stored norms of one stream.
+#[derive(Clone, Debug)]
+pub enum Norms {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Norms {
+    fn new(dtype: NormDType) -> Self {
+        match dtype {
+            NormDType::F32 => Norms::F32(Vec::new()),
+            NormDType::F16 => Norms::F16(Vec::new()),
+        }
+    }
+
+    fn push(&mut self, v: f32) {
+        match self {
+            Norms::F32(n) => n.push(v),
+            Norms::F16(n) => n.push(f16::from_f32(v)),
+        }
+    }
+
+    /// Norm `t` as f32.
+    #[inline]
+    pub fn get(&self, t: usize) -> f32 {
+        match self {
+            Norms::F32(n) => n[t],
+            Norms::F16(n) => n[t].to_f32(),
+        }
+    }
+
+    /// Copies norms `t0..t0 + out.len()` into `out` as f32.
+    #[inline]
+    pub fn copy_to(&self, t0: usize, out: &mut [f32]) {
+        match self {
+            Norms::F32(n) => out.copy_from_slice(&n[t0..t0 + out.len()]),
+            Norms::F16(n) => {
+                for (o, v) in out.iter_mut().zip(&n[t0..]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// One sequence and KV head of the compressed cache.
+#[derive(Clone, Debug)]
+pub struct HeadStore {
+    pub len: usize,
+    pub k_codes: Vec<u32>,
+    pub k_norms: Norms,
+    pub v_codes: Vec<u32>,
+    pub v_norms: Norms,
+}
+
+/// The compressed KV cache of one layer.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    scheme: KvScheme,
+    pub(crate) k: Quantizer,
+    pub(crate) v: Quantizer,
+    /// `[batch][kv_heads]`
+    seqs: Vec<Vec<HeadStore>>,
+}
+
+fn check_chunk(name: &str, x: &[f32], kv_heads: usize, dim: usize) -> Result<usize> {
+    let row = kv_heads * dim;
+    if !x.len().is_multiple_of(row) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "{} values is not a whole number of [kv_heads={kv_heads}, d={dim}] tokens",
+                x.len()
+            ),
+        ));
+    }
+    if let Some(pos) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({}) at token {}, head {}",
+            x[pos],
+            pos / row,
+            pos % row / dim
+        )));
+    }
+    Ok(x.len() / row)
+}
+
+impl KvCache {
+    /// An empty cache for `batch` sequences.
+    pub fn new(scheme: KvScheme, batch: usize) -> Result<Self> {
+        scheme.validate()?;
+        let rotation = Arc::new(Rotation::new(scheme.dim, scheme.seed)?);
+        let k = Quantizer::new(
+            codebook(scheme.codebook, scheme.dim, scheme.bits_k)?,
+            rotation.clone(),
+        );
+        let v = Quantizer::new(
+            codebook(scheme.codebook, scheme.dim, scheme.bits_v)?,
+            rotation,
+        );
+        let head = HeadStore {
+            len: 0,
+            k_codes: vec![0; CODE_PAD],
+            k_norms: Norms::new(scheme.norm_dtype),
+            v_codes: vec![0; CODE_PAD],
+            v_norms: Norms::new(scheme.norm_dtype),
+        };
+        Ok(Self {
+            scheme,
+            k,
+            v,
+            seqs: vec![vec![head; scheme.kv_heads]; batch],
+        })
+    }
+
+    pub fn scheme(&self) -> &KvScheme {
+        &self.scheme
+    }
+
+    pub fn rotation(&self) -> &Rotation {
+        &self.k.rotation
+    }
+
+    pub fn key_quantizer(&self) -> &Quantizer {
+        &self.k
+    }
+
+    pub fn value_quantizer(&self) -> &Quantizer {
+        &self.v
+    }
+
+    pub fn batch(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Tokens cached for sequence `seq`.
+    pub fn seq_len(&self, seq: usize) -> usize {
+        self.seqs[seq].first().map_or(0, |h| h.len)
+    }
+
+    /// The store of sequence `seq`, KV head `head`.
+    pub fn head(&self, seq: usize, head: usize) -> &HeadStore {
+        &self.seqs[seq][head]
+    }
+
+    /// Appends `n` tokens to sequence `seq`: `k`, `v` are `[n, kv_heads, d]` f32.
+    pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let (heads, d) = (self.scheme.kv_heads, self.scheme.dim);
+        if seq >= self.seqs.len() {
+            return Err(Error::InvalidValue(format!(
+                "sequence {seq} is out of range (batch {})",
+                self.seqs.len()
+            )));
+        }
+        let n = check_chunk("k", k, heads, d)?;
+        if check_chunk("v", v, heads, d)? != n {
+            return Err(Error::shape(
+                "v",
+                "k and v chunks hold different token counts",
+            ));
+        }
+        let (kq, vq) = (&self.k, &self.v);
+        let (wk, wv) = (kq.words(), vq.words());
+        self.seqs[seq]
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(h, store)| {
+                let mut scratch = vec![0.0f32; d];
+                let mut codes = vec![0u32; d];
+                let old = store.len;
+                store.k_codes.resize((old + n) * wk + CODE_PAD, 0);
+                store.v_codes.resize((old + n) * wv + CODE_PAD, 0);
+                for t in 0..n {
+                    let x = &k[(t * heads + h) * d..][..d];
+                    let out = &mut store.k_codes[(old + t) * wk..][..wk];
+                    let norm = kq.encode(x, out, &mut scratch, &mut codes);
+                    store.k_norms.push(norm);
+                    let x = &v[(t * heads + h) * d..][..d];
+                    let out = &mut store.v_codes[(old + t) * wv..][..wv];
+                    let norm = vq.encode(x, out, &mut scratch, &mut codes);
+                    store.v_norms.push(norm);
+                }
+                store.len = old + n;
+            });
+        Ok(())
+    }
+
+    /// Bytes of codes plus norms, K and V together, over every sequence and head.
+    pub fn bytes(&self) -> usize {
+        let tokens: usize = (0..self.batch()).map(|s| self.seq_len(s)).sum();
+        tokens * self.scheme.kv_heads * self.scheme.bytes_per_token_head()
+    }
+
+    /// Decoded key `t` of (seq, head) in the original basis.
+    pub fn decode_key(&self, seq: usize, head: usize, t: usize) -> Vec<f32> {
+        let store = self.head(seq, head);
+        let w = self.k.words();
+        let mut out = vec![0.0; self.scheme.dim];
+        self.k
+            .decode(&store.k_codes[t * w..][..w], store.k_norms.get(t), &mut out);
+        out
+    }
+
+    /// Decoded value `t` of (seq, head) in the original basis.
+    pub fn decode_value(&self, seq: usize, head: usize, t: usize) -> Vec<f32> {
+        let store = self.head(seq, head);
+        let w = self.v.words();
+        let mut out = vec![0.0; self.scheme.dim];
+        self.v
+            .decode(&store.v_codes[t * w..][..w], store.v_norms.get(t), &mut out);
+        out
+    }
+}
+
+/// A dense f32 KV cache with the same interface (the exact baseline).
+#[derive(Clone, Debug)]
+pub struct DenseKvCache {
+    dim: usize,
+    kv_heads: usize,
+    /// `[batch][kv_heads]` of (k `[tokens, d]`, v `[tokens, d]`).
+    seqs: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl DenseKvCache {
+    pub fn new(dim: usize, kv_heads: usize, batch: usize) -> Result<Self> {
+        if dim == 0 || kv_heads == 0 {
+            return Err(Error::InvalidValue(
+                "dense cache needs d >= 1 and kv_heads >= 1".into(),
+            ));
+        }
+        Ok(Self {
+            dim,
+            kv_heads,
+            seqs: vec![vec![(Vec::new(), Vec::new()); kv_heads]; batch],
+        })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    pub fn batch(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn seq_len(&self, seq: usize) -> usize {
+        self.seqs[seq].first().map_or(0, |h| h.0.len() / self.dim)
+    }
+
+    /// (keys `[tokens, d]`, values `[tokens, d]`) of (seq, head).
+    pub fn head(&self, seq: usize, head: usize) -> (&[f32], &[f32]) {
+        let (k, v) = &self.seqs[seq][head];
+        (k, v)
+    }
+
+    /// Appends `n` tokens: `k`, `v` are `[n, kv_heads, d]` f32.
+    pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let (heads, d) = (self.kv_heads, self.dim);
+        if seq >= self.seqs.len() {
+            return Err(Error::InvalidValue(format!(
+                "sequence {seq} is out of range (batch {})",
+                self.seqs.len()
+            )));
+        }
+        let n = check_chunk("k", k, heads, d)?;
+        if check_chunk("v", v, heads, d)? != n {
+            return Err(Error::shape(
+                "v",
+                "k and v chunks hold different token counts",
+            ));
+        }
+        for (h, (ks, vs)) in self.seqs[seq].iter_mut().enumerate() {
+            for t in 0..n {
+                ks.extend_from_slice(&k[(t * heads + h) * d..][..d]);
+                vs.extend_from_slice(&v[(t * heads + h) * d..][..d]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of K and V (f32).
+    pub fn bytes(&self) -> usize {
+        let tokens: usize = (0..self.batch()).map(|s| self.seq_len(s)).sum();
+        tokens * self.kv_heads * self.dim * 8
+    }
+}

@@ -1,0 +1,147 @@
+//! Encoding one vector: norm, rotation, nearest level, bit packing, corrected norm.
+//!
+//! ```text
+//! r = |x|,  y = Pi (x / r),  idx_i = nearest level of y_i
+//! words:  code i occupies bits [i*b, (i+1)*b) of a little-endian u32 stream, LSB first
+//!         (word i*b/32, shift i*b%32; a code may straddle two words)
+//! norm:   r / |c(idx)|        so that  x_hat = norm * Pi^T c(idx)  has length r
+//! ```
+//!
+//! Because 8 consecutive codes take exactly `b` bytes, the group of codes `8j..8j+8` always
+//! starts at byte `j*b` of a vector's stream; the attention kernels rely on this.
+
+use super::codebook::Codebook;
+use super::rotation::Rotation;
+use std::sync::Arc;
+
+/// u32 words holding `dim` codes of `bits` bits.
+pub fn words_for(dim: usize, bits: u32) -> usize {
+    (dim * bits as usize).div_ceil(32)
+}
+
+/// Packs `codes` (each < 2^bits) LSB-first into `out` (overwritten; `words_for` words).
+pub fn pack(codes: &[u32], bits: u32, out: &mut [u32]) {
+    out.iter_mut().for_each(|w| *w = 0);
+    let b = bits as usize;
+    for (i, &c) in codes.iter().enumerate() {
+        let bit = i * b;
+        let (word, shift) = (bit / 32, bit % 32);
+        out[word] |= c << shift;
+        if shift + b > 32 {
+            out[word + 1] |= c >> (32 - shift);
+        }
+    }
+}
+
+/// Code `i` of a packed stream.
+#[inline]
+pub fn code_at(words: &[u32], bits: u32, i: usize) -> u32 {
+    let b = bits as usize;
+    let bit = i * b;
+    let (word, shift) = (bit / 32, bit % 32);
+    let mut value = words[word] >> shift;
+    if shift + b > 32 {
+        value |= words[word + 1] << (32 - shift);
+    }
+    value & ((1u32 << b) - 1)
+}
+
+/// Unpacks `codes.len()` codes.
+pub fn unpack(words: &[u32], bits: u32, codes: &mut [u32]) {
+    for (i, c) in codes.iter_mut().enumerate() {
+        *c = code_at(words, bits, i);
+    }
+}
+
+/// `sum(x^2)` in f32 with eight partial sums.
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i] * c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Encoder/decoder for one bit width, dimension and rotation.
+#[derive(Clone, Debug)]
+pub struct Quantizer {
+    pub codebook: Arc<Codebook>,
+    pub rotation: Arc<Rotation>,
+}
+
+impl Quantizer {
+    pub fn new(codebook: Arc<Codebook>, rotation: Arc<Rotation>) -> Self {
+        Self { codebook, rotation }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.rotation.dim()
+    }
+
+    pub fn bits(&self) -> u32 {
+        self.codebook.bits
+    }
+
+    /// Words per encoded vector.
+    pub fn words(&self) -> usize {
+        words_for(self.dim(), self.bits())
+    }
+
+    /// Encodes `x` (length d) into `out` (`words()` words); returns the stored norm.
+    /// `scratch` holds at least d floats. A zero vector stores norm 0.
+    pub fn encode(
+        &self,
+        x: &[f32],
+        out: &mut [u32],
+        scratch: &mut [f32],
+        codes: &mut [u32],
+    ) -> f32 {
+        let d = self.dim();
+        let r = f64::from(sum_squares(&x[..d])).sqrt();
+        let y = &mut scratch[..d];
+        self.rotation.forward(x, y);
+        let inv = if r > 0.0 { (1.0 / r) as f32 } else { 0.0 };
+        let cb = &self.codebook;
+        if cb.bits <= 4 {
+            // Count the boundaries below each coordinate: branch-free and vectorisable.
+            let mut bounds = [f32::INFINITY; 15];
+            bounds[..cb.boundaries.len()].copy_from_slice(&cb.boundaries);
+            for (c, &v) in codes[..d].iter_mut().zip(y.iter()) {
+                let u = v * inv;
+                *c = bounds.iter().map(|&b| u32::from(u > b)).sum();
+            }
+        } else {
+            for (c, &v) in codes[..d].iter_mut().zip(y.iter()) {
+                *c = cb.nearest(v * inv);
+            }
+        }
+        for (v, &c) in y.iter_mut().zip(codes[..d].iter()) {
+            *v = cb.levels[c as usize];
+        }
+        let code_norm = f64::from(sum_squares(y)).sqrt();
+        pack(&codes[..d], self.bits(), out);
+        if r > 0.0 && code_norm > 0.0 {
+            (r / code_norm) as f32
+        } else {
+            0.0
+        }
+    }
+
+    /// The decoded vector in the rotated basis: `norm * c(idx)`.
+    pub fn decode_rotated(&self, words: &[u32], norm: f32, y: &mut [f32]) {
+        for (i, o) in y[..self.dim()].iter_mut().enumerate() {
+            *o = norm * self.codebook.levels[code_at(words, self.bits(), i) as usize];
+        }
+    }
+
+    /// The decoded vector `norm * Pi^T c(idx)`.
+    pub fn decode(&self, words: &[u32], norm: f32, x: &mut [f32]) {
+        let mut y = vec![0.0f32; self.dim()];
+        self.decode_rotated(words, norm, &mut y);
+        self.rotation.inverse(&y, x);
+    }
+}

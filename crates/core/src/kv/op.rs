@@ -1,0 +1,202 @@
+//! The file-level operation behind `deltakv kv`: validate `q [B, Tq, Hq, D]`,
+//! `k, v [B, T, Hkv, D]` (f32, f16 or bf16), encode k and v into the compressed cache (or a
+//! dense f32 one), attend causally (query i at position T - Tq + i) and return `o` f32.
+//! Validation lives here once; every backend and the CLI share it.
+
+use super::attention::{AttnOptions, attend_compressed, attend_dense};
+use super::cache::{DenseKvCache, KvCache, NormDType};
+use super::codebook::CodebookKind;
+use super::{KvScheme, check_bits, check_head_dim};
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// The input tensors and the optional softmax scale (default D^-0.5).
+#[derive(Clone, Copy, Debug)]
+pub struct KvInputs<'a> {
+    pub q: &'a HostTensor,
+    pub k: &'a HostTensor,
+    pub v: &'a HostTensor,
+    pub scale: Option<f32>,
+}
+
+/// Compressed with the given bit widths, or exact over f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvMode {
+    Compressed { bits_k: u32, bits_v: u32 },
+    Exact,
+}
+
+/// Options of [`kv_attention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvOptions {
+    pub mode: KvMode,
+    pub seed: u64,
+    pub norm_dtype: NormDType,
+    pub codebook: CodebookKind,
+    pub attn: AttnOptions,
+}
+
+impl Default for KvOptions {
+    fn default() -> Self {
+        Self {
+            mode: KvMode::Compressed {
+                bits_k: 4,
+                bits_v: 2,
+            },
+            seed: 0,
+            norm_dtype: NormDType::F32,
+            codebook: CodebookKind::LloydMax,
+            attn: AttnOptions::default(),
+        }
+    }
+}
+
+/// `o [B, Tq, Hq, D]` f32 and the cache size (codes + norms, K and V).
+#[derive(Clone, Debug)]
+pub struct KvOutput {
+    pub o: HostTensor,
+    pub cache_bytes: usize,
+}
+
+/// Validated sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvDims {
+    pub batch: usize,
+    pub tq: usize,
+    pub tokens: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+}
+
+fn rank4(name: &str, t: &HostTensor, layout: &str) -> Result<[usize; 4]> {
+    if !t.dtype().is_float() {
+        return Err(Error::dtype(name, t.dtype(), "f32, f16 or bf16"));
+    }
+    t.shape().try_into().map_err(|_| {
+        Error::shape(
+            name,
+            format!("expected 4 dims {layout}, got shape {:?}", t.shape()),
+        )
+    })
+}
+
+fn finite(name: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({}) at flat index {i}",
+            values[i]
+        ))),
+    }
+}
+
+/// Checks shapes, dtypes, head counts, Tq <= T, D and the bit widths (values are checked
+/// when widened).
+pub fn validate(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvDims> {
+    let [b, tq, hq, d] = rank4("q", inputs.q, "[B, Tq, Hq, D]")?;
+    let [bk, t, hkv, dk] = rank4("k", inputs.k, "[B, T, Hkv, D]")?;
+    let vs = rank4("v", inputs.v, "[B, T, Hkv, D]")?;
+    if vs != [bk, t, hkv, dk] {
+        return Err(Error::shape(
+            "v",
+            format!(
+                "shape {:?} differs from k's {:?}",
+                inputs.v.shape(),
+                inputs.k.shape()
+            ),
+        ));
+    }
+    if bk != b || dk != d {
+        return Err(Error::shape(
+            "k",
+            format!(
+                "shape {:?} disagrees with q {:?} (B and D must match)",
+                inputs.k.shape(),
+                inputs.q.shape()
+            ),
+        ));
+    }
+    if b == 0 || tq == 0 || t == 0 || hq == 0 || hkv == 0 {
+        return Err(Error::shape(
+            "q",
+            "B, Tq, T, Hq and Hkv must all be at least 1",
+        ));
+    }
+    if !hq.is_multiple_of(hkv) {
+        return Err(Error::shape(
+            "q",
+            format!("Hq = {hq} query heads is not a multiple of Hkv = {hkv} KV heads"),
+        ));
+    }
+    if tq > t {
+        return Err(Error::shape(
+            "q",
+            format!("Tq = {tq} new queries exceeds the T = {t} cached tokens"),
+        ));
+    }
+    check_head_dim(d)?;
+    if let KvMode::Compressed { bits_k, bits_v } = options.mode {
+        check_bits("bits-k", bits_k)?;
+        check_bits("bits-v", bits_v)?;
+    }
+    if let Some(s) = inputs.scale
+        && !s.is_finite()
+    {
+        return Err(Error::InvalidValue(format!("scale {s} is not finite")));
+    }
+    Ok(KvDims {
+        batch: b,
+        tq,
+        tokens: t,
+        hq,
+        hkv,
+        d,
+    })
+}
+
+/// Encodes k, v and attends; see the module doc.
+pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutput> {
+    let dims = validate(inputs, options)?;
+    let q = inputs.q.to_f32_vec("q")?;
+    let k = inputs.k.to_f32_vec("k")?;
+    let v = inputs.v.to_f32_vec("v")?;
+    finite("q", &q)?;
+    finite("k", &k)?;
+    finite("v", &v)?;
+    let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+    let per_seq = dims.tokens * dims.hkv * dims.d;
+    let (o, cache_bytes) = match options.mode {
+        KvMode::Compressed { bits_k, bits_v } => {
+            let scheme = KvScheme {
+                dim: dims.d,
+                kv_heads: dims.hkv,
+                bits_k,
+                bits_v,
+                norm_dtype: options.norm_dtype,
+                codebook: options.codebook,
+                seed: options.seed,
+            };
+            let mut cache = KvCache::new(scheme, dims.batch)?;
+            for b in 0..dims.batch {
+                let r = b * per_seq..(b + 1) * per_seq;
+                cache.append(b, &k[r.clone()], &v[r])?;
+            }
+            let o = attend_compressed(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
+            (o, cache.bytes())
+        }
+        KvMode::Exact => {
+            let mut cache = DenseKvCache::new(dims.d, dims.hkv, dims.batch)?;
+            for b in 0..dims.batch {
+                let r = b * per_seq..(b + 1) * per_seq;
+                cache.append(b, &k[r.clone()], &v[r])?;
+            }
+            let o = attend_dense(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
+            (o, cache.bytes())
+        }
+    };
+    Ok(KvOutput {
+        o: HostTensor::from_f32(vec![dims.batch, dims.tq, dims.hq, dims.d], o)?,
+        cache_bytes,
+    })
+}

@@ -1,0 +1,257 @@
+//! Codebooks, rotations, bit packing and the vector codec of the compressed KV cache.
+
+use deltakv_core::kv::codebook::{CodebookKind, codebook, lloyd_max};
+use deltakv_core::kv::codec::{Quantizer, code_at, pack, unpack, words_for};
+use deltakv_core::kv::rotation::Rotation;
+use deltakv_core::kv::{KvCache, KvScheme, NormDType};
+use deltakv_core::rng::Rng;
+use std::sync::Arc;
+
+const DIMS: [usize; 8] = [64, 72, 80, 96, 128, 160, 192, 256];
+const BITS: [u32; 4] = [2, 3, 4, 8];
+
+#[test]
+fn lloyd_max_reaches_the_known_distortion() {
+    // Per-coordinate MSE x d for the law of a coordinate of a random unit vector: about
+    // 0.36, 0.117, 0.030, 0.009 for 1..4 bits (the TurboQuant figures), tending from below to
+    // the Gaussian Lloyd-Max values 0.3634, 0.1175, 0.03454, 0.009497 as d grows.
+    let gaussian = [0.3634, 0.1175, 0.03454, 0.009497];
+    let mut previous = [0.0f64; 4];
+    for d in [64, 128, 256] {
+        for (i, want) in [0.36, 0.117, 0.030, 0.009].into_iter().enumerate() {
+            let bits = i as u32 + 1;
+            let cb = lloyd_max(d, bits).unwrap();
+            let got = cb.mse * d as f64;
+            eprintln!("d={d} bits={bits}: mse*d = {got:.5}");
+            assert!((got - want).abs() < 0.15 * want, "d={d} bits={bits}: {got}");
+            assert!(
+                got < gaussian[i] * 1.001 && got > previous[i],
+                "d={d} bits={bits}: {got}"
+            );
+            previous[i] = got;
+        }
+        let cb8 = lloyd_max(d, 8).unwrap();
+        assert!(cb8.mse * (d as f64) < 1e-4, "8-bit: {}", cb8.mse * d as f64);
+    }
+}
+
+#[test]
+fn lloyd_max_levels_are_sorted_symmetric_and_self_consistent() {
+    for d in [64, 80, 128] {
+        for bits in BITS {
+            let cb = lloyd_max(d, bits).unwrap();
+            assert_eq!(cb.levels.len(), 1 << bits);
+            assert!(cb.levels.windows(2).all(|w| w[0] < w[1]));
+            for (a, b) in cb.levels.iter().zip(cb.levels.iter().rev()) {
+                assert!((a + b).abs() < 1e-6);
+            }
+            // Empirical check of the MSE on rotated random vectors.
+            let rot = Rotation::new(d, 3).unwrap();
+            let mut rng = Rng::new(bits as u64);
+            let (mut err, mut n) = (0.0f64, 0usize);
+            let mut y = vec![0.0f32; d];
+            for _ in 0..400 {
+                let x = rng.normal_vec(d, 1.0);
+                let r = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+                rot.forward(&x, &mut y);
+                for &v in &y {
+                    let u = v / r;
+                    let c = cb.levels[cb.nearest(u) as usize];
+                    err += f64::from(u - c).powi(2);
+                    n += 1;
+                }
+            }
+            let empirical = err / n as f64;
+            assert!(
+                (empirical - cb.mse).abs() < 0.1 * cb.mse,
+                "d={d} bits={bits}: empirical {empirical:.3e} vs {:.3e}",
+                cb.mse
+            );
+        }
+    }
+}
+
+#[test]
+fn codebooks_are_cached() {
+    let a = lloyd_max(96, 4).unwrap();
+    let b = lloyd_max(96, 4).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert!(lloyd_max(96, 5).unwrap_err().to_string().contains("5-bit"));
+}
+
+#[test]
+fn aura_codebook_is_a_clear_error() {
+    let err = codebook(CodebookKind::Aura, 128, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("aura") && err.contains("not bundled"), "{err}");
+}
+
+#[test]
+fn packing_round_trips_for_every_width_and_dim() {
+    let mut rng = Rng::new(1);
+    for d in DIMS.iter().copied().chain([65, 100, 129, 255]) {
+        for bits in [1, 2, 3, 4, 5, 6, 7, 8] {
+            let codes: Vec<u32> = (0..d).map(|_| rng.below(1 << bits) as u32).collect();
+            let mut words = vec![u32::MAX; words_for(d, bits)];
+            pack(&codes, bits, &mut words);
+            assert_eq!(words.len(), (d * bits as usize).div_ceil(32));
+            let mut back = vec![0u32; d];
+            unpack(&words, bits, &mut back);
+            assert_eq!(back, codes, "d={d} bits={bits}");
+            // LSB-first bit stream: bit j of code i sits at stream bit i*bits + j.
+            for (i, &c) in codes.iter().enumerate() {
+                for j in 0..bits as usize {
+                    let bit = i * bits as usize + j;
+                    assert_eq!((words[bit / 32] >> (bit % 32)) & 1, (c >> j) & 1);
+                }
+                assert_eq!(code_at(&words, bits, i), c);
+            }
+            // Unused high bits of the last word stay zero.
+            let used = d * bits as usize;
+            if !used.is_multiple_of(32) {
+                assert_eq!(words[used / 32] >> (used % 32), 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn rotations_are_orthogonal_and_invertible() {
+    for d in DIMS {
+        let rot = Rotation::new(d, 42).unwrap();
+        assert_eq!(rot.is_hadamard(), d.is_power_of_two());
+        let m = rot.matrix_f64();
+        for i in 0..d {
+            for j in 0..d {
+                let dot: f64 = (0..d).map(|k| m[i * d + k] * m[j * d + k]).sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((dot - want).abs() < 1e-5, "d={d} ({i},{j}): {dot}");
+            }
+        }
+        let x = Rng::new(d as u64).normal_vec(d, 1.0);
+        let (mut y, mut back) = (vec![0.0; d], vec![0.0; d]);
+        rot.forward(&x, &mut y);
+        rot.inverse(&y, &mut back);
+        for (a, b) in x.iter().zip(&back) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        // Same seed, same rotation; another seed, another one.
+        let again = Rotation::new(d, 42).unwrap().matrix_f64();
+        assert_eq!(again, m);
+        assert_ne!(Rotation::new(d, 43).unwrap().matrix_f64(), m);
+    }
+}
+
+#[test]
+fn decoded_vectors_keep_their_norm_and_approximate_the_input() {
+    for d in DIMS {
+        for bits in BITS {
+            let q = Quantizer::new(
+                lloyd_max(d, bits).unwrap(),
+                Arc::new(Rotation::new(d, 7).unwrap()),
+            );
+            let mut rng = Rng::new(d as u64 * 10 + bits as u64);
+            let (mut scratch, mut codes) = (vec![0.0; d], vec![0u32; d]);
+            let mut words = vec![0u32; q.words()];
+            let mut err = 0.0f64;
+            for _ in 0..50 {
+                let x = rng.normal_vec(d, 3.0);
+                let norm = q.encode(&x, &mut words, &mut scratch, &mut codes);
+                let mut back = vec![0.0; d];
+                q.decode(&words, norm, &mut back);
+                let r: f32 = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+                let rb: f32 = back.iter().map(|v| v * v).sum::<f32>().sqrt();
+                assert!(
+                    (r - rb).abs() < 1e-4 * r,
+                    "d={d} bits={bits}: |x| {r} vs {rb}"
+                );
+                let e: f32 = x.iter().zip(&back).map(|(a, b)| (a - b) * (a - b)).sum();
+                err += f64::from(e / (r * r));
+            }
+            let rel = err / 50.0;
+            // Relative squared error about d * mse (a little more after the norm correction).
+            let bound = 1.6 * lloyd_max(d, bits).unwrap().mse * d as f64 + 1e-5;
+            assert!(rel < bound, "d={d} bits={bits}: {rel:.4} vs {bound:.4}");
+        }
+    }
+    // A zero vector stores norm 0 and decodes to zeros.
+    let q = Quantizer::new(
+        lloyd_max(64, 2).unwrap(),
+        Arc::new(Rotation::new(64, 1).unwrap()),
+    );
+    let mut words = vec![0u32; q.words()];
+    let norm = q.encode(&[0.0; 64], &mut words, &mut vec![0.0; 64], &mut vec![0; 64]);
+    assert_eq!(norm, 0.0);
+}
+
+#[test]
+fn cache_bytes_match_the_scheme() {
+    for d in [64, 80, 128, 256] {
+        for (bk, bv) in [(4, 2), (3, 3), (8, 8), (2, 4)] {
+            for norms in [NormDType::F32, NormDType::F16] {
+                let mut scheme = KvScheme::new(d, 2, bk, bv);
+                scheme.norm_dtype = norms;
+                let mut cache = KvCache::new(scheme, 2).unwrap();
+                let mut rng = Rng::new(5);
+                let a = rng.normal_vec(10 * 2 * d, 1.0);
+                cache.append(0, &a, &a).unwrap();
+                let b = rng.normal_vec(3 * 2 * d, 1.0);
+                cache.append(1, &b, &b).unwrap();
+                assert_eq!(cache.seq_len(0), 10);
+                assert_eq!(cache.seq_len(1), 3);
+                let per = (d * (bk + bv) as usize) as f64 / 8.0 + 2.0 * norms.bytes() as f64;
+                let got = cache.bytes() as f64 / (13.0 * 2.0);
+                assert!((got - per).abs() <= 8.0, "d={d} {bk}/{bv}: {got} vs {per}");
+                if (d * bk as usize).is_multiple_of(32) && (d * bv as usize).is_multiple_of(32) {
+                    assert_eq!(got, per);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cache_rejects_bad_chunks() {
+    let mut cache = KvCache::new(KvScheme::new(64, 2, 4, 2), 1).unwrap();
+    let err = cache
+        .append(0, &[0.0; 100], &[0.0; 100])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("whole number"), "{err}");
+    let mut bad = vec![0.0; 128];
+    bad[70] = f32::NAN;
+    let err = cache.append(0, &bad, &[0.0; 128]).unwrap_err().to_string();
+    assert!(
+        err.contains("non-finite") && err.contains("head 1"),
+        "{err}"
+    );
+    assert!(cache.append(1, &[0.0; 128], &[0.0; 128]).is_err());
+    assert!(KvCache::new(KvScheme::new(48, 2, 4, 2), 1).is_err());
+    assert!(KvCache::new(KvScheme::new(64, 2, 5, 2), 1).is_err());
+}
+
+#[test]
+fn nearest_level_is_the_closest_one() {
+    let mut rng = Rng::new(8);
+    for bits in [1, 2, 3, 4, 8] {
+        let cb = lloyd_max(128, bits).unwrap();
+        for _ in 0..2000 {
+            let y = (rng.normal() * 0.15) as f32;
+            let idx = cb.nearest(y) as usize;
+            let best = cb
+                .levels
+                .iter()
+                .map(|&c| (c - y).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert!((cb.levels[idx] - y).abs() <= best, "bits {bits} y {y}");
+            assert_eq!(idx, cb.boundaries.partition_point(|&b| b < y));
+        }
+        for &b in &cb.boundaries {
+            assert_eq!(
+                cb.nearest(b),
+                cb.boundaries.partition_point(|&x| x < b) as u32
+            );
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! `deltakv kv`: encode k and v into the compressed KV cache (or a dense f32 one with
+//! `--exact`), attend with q causally, and write `o` plus the cache size.
+
+use super::DeviceArg;
+use clap::{Args, ValueEnum};
+use deltakv::io::TensorFile;
+use deltakv::kv::{AttnOptions, CodebookKind, KvInputs, KvMode, KvOptions, NormDType};
+use deltakv::{Result, kv_attention};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum NormArg {
+    #[default]
+    F32,
+    F16,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum CodebookArg {
+    /// Lloyd-Max levels for the coordinate law at this head dim.
+    #[default]
+    LloydMax,
+    /// AURA's published d=128 tables (not bundled in this build).
+    Aura,
+}
+
+#[derive(Args, Debug)]
+pub struct KvArgs {
+    /// Input safetensors: q [B,Tq,Hq,D], k and v [B,T,Hkv,D] (f32, f16 or bf16); metadata
+    /// `scale` (default D^-0.5). Query i sits at position T - Tq + i.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output safetensors: o [B,Tq,Hq,D] f32, metadata `cache_bytes`.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Key bits (2, 3, 4 or 8).
+    #[arg(long, default_value_t = 4, conflicts_with = "exact")]
+    pub bits_k: u32,
+    /// Value bits (2, 3, 4 or 8).
+    #[arg(long, default_value_t = 2, conflicts_with = "exact")]
+    pub bits_v: u32,
+    /// Exact attention over a dense f32 cache instead.
+    #[arg(long)]
+    pub exact: bool,
+    /// Seed of the layer's rotation.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Storage of the per-vector norms.
+    #[arg(long, value_enum, default_value_t)]
+    pub norms: NormArg,
+    #[arg(long, value_enum, default_value_t)]
+    pub codebook: CodebookArg,
+    /// Tokens per flash-decoding block.
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: usize,
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceArg,
+}
+
+const KNOWN: [&str; 3] = ["q", "k", "v"];
+
+pub fn options(args: &KvArgs) -> KvOptions {
+    KvOptions {
+        mode: if args.exact {
+            KvMode::Exact
+        } else {
+            KvMode::Compressed {
+                bits_k: args.bits_k,
+                bits_v: args.bits_v,
+            }
+        },
+        seed: args.seed,
+        norm_dtype: match args.norms {
+            NormArg::F32 => NormDType::F32,
+            NormArg::F16 => NormDType::F16,
+        },
+        codebook: match args.codebook {
+            CodebookArg::LloydMax => CodebookKind::LloydMax,
+            CodebookArg::Aura => CodebookKind::Aura,
+        },
+        attn: AttnOptions {
+            block_tokens: args.block_tokens,
+            ..AttnOptions::default()
+        },
+    }
+}
+
+pub fn run(args: KvArgs) -> Result<()> {
+    let device = args.device.into();
+    deltakv::Device::ensure_available(device)?;
+    let file = TensorFile::load(&args.input)?;
+    super::gdn::warn_unknown(&file, &KNOWN);
+    let inputs = KvInputs {
+        q: file.require("q")?,
+        k: file.require("k")?,
+        v: file.require("v")?,
+        scale: file.metadata_f32("scale")?,
+    };
+    let options = options(&args);
+    let started = Instant::now();
+    let out = kv_attention(device, &inputs, &options)?;
+    let elapsed = started.elapsed();
+    let shape = out.o.shape().to_vec();
+    let mut result = TensorFile::new();
+    result.insert("o", out.o);
+    result
+        .metadata
+        .insert("cache_bytes".into(), out.cache_bytes.to_string());
+    let mode = match options.mode {
+        KvMode::Exact => "exact f32".to_string(),
+        KvMode::Compressed { bits_k, bits_v } => format!("{bits_k}/{bits_v}-bit"),
+    };
+    result.metadata.insert("mode".into(), mode.clone());
+    result.save(&args.output)?;
+    println!(
+        "wrote {}: o {:?}, {mode} cache {} bytes (encode + attend on {device} in {:.1} ms)",
+        args.output.display(),
+        shape,
+        out.cache_bytes,
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
+}

@@ -3,6 +3,7 @@
 //! g/beta drawn as in [`super::random`] or raw fused-gating inputs at Qwen3-Next-like scales.
 
 use super::decode::{DecodeInputs, Gating};
+use super::random::draw_query_key_rows;
 use crate::error::Result;
 use crate::rng::Rng;
 use crate::tensor::{DType, HostTensor};
@@ -75,18 +76,8 @@ impl DecodeCase {
         let mut rng = Rng::new(seed);
         let rows = spec.batch * spec.tokens;
         let qk_shape = vec![spec.batch, spec.tokens, spec.key_heads, spec.key_dim];
-        let draw_qk = |rng: &mut Rng| {
-            let mut x = rng.normal_vec(rows * spec.key_heads * spec.key_dim, 1.0);
-            if !spec.raw_qk {
-                for row in x.chunks_exact_mut(spec.key_dim) {
-                    let inv = 1.0 / row.iter().map(|v| v * v).sum::<f32>().sqrt();
-                    row.iter_mut().for_each(|v| *v *= inv);
-                }
-            }
-            x
-        };
-        let q = draw_qk(&mut rng);
-        let k = draw_qk(&mut rng);
+        let q = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
+        let k = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
         let v = rng.normal_vec(rows * spec.value_heads * spec.value_dim, 1.0);
         let gates_len = rows * spec.value_heads;
         let gate_shape = vec![spec.batch, spec.tokens, spec.value_heads];

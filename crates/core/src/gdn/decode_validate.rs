@@ -6,7 +6,9 @@
 use super::decode::{DecodeInputs, Gating};
 use super::gating::fused_gates;
 use super::prefill::GdnOptions;
-use super::validate::{GdnDims, activation_values, check_finite, check_heads, gate_values};
+use super::validate::{
+    GdnDims, activation_values, check_finite, check_heads, expect_rank, expect_shape, gate_values,
+};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor};
 
@@ -36,26 +38,6 @@ pub struct PreparedDecode {
     pub out_dtype: DType,
     /// dtype of the pool (f32 or bf16).
     pub pool_dtype: DType,
-}
-
-fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
-    if t.shape().len() != rank {
-        return Err(Error::shape(
-            name,
-            format!("expected {rank} dims {layout}, got shape {:?}", t.shape()),
-        ));
-    }
-    Ok(())
-}
-
-fn expect_shape(name: &str, t: &HostTensor, expected: &[usize], layout: &str) -> Result<()> {
-    if t.shape() != expected {
-        return Err(Error::shape(
-            name,
-            format!("expected shape {expected:?} {layout}, got {:?}", t.shape()),
-        ));
-    }
-    Ok(())
 }
 
 /// Reads a per-head `[H]` parameter (A_log, dt_bias) as finite f32.

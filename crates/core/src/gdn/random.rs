@@ -8,6 +8,19 @@ use crate::error::Result;
 use crate::rng::Rng;
 use crate::tensor::{DType, HostTensor};
 
+/// `rows` standard-normal rows of `dim`, scaled to unit norm unless `raw` (when the kernel is
+/// asked to normalise them itself).
+pub(crate) fn draw_query_key_rows(rng: &mut Rng, rows: usize, dim: usize, raw: bool) -> Vec<f32> {
+    let mut x = rng.normal_vec(rows * dim, 1.0);
+    if !raw {
+        for row in x.chunks_exact_mut(dim) {
+            let inv = 1.0 / row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+    x
+}
+
 /// How to draw beta.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BetaFill {
@@ -79,18 +92,8 @@ impl GdnCase {
         let mut rng = Rng::new(seed);
         let rows = spec.batch * spec.tokens;
         let qk_shape = vec![spec.batch, spec.tokens, spec.key_heads, spec.key_dim];
-        let draw_qk = |rng: &mut Rng| {
-            let mut x = rng.normal_vec(rows * spec.key_heads * spec.key_dim, 1.0);
-            if !spec.raw_qk {
-                for row in x.chunks_exact_mut(spec.key_dim) {
-                    let inv = 1.0 / row.iter().map(|v| v * v).sum::<f32>().sqrt();
-                    row.iter_mut().for_each(|v| *v *= inv);
-                }
-            }
-            x
-        };
-        let q = draw_qk(&mut rng);
-        let k = draw_qk(&mut rng);
+        let q = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
+        let k = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
         let v = rng.normal_vec(rows * spec.value_heads * spec.value_dim, 1.0);
         let gates = rows * spec.value_heads;
         let g: Vec<f32> = rng

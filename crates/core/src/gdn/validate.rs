@@ -184,7 +184,7 @@ pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
     }
 }
 
-fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
+pub(crate) fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
     if t.shape().len() != rank {
         return Err(Error::shape(
             name,
@@ -194,14 +194,19 @@ fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<
     Ok(())
 }
 
-fn expect_float(name: &str, t: &HostTensor) -> Result<()> {
+pub(crate) fn expect_float(name: &str, t: &HostTensor) -> Result<()> {
     if !t.dtype().is_float() {
         return Err(Error::dtype(name, t.dtype(), "f32, f16 or bf16"));
     }
     Ok(())
 }
 
-fn expect_shape(name: &str, t: &HostTensor, expected: &[usize], layout: &str) -> Result<()> {
+pub(crate) fn expect_shape(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+) -> Result<()> {
     if t.shape() != expected {
         return Err(Error::shape(
             name,

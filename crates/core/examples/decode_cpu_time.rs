@@ -1,5 +1,5 @@
 //! Measures one GDN decode step by process CPU time (robust on a busy machine):
-//! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters]`.
+//! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters] [f32|bf16]`.
 //! Run with RAYON_NUM_THREADS=1 for per-core cost.
 
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
@@ -22,7 +22,11 @@ fn main() -> deltakv_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let case = DecodeCase::random(&DecodeSpec::new(batch, 1, 16, 32, 128, 128), 1)?;
+    let mut spec = DecodeSpec::new(batch, 1, 16, 32, 128, 128);
+    if args.get(3).map(String::as_str) == Some("bf16") {
+        spec.pool_dtype = deltakv_core::DType::BF16;
+    }
+    let case = DecodeCase::random(&spec, 1)?;
     let mut pool = case.state_pool.clone();
     let inputs = DecodeInputs {
         q: &case.q,

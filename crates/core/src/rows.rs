@@ -87,14 +87,13 @@ pub(crate) fn bf16_widen(x: bf16) -> f32 {
 /// conversion is scalar). NaN stays NaN (quiet); overflow rounds to infinity.
 #[inline(always)]
 pub(crate) fn bf16_round(x: f32) -> bf16 {
+    // Everything stays in 32-bit lanes until the final narrowing, which keeps the loop
+    // vectorised (a select on 16-bit values split it into scalar code).
     let bits = x.to_bits();
-    let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x0040;
     let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
-    bf16::from_bits(if is_nan {
-        ((bits >> 16) as u16) | 0x0040
-    } else {
-        rounded
-    })
+    bf16::from_bits((if is_nan { quiet_nan } else { rounded }) as u16)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Measures one GDN decode step by process CPU time (robust on a busy machine):
 //! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters] [f32|bf16]`.
-//! Run with RAYON_NUM_THREADS=1 for per-core cost.
+//! Run with RAYON_NUM_THREADS=1 for per-core cost; HEADS=n sets the value heads (key heads n/2).
 
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions, gdn_decode};
@@ -22,7 +22,11 @@ fn main() -> deltakv_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let mut spec = DecodeSpec::new(batch, 1, 16, 32, 128, 128);
+    let value_heads: usize = std::env::var("HEADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
+    let mut spec = DecodeSpec::new(batch, 1, value_heads / 2, value_heads, 128, 128);
     if args.get(3).map(String::as_str) == Some("bf16") {
         spec.pool_dtype = deltakv_core::DType::BF16;
     }

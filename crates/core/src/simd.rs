@@ -1,5 +1,5 @@
 //! Runtime CPU-feature dispatch. Kernels are written once as `#[inline(always)]` generic code
-//! over [`MulAdd`]; a `#[target_feature(enable = "avx2,fma")]` wrapper instantiates them with
+//! over `MulAdd`; a `#[target_feature(enable = "avx2,fma")]` wrapper instantiates them with
 //! fused multiply-add so LLVM emits 256-bit FMA code, and a plain wrapper serves other CPUs.
 //! (`f32::mul_add` without the `fma` feature is a slow libm call, hence two flavours.)
 

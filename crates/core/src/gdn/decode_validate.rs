@@ -7,7 +7,7 @@ use super::decode::{DecodeInputs, Gating};
 use super::gating::fused_gates;
 use super::prefill::GdnOptions;
 use super::validate::{
-    GdnDims, activation_values, check_finite, check_heads, expect_rank, expect_shape, gate_values,
+    GdnDims, activation_values, check_finite, expect_rank, expect_shape, gate_values, gdn_dims,
 };
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor};
@@ -110,19 +110,15 @@ pub fn prepare_decode(
     options: &GdnOptions,
 ) -> Result<PreparedDecode> {
     let q = inputs.q;
-    expect_rank("q", q, 4, "[B, T, Hg, K]")?;
-    if !q.dtype().is_float() {
-        return Err(Error::dtype("q", q.dtype(), "f32, f16 or bf16"));
-    }
+    let dims = gdn_dims(q, inputs.v)?;
     let dtype = q.dtype();
-    let (batch, tokens, key_heads, key_dim) =
-        (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    if batch == 0 || tokens == 0 {
-        return Err(Error::shape(
-            "q",
-            format!("B and T must be at least 1, got shape {:?}", q.shape()),
-        ));
-    }
+    let (batch, tokens, value_heads, key_dim, value_dim) = (
+        dims.batch,
+        dims.tokens,
+        dims.value_heads,
+        dims.key_dim,
+        dims.value_dim,
+    );
     if tokens > MAX_DECODE_TOKENS {
         return Err(Error::shape(
             "q",
@@ -131,17 +127,6 @@ pub fn prepare_decode(
             ),
         ));
     }
-    expect_rank("v", inputs.v, 4, "[B, T, H, V]")?;
-    let (value_heads, value_dim) = (inputs.v.shape()[2], inputs.v.shape()[3]);
-    check_heads(key_heads, value_heads, key_dim, value_dim)?;
-    let dims = GdnDims {
-        batch,
-        tokens,
-        key_heads,
-        value_heads,
-        key_dim,
-        value_dim,
-    };
     let mut q_values = activation_values("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
     let mut k_values = activation_values("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
     let v_values = activation_values(

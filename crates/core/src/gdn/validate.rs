@@ -372,15 +372,12 @@ pub fn check_activation(
     check_finite_data(name, t.data())
 }
 
-/// Validates prefill inputs.
-pub fn prepare_prefill<'a>(
-    inputs: &GdnInputs<'a>,
-    options: &GdnOptions,
-) -> Result<PreparedGdn<'a>> {
-    let q = inputs.q;
+/// The sizes of a call from q `[B, T, Hg, K]` and v `[B, T, H, V]`: ranks, a float q,
+/// B, T >= 1 and the head rules. Shared by prefill and decode; the other tensors are checked
+/// against the result.
+pub(crate) fn gdn_dims(q: &HostTensor, v: &HostTensor) -> Result<GdnDims> {
     expect_rank("q", q, 4, "[B, T, Hg, K]")?;
     expect_float("q", q)?;
-    let dtype = q.dtype();
     let (batch, tokens, key_heads, key_dim) =
         (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     if batch == 0 || tokens == 0 {
@@ -389,17 +386,34 @@ pub fn prepare_prefill<'a>(
             format!("B and T must be at least 1, got shape {:?}", q.shape()),
         ));
     }
-    expect_rank("v", inputs.v, 4, "[B, T, H, V]")?;
-    let (value_heads, value_dim) = (inputs.v.shape()[2], inputs.v.shape()[3]);
+    expect_rank("v", v, 4, "[B, T, H, V]")?;
+    let (value_heads, value_dim) = (v.shape()[2], v.shape()[3]);
     check_heads(key_heads, value_heads, key_dim, value_dim)?;
-    let dims = GdnDims {
+    Ok(GdnDims {
         batch,
         tokens,
         key_heads,
         value_heads,
         key_dim,
         value_dim,
-    };
+    })
+}
+
+/// Validates prefill inputs.
+pub fn prepare_prefill<'a>(
+    inputs: &GdnInputs<'a>,
+    options: &GdnOptions,
+) -> Result<PreparedGdn<'a>> {
+    let q = inputs.q;
+    let dims = gdn_dims(q, inputs.v)?;
+    let dtype = q.dtype();
+    let (batch, tokens, value_heads, key_dim, value_dim) = (
+        dims.batch,
+        dims.tokens,
+        dims.value_heads,
+        dims.key_dim,
+        dims.value_dim,
+    );
     check_activation("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
     check_activation("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
     check_activation(

@@ -13,6 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
 /// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
 pub(super) trait PoolElem: Copy + Send + Sync {
+    /// Whether the AVX-512 build of the task is faster for this element type. Measured with
+    /// `examples/decode_cpu_time.rs` (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us
+    /// (AVX2) -> ~250 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
+    /// (AVX2) -> 248-268 us (AVX-512), so f32 stays on AVX2.
+    const PREFERS_AVX512: bool;
     /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).
     fn as_f32_ptr(ptr: *mut Self) -> Option<*mut f32>;
     fn widen(src: &[Self], dst: &mut [f32; BLOCK]);
@@ -20,6 +25,7 @@ pub(super) trait PoolElem: Copy + Send + Sync {
 }
 
 impl PoolElem for f32 {
+    const PREFERS_AVX512: bool = false;
     fn as_f32_ptr(ptr: *mut f32) -> Option<*mut f32> {
         Some(ptr)
     }
@@ -48,6 +54,7 @@ impl PoolElem for f32 {
 }
 
 impl PoolElem for bf16 {
+    const PREFERS_AVX512: bool = true;
     fn as_f32_ptr(_: *mut bf16) -> Option<*mut f32> {
         None
     }
@@ -425,7 +432,19 @@ impl<E: PoolElem> Kernel<'_, E> {
         self.task::<Fused>(buffer, task)
     }
 
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn task_avx512(&self, buffer: &mut [[f32; BLOCK]], task: usize) {
+        self.task::<Fused>(buffer, task)
+    }
+
     fn run(&self, buffer: &mut [[f32; BLOCK]], task: usize, avx2: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 && E::PREFERS_AVX512 && crate::simd::has_avx512() {
+            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above).
+            unsafe { self.task_avx512(buffer, task) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: the CPU supports AVX2 and FMA (checked by the caller).

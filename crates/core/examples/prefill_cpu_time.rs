@@ -5,19 +5,9 @@
 use deltakv_core::gdn::random::{GdnCase, GdnSpec};
 use deltakv_core::gdn::{GdnOptions, PrefillMode, gdn_prefill};
 
-/// utime + stime of this process, in seconds (from /proc/self/stat; 10 ms ticks).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_seconds;
 
 fn main() -> deltakv_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();

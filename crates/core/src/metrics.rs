@@ -24,17 +24,6 @@ pub fn rel_rms(x: &[f32], reference: &[f64]) -> f64 {
     }
 }
 
-/// Largest absolute difference (infinity on NaN or length mismatch).
-pub fn max_abs_diff(x: &[f32], reference: &[f64]) -> f64 {
-    if x.len() != reference.len() {
-        return f64::INFINITY;
-    }
-    x.iter().zip(reference).fold(0.0, |m, (&a, &b)| {
-        let d = (f64::from(a) - b).abs();
-        if d.is_nan() { f64::INFINITY } else { m.max(d) }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -311,13 +311,6 @@ fn sequence_spans(
         .collect())
 }
 
-/// Divides each `dim`-long row by `sqrt(|row|^2 + 1e-6)` in place.
-pub fn l2_normalize_rows(values: &mut [f32], dim: usize) {
-    values
-        .par_chunks_mut(dim * 64)
-        .for_each(|block| block.chunks_exact_mut(dim).for_each(l2_normalize_row));
-}
-
 /// Reads a `[.., H]` gate tensor (g or beta) as f32, checking shape and finiteness.
 pub fn gate_values(
     name: &str,

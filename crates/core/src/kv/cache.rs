@@ -100,6 +100,31 @@ pub struct KvCache {
     seqs: Vec<Vec<HeadStore>>,
 }
 
+/// Validates an append of `k`, `v` chunks to sequence `seq` of a batch of `batch`; returns the
+/// token count. Shared by the compressed and the dense cache.
+fn check_append(
+    seq: usize,
+    batch: usize,
+    k: &[f32],
+    v: &[f32],
+    kv_heads: usize,
+    dim: usize,
+) -> Result<usize> {
+    if seq >= batch {
+        return Err(Error::InvalidValue(format!(
+            "sequence {seq} is out of range (batch {batch})"
+        )));
+    }
+    let n = check_chunk("k", k, kv_heads, dim)?;
+    if check_chunk("v", v, kv_heads, dim)? != n {
+        return Err(Error::shape(
+            "v",
+            "k and v chunks hold different token counts",
+        ));
+    }
+    Ok(n)
+}
+
 fn check_chunk(name: &str, x: &[f32], kv_heads: usize, dim: usize) -> Result<usize> {
     let row = kv_heads * dim;
     if !x.len().is_multiple_of(row) {
@@ -183,19 +208,7 @@ impl KvCache {
     /// Appends `n` tokens to sequence `seq`: `k`, `v` are `[n, kv_heads, d]` f32.
     pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let (heads, d) = (self.scheme.kv_heads, self.scheme.dim);
-        if seq >= self.seqs.len() {
-            return Err(Error::InvalidValue(format!(
-                "sequence {seq} is out of range (batch {})",
-                self.seqs.len()
-            )));
-        }
-        let n = check_chunk("k", k, heads, d)?;
-        if check_chunk("v", v, heads, d)? != n {
-            return Err(Error::shape(
-                "v",
-                "k and v chunks hold different token counts",
-            ));
-        }
+        let n = check_append(seq, self.seqs.len(), k, v, heads, d)?;
         let (kq, vq) = (&self.k, &self.v);
         let (wk, wv) = (kq.words(), vq.words());
         self.seqs[seq]
@@ -297,19 +310,7 @@ impl DenseKvCache {
     /// Appends `n` tokens: `k`, `v` are `[n, kv_heads, d]` f32.
     pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let (heads, d) = (self.kv_heads, self.dim);
-        if seq >= self.seqs.len() {
-            return Err(Error::InvalidValue(format!(
-                "sequence {seq} is out of range (batch {})",
-                self.seqs.len()
-            )));
-        }
-        let n = check_chunk("k", k, heads, d)?;
-        if check_chunk("v", v, heads, d)? != n {
-            return Err(Error::shape(
-                "v",
-                "k and v chunks hold different token counts",
-            ));
-        }
+        let n = check_append(seq, self.seqs.len(), k, v, heads, d)?;
         for (h, (ks, vs)) in self.seqs[seq].iter_mut().enumerate() {
             for t in 0..n {
                 ks.extend_from_slice(&k[(t * heads + h) * d..][..d]);

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub(super) trait PoolElem: Copy + Send + Sync {
     /// Whether the AVX-512 build of the task is faster for this element type. Measured with
     /// `examples/decode_cpu_time.rs` (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us
-    /// (AVX2) -> ~250 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
+    /// (AVX2) -> 206-277 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
     /// (AVX2) -> 248-268 us (AVX-512), so f32 stays on AVX2.
     const PREFERS_AVX512: bool;
     /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).

@@ -606,12 +606,19 @@ fn every_simd_dispatch_level_matches_the_oracle() {
     use deltakv_core::simd::{SimdLimit, set_simd_limit};
     for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
         set_simd_limit(limit);
-        for (tokens, pool_dtype) in [(1, DType::F32), (1, DType::BF16), (5, DType::F32)] {
-            let mut spec = DecodeSpec::new(3, tokens, 1, 2, 64, 64);
+        // V = 112 and 48 exercise the AVX-512 in-place step's 64-, 32- and 16-column blocks.
+        for (tokens, pool_dtype, value_dim) in [
+            (1, DType::F32, 64),
+            (1, DType::F32, 112),
+            (1, DType::F32, 48),
+            (1, DType::BF16, 64),
+            (5, DType::F32, 64),
+        ] {
+            let mut spec = DecodeSpec::new(3, tokens, 1, 2, 64, value_dim);
             spec.pool_dtype = pool_dtype;
             spec.skipped_rows = vec![2];
             check(
-                &format!("{limit:?} T={tokens} pool {pool_dtype}"),
+                &format!("{limit:?} T={tokens} V={value_dim} pool {pool_dtype}"),
                 &spec,
                 false,
                 9100 + tokens as u64,

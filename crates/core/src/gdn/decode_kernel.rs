@@ -1,6 +1,9 @@
 //! The decode kernel: runs validated decode inputs over the pool's addressed slots (see
 //! [`super::decode`] for the op's math, layouts and schedule).
 
+use super::decode_avx512::LANES;
+#[cfg(target_arch = "x86_64")]
+use super::decode_avx512::{StepScalars, token_f32};
 use super::decode_validate::PreparedDecode;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::rows::{bf16_round, bf16_widen};
@@ -194,6 +197,9 @@ struct Kernel<'a, E> {
     o: DisjointWriter<'a, f32>,
     states: DisjointWriter<'a, f32>,
     with_states: bool,
+    /// One token, no intermediate states, V a multiple of 16 and an AVX-512 CPU: an f32 pool
+    /// runs [`token_f32`] in place.
+    avx512_in_place: bool,
     /// Column blocks per task.
     group_len: usize,
     /// Column groups per (row, head).
@@ -234,6 +240,40 @@ impl<E: PoolElem> Kernel<'_, E> {
         };
         let slab = (slot * heads + head) * kd * vd;
         let key_head = d.key_head_of(head);
+        #[cfg(target_arch = "x86_64")]
+        if self.avx512_in_place
+            && let Some(pool) = E::as_f32_ptr(self.pool.as_ptr())
+        {
+            assert!(slab + kd * vd <= self.pool.len());
+            let key_row = row * d.key_heads + key_head;
+            let token_head = row * heads + head;
+            let width = col_end - col_start;
+            let scalars = StepScalars {
+                decay: self.scalars.decay[token_head],
+                beta: p.beta[token_head],
+                scale: p.scale,
+                key_dot_query: self.scalars.key_dot_query[key_row],
+            };
+            // SAFETY: (token, head, this group's columns) belong to this task alone.
+            let out = unsafe { self.o.range(token_head * vd + col_start, width) };
+            // SAFETY: the CPU supports AVX-512F (checked when `avx512_in_place` was set); the
+            // rows of (slot, head, this group's columns) are in bounds (checked above) and
+            // belong to this task alone (slots are distinct across rows); V is a multiple of
+            // LANES, so the group's width is too.
+            unsafe {
+                token_f32(
+                    pool.add(slab + col_start),
+                    vd,
+                    width,
+                    &p.k[key_row * kd..][..kd],
+                    &p.q[key_row * kd..][..kd],
+                    &p.v[token_head * vd + col_start..][..width],
+                    scalars,
+                    out,
+                )
+            };
+            return;
+        }
         // A single token on an f32 pool runs in place, without block copies.
         let in_place = if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
             E::as_f32_ptr(self.pool.as_ptr())
@@ -471,6 +511,11 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
         p,
         scalars: token_scalars(p),
         with_states: !states.is_empty(),
+        avx512_in_place: cfg!(target_arch = "x86_64")
+            && crate::simd::has_avx512()
+            && d.tokens == 1
+            && states.is_empty()
+            && d.value_dim.is_multiple_of(LANES),
         pool: DisjointWriter::new(pool),
         o: DisjointWriter::new(o),
         states: DisjointWriter::new(states),

@@ -20,6 +20,7 @@
 //! * [`oracle`] is the same recurrence in f64, the reference every backend is tested against.
 
 pub mod decode;
+mod decode_avx512;
 mod decode_kernel;
 pub mod decode_oracle;
 pub mod decode_random;

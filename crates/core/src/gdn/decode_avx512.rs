@@ -1,0 +1,121 @@
+//! The single-token decode step on an f32 state slab, in place, with AVX-512 registers.
+//!
+//! The same two passes as [`super::recurrent_kernel`] (pass 1 reads the rows for `S^T k` and
+//! `S^T q`; pass 2 rewrites them as `d * S + k v'^T`), over blocks of up to 64 columns: four
+//! 16-lane registers per accumulator row, so pass 1 keeps 8 independent FMA chains busy and a
+//! block of 128 rows (32 KiB) stays in L1 between the passes. Rows are read in place with the
+//! pool's stride, so no copy of the block is made.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{
+    __m512, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps,
+    _mm512_setzero_ps, _mm512_storeu_ps,
+};
+
+/// Lanes of one AVX-512 register of f32.
+pub(super) const LANES: usize = 16;
+
+/// The per-token scalars of one value head.
+#[derive(Clone, Copy)]
+pub(super) struct StepScalars {
+    pub decay: f32,
+    pub beta: f32,
+    pub scale: f32,
+    pub key_dot_query: f32,
+}
+
+/// Advances `width` columns (a multiple of [`LANES`]) of one slab by one token.
+///
+/// # Safety
+/// The CPU supports AVX-512F. `state` points at column 0 of this block in row 0 of the slab;
+/// rows `state + i * stride .. + width` for `i < k.len()` are in bounds and touched by no other
+/// thread; `value` and `out` hold at least `width` elements; `q.len() == k.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn token_f32(
+    state: *mut f32,
+    stride: usize,
+    width: usize,
+    k: &[f32],
+    q: &[f32],
+    value: &[f32],
+    s: StepScalars,
+    out: &mut [f32],
+) {
+    debug_assert!(width.is_multiple_of(LANES) && value.len() >= width && out.len() >= width);
+    let mut col = 0;
+    while col < width {
+        let left = (width - col) / LANES;
+        // SAFETY: the caller's contract, for columns col..col + registers * LANES.
+        unsafe {
+            let at = state.add(col);
+            let (v, o) = (&value[col..], &mut out[col..]);
+            match left {
+                8.. => block::<8>(at, stride, k, q, v, s, o),
+                4..=7 => block::<4>(at, stride, k, q, v, s, o),
+                2 | 3 => block::<2>(at, stride, k, q, v, s, o),
+                _ => block::<1>(at, stride, k, q, v, s, o),
+            }
+        }
+        col += match left {
+            8.. => 8,
+            4..=7 => 4,
+            2 | 3 => 2,
+            _ => 1,
+        } * LANES;
+    }
+}
+
+/// One block of `R * LANES` columns (see [`token_f32`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn block<const R: usize>(
+    state: *mut f32,
+    stride: usize,
+    k: &[f32],
+    q: &[f32],
+    value: &[f32],
+    s: StepScalars,
+    out: &mut [f32],
+) {
+    // SAFETY (whole body): rows i < k.len() of R * LANES columns are in bounds (the caller's
+    // contract); `value` and `out` hold R * LANES elements from here.
+    unsafe {
+        let mut sk: [__m512; R] = [_mm512_setzero_ps(); R];
+        let mut sq: [__m512; R] = [_mm512_setzero_ps(); R];
+        let mut row = state;
+        for (&ki, &qi) in k.iter().zip(q) {
+            let (kb, qb) = (_mm512_set1_ps(ki), _mm512_set1_ps(qi));
+            for r in 0..R {
+                let x = _mm512_loadu_ps(row.add(r * LANES));
+                sk[r] = _mm512_fmadd_ps(kb, x, sk[r]);
+                sq[r] = _mm512_fmadd_ps(qb, x, sq[r]);
+            }
+            row = row.add(stride);
+        }
+        let decay = _mm512_set1_ps(s.decay);
+        let (beta, scale) = (_mm512_set1_ps(s.beta), _mm512_set1_ps(s.scale));
+        let kdq = _mm512_set1_ps(s.key_dot_query);
+        let mut new_value: [__m512; R] = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let v = _mm512_loadu_ps(value.as_ptr().add(r * LANES));
+            // Fused exactly as the AVX2 step is, so both builds give the same bits.
+            new_value[r] = _mm512_mul_ps(beta, _mm512_fnmadd_ps(decay, sk[r], v));
+            let o = _mm512_fmadd_ps(decay, sq[r], _mm512_mul_ps(kdq, new_value[r]));
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * LANES), _mm512_mul_ps(scale, o));
+        }
+        // Last row first: the rows pass 1 read last are the ones still in L1. (A block's rows
+        // sit `stride` apart, so they fall in few L1 sets and a block of 128 rows overflows
+        // them; in the same order as pass 1, LRU would evict each row just before its reuse.)
+        for (i, &ki) in k.iter().enumerate().rev() {
+            let kb = _mm512_set1_ps(ki);
+            let row = state.add(i * stride);
+            for r in 0..R {
+                let p = row.add(r * LANES);
+                let update = _mm512_mul_ps(kb, new_value[r]);
+                _mm512_storeu_ps(p, _mm512_fmadd_ps(decay, _mm512_loadu_ps(p), update));
+            }
+        }
+    }
+}

@@ -15,9 +15,13 @@ use std::arch::x86_64::{
 /// Lanes of one AVX-512 register of f32.
 pub(super) const LANES: usize = 16;
 
-/// The per-token scalars of one value head.
+/// One token of one value head: its key and query rows (K), its value columns (from the
+/// block's first column on) and scalars.
 #[derive(Clone, Copy)]
-pub(super) struct StepScalars {
+pub(super) struct StepInputs<'a> {
+    pub k: &'a [f32],
+    pub q: &'a [f32],
+    pub value: &'a [f32],
     pub decay: f32,
     pub beta: f32,
     pub scale: f32,
@@ -28,33 +32,34 @@ pub(super) struct StepScalars {
 ///
 /// # Safety
 /// The CPU supports AVX-512F. `state` points at column 0 of this block in row 0 of the slab;
-/// rows `state + i * stride .. + width` for `i < k.len()` are in bounds and touched by no other
-/// thread; `value` and `out` hold at least `width` elements; `q.len() == k.len()`.
+/// rows `state + i * stride .. + width` for `i < K` are in bounds and touched by no other
+/// thread; `s.value` and `out` hold at least `width` elements; `s.q.len() == s.k.len() == K`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn token_f32(
     state: *mut f32,
     stride: usize,
     width: usize,
-    k: &[f32],
-    q: &[f32],
-    value: &[f32],
-    s: StepScalars,
+    s: StepInputs<'_>,
     out: &mut [f32],
 ) {
-    debug_assert!(width.is_multiple_of(LANES) && value.len() >= width && out.len() >= width);
+    debug_assert!(width.is_multiple_of(LANES) && s.value.len() >= width && out.len() >= width);
     let mut col = 0;
     while col < width {
         let left = (width - col) / LANES;
         // SAFETY: the caller's contract, for columns col..col + registers * LANES.
         unsafe {
             let at = state.add(col);
-            let (v, o) = (&value[col..], &mut out[col..]);
+            let s = StepInputs {
+                value: &s.value[col..],
+                ..s
+            };
+            let o = &mut out[col..];
             match left {
-                8.. => block::<8>(at, stride, k, q, v, s, o),
-                4..=7 => block::<4>(at, stride, k, q, v, s, o),
-                2 | 3 => block::<2>(at, stride, k, q, v, s, o),
-                _ => block::<1>(at, stride, k, q, v, s, o),
+                8.. => block::<8>(at, stride, s, o),
+                4..=7 => block::<4>(at, stride, s, o),
+                2 | 3 => block::<2>(at, stride, s, o),
+                _ => block::<1>(at, stride, s, o),
             }
         }
         col += match left {
@@ -73,12 +78,10 @@ pub(super) unsafe fn token_f32(
 unsafe fn block<const R: usize>(
     state: *mut f32,
     stride: usize,
-    k: &[f32],
-    q: &[f32],
-    value: &[f32],
-    s: StepScalars,
+    s: StepInputs<'_>,
     out: &mut [f32],
 ) {
+    let (k, q, value) = (s.k, s.q, s.value);
     // SAFETY (whole body): rows i < k.len() of R * LANES columns are in bounds (the caller's
     // contract); `value` and `out` hold R * LANES elements from here.
     unsafe {
@@ -98,11 +101,11 @@ unsafe fn block<const R: usize>(
         let (beta, scale) = (_mm512_set1_ps(s.beta), _mm512_set1_ps(s.scale));
         let kdq = _mm512_set1_ps(s.key_dot_query);
         let mut new_value: [__m512; R] = [_mm512_setzero_ps(); R];
-        for r in 0..R {
+        for (r, nv) in new_value.iter_mut().enumerate() {
             let v = _mm512_loadu_ps(value.as_ptr().add(r * LANES));
             // Fused exactly as the AVX2 step is, so both builds give the same bits.
-            new_value[r] = _mm512_mul_ps(beta, _mm512_fnmadd_ps(decay, sk[r], v));
-            let o = _mm512_fmadd_ps(decay, sq[r], _mm512_mul_ps(kdq, new_value[r]));
+            *nv = _mm512_mul_ps(beta, _mm512_fnmadd_ps(decay, sk[r], v));
+            let o = _mm512_fmadd_ps(decay, sq[r], _mm512_mul_ps(kdq, *nv));
             _mm512_storeu_ps(out.as_mut_ptr().add(r * LANES), _mm512_mul_ps(scale, o));
         }
         // Last row first: the rows pass 1 read last are the ones still in L1. (A block's rows
@@ -111,9 +114,9 @@ unsafe fn block<const R: usize>(
         for (i, &ki) in k.iter().enumerate().rev() {
             let kb = _mm512_set1_ps(ki);
             let row = state.add(i * stride);
-            for r in 0..R {
+            for (r, &nv) in new_value.iter().enumerate() {
                 let p = row.add(r * LANES);
-                let update = _mm512_mul_ps(kb, new_value[r]);
+                let update = _mm512_mul_ps(kb, nv);
                 _mm512_storeu_ps(p, _mm512_fmadd_ps(decay, _mm512_loadu_ps(p), update));
             }
         }

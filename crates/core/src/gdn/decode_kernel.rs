@@ -3,7 +3,7 @@
 
 use super::decode_avx512::LANES;
 #[cfg(target_arch = "x86_64")]
-use super::decode_avx512::{StepScalars, token_f32};
+use super::decode_avx512::{StepInputs, token_f32};
 use super::decode_validate::PreparedDecode;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::rows::{bf16_round, bf16_widen};
@@ -248,7 +248,10 @@ impl<E: PoolElem> Kernel<'_, E> {
             let key_row = row * d.key_heads + key_head;
             let token_head = row * heads + head;
             let width = col_end - col_start;
-            let scalars = StepScalars {
+            let inputs = StepInputs {
+                k: &p.k[key_row * kd..][..kd],
+                q: &p.q[key_row * kd..][..kd],
+                value: &p.v[token_head * vd + col_start..][..width],
                 decay: self.scalars.decay[token_head],
                 beta: p.beta[token_head],
                 scale: p.scale,
@@ -260,18 +263,7 @@ impl<E: PoolElem> Kernel<'_, E> {
             // rows of (slot, head, this group's columns) are in bounds (checked above) and
             // belong to this task alone (slots are distinct across rows); V is a multiple of
             // LANES, so the group's width is too.
-            unsafe {
-                token_f32(
-                    pool.add(slab + col_start),
-                    vd,
-                    width,
-                    &p.k[key_row * kd..][..kd],
-                    &p.q[key_row * kd..][..kd],
-                    &p.v[token_head * vd + col_start..][..width],
-                    scalars,
-                    out,
-                )
-            };
+            unsafe { token_f32(pool.add(slab + col_start), vd, width, inputs, out) };
             return;
         }
         // A single token on an f32 pool runs in place, without block copies.

@@ -153,6 +153,41 @@ fn compressed_path_equals_attention_over_decoded_vectors() {
 }
 
 #[test]
+fn every_simd_level_equals_attention_over_decoded_vectors() {
+    // The AVX2 build and the AVX-512 build (where the CPU has it) of the compressed and dense
+    // paths, at every code width they decode in registers and at d both a multiple of 16 and
+    // not (72, 100: the AVX-512 kernels decline and the AVX2 ones run).
+    use deltakv_core::simd::{SimdLimit, set_simd_limit};
+    for limit in [SimdLimit::Avx2, SimdLimit::Any] {
+        set_simd_limit(limit);
+        for (i, &(lens, tq, hq, hkv, d)) in SHAPES.iter().enumerate() {
+            let case = Case::new(lens, tq, hq, hkv, d, 700 + i as u64);
+            let dense = attend_dense(
+                &case.dense(),
+                &case.q,
+                tq,
+                hq,
+                case.scale,
+                &opts(64, None, true),
+            );
+            let err = rel_rms(&dense.unwrap(), &case.reference());
+            assert!(err < 2e-6, "{limit:?} shape {i}: dense rel_rms {err:.3e}");
+            for (bits_k, bits_v) in [(4, 2), (3, 4), (2, 3)] {
+                let cache = case.compressed(KvScheme::new(d, hkv, bits_k, bits_v), 37);
+                let out =
+                    attend_compressed(&cache, &case.q, tq, hq, case.scale, &opts(96, None, true));
+                let err = rel_rms(&out.unwrap(), &case.decoded_reference(&cache));
+                assert!(
+                    err < 5e-6,
+                    "{limit:?} shape {i} bits {bits_k}/{bits_v}: vs decoded oracle {err:.3e}"
+                );
+            }
+        }
+    }
+    set_simd_limit(SimdLimit::Any);
+}
+
+#[test]
 fn output_does_not_depend_on_block_size() {
     let case = Case::new(&[1000, 333], 4, 8, 2, 128, 9);
     let cache = case.compressed(KvScheme::new(128, 2, 4, 2), 256);

@@ -161,15 +161,16 @@ fn for_each_task<S>(
             }
         }
     };
-    if threads == 1 {
+    // The calling thread takes range 0 itself (`in_place_scope` runs its body here, not in
+    // the pool), so a call costs one wake-up of a pool thread instead of a hand-off of the
+    // whole call, and range 0 stays on the caller's core from call to call.
+    rayon::in_place_scope(|scope| {
+        for me in 1..threads {
+            let run = &run;
+            scope.spawn(move |_| run(me));
+        }
         run(0);
-    } else {
-        rayon::broadcast(|ctx| {
-            if ctx.index() < threads {
-                run(ctx.index());
-            }
-        });
-    }
+    });
 }
 
 /// Hints the CPU to bring the `BLOCK` elements at `at` (one or two cache lines) towards L2. A

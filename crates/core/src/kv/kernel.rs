@@ -16,7 +16,7 @@
 
 use super::cache::HeadStore;
 use super::codec::{Quantizer, code_at};
-use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma};
+use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma, has_avx512};
 
 /// Tokens decoded per tile.
 pub(crate) const SUB: usize = 128;
@@ -202,10 +202,15 @@ fn decode_tile<const AVX: bool>(
 #[cfg(target_arch = "x86_64")]
 #[path = "kernel_avx2.rs"]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[path = "kernel_avx512.rs"]
+mod avx512;
 
-/// Pass 1 over tokens `t0..t1` for `R` rows; `dim` is the working row length.
+/// Pass 1 over tokens `t0..t1` for `R` rows; `dim` is the working row length. `AVX`: inside
+/// the AVX2 + FMA build; `W512`: inside the AVX-512 build (which tries the 16-wide kernels
+/// first and falls back to the AVX2 ones where they decline).
 #[inline(always)]
-fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
+fn block_generic<M: MulAdd, const AVX: bool, const W512: bool, const R: usize>(
     src: &HeadSource<'_>,
     dim: usize,
     t0: usize,
@@ -229,9 +234,14 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
                 let codes = &store.k_codes[t * w..];
                 #[cfg(target_arch = "x86_64")]
                 if AVX {
-                    // SAFETY: AVX is only true inside the avx2+fma wrapper; codes carry
-                    // CODE_PAD words after the last vector.
-                    unsafe { avx2::code_dots::<R>(codes, w, kq, n, dim, rows.q, &mut dd) };
+                    // SAFETY: AVX (W512) is only true inside the avx2+fma (avx512f) wrapper;
+                    // codes carry CODE_PAD words after the last vector.
+                    let done = W512
+                        && unsafe { avx512::code_dots::<R>(codes, w, kq, n, dim, rows.q, &mut dd) };
+                    if !done {
+                        // SAFETY: as above.
+                        unsafe { avx2::code_dots::<R>(codes, w, kq, n, dim, rows.q, &mut dd) };
+                    }
                 } else {
                     decode_tile::<AVX>(codes, w, kq, n, dim, tile);
                     for (i, d) in dd[..n].iter_mut().enumerate() {
@@ -250,6 +260,12 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
                 norms[..n].iter_mut().for_each(|v| *v = 1.0);
                 for (i, d) in dd[..n].iter_mut().enumerate() {
                     let key = &k[(t + i) * dim..(t + i + 1) * dim];
+                    #[cfg(target_arch = "x86_64")]
+                    if W512 && dim.is_multiple_of(16) {
+                        // SAFETY: W512 is only true inside the avx512f wrapper.
+                        *d = unsafe { avx512::dots::<R>(rows.q, key, dim) };
+                        continue;
+                    }
                     #[cfg(target_arch = "x86_64")]
                     if AVX && dim.is_multiple_of(8) {
                         // SAFETY: AVX is only true inside the avx2+fma wrapper.
@@ -315,9 +331,31 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
                 // SAFETY: AVX is only true inside the avx2+fma wrapper; codes carry CODE_PAD
                 // words after the last vector.
                 if AVX
-                    && unsafe {
-                        avx2::code_accumulate::<R>(codes, w, vq, &s[off..], bs, n, dim, rows.acc)
-                    }
+                    && ((W512
+                        && unsafe {
+                            avx512::code_accumulate::<R>(
+                                codes,
+                                w,
+                                vq,
+                                &s[off..],
+                                bs,
+                                n,
+                                dim,
+                                rows.acc,
+                            )
+                        })
+                        || unsafe {
+                            avx2::code_accumulate::<R>(
+                                codes,
+                                w,
+                                vq,
+                                &s[off..],
+                                bs,
+                                n,
+                                dim,
+                                rows.acc,
+                            )
+                        })
                 {
                     t += n;
                     continue;
@@ -327,6 +365,13 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
             }
             HeadSource::Dense { v, .. } => &v[t * dim..(t + n) * dim],
         };
+        #[cfg(target_arch = "x86_64")]
+        if W512 && dim.is_multiple_of(16) {
+            // SAFETY: W512 is only true inside the avx512f wrapper.
+            unsafe { avx512::accumulate::<R>(&s[off..], bs, values, n, dim, rows.acc) };
+            t += n;
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         if AVX && dim.is_multiple_of(8) {
             // SAFETY: AVX is only true inside the avx2+fma wrapper.
@@ -340,7 +385,7 @@ fn block_generic<M: MulAdd, const AVX: bool, const R: usize>(
 }
 
 macro_rules! dispatch_rows {
-    ($name:ident, $m:ty, $avx:expr) => {
+    ($name:ident, $m:ty, $avx:expr, $w512:expr) => {
         #[inline(always)]
         fn $name(
             src: &HeadSource<'_>,
@@ -351,17 +396,31 @@ macro_rules! dispatch_rows {
             scratch: &mut Scratch,
         ) {
             match rows.limits.len() {
-                1 => block_generic::<$m, $avx, 1>(src, dim, t0, t1, rows, scratch),
-                2 => block_generic::<$m, $avx, 2>(src, dim, t0, t1, rows, scratch),
-                3 => block_generic::<$m, $avx, 3>(src, dim, t0, t1, rows, scratch),
-                _ => block_generic::<$m, $avx, 4>(src, dim, t0, t1, rows, scratch),
+                1 => block_generic::<$m, $avx, $w512, 1>(src, dim, t0, t1, rows, scratch),
+                2 => block_generic::<$m, $avx, $w512, 2>(src, dim, t0, t1, rows, scratch),
+                3 => block_generic::<$m, $avx, $w512, 3>(src, dim, t0, t1, rows, scratch),
+                _ => block_generic::<$m, $avx, $w512, 4>(src, dim, t0, t1, rows, scratch),
             }
         }
     };
 }
 
-dispatch_rows!(block_fused_avx, Fused, true);
-dispatch_rows!(block_plain, Unfused, false);
+dispatch_rows!(block_fused_avx512, Fused, true, true);
+dispatch_rows!(block_fused_avx, Fused, true, false);
+dispatch_rows!(block_plain, Unfused, false, false);
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn block_avx512(
+    src: &HeadSource<'_>,
+    dim: usize,
+    t0: usize,
+    t1: usize,
+    rows: &mut Rows<'_>,
+    scratch: &mut Scratch,
+) {
+    block_fused_avx512(src, dim, t0, t1, rows, scratch)
+}
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -387,6 +446,12 @@ pub(crate) fn attend_block(
     allow_simd: bool,
 ) {
     debug_assert!((1..=MAX_ROWS).contains(&rows.limits.len()));
+    #[cfg(target_arch = "x86_64")]
+    if allow_simd && has_avx512() {
+        // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above).
+        unsafe { block_avx512(src, dim, t0, t1, rows, scratch) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if allow_simd && has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).

@@ -1,0 +1,349 @@
+//! AVX-512 kernels of [`super`]: sixteen codes of 2, 3 or 4 bits come out of two unaligned u32
+//! loads into one register (`vpsrlvd` on the two words broadcast to eight lanes each, then
+//! `vpermps` on a 16-entry level table, which reads exactly the low four bits of each lane, so
+//! no mask and no blend are needed), and feed the score and value FMAs. The dense (exact)
+//! cache gets the same 16-wide dot and accumulate loops. Every function here is
+//! `#[target_feature(enable = "avx512f,avx2,fma")]`; callers check the CPU first and fall
+//! back to the AVX2 kernels where these decline (8-bit codes, `dim` not a multiple of 16).
+
+use super::Quantizer;
+use std::arch::x86_64::*;
+
+/// Lanes of one register.
+const LANES: usize = 16;
+
+/// The levels repeated to 16 entries: `vpermps` indexes with the low four bits of a lane, and
+/// for 2- and 3-bit codes the bits above the code (the next code's) must not matter.
+fn level_table(levels: &[f32]) -> [f32; LANES] {
+    std::array::from_fn(|i| levels[i % levels.len()])
+}
+
+/// Sixteen levels of group `j` (codes `16 j .. 16 j + 16`) of the vector at `src`.
+///
+/// # Safety
+/// `src + j * 2B + B + 4` bytes are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn decode16<const B: usize>(src: *const u8, j: usize, table: __m512) -> __m512 {
+    // Codes 0..8 of the group start at its first byte, codes 8..16 exactly B bytes later.
+    // SAFETY: the caller's contract.
+    let (lo, hi) = unsafe {
+        let at = src.add(j * 2 * B);
+        (
+            (at as *const u32).read_unaligned(),
+            (at.add(B) as *const u32).read_unaligned(),
+        )
+    };
+    let words = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi32(lo as i32)),
+        _mm256_set1_epi32(hi as i32),
+    );
+    let b = B as i32;
+    let shifts = _mm512_setr_epi32(
+        0,
+        b,
+        2 * b,
+        3 * b,
+        4 * b,
+        5 * b,
+        6 * b,
+        7 * b,
+        0,
+        b,
+        2 * b,
+        3 * b,
+        4 * b,
+        5 * b,
+        6 * b,
+        7 * b,
+    );
+    _mm512_permutexvar_ps(_mm512_srlv_epi32(words, shifts), table)
+}
+
+/// The eight sums of `acc` (two tokens x four rows), token-major: `[t0 r0..r3, t1 r0..r3]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn sums_2x4(acc0: &[__m512; 4], acc1: &[__m512; 4]) -> __m256 {
+    let half = |v: __m512| {
+        _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        )
+    };
+    let x = _mm256_hadd_ps(
+        _mm256_hadd_ps(half(acc0[0]), half(acc0[1])),
+        _mm256_hadd_ps(half(acc0[2]), half(acc0[3])),
+    );
+    let y = _mm256_hadd_ps(
+        _mm256_hadd_ps(half(acc1[0]), half(acc1[1])),
+        _mm256_hadd_ps(half(acc1[2]), half(acc1[3])),
+    );
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(x, y),
+        _mm256_permute2f128_ps::<0x31>(x, y),
+    )
+}
+
+/// See [`code_dots`]; bounds are checked there.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn code_dots_b<const R: usize, const B: usize>(
+    codes: &[u32],
+    words: usize,
+    levels: &[f32],
+    n: usize,
+    dim: usize,
+    q: &[f32],
+    out: &mut [[f32; R]],
+) {
+    let groups = dim / LANES;
+    let level_table = level_table(levels);
+    let base = codes.as_ptr() as *const u8;
+    let qp = q.as_ptr();
+    // SAFETY: checked by the caller (`code_dots`).
+    unsafe {
+        let table = _mm512_loadu_ps(level_table.as_ptr());
+        // Two tokens at a time: 2R independent FMA chains, each query load used twice.
+        let mut t = 0;
+        while t + 2 <= n {
+            let src0 = base.add(t * words * 4);
+            let src1 = base.add((t + 1) * words * 4);
+            let mut acc0 = [_mm512_setzero_ps(); R];
+            let mut acc1 = [_mm512_setzero_ps(); R];
+            for j in 0..groups {
+                let v0 = decode16::<B>(src0, j, table);
+                let v1 = decode16::<B>(src1, j, table);
+                for r in 0..R {
+                    let qv = _mm512_loadu_ps(qp.add(r * dim + j * LANES));
+                    acc0[r] = _mm512_fmadd_ps(qv, v0, acc0[r]);
+                    acc1[r] = _mm512_fmadd_ps(qv, v1, acc1[r]);
+                }
+            }
+            if let (Ok(a0), Ok(a1)) = (
+                <&[__m512; 4]>::try_from(&acc0[..]),
+                <&[__m512; 4]>::try_from(&acc1[..]),
+            ) {
+                // out[t] and out[t + 1] are adjacent four-float rows.
+                debug_assert!(t + 2 <= out.len());
+                _mm256_storeu_ps(out.as_mut_ptr().add(t) as *mut f32, sums_2x4(a0, a1));
+            } else {
+                for r in 0..R {
+                    out[t][r] = _mm512_reduce_add_ps(acc0[r]);
+                    out[t + 1][r] = _mm512_reduce_add_ps(acc1[r]);
+                }
+            }
+            t += 2;
+        }
+        if t < n {
+            let src = base.add(t * words * 4);
+            let mut acc = [_mm512_setzero_ps(); R];
+            for j in 0..groups {
+                let v = decode16::<B>(src, j, table);
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(r * dim + j * LANES)), v, *a);
+                }
+            }
+            for r in 0..R {
+                out[t][r] = _mm512_reduce_add_ps(acc[r]);
+            }
+        }
+    }
+}
+
+/// The last byte a 16-wide decode of `n` vectors reads, plus one.
+fn read_end(n: usize, words: usize, bits: usize, dim: usize) -> usize {
+    (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + bits + 4
+}
+
+/// `out[t][r] = <q_r, c(idx[t])>` for `n` packed vectors, decoded in registers. Returns false
+/// (nothing done) unless the codes have 2, 3 or 4 bits and `dim` is a multiple of 16.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) fn code_dots<const R: usize>(
+    codes: &[u32],
+    words: usize,
+    quant: &Quantizer,
+    n: usize,
+    dim: usize,
+    q: &[f32],
+    out: &mut [[f32; R]],
+) -> bool {
+    let bits = quant.bits() as usize;
+    if !(2..=4).contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+        return false;
+    }
+    if n == 0 {
+        return true;
+    }
+    assert!(q.len() >= R * dim && out.len() >= n);
+    assert!(
+        read_end(n, words, bits, dim) <= codes.len() * 4,
+        "code_dots reads past the codes"
+    );
+    let levels = &quant.codebook.levels;
+    // SAFETY: bounds asserted above; the CPU features are this function's own.
+    unsafe {
+        match bits {
+            2 => code_dots_b::<R, 2>(codes, words, levels, n, dim, q, out),
+            3 => code_dots_b::<R, 3>(codes, words, levels, n, dim, q, out),
+            _ => code_dots_b::<R, 4>(codes, words, levels, n, dim, q, out),
+        }
+    }
+    true
+}
+
+/// See [`code_accumulate`]; bounds are checked there.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn code_accumulate_b<const R: usize, const B: usize>(
+    codes: &[u32],
+    words: usize,
+    levels: &[f32],
+    w: &[f32],
+    wstride: usize,
+    n: usize,
+    dim: usize,
+    acc: &mut [f32],
+) {
+    let level_table = level_table(levels);
+    let base = codes.as_ptr() as *const u8;
+    let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: checked by the caller (`code_accumulate`).
+    unsafe {
+        let table = _mm512_loadu_ps(level_table.as_ptr());
+        let mut c = 0;
+        while c < dim {
+            // 32 columns (two registers per row) while they last, then 16.
+            let pair = c + 2 * LANES <= dim;
+            let j = c / LANES;
+            let mut a = [[_mm512_setzero_ps(); 2]; R];
+            for t in 0..n {
+                let src = base.add(t * words * 4);
+                let v0 = decode16::<B>(src, j, table);
+                let v1 = if pair {
+                    decode16::<B>(src, j + 1, table)
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for (r, ar) in a.iter_mut().enumerate() {
+                    let wt = _mm512_set1_ps(*wp.add(r * wstride + t));
+                    ar[0] = _mm512_fmadd_ps(wt, v0, ar[0]);
+                    ar[1] = _mm512_fmadd_ps(wt, v1, ar[1]);
+                }
+            }
+            let width = if pair { 2 } else { 1 };
+            for (r, ar) in a.iter().enumerate() {
+                for (h, v) in ar[..width].iter().enumerate() {
+                    let p = ap.add(r * dim + c + LANES * h);
+                    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), *v));
+                }
+            }
+            c += width * LANES;
+        }
+    }
+}
+
+/// `acc_r += sum_t w[r * wstride + t] * c(idx[t])` over `n` packed vectors decoded in
+/// registers. Returns false (nothing done) unless the codes have 2, 3 or 4 bits and `dim` is a
+/// multiple of 16.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn code_accumulate<const R: usize>(
+    codes: &[u32],
+    words: usize,
+    quant: &Quantizer,
+    w: &[f32],
+    wstride: usize,
+    n: usize,
+    dim: usize,
+    acc: &mut [f32],
+) -> bool {
+    let bits = quant.bits() as usize;
+    if !(2..=4).contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+        return false;
+    }
+    if n == 0 {
+        return true;
+    }
+    assert!(acc.len() >= R * dim);
+    assert!(w.len() >= (R - 1) * wstride + n);
+    assert!(
+        read_end(n, words, bits, dim) <= codes.len() * 4,
+        "code_accumulate reads past the codes"
+    );
+    let levels = &quant.codebook.levels;
+    // SAFETY: bounds asserted above; the CPU features are this function's own.
+    unsafe {
+        match bits {
+            2 => code_accumulate_b::<R, 2>(codes, words, levels, w, wstride, n, dim, acc),
+            3 => code_accumulate_b::<R, 3>(codes, words, levels, w, wstride, n, dim, acc),
+            _ => code_accumulate_b::<R, 4>(codes, words, levels, w, wstride, n, dim, acc),
+        }
+    }
+    true
+}
+
+/// `<q_r, k>` for `R` rows (`dim` a multiple of 16, slices long enough: checked).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) fn dots<const R: usize>(q: &[f32], k: &[f32], dim: usize) -> [f32; R] {
+    assert!(dim.is_multiple_of(LANES) && q.len() >= R * dim && k.len() >= dim);
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    // SAFETY: every load is below R * dim of q and dim of k (asserted).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for c in (0..dim).step_by(LANES) {
+            let kv = _mm512_loadu_ps(kp.add(c));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(r * dim + c)), kv, *a);
+            }
+        }
+        acc.map(|a| _mm512_reduce_add_ps(a))
+    }
+}
+
+/// `acc_r += sum_{t < n} w[r * wstride + t] * tile[t * dim ..]` (`dim` a multiple of 16).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) fn accumulate<const R: usize>(
+    w: &[f32],
+    wstride: usize,
+    tile: &[f32],
+    n: usize,
+    dim: usize,
+    acc: &mut [f32],
+) {
+    if n == 0 {
+        return;
+    }
+    assert!(dim.is_multiple_of(LANES) && tile.len() >= n * dim && acc.len() >= R * dim);
+    assert!(w.len() >= (R - 1) * wstride + n);
+    let (wp, tp, ap) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let mut c = 0;
+        while c < dim {
+            let pair = c + 2 * LANES <= dim;
+            let mut a = [[_mm512_setzero_ps(); 2]; R];
+            for t in 0..n {
+                let v0 = _mm512_loadu_ps(tp.add(t * dim + c));
+                let v1 = if pair {
+                    _mm512_loadu_ps(tp.add(t * dim + c + LANES))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for (r, ar) in a.iter_mut().enumerate() {
+                    let wt = _mm512_set1_ps(*wp.add(r * wstride + t));
+                    ar[0] = _mm512_fmadd_ps(wt, v0, ar[0]);
+                    ar[1] = _mm512_fmadd_ps(wt, v1, ar[1]);
+                }
+            }
+            let width = if pair { 2 } else { 1 };
+            for (r, ar) in a.iter().enumerate() {
+                for (h, v) in ar[..width].iter().enumerate() {
+                    let p = ap.add(r * dim + c + LANES * h);
+                    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), *v));
+                }
+            }
+            c += width * LANES;
+        }
+    }
+}

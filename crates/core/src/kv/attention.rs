@@ -14,7 +14,7 @@
 //! ```
 
 use super::cache::{DenseKvCache, KvCache};
-use super::kernel::{HeadSource, MAX_ROWS, Rows, Scratch, attend_block};
+use super::kernel::{HeadSource, MAX_ROWS, Rows, Scratch, attend_block, rows_per_call};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -215,13 +215,14 @@ fn run<'a>(
             let mut bm = [0.0f32; MAX_ROWS];
             let mut bl = [0.0f32; MAX_ROWS];
             let mut bacc = vec![0.0f32; MAX_ROWS * dim];
-            // Row chunks of up to MAX_ROWS (one position's GQA group when it fits), with the
-            // causal limit of each row; blocks outer so a block's codes stay in cache while
-            // every chunk reads them.
+            // Row chunks of up to `per_call` rows (one position's GQA group when it fits),
+            // with the causal limit of each row; blocks outer so a block's codes stay in cache
+            // while every chunk reads them.
+            let per_call = rows_per_call(opts.simd);
             let chunks: Vec<(usize, Vec<usize>)> = (0..rows)
-                .step_by(MAX_ROWS)
+                .step_by(per_call)
                 .map(|r0| {
-                    let nr = MAX_ROWS.min(rows - r0);
+                    let nr = per_call.min(rows - r0);
                     (
                         r0,
                         (r0..r0 + nr).map(|r| len - tq + r / group + 1).collect(),

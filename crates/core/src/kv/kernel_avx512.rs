@@ -119,13 +119,17 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
                     acc1[r] = _mm512_fmadd_ps(qv, v1, acc1[r]);
                 }
             }
-            if let (Ok(a0), Ok(a1)) = (
-                <&[__m512; 4]>::try_from(&acc0[..]),
-                <&[__m512; 4]>::try_from(&acc1[..]),
-            ) {
-                // out[t] and out[t + 1] are adjacent four-float rows.
+            if R == 4 || R == 8 {
+                // Four rows at a time: [t r0..r3, t+1 r0..r3] per sums_2x4.
                 debug_assert!(t + 2 <= out.len());
-                _mm256_storeu_ps(out.as_mut_ptr().add(t) as *mut f32, sums_2x4(a0, a1));
+                for h in 0..R / 4 {
+                    let a0: &[__m512; 4] = acc0[4 * h..4 * h + 4].try_into().expect("four");
+                    let a1: &[__m512; 4] = acc1[4 * h..4 * h + 4].try_into().expect("four");
+                    let sums = sums_2x4(a0, a1);
+                    let first = out.as_mut_ptr().add(t) as *mut f32;
+                    _mm_storeu_ps(first.add(4 * h), _mm256_castps256_ps128(sums));
+                    _mm_storeu_ps(first.add(R + 4 * h), _mm256_extractf128_ps::<1>(sums));
+                }
             } else {
                 for r in 0..R {
                     out[t][r] = _mm512_reduce_add_ps(acc0[r]);

@@ -94,7 +94,12 @@ impl HostTensor {
         let data = match dtype {
             DType::F32 => TensorData::F32(values.to_vec()),
             DType::F16 => TensorData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
-            DType::BF16 => TensorData::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::BF16 => TensorData::BF16(
+                values
+                    .iter()
+                    .map(|&x| crate::rows::bf16_round(x))
+                    .collect(),
+            ),
             DType::I32 | DType::I64 => {
                 return Err(Error::Unsupported(format!(
                     "cannot store float values as {dtype}"
@@ -171,7 +176,7 @@ impl HostTensor {
         match &self.data {
             TensorData::F32(v) => Ok(v.clone()),
             TensorData::F16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
-            TensorData::BF16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
+            TensorData::BF16(v) => Ok(v.iter().map(|&x| crate::rows::bf16_widen(x)).collect()),
             _ => Err(Error::dtype(name, self.dtype(), "f32, f16 or bf16")),
         }
     }

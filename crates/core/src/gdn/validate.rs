@@ -133,7 +133,16 @@ pub fn widen_into(src: &TensorData, offset: usize, dst: &mut [f32]) {
 /// `x / sqrt(|x|^2 + 1e-6)` in place.
 #[inline]
 pub fn l2_normalize_row(row: &mut [f32]) {
-    let sum: f32 = row.iter().map(|x| x * x).sum();
+    // Eight partial sums, so the reduction vectorises (a single f32 sum stays serial).
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += x * x;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|x| x * x).sum();
+    let sum = lanes.iter().sum::<f32>() + tail;
     let inv = 1.0 / (sum + 1e-6).sqrt();
     row.iter_mut().for_each(|x| *x *= inv);
 }
@@ -218,6 +227,13 @@ pub(crate) fn expect_shape(
 
 /// Fails on the first NaN or infinity in `values`, naming the tensor and the flat index.
 pub fn check_finite(name: &str, values: &[f32]) -> Result<()> {
+    // A branch-free pass that vectorises first; the position is looked for only on failure.
+    let all_finite = values
+        .chunks(256)
+        .all(|chunk| chunk.iter().fold(true, |ok, x| ok & x.is_finite()));
+    if all_finite {
+        return Ok(());
+    }
     match values.iter().position(|x| !x.is_finite()) {
         None => Ok(()),
         Some(i) => Err(Error::InvalidValue(format!(

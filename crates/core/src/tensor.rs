@@ -94,12 +94,9 @@ impl HostTensor {
         let data = match dtype {
             DType::F32 => TensorData::F32(values.to_vec()),
             DType::F16 => TensorData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
-            DType::BF16 => TensorData::BF16(
-                values
-                    .iter()
-                    .map(|&x| crate::rows::bf16_round(x))
-                    .collect(),
-            ),
+            DType::BF16 => {
+                TensorData::BF16(values.iter().map(|&x| crate::rows::bf16_round(x)).collect())
+            }
             DType::I32 | DType::I64 => {
                 return Err(Error::Unsupported(format!(
                     "cannot store float values as {dtype}"

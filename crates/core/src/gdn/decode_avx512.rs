@@ -1,16 +1,77 @@
-//! The single-token decode step on an f32 state slab, in place, with AVX-512 registers.
+//! The single-token decode step on a state slab (f32 or bf16), in place, with AVX-512
+//! registers.
 //!
 //! The same two passes as [`super::recurrent_kernel`] (pass 1 reads the rows for `S^T k` and
 //! `S^T q`; pass 2 rewrites them as `d * S + k v'^T`), over blocks of up to 64 columns: four
 //! 16-lane registers per accumulator row, so pass 1 keeps 8 independent FMA chains busy and a
 //! block of 128 rows (32 KiB) stays in L1 between the passes. Rows are read in place with the
-//! pool's stride, so no copy of the block is made.
+//! pool's stride, so no copy of the block is made; a bf16 pool is widened as it is loaded and
+//! rounded (to nearest even, once) as it is stored.
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps,
-    _mm512_setzero_ps, _mm512_storeu_ps,
-};
+use half::bf16;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// A pool element as sixteen f32 lanes.
+#[cfg(target_arch = "x86_64")]
+pub(super) trait Lanes: Copy {
+    /// # Safety
+    /// AVX-512F; 16 elements readable at `p`.
+    unsafe fn load(p: *const Self) -> __m512;
+    /// # Safety
+    /// AVX-512F; 16 elements writable at `p`.
+    unsafe fn store(p: *mut Self, v: __m512);
+}
+
+/// Elsewhere the trait only marks the pool types.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) trait Lanes: Copy {}
+#[cfg(not(target_arch = "x86_64"))]
+impl Lanes for f32 {}
+#[cfg(not(target_arch = "x86_64"))]
+impl Lanes for half::bf16 {}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for bf16 {
+    #[inline(always)]
+    unsafe fn load(p: *const bf16) -> __m512 {
+        // SAFETY: the caller's contract (16 x 2 bytes); the bf16 bits are the f32's top half.
+        unsafe {
+            let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut bf16, v: __m512) {
+        // The same rounding as `rows::bf16_round`: to nearest even, NaN kept (quiet).
+        // SAFETY: the caller's contract (AVX-512F; 16 x 2 bytes writable).
+        unsafe {
+            let bits = _mm512_castps_si512(v);
+            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+            let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
+            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+            let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(0x40));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            let out = _mm512_mask_blend_epi32(nan, rounded, quiet);
+            _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(out))
+        }
+    }
+}
 
 /// Lanes of one AVX-512 register of f32.
 pub(super) const LANES: usize = 16;
@@ -36,8 +97,8 @@ pub(super) struct StepInputs<'a> {
 /// thread; `s.value` and `out` hold at least `width` elements; `s.q.len() == s.k.len() == K`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn token_f32(
-    state: *mut f32,
+pub(super) unsafe fn token<E: Lanes>(
+    state: *mut E,
     stride: usize,
     width: usize,
     s: StepInputs<'_>,
@@ -56,10 +117,10 @@ pub(super) unsafe fn token_f32(
             };
             let o = &mut out[col..];
             match left {
-                8.. => block::<8>(at, stride, s, o),
-                4..=7 => block::<4>(at, stride, s, o),
-                2 | 3 => block::<2>(at, stride, s, o),
-                _ => block::<1>(at, stride, s, o),
+                8.. => block::<E, 8>(at, stride, s, o),
+                4..=7 => block::<E, 4>(at, stride, s, o),
+                2 | 3 => block::<E, 2>(at, stride, s, o),
+                _ => block::<E, 1>(at, stride, s, o),
             }
         }
         col += match left {
@@ -71,12 +132,12 @@ pub(super) unsafe fn token_f32(
     }
 }
 
-/// One block of `R * LANES` columns (see [`token_f32`]).
+/// One block of `R * LANES` columns (see [`token`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn block<const R: usize>(
-    state: *mut f32,
+unsafe fn block<E: Lanes, const R: usize>(
+    state: *mut E,
     stride: usize,
     s: StepInputs<'_>,
     out: &mut [f32],
@@ -91,7 +152,7 @@ unsafe fn block<const R: usize>(
         for (&ki, &qi) in k.iter().zip(q) {
             let (kb, qb) = (_mm512_set1_ps(ki), _mm512_set1_ps(qi));
             for r in 0..R {
-                let x = _mm512_loadu_ps(row.add(r * LANES));
+                let x = E::load(row.add(r * LANES));
                 sk[r] = _mm512_fmadd_ps(kb, x, sk[r]);
                 sq[r] = _mm512_fmadd_ps(qb, x, sq[r]);
             }
@@ -117,7 +178,7 @@ unsafe fn block<const R: usize>(
             for (r, &nv) in new_value.iter().enumerate() {
                 let p = row.add(r * LANES);
                 let update = _mm512_mul_ps(kb, nv);
-                _mm512_storeu_ps(p, _mm512_fmadd_ps(decay, _mm512_loadu_ps(p), update));
+                E::store(p, _mm512_fmadd_ps(decay, E::load(p), update));
             }
         }
     }

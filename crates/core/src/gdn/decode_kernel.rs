@@ -1,9 +1,9 @@
 //! The decode kernel: runs validated decode inputs over the pool's addressed slots (see
 //! [`super::decode`] for the op's math, layouts and schedule).
 
-use super::decode_avx512::LANES;
+use super::decode_avx512::{LANES, Lanes};
 #[cfg(target_arch = "x86_64")]
-use super::decode_avx512::{StepInputs, token_f32};
+use super::decode_avx512::{StepInputs, token};
 use super::decode_validate::PreparedDecode;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::rows::{bf16_round, bf16_widen};
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// A pool element type: widened to f32 when a block is loaded, rounded once when stored.
 /// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
 /// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
-pub(super) trait PoolElem: Copy + Send + Sync {
+pub(super) trait PoolElem: Copy + Send + Sync + Lanes {
     /// Whether the AVX-512 build of the task is faster for this element type. Measured with
     /// `examples/decode_cpu_time.rs` (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us
     /// (AVX2) -> 206-277 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
@@ -198,8 +198,8 @@ struct Kernel<'a, E> {
     o: DisjointWriter<'a, f32>,
     states: DisjointWriter<'a, f32>,
     with_states: bool,
-    /// One token, no intermediate states, V a multiple of 16 and an AVX-512 CPU: an f32 pool
-    /// runs [`token_f32`] in place.
+    /// One token, no intermediate states, V a multiple of 16 and an AVX-512 CPU: the pool
+    /// (f32 or bf16) runs [`token`] in place.
     avx512_in_place: bool,
     /// Column blocks per task.
     group_len: usize,
@@ -242,9 +242,8 @@ impl<E: PoolElem> Kernel<'_, E> {
         let slab = (slot * heads + head) * kd * vd;
         let key_head = d.key_head_of(head);
         #[cfg(target_arch = "x86_64")]
-        if self.avx512_in_place
-            && let Some(pool) = E::as_f32_ptr(self.pool.as_ptr())
-        {
+        if self.avx512_in_place {
+            let pool = self.pool.as_ptr();
             assert!(slab + kd * vd <= self.pool.len());
             let key_row = row * d.key_heads + key_head;
             let token_head = row * heads + head;
@@ -264,7 +263,7 @@ impl<E: PoolElem> Kernel<'_, E> {
             // rows of (slot, head, this group's columns) are in bounds (checked above) and
             // belong to this task alone (slots are distinct across rows); V is a multiple of
             // LANES, so the group's width is too.
-            unsafe { token_f32(pool.add(slab + col_start), vd, width, inputs, out) };
+            unsafe { token(pool.add(slab + col_start), vd, width, inputs, out) };
             return;
         }
         // A single token on an f32 pool runs in place, without block copies.

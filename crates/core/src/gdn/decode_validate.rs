@@ -7,7 +7,8 @@ use super::decode::{DecodeInputs, Gating};
 use super::gating::fused_gates;
 use super::prefill::GdnOptions;
 use super::validate::{
-    GdnDims, activation_values, check_finite, l2_normalize_row, expect_rank, expect_shape, gate_values, gdn_dims,
+    GdnDims, activation_values, check_finite, expect_rank, expect_shape, gate_values, gdn_dims,
+    l2_normalize_row,
 };
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor};
@@ -167,9 +168,7 @@ pub fn prepare_decode(
     }
     if options.use_qk_l2norm {
         for values in [&mut q_values, &mut k_values] {
-            values
-                .chunks_exact_mut(key_dim)
-                .for_each(l2_normalize_row);
+            values.chunks_exact_mut(key_dim).for_each(l2_normalize_row);
         }
     }
     Ok(PreparedDecode {

@@ -197,3 +197,107 @@ fn bad_inputs_get_one_clear_error_line_and_no_output() {
     assert!(!ok && err.contains("expected 4 dims"), "{err}");
     assert!(!output.exists());
 }
+
+/// A ragged batch padded to T with `seq_lens`: each sequence's output equals a run on that
+/// sequence alone, truncated to its length; NaN padding is never read; bad lengths are errors.
+#[test]
+fn ragged_batch_with_seq_lens_equals_each_sequence_alone() {
+    let d = dir("ragged");
+    let (t, tq, hq, hkv, dim) = (50, 2, 4, 2, 64);
+    let lens = [50usize, 17, 2];
+    let mut rng = Rng::new(11);
+    let q = rng.normal_vec(lens.len() * tq * hq * dim, 1.0);
+    let mut k = rng.normal_vec(lens.len() * t * hkv * dim, 1.0);
+    let mut v = rng.normal_vec(lens.len() * t * hkv * dim, 1.0);
+    let row = hkv * dim;
+    for (b, &len) in lens.iter().enumerate() {
+        // Padding rows hold NaN: reading any of them would poison the output.
+        k[(b * t + len) * row..(b + 1) * t * row].fill(f32::NAN);
+        v[(b * t + len) * row..(b + 1) * t * row].fill(f32::NAN);
+    }
+    let save = |path: &Path,
+                q: &[f32],
+                k: &[f32],
+                v: &[f32],
+                b: usize,
+                t: usize,
+                lens: Option<&[usize]>| {
+        let mut file = TensorFile::new();
+        file.insert(
+            "q",
+            HostTensor::from_f32(vec![b, tq, hq, dim], q.to_vec()).unwrap(),
+        );
+        file.insert(
+            "k",
+            HostTensor::from_f32(vec![b, t, hkv, dim], k.to_vec()).unwrap(),
+        );
+        file.insert(
+            "v",
+            HostTensor::from_f32(vec![b, t, hkv, dim], v.to_vec()).unwrap(),
+        );
+        if let Some(lens) = lens {
+            let lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            file.insert(
+                "seq_lens",
+                HostTensor::from_i32(vec![lens.len()], lens).unwrap(),
+            );
+        }
+        file.save(path).unwrap();
+    };
+    let input = d.join("in.safetensors");
+    save(&input, &q, &k, &v, lens.len(), t, Some(&lens));
+    for mode in [
+        &["--exact"][..],
+        &["--bits-k", "4", "--bits-v", "3", "--seed", "5"],
+    ] {
+        let output = d.join("out.safetensors");
+        let (ok, err) = run(&input, &output, mode);
+        assert!(ok, "{mode:?}: {err}");
+        let file = TensorFile::load(&output).unwrap();
+        let o = file.require("o").unwrap().to_f32_vec("o").unwrap();
+        assert!(
+            o.iter().all(|x| x.is_finite()),
+            "{mode:?}: padding was read"
+        );
+        let mut bytes = 0;
+        for (b, &len) in lens.iter().enumerate() {
+            let alone = d.join(format!("alone{b}.safetensors"));
+            let qs = &q[b * tq * hq * dim..(b + 1) * tq * hq * dim];
+            let held = b * t * row..(b * t + len) * row;
+            save(&alone, qs, &k[held.clone()], &v[held], 1, len, None);
+            let alone_out = d.join(format!("alone{b}-out.safetensors"));
+            let (ok, err) = run(&alone, &alone_out, mode);
+            assert!(ok, "{mode:?} alone {b}: {err}");
+            let single = TensorFile::load(&alone_out).unwrap();
+            bytes += single.metadata["cache_bytes"].parse::<usize>().unwrap();
+            let reference: Vec<f64> = single
+                .require("o")
+                .unwrap()
+                .to_f32_vec("o")
+                .unwrap()
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect();
+            let e = rel_rms(&o[b * tq * hq * dim..(b + 1) * tq * hq * dim], &reference);
+            assert!(e < 1e-6, "{mode:?} sequence {b}: rel_rms {e:.3e}");
+        }
+        assert_eq!(
+            file.metadata["cache_bytes"].parse::<usize>().unwrap(),
+            bytes
+        );
+    }
+    // A length below Tq, above T, or a wrong shape: one error line, no output.
+    for (name, bad) in [
+        ("short", &[50usize, 1, 2][..]),
+        ("long", &[51, 2, 2]),
+        ("shape", &[50, 2]),
+    ] {
+        let input = d.join(format!("{name}.safetensors"));
+        save(&input, &q, &k, &v, lens.len(), t, Some(bad));
+        let output = d.join(format!("{name}-out.safetensors"));
+        let (ok, err) = run(&input, &output, &[]);
+        assert!(!ok && err.lines().count() == 1, "{name}: {err}");
+        assert!(err.contains("seq_lens"), "{name}: {err}");
+        assert!(!output.exists(), "{name}: output written");
+    }
+}

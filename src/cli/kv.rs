@@ -27,8 +27,10 @@ pub enum CodebookArg {
 
 #[derive(Args, Debug)]
 pub struct KvArgs {
-    /// Input safetensors: q [B,Tq,Hq,D], k and v [B,T,Hkv,D] (f32, f16 or bf16); metadata
-    /// `scale` (default D^-0.5). Query i sits at position T - Tq + i.
+    /// Input safetensors: q [B,Tq,Hq,D], k and v [B,T,Hkv,D] (f32, f16 or bf16); optional
+    /// seq_lens [B] (i32/i64, each in Tq..=T) for a ragged batch padded to T; metadata
+    /// `scale` (default D^-0.5). Query i of sequence b sits at position L_b - Tq + i, with
+    /// L_b = seq_lens[b] (or T).
     #[arg(long)]
     pub input: PathBuf,
     /// Output safetensors: o [B,Tq,Hq,D] f32, metadata `cache_bytes`.
@@ -58,7 +60,7 @@ pub struct KvArgs {
     pub device: DeviceArg,
 }
 
-const KNOWN: [&str; 3] = ["q", "k", "v"];
+const KNOWN: [&str; 4] = ["q", "k", "v", "seq_lens"];
 
 pub fn options(args: &KvArgs) -> KvOptions {
     KvOptions {
@@ -95,6 +97,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         q: file.require("q")?,
         k: file.require("k")?,
         v: file.require("v")?,
+        seq_lens: file.get("seq_lens"),
         scale: file.metadata_f32("scale")?,
     };
     let options = options(&args);

@@ -1,7 +1,9 @@
 //! The file-level operation behind `deltakv kv`: validate `q [B, Tq, Hq, D]`,
-//! `k, v [B, T, Hkv, D]` (f32, f16 or bf16), encode k and v into the compressed cache (or a
-//! dense f32 one), attend causally (query i at position T - Tq + i) and return `o` f32.
-//! Validation lives here once; every backend and the CLI share it.
+//! `k, v [B, T, Hkv, D]` (f32, f16 or bf16) and optional `seq_lens [B]`, encode k and v into
+//! the compressed cache (or a dense f32 one), attend causally and return `o` f32. Sequence b
+//! holds `L_b = seq_lens[b]` tokens (T when `seq_lens` is absent; rows past `L_b` are padding,
+//! never read) and its query i sits at position `L_b - Tq + i`. Validation lives here once;
+//! every backend and the CLI share it.
 
 use super::attention::{AttnOptions, attend_compressed, attend_dense};
 use super::cache::{DenseKvCache, KvCache, NormDType};
@@ -16,6 +18,9 @@ pub struct KvInputs<'a> {
     pub q: &'a HostTensor,
     pub k: &'a HostTensor,
     pub v: &'a HostTensor,
+    /// `[B]` i32 or i64, each in `Tq..=T`: a ragged batch padded to T. `None`: every
+    /// sequence holds T tokens.
+    pub seq_lens: Option<&'a HostTensor>,
     pub scale: Option<f32>,
 }
 
@@ -59,11 +64,14 @@ pub struct KvOutput {
 }
 
 /// Validated sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvDims {
     pub batch: usize,
     pub tq: usize,
+    /// T, the padded token axis of k and v.
     pub tokens: usize,
+    /// Tokens held by each sequence (all T without `seq_lens`).
+    pub seq_lens: Vec<usize>,
     pub hq: usize,
     pub hkv: usize,
     pub d: usize,
@@ -82,17 +90,43 @@ fn rank4(name: &str, t: &HostTensor, layout: &str) -> Result<[usize; 4]> {
 }
 
 fn finite(name: &str, values: &[f32]) -> Result<()> {
+    finite_at(name, values, 0)
+}
+
+/// As [`finite`] for a slice starting at flat index `offset` of the tensor.
+fn finite_at(name: &str, values: &[f32], offset: usize) -> Result<()> {
     match values.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
         Some(i) => Err(Error::InvalidValue(format!(
-            "tensor `{name}` holds a non-finite value ({}) at flat index {i}",
-            values[i]
+            "tensor `{name}` holds a non-finite value ({}) at flat index {}",
+            values[i],
+            offset + i
         ))),
     }
 }
 
-/// Checks shapes, dtypes, head counts, Tq <= T, D and the bit widths (values are checked
-/// when widened).
+/// Reads `seq_lens [B]` (i32 or i64) and checks every length is in `Tq..=T`.
+fn ragged_lengths(lens: &HostTensor, batch: usize, tq: usize, t: usize) -> Result<Vec<usize>> {
+    if lens.shape() != [batch] {
+        return Err(Error::shape(
+            "seq_lens",
+            format!("expected [B] = [{batch}], got shape {:?}", lens.shape()),
+        ));
+    }
+    lens.to_i64_vec("seq_lens")?
+        .into_iter()
+        .enumerate()
+        .map(|(b, len)| match usize::try_from(len) {
+            Ok(len) if (tq..=t).contains(&len) => Ok(len),
+            _ => Err(Error::InvalidValue(format!(
+                "seq_lens[{b}] = {len} is outside Tq..=T = {tq}..={t} (a sequence holds at least its Tq new queries and at most the T rows of k and v)"
+            ))),
+        })
+        .collect()
+}
+
+/// Checks shapes, dtypes, head counts, Tq <= T (and `seq_lens`), D and the bit widths
+/// (values are checked when widened).
 pub fn validate(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvDims> {
     let [b, tq, hq, d] = rank4("q", inputs.q, "[B, Tq, Hq, D]")?;
     let [bk, t, hkv, dk] = rank4("k", inputs.k, "[B, T, Hkv, D]")?;
@@ -145,10 +179,15 @@ pub fn validate(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvDims> {
     {
         return Err(Error::InvalidValue(format!("scale {s} is not finite")));
     }
+    let seq_lens = match inputs.seq_lens {
+        None => vec![t; b],
+        Some(lens) => ragged_lengths(lens, b, tq, t)?,
+    };
     Ok(KvDims {
         batch: b,
         tq,
         tokens: t,
+        seq_lens,
         hq,
         hkv,
         d,
@@ -162,10 +201,15 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
     let k = inputs.k.to_f32_vec("k")?;
     let v = inputs.v.to_f32_vec("v")?;
     finite("q", &q)?;
-    finite("k", &k)?;
-    finite("v", &v)?;
-    let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
     let per_seq = dims.tokens * dims.hkv * dims.d;
+    let per_token = dims.hkv * dims.d;
+    // The rows each sequence holds; padding past its length is never read or checked.
+    let held = |b: usize| b * per_seq..b * per_seq + dims.seq_lens[b] * per_token;
+    for b in 0..dims.batch {
+        finite_at("k", &k[held(b)], b * per_seq)?;
+        finite_at("v", &v[held(b)], b * per_seq)?;
+    }
+    let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
     let (o, cache_bytes) = match options.mode {
         KvMode::Compressed { bits_k, bits_v } => {
             let scheme = KvScheme {
@@ -179,8 +223,7 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
             };
             let mut cache = KvCache::new(scheme, dims.batch)?;
             for b in 0..dims.batch {
-                let r = b * per_seq..(b + 1) * per_seq;
-                cache.append(b, &k[r.clone()], &v[r])?;
+                cache.append(b, &k[held(b)], &v[held(b)])?;
             }
             let o = attend_compressed(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
             (o, cache.bytes())
@@ -188,8 +231,7 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
         KvMode::Exact => {
             let mut cache = DenseKvCache::new(dims.d, dims.hkv, dims.batch)?;
             for b in 0..dims.batch {
-                let r = b * per_seq..(b + 1) * per_seq;
-                cache.append(b, &k[r.clone()], &v[r])?;
+                cache.append(b, &k[held(b)], &v[held(b)])?;
             }
             let o = attend_dense(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
             (o, cache.bytes())

@@ -35,9 +35,14 @@ impl MulAdd for Unfused {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum SimdLimit {
+    /// Portable code only.
     Baseline = 0,
+    /// Up to AVX2 + FMA.
     Avx2 = 1,
-    Any = 2,
+    /// Up to AVX-512F (no VBMI or other extensions).
+    Avx512 = 2,
+    /// Everything the CPU has.
+    Any = 3,
 }
 
 static SIMD_LIMIT: std::sync::atomic::AtomicU8 =
@@ -68,12 +73,29 @@ pub(crate) fn has_avx2_fma() -> bool {
     }
 }
 
+/// True when the running CPU has AVX-512 VBMI and VL as well as [`has_avx512`]'s set.
+#[inline]
+pub(crate) fn has_vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        limit_allows(SimdLimit::Any)
+            && has_avx512()
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// True when the running CPU has AVX-512F (as well as AVX2 and FMA).
 #[inline]
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        limit_allows(SimdLimit::Any)
+        limit_allows(SimdLimit::Avx512)
             && std::arch::is_x86_feature_detected!("avx512f")
             && has_avx2_fma()
     }

@@ -154,11 +154,12 @@ fn compressed_path_equals_attention_over_decoded_vectors() {
 
 #[test]
 fn every_simd_level_equals_attention_over_decoded_vectors() {
-    // The AVX2 build and the AVX-512 build (where the CPU has it) of the compressed and dense
-    // paths, at every code width they decode in registers and at d both a multiple of 16 and
-    // not (72, 100: the AVX-512 kernels decline and the AVX2 ones run).
+    // The AVX2 build and the AVX-512 builds (plain and with VBMI, where the CPU has them) of
+    // the compressed and dense paths, at every code width they decode in registers and at d
+    // both a multiple of 16 and not (72, 100: the AVX-512 kernels decline and the AVX2 ones
+    // run).
     use deltakv_core::simd::{SimdLimit, set_simd_limit};
-    for limit in [SimdLimit::Avx2, SimdLimit::Any] {
+    for limit in [SimdLimit::Avx2, SimdLimit::Avx512, SimdLimit::Any] {
         set_simd_limit(limit);
         for (i, &(lens, tq, hq, hkv, d)) in SHAPES.iter().enumerate() {
             let case = Case::new(lens, tq, hq, hkv, d, 700 + i as u64);

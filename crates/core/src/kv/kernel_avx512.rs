@@ -7,6 +7,7 @@
 //! back to the AVX2 kernels where these decline (8-bit codes, `dim` not a multiple of 16).
 
 use super::Quantizer;
+use crate::simd::has_vbmi;
 use std::arch::x86_64::*;
 
 /// Lanes of one register.
@@ -18,13 +19,22 @@ fn level_table(levels: &[f32]) -> [f32; LANES] {
     std::array::from_fn(|i| levels[i % levels.len()])
 }
 
-/// Sixteen levels of group `j` (codes `16 j .. 16 j + 16`) of the vector at `src`.
+/// Sixteen levels of group `j` (codes `16 j .. 16 j + 16`) of the vector at `src`; with
+/// `VBMI`, through [`decode16_vbmi`].
 ///
 /// # Safety
-/// `src + j * 2B + B + 4` bytes are readable.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn decode16<const B: usize>(src: *const u8, j: usize, table: __m512) -> __m512 {
+/// AVX-512F (and AVX-512 VBMI + VL with `VBMI`) in the caller; `src + j * 2B + 8` bytes are
+/// readable.
+#[inline(always)]
+unsafe fn decode16<const B: usize, const VBMI: bool>(
+    src: *const u8,
+    j: usize,
+    table: __m512,
+) -> __m512 {
+    if VBMI {
+        // SAFETY: the caller's contract.
+        return unsafe { decode16_vbmi::<B>(src, j, table) };
+    }
     // Codes 0..8 of the group start at its first byte, codes 8..16 exactly B bytes later.
     // SAFETY: the caller's contract.
     let (lo, hi) = unsafe {
@@ -34,30 +44,70 @@ unsafe fn decode16<const B: usize>(src: *const u8, j: usize, table: __m512) -> _
             (at.add(B) as *const u32).read_unaligned(),
         )
     };
-    let words = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi32(lo as i32)),
-        _mm256_set1_epi32(hi as i32),
-    );
-    let b = B as i32;
-    let shifts = _mm512_setr_epi32(
-        0,
-        b,
-        2 * b,
-        3 * b,
-        4 * b,
-        5 * b,
-        6 * b,
-        7 * b,
-        0,
-        b,
-        2 * b,
-        3 * b,
-        4 * b,
-        5 * b,
-        6 * b,
-        7 * b,
-    );
-    _mm512_permutexvar_ps(_mm512_srlv_epi32(words, shifts), table)
+    // SAFETY (intrinsics): AVX-512F in the caller (the contract).
+    unsafe {
+        let words = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi32(lo as i32)),
+            _mm256_set1_epi32(hi as i32),
+        );
+        let b = B as i32;
+        let shifts = _mm512_setr_epi32(
+            0,
+            b,
+            2 * b,
+            3 * b,
+            4 * b,
+            5 * b,
+            6 * b,
+            7 * b,
+            0,
+            b,
+            2 * b,
+            3 * b,
+            4 * b,
+            5 * b,
+            6 * b,
+            7 * b,
+        );
+        _mm512_permutexvar_ps(_mm512_srlv_epi32(words, shifts), table)
+    }
+}
+
+/// [`decode16`] with AVX-512 VBMI: the group's 16 codes lie in 8 bytes (at most 48 bits
+/// used), broadcast to both halves of an xmm register; `vpmultishiftqb` copies each code's
+/// bit field to its own byte (bits above the code are the next code's, which `vpermps`
+/// ignores), `vpmovzxbd` widens the bytes to lanes. Four instructions instead of seven.
+///
+/// # Safety
+/// As [`decode16`], with VBMI and VL.
+#[inline(always)]
+unsafe fn decode16_vbmi<const B: usize>(src: *const u8, j: usize, table: __m512) -> __m512 {
+    // SAFETY: the caller's contract (8 bytes readable from the group's first byte).
+    let word = unsafe { (src.add(j * 2 * B) as *const u64).read_unaligned() };
+    let b = B as i8;
+    // SAFETY (intrinsics): VBMI, VL and AVX-512F in the caller.
+    unsafe {
+        let control = _mm_setr_epi8(
+            0,
+            b,
+            2 * b,
+            3 * b,
+            4 * b,
+            5 * b,
+            6 * b,
+            7 * b,
+            8 * b,
+            9 * b,
+            10 * b,
+            11 * b,
+            12 * b,
+            13 * b,
+            14 * b,
+            15 * b,
+        );
+        let bytes = _mm_multishift_epi64_epi8(control, _mm_set1_epi64x(word as i64));
+        _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(bytes), table)
+    }
 }
 
 /// The eight sums of `acc` (two tokens x four rows), token-major: `[t0 r0..r3, t1 r0..r3]`.
@@ -84,10 +134,9 @@ fn sums_2x4(acc0: &[__m512; 4], acc1: &[__m512; 4]) -> __m256 {
     )
 }
 
-/// See [`code_dots`]; bounds are checked there.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn code_dots_b<const R: usize, const B: usize>(
+/// See [`code_dots`]; bounds are checked there. Inlined into the two builds below.
+#[inline(always)]
+unsafe fn code_dots_b<const R: usize, const B: usize, const VBMI: bool>(
     codes: &[u32],
     words: usize,
     levels: &[f32],
@@ -111,8 +160,8 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
             let mut acc0 = [_mm512_setzero_ps(); R];
             let mut acc1 = [_mm512_setzero_ps(); R];
             for j in 0..groups {
-                let v0 = decode16::<B>(src0, j, table);
-                let v1 = decode16::<B>(src1, j, table);
+                let v0 = decode16::<B, VBMI>(src0, j, table);
+                let v1 = decode16::<B, VBMI>(src1, j, table);
                 for r in 0..R {
                     let qv = _mm512_loadu_ps(qp.add(r * dim + j * LANES));
                     acc0[r] = _mm512_fmadd_ps(qv, v0, acc0[r]);
@@ -142,7 +191,7 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
             let src = base.add(t * words * 4);
             let mut acc = [_mm512_setzero_ps(); R];
             for j in 0..groups {
-                let v = decode16::<B>(src, j, table);
+                let v = decode16::<B, VBMI>(src, j, table);
                 for (r, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(r * dim + j * LANES)), v, *a);
                 }
@@ -156,8 +205,36 @@ unsafe fn code_dots_b<const R: usize, const B: usize>(
 
 /// The last byte a 16-wide decode of `n` vectors reads, plus one.
 fn read_end(n: usize, words: usize, bits: usize, dim: usize) -> usize {
-    (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + bits + 4
+    (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + 8
 }
+
+/// Generates the two builds of a code kernel: AVX-512F alone, and with VBMI + VL.
+macro_rules! builds {
+    ($body:ident, $plain:ident, $vbmi:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $plain<const R: usize, const B: usize>($($arg: $ty),*) {
+            // SAFETY: forwarded contract; the features are this function's own.
+            unsafe { $body::<R, B, false>($($arg),*) }
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $vbmi<const R: usize, const B: usize>($($arg: $ty),*) {
+            // SAFETY: forwarded contract; the features are this function's own.
+            unsafe { $body::<R, B, true>($($arg),*) }
+        }
+    };
+}
+
+builds!(code_dots_b, code_dots_plain, code_dots_vbmi, (
+    codes: &[u32], words: usize, levels: &[f32], n: usize, dim: usize, q: &[f32],
+    out: &mut [[f32; R]]
+));
+builds!(code_accumulate_b, code_accumulate_plain, code_accumulate_vbmi, (
+    codes: &[u32], words: usize, levels: &[f32], w: &[f32], wstride: usize, n: usize,
+    dim: usize, acc: &mut [f32]
+));
 
 /// `out[t][r] = <q_r, c(idx[t])>` for `n` packed vectors, decoded in registers. Returns false
 /// (nothing done) unless the codes have 2, 3 or 4 bits and `dim` is a multiple of 16.
@@ -184,22 +261,24 @@ pub(super) fn code_dots<const R: usize>(
         "code_dots reads past the codes"
     );
     let levels = &quant.codebook.levels;
-    // SAFETY: bounds asserted above; the CPU features are this function's own.
+    // SAFETY: bounds asserted above; AVX-512F is this function's own, VBMI + VL checked.
     unsafe {
-        match bits {
-            2 => code_dots_b::<R, 2>(codes, words, levels, n, dim, q, out),
-            3 => code_dots_b::<R, 3>(codes, words, levels, n, dim, q, out),
-            _ => code_dots_b::<R, 4>(codes, words, levels, n, dim, q, out),
+        match (bits, has_vbmi()) {
+            (2, true) => code_dots_vbmi::<R, 2>(codes, words, levels, n, dim, q, out),
+            (3, true) => code_dots_vbmi::<R, 3>(codes, words, levels, n, dim, q, out),
+            (_, true) => code_dots_vbmi::<R, 4>(codes, words, levels, n, dim, q, out),
+            (2, false) => code_dots_plain::<R, 2>(codes, words, levels, n, dim, q, out),
+            (3, false) => code_dots_plain::<R, 3>(codes, words, levels, n, dim, q, out),
+            (_, false) => code_dots_plain::<R, 4>(codes, words, levels, n, dim, q, out),
         }
     }
     true
 }
 
-/// See [`code_accumulate`]; bounds are checked there.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// See [`code_accumulate`]; bounds are checked there. Inlined into the two builds below.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn code_accumulate_b<const R: usize, const B: usize>(
+unsafe fn code_accumulate_b<const R: usize, const B: usize, const VBMI: bool>(
     codes: &[u32],
     words: usize,
     levels: &[f32],
@@ -223,9 +302,9 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize>(
             let mut a = [[_mm512_setzero_ps(); 2]; R];
             for t in 0..n {
                 let src = base.add(t * words * 4);
-                let v0 = decode16::<B>(src, j, table);
+                let v0 = decode16::<B, VBMI>(src, j, table);
                 let v1 = if pair {
-                    decode16::<B>(src, j + 1, table)
+                    decode16::<B, VBMI>(src, j + 1, table)
                 } else {
                     _mm512_setzero_ps()
                 };
@@ -276,12 +355,16 @@ pub(super) fn code_accumulate<const R: usize>(
         "code_accumulate reads past the codes"
     );
     let levels = &quant.codebook.levels;
-    // SAFETY: bounds asserted above; the CPU features are this function's own.
+    let (l, ws, a) = (levels, wstride, acc);
+    // SAFETY: bounds asserted above; AVX-512F is this function's own, VBMI + VL checked.
     unsafe {
-        match bits {
-            2 => code_accumulate_b::<R, 2>(codes, words, levels, w, wstride, n, dim, acc),
-            3 => code_accumulate_b::<R, 3>(codes, words, levels, w, wstride, n, dim, acc),
-            _ => code_accumulate_b::<R, 4>(codes, words, levels, w, wstride, n, dim, acc),
+        match (bits, has_vbmi()) {
+            (2, true) => code_accumulate_vbmi::<R, 2>(codes, words, l, w, ws, n, dim, a),
+            (3, true) => code_accumulate_vbmi::<R, 3>(codes, words, l, w, ws, n, dim, a),
+            (_, true) => code_accumulate_vbmi::<R, 4>(codes, words, l, w, ws, n, dim, a),
+            (2, false) => code_accumulate_plain::<R, 2>(codes, words, l, w, ws, n, dim, a),
+            (3, false) => code_accumulate_plain::<R, 3>(codes, words, l, w, ws, n, dim, a),
+            (_, false) => code_accumulate_plain::<R, 4>(codes, words, l, w, ws, n, dim, a),
         }
     }
     true

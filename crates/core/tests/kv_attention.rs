@@ -1,6 +1,7 @@
 //! Attention over the compressed and dense KV caches against the f64 oracle, on fresh random
 //! inputs at odd shapes (d = 64, 72, 80, 96, 100, 128, 192, 256, Tq = 1 and > 1, GQA ratios, ragged batches).
 
+use deltakv_core::kv::codebook::CodebookKind;
 use deltakv_core::kv::oracle::{OracleDims, attention_reference};
 use deltakv_core::kv::{
     AttnOptions, DenseKvCache, KvCache, KvScheme, NormDType, attend_compressed, attend_dense,
@@ -173,14 +174,21 @@ fn every_simd_level_equals_attention_over_decoded_vectors() {
             );
             let err = rel_rms(&dense.unwrap(), &case.reference());
             assert!(err < 2e-6, "{limit:?} shape {i}: dense rel_rms {err:.3e}");
-            for (bits_k, bits_v) in [(4, 2), (3, 4), (2, 3)] {
-                let cache = case.compressed(KvScheme::new(d, hkv, bits_k, bits_v), 37);
+            for (bits_k, bits_v, book) in [
+                (4, 2, CodebookKind::LloydMax),
+                (3, 4, CodebookKind::LloydMax),
+                (2, 3, CodebookKind::LloydMax),
+                (4, 3, CodebookKind::Aura),
+            ] {
+                let mut scheme = KvScheme::new(d, hkv, bits_k, bits_v);
+                scheme.codebook = book;
+                let cache = case.compressed(scheme, 37);
                 let out =
                     attend_compressed(&cache, &case.q, tq, hq, case.scale, &opts(96, None, true));
                 let err = rel_rms(&out.unwrap(), &case.decoded_reference(&cache));
                 assert!(
                     err < 5e-6,
-                    "{limit:?} shape {i} bits {bits_k}/{bits_v}: vs decoded oracle {err:.3e}"
+                    "{limit:?} shape {i} bits {bits_k}/{bits_v} {book:?}: vs decoded oracle {err:.3e}"
                 );
             }
         }

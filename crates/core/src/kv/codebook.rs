@@ -27,7 +27,8 @@ pub enum CodebookKind {
     /// Lloyd-Max levels for the exact coordinate law at this d (computed, cached).
     #[default]
     LloydMax,
-    /// AURA's published d = 128 tables (as used by metaltile). Not bundled in this build.
+    /// AURA's published d = 128 tables (as used by metaltile), scaled by `sqrt(128 / d)`
+    /// at other d as AURA does (see [`super::aura`]).
     Aura,
 }
 
@@ -333,32 +334,64 @@ fn lloyd_max_levels(dim: usize, bits: u32) -> (Vec<f64>, f64) {
     (levels, mse)
 }
 
+/// Expected per-coordinate squared error of any ascending `levels` (nearest-level cells)
+/// under the coordinate law at `dim`.
+pub(crate) fn distortion(dim: usize, levels: &[f32]) -> f64 {
+    let moments = Moments::new(dim);
+    let mut edges = vec![-1.0f64];
+    edges.extend(
+        levels
+            .windows(2)
+            .map(|w| 0.5 * (f64::from(w[0]) + f64::from(w[1]))),
+    );
+    edges.push(1.0);
+    let cum: Vec<_> = edges.iter().map(|&e| moments.at(e)).collect();
+    cum.windows(2)
+        .zip(levels)
+        .map(|(w, &c)| {
+            let c = f64::from(c);
+            let (m0, m1, m2) = (w[1].0 - w[0].0, w[1].1 - w[0].1, w[1].2 - w[0].2);
+            m2 - 2.0 * c * m1 + c * c * m0
+        })
+        .sum()
+}
+
 fn build(dim: usize, bits: u32) -> Codebook {
     let (levels64, mse) = lloyd_max_levels(dim, bits);
     let levels: Vec<f32> = levels64.iter().map(|&c| c as f32).collect();
-    let boundaries: Vec<f32> = levels.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
-    let mut book = Codebook {
-        dim,
-        bits,
-        levels,
-        boundaries,
-        mse,
-        grid: Vec::new(),
-        grid_step: 0.0,
-    };
-    if bits >= 6 {
-        let lo = book.boundaries[0];
-        let hi = book.boundaries[book.boundaries.len() - 1];
-        book.grid_step = (hi - lo) / GRID_CELLS as f32;
-        book.grid = (0..GRID_CELLS)
-            .map(|g| {
-                // The cell of the grid point itself, minus one for rounding safety.
-                let y = lo + g as f32 * book.grid_step;
-                book.nearest_search(y).saturating_sub(1) as u16
-            })
-            .collect();
+    Codebook::from_levels(dim, bits, levels, mse)
+}
+
+impl Codebook {
+    /// A codebook from ascending `levels` (`2^bits` of them) whose distortion is `mse`:
+    /// boundaries at the midpoints, and the search grid for wide codebooks.
+    pub(crate) fn from_levels(dim: usize, bits: u32, levels: Vec<f32>, mse: f64) -> Codebook {
+        debug_assert_eq!(levels.len(), 1 << bits);
+        debug_assert!(levels.windows(2).all(|w| w[0] < w[1]));
+        let boundaries: Vec<f32> = levels.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
+        let mut book = Codebook {
+            dim,
+            bits,
+            levels,
+            boundaries,
+            mse,
+            grid: Vec::new(),
+            grid_step: 0.0,
+        };
+        if bits >= 6 {
+            let lo = book.boundaries[0];
+            let hi = book.boundaries[book.boundaries.len() - 1];
+            book.grid_step = (hi - lo) / GRID_CELLS as f32;
+            book.grid = (0..GRID_CELLS)
+                .map(|g| {
+                    // The cell of the grid point itself, minus one for rounding safety.
+                    let y = lo + g as f32 * book.grid_step;
+                    book.nearest_search(y).saturating_sub(1) as u16
+                })
+                .collect();
+        }
+        book
     }
-    book
 }
 
 type Cache = Mutex<HashMap<(usize, u32), Arc<Codebook>>>;
@@ -394,10 +427,6 @@ fn poisoned<T>(_: T) -> Error {
 pub fn codebook(kind: CodebookKind, dim: usize, bits: u32) -> Result<Arc<Codebook>> {
     match kind {
         CodebookKind::LloydMax => lloyd_max(dim, bits),
-        CodebookKind::Aura => Err(Error::Unsupported(
-            "the `aura` codebook: AURA's published d=128 tables are not bundled in this build \
-             (use lloyd-max, which is the same construction computed for any d)"
-                .into(),
-        )),
+        CodebookKind::Aura => super::aura::aura(dim, bits),
     }
 }

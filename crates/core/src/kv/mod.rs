@@ -31,6 +31,7 @@
 //! * [`op`]: the file-level operation behind `deltakv kv` (validate, encode, attend).
 
 pub mod attention;
+pub mod aura;
 pub mod cache;
 pub mod codebook;
 pub mod codec;

@@ -21,7 +21,7 @@ pub enum CodebookArg {
     /// Lloyd-Max levels for the coordinate law at this head dim.
     #[default]
     LloydMax,
-    /// AURA's published d=128 tables (not bundled in this build).
+    /// AURA's published d=128 tables (scaled by sqrt(128/d) at other d; for compatibility).
     Aura,
 }
 

@@ -179,6 +179,7 @@ fn every_simd_level_equals_attention_over_decoded_vectors() {
                 (3, 4, CodebookKind::LloydMax),
                 (2, 3, CodebookKind::LloydMax),
                 (4, 3, CodebookKind::Aura),
+                (8, 2, CodebookKind::LloydMax),
             ] {
                 let mut scheme = KvScheme::new(d, hkv, bits_k, bits_v);
                 scheme.codebook = book;

@@ -1,10 +1,11 @@
 //! AVX-512 kernels of [`super`]: sixteen codes of 2, 3 or 4 bits come out of two unaligned u32
 //! loads into one register (`vpsrlvd` on the two words broadcast to eight lanes each, then
 //! `vpermps` on a 16-entry level table, which reads exactly the low four bits of each lane, so
-//! no mask and no blend are needed), and feed the score and value FMAs. The dense (exact)
+//! no mask and no blend are needed), and feed the score and value FMAs; 8-bit codes are
+//! widened from 16 bytes and gathered from the 256 levels. The dense (exact)
 //! cache gets the same 16-wide dot and accumulate loops. Every function here is
 //! `#[target_feature(enable = "avx512f,avx2,fma")]`; callers check the CPU first and fall
-//! back to the AVX2 kernels where these decline (8-bit codes, `dim` not a multiple of 16).
+//! back to the AVX2 kernels where these decline (`dim` not a multiple of 16).
 
 use super::Quantizer;
 use crate::simd::has_vbmi;
@@ -12,6 +13,14 @@ use std::arch::x86_64::*;
 
 /// Lanes of one register.
 const LANES: usize = 16;
+
+/// The level table of one quantizer: 16 entries in a register for codes of up to 4 bits, and
+/// the levels themselves for 8-bit codes, which are gathered.
+#[derive(Clone, Copy)]
+struct Table {
+    register: __m512,
+    levels: *const f32,
+}
 
 /// The levels repeated to 16 entries: `vpermps` indexes with the low four bits of a lane, and
 /// for 2- and 3-bit codes the bits above the code (the next code's) must not matter.
@@ -24,13 +33,22 @@ fn level_table(levels: &[f32]) -> [f32; LANES] {
 ///
 /// # Safety
 /// AVX-512F (and AVX-512 VBMI + VL with `VBMI`) in the caller; `src + j * 2B + 8` bytes are
-/// readable.
+/// readable (`src + 16 j + 16` for 8-bit codes), and `table.levels` holds 256 levels then.
 #[inline(always)]
 unsafe fn decode16<const B: usize, const VBMI: bool>(
     src: *const u8,
     j: usize,
-    table: __m512,
+    table: Table,
 ) -> __m512 {
+    if B == 8 {
+        // One byte per code: widen 16 bytes to lanes and gather from the 256 levels (1 KiB,
+        // in L1). SAFETY: the caller's contract (16 bytes readable at the group).
+        return unsafe {
+            let bytes = _mm_loadu_si128(src.add(j * LANES) as *const __m128i);
+            _mm512_i32gather_ps::<4>(_mm512_cvtepu8_epi32(bytes), table.levels)
+        };
+    }
+    let table = table.register;
     if VBMI {
         // SAFETY: the caller's contract.
         return unsafe { decode16_vbmi::<B>(src, j, table) };
@@ -151,7 +169,10 @@ unsafe fn code_dots_b<const R: usize, const B: usize, const VBMI: bool>(
     let qp = q.as_ptr();
     // SAFETY: checked by the caller (`code_dots`).
     unsafe {
-        let table = _mm512_loadu_ps(level_table.as_ptr());
+        let table = Table {
+            register: _mm512_loadu_ps(level_table.as_ptr()),
+            levels: levels.as_ptr(),
+        };
         // Two tokens at a time: 2R independent FMA chains, each query load used twice.
         let mut t = 0;
         while t + 2 <= n {
@@ -205,7 +226,7 @@ unsafe fn code_dots_b<const R: usize, const B: usize, const VBMI: bool>(
 
 /// The last byte a 16-wide decode of `n` vectors reads, plus one.
 fn read_end(n: usize, words: usize, bits: usize, dim: usize) -> usize {
-    (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + 8
+    (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + if bits == 8 { 16 } else { 8 }
 }
 
 /// Generates the two builds of a code kernel: AVX-512F alone, and with VBMI + VL.
@@ -237,7 +258,7 @@ builds!(code_accumulate_b, code_accumulate_plain, code_accumulate_vbmi, (
 ));
 
 /// `out[t][r] = <q_r, c(idx[t])>` for `n` packed vectors, decoded in registers. Returns false
-/// (nothing done) unless the codes have 2, 3 or 4 bits and `dim` is a multiple of 16.
+/// (nothing done) unless the codes have 2, 3, 4 or 8 bits and `dim` is a multiple of 16.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) fn code_dots<const R: usize>(
     codes: &[u32],
@@ -249,7 +270,7 @@ pub(super) fn code_dots<const R: usize>(
     out: &mut [[f32; R]],
 ) -> bool {
     let bits = quant.bits() as usize;
-    if !(2..=4).contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+    if ![2, 3, 4, 8].contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
         return false;
     }
     if n == 0 {
@@ -266,10 +287,11 @@ pub(super) fn code_dots<const R: usize>(
         match (bits, has_vbmi()) {
             (2, true) => code_dots_vbmi::<R, 2>(codes, words, levels, n, dim, q, out),
             (3, true) => code_dots_vbmi::<R, 3>(codes, words, levels, n, dim, q, out),
-            (_, true) => code_dots_vbmi::<R, 4>(codes, words, levels, n, dim, q, out),
+            (8, _) => code_dots_plain::<R, 8>(codes, words, levels, n, dim, q, out),
+            (4, true) => code_dots_vbmi::<R, 4>(codes, words, levels, n, dim, q, out),
             (2, false) => code_dots_plain::<R, 2>(codes, words, levels, n, dim, q, out),
             (3, false) => code_dots_plain::<R, 3>(codes, words, levels, n, dim, q, out),
-            (_, false) => code_dots_plain::<R, 4>(codes, words, levels, n, dim, q, out),
+            _ => code_dots_plain::<R, 4>(codes, words, levels, n, dim, q, out),
         }
     }
     true
@@ -293,7 +315,10 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize, const VBMI: bool>(
     let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
     // SAFETY: checked by the caller (`code_accumulate`).
     unsafe {
-        let table = _mm512_loadu_ps(level_table.as_ptr());
+        let table = Table {
+            register: _mm512_loadu_ps(level_table.as_ptr()),
+            levels: levels.as_ptr(),
+        };
         let mut c = 0;
         while c < dim {
             // 32 columns (two registers per row) while they last, then 16.
@@ -327,7 +352,7 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize, const VBMI: bool>(
 }
 
 /// `acc_r += sum_t w[r * wstride + t] * c(idx[t])` over `n` packed vectors decoded in
-/// registers. Returns false (nothing done) unless the codes have 2, 3 or 4 bits and `dim` is a
+/// registers. Returns false (nothing done) unless the codes have 2, 3, 4 or 8 bits and `dim` is a
 /// multiple of 16.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -342,7 +367,7 @@ pub(super) fn code_accumulate<const R: usize>(
     acc: &mut [f32],
 ) -> bool {
     let bits = quant.bits() as usize;
-    if !(2..=4).contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+    if ![2, 3, 4, 8].contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
         return false;
     }
     if n == 0 {
@@ -361,10 +386,11 @@ pub(super) fn code_accumulate<const R: usize>(
         match (bits, has_vbmi()) {
             (2, true) => code_accumulate_vbmi::<R, 2>(codes, words, l, w, ws, n, dim, a),
             (3, true) => code_accumulate_vbmi::<R, 3>(codes, words, l, w, ws, n, dim, a),
-            (_, true) => code_accumulate_vbmi::<R, 4>(codes, words, l, w, ws, n, dim, a),
+            (8, _) => code_accumulate_plain::<R, 8>(codes, words, l, w, ws, n, dim, a),
+            (4, true) => code_accumulate_vbmi::<R, 4>(codes, words, l, w, ws, n, dim, a),
             (2, false) => code_accumulate_plain::<R, 2>(codes, words, l, w, ws, n, dim, a),
             (3, false) => code_accumulate_plain::<R, 3>(codes, words, l, w, ws, n, dim, a),
-            (_, false) => code_accumulate_plain::<R, 4>(codes, words, l, w, ws, n, dim, a),
+            _ => code_accumulate_plain::<R, 4>(codes, words, l, w, ws, n, dim, a),
         }
     }
     true

@@ -1,6 +1,7 @@
 //! Measures one GDN decode step by process CPU time (robust on a busy machine):
 //! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters] [f32|bf16]`.
-//! Run with RAYON_NUM_THREADS=1 for per-core cost; HEADS=n sets the value heads (key heads n/2).
+//! Run with RAYON_NUM_THREADS=1 for per-core cost; HEADS=n sets the value heads (key heads n/2),
+//! TOKENS=t the tokens per sequence (default 1).
 
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions, gdn_decode};
@@ -17,7 +18,11 @@ fn main() -> deltakv_core::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(32);
-    let mut spec = DecodeSpec::new(batch, 1, value_heads / 2, value_heads, 128, 128);
+    let tokens: usize = std::env::var("TOKENS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let mut spec = DecodeSpec::new(batch, tokens, value_heads / 2, value_heads, 128, 128);
     if args.get(3).map(String::as_str) == Some("bf16") {
         spec.pool_dtype = deltakv_core::DType::BF16;
     }
@@ -49,7 +54,7 @@ fn main() -> deltakv_core::Result<()> {
     let cpu = (cpu_seconds() - start) / iters as f64;
     let wall = wall.elapsed().as_secs_f64() / iters as f64;
     println!(
-        "decode B={batch}: {:.1} us CPU, {:.1} us wall per step",
+        "decode B={batch} T={tokens}: {:.1} us CPU, {:.1} us wall per step",
         cpu * 1e6,
         wall * 1e6
     );

@@ -606,13 +606,16 @@ fn every_simd_dispatch_level_matches_the_oracle() {
     use deltakv_core::simd::{SimdLimit, set_simd_limit};
     for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
         set_simd_limit(limit);
-        // V = 112 and 48 exercise the AVX-512 in-place step's 64-, 32- and 16-column blocks.
+        // V = 112 and 48 exercise the AVX-512 step's 64-, 32- and 16-column blocks, in place
+        // (f32, any T) and through a contiguous block (bf16, T > 1).
         for (tokens, pool_dtype, value_dim) in [
             (1, DType::F32, 64),
             (1, DType::F32, 112),
             (1, DType::F32, 48),
             (1, DType::BF16, 64),
             (5, DType::F32, 64),
+            (5, DType::F32, 112),
+            (3, DType::BF16, 112),
         ] {
             let mut spec = DecodeSpec::new(3, tokens, 1, 2, 64, value_dim);
             spec.pool_dtype = pool_dtype;

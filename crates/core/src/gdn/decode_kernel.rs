@@ -1,97 +1,18 @@
 //! The decode kernel: runs validated decode inputs over the pool's addressed slots (see
 //! [`super::decode`] for the op's math, layouts and schedule).
 
-use super::decode_avx512::{LANES, Lanes};
+use super::decode_avx512::LANES;
 #[cfg(target_arch = "x86_64")]
 use super::decode_avx512::{StepInputs, token};
+use super::decode_pool::PoolElem;
 use super::decode_validate::PreparedDecode;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
-use crate::rows::{bf16_round, bf16_widen};
 use crate::simd::{DisjointWriter, Fused, MulAdd, Unfused, has_avx2_fma};
 use crate::tensor::{DType, HostTensor};
-use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A pool element type: widened to f32 when a block is loaded, rounded once when stored.
-/// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
-/// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
-pub(super) trait PoolElem: Copy + Send + Sync + Lanes {
-    /// Whether the AVX-512 build of the task is faster for this element type. Measured with
-    /// `examples/decode_cpu_time.rs` (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us
-    /// (AVX2) -> 206-277 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
-    /// (AVX2) -> 248-268 us (AVX-512), so f32 stays on AVX2.
-    const PREFERS_AVX512: bool;
-    /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).
-    fn as_f32_ptr(ptr: *mut Self) -> Option<*mut f32>;
-    fn widen(src: &[Self], dst: &mut [f32; BLOCK]);
-    fn narrow(src: &[f32; BLOCK], dst: &mut [Self]);
-}
-
-impl PoolElem for f32 {
-    const PREFERS_AVX512: bool = false;
-    fn as_f32_ptr(ptr: *mut f32) -> Option<*mut f32> {
-        Some(ptr)
-    }
-    #[inline(always)]
-    fn widen(src: &[f32], dst: &mut [f32; BLOCK]) {
-        if let Ok(full) = <&[f32; BLOCK]>::try_from(src) {
-            *dst = *full;
-        } else {
-            dst[..src.len()].copy_from_slice(src);
-            dst[src.len()..].fill(0.0);
-        }
-    }
-    #[inline(always)]
-    fn narrow(src: &[f32; BLOCK], dst: &mut [f32]) {
-        if let Ok(full) = <&mut [f32; BLOCK]>::try_from(&mut *dst) {
-            // Eight-wide pieces: a whole-array assignment here became a `memcpy` call.
-            for (d, s) in full.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
-                let piece: [f32; 8] = s.try_into().expect("eight");
-                d.copy_from_slice(&piece);
-            }
-        } else {
-            let width = dst.len();
-            dst.copy_from_slice(&src[..width]);
-        }
-    }
-}
-
-impl PoolElem for bf16 {
-    const PREFERS_AVX512: bool = true;
-    fn as_f32_ptr(_: *mut bf16) -> Option<*mut f32> {
-        None
-    }
-    #[inline(always)]
-    fn widen(src: &[bf16], dst: &mut [f32; BLOCK]) {
-        if let Ok(full) = <&[bf16; BLOCK]>::try_from(src) {
-            // SAFETY: `bf16` is `repr(transparent)` over `u16`. Widening plain integers lets
-            // the loop vectorise (it stayed scalar through `bf16::to_bits`).
-            let bits = unsafe { &*(full as *const [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
-            for j in 0..BLOCK {
-                dst[j] = f32::from_bits(u32::from(bits[j]) << 16);
-            }
-        } else {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = bf16_widen(s);
-            }
-            dst[src.len()..].fill(0.0);
-        }
-    }
-    #[inline(always)]
-    fn narrow(src: &[f32; BLOCK], dst: &mut [bf16]) {
-        if let Ok(full) = <&mut [bf16; BLOCK]>::try_from(&mut *dst) {
-            // SAFETY: `bf16` is `repr(transparent)` over `u16` (as in `widen`).
-            let bits = unsafe { &mut *(full as *mut [bf16; BLOCK]).cast::<[u16; BLOCK]>() };
-            for j in 0..BLOCK {
-                bits[j] = bf16_round(src[j]).to_bits();
-            }
-        } else {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = bf16_round(s);
-            }
-        }
-    }
-}
+/// Columns per block of the AVX-512 multi-token path: K x 64 f32 = 32 KiB at K = 128.
+const MULTI_WIDTH: usize = 64;
 
 /// Dispatches on the pool's dtype (validated to be f32 or bf16).
 pub(super) fn run_prepared(
@@ -201,6 +122,9 @@ struct Kernel<'a, E> {
     /// One token, no intermediate states, V a multiple of 16 and an AVX-512 CPU: the pool
     /// (f32 or bf16) runs [`token`] in place.
     avx512_in_place: bool,
+    /// AVX-512 and V a multiple of 16, for the other cases (T > 1 or intermediate states):
+    /// [`Self::tokens_avx512`].
+    avx512_blocks: bool,
     /// Column blocks per task.
     group_len: usize,
     /// Column groups per (row, head).
@@ -264,6 +188,18 @@ impl<E: PoolElem> Kernel<'_, E> {
             // belong to this task alone (slots are distinct across rows); V is a multiple of
             // LANES, so the group's width is too.
             unsafe { token(pool.add(slab + col_start), vd, width, inputs, out) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.avx512_blocks {
+            self.tokens_avx512(
+                buffer.as_flattened_mut(),
+                slab,
+                row,
+                head,
+                col_start,
+                col_end,
+            );
             return;
         }
         // A single token on an f32 pool runs in place, without block copies.
@@ -330,6 +266,98 @@ impl<E: PoolElem> Kernel<'_, E> {
                 // SAFETY: as for the load above.
                 let dst = unsafe { self.pool.range(slab + i * vd + col0, width) };
                 E::narrow(src, dst);
+            }
+        }
+    }
+
+    /// Several tokens (or intermediate states) with AVX-512: per block of up to 64 columns,
+    /// the slot's rows are widened into a contiguous K x 64 block (32 KiB: it stays in L1, and
+    /// unlike the strided rows in the pool it spreads over every L1 set), every token runs
+    /// [`token`] on it, the intermediate states are copied out after each token when asked,
+    /// and the block is narrowed back once.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn tokens_avx512(
+        &self,
+        block: &mut [f32],
+        slab: usize,
+        row: usize,
+        head: usize,
+        col_start: usize,
+        col_end: usize,
+    ) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
+        let key_head = d.key_head_of(head);
+        let inputs = |t: usize, col0: usize, width: usize| {
+            let token_row = row * d.tokens + t;
+            let key_row = token_row * d.key_heads + key_head;
+            let token_head = token_row * heads + head;
+            let step = StepInputs {
+                k: &p.k[key_row * kd..][..kd],
+                q: &p.q[key_row * kd..][..kd],
+                value: &p.v[token_head * vd + col0..][..width],
+                decay: self.scalars.decay[token_head],
+                beta: p.beta[token_head],
+                scale: p.scale,
+                key_dot_query: self.scalars.key_dot_query[key_row],
+            };
+            (step, token_head)
+        };
+        if let Some(pool) = E::as_f32_ptr(self.pool.as_ptr()) {
+            // f32: every token sweeps the slab in place with whole-row blocks (the T = 1
+            // step T times). Copying 64-column blocks into a contiguous buffer measured
+            // slower: at these sizes the copies cost more L2 traffic than they save.
+            assert!(slab + kd * vd <= self.pool.len());
+            let width = col_end - col_start;
+            for t in 0..d.tokens {
+                let (step, token_head) = inputs(t, col_start, width);
+                // SAFETY: (token, head, this group's columns) belong to this task alone.
+                let out = unsafe { self.o.range(token_head * vd + col_start, width) };
+                // SAFETY: AVX-512F was checked when `avx512_blocks` was set; the rows of
+                // (slot, head, this group's columns) are in bounds (checked above) and belong
+                // to this task alone; the width is a multiple of 16.
+                unsafe { token(pool.add(slab + col_start), vd, width, step, out) };
+                if self.with_states {
+                    for i in 0..kd {
+                        let at = (token_head * kd + i) * vd + col_start;
+                        // SAFETY: as above, for the slot's row and this token's state.
+                        let src = unsafe { self.pool.range(slab + i * vd + col_start, width) };
+                        let dst = unsafe { self.states.range(at, width) };
+                        E::widen_row(src, dst);
+                    }
+                }
+            }
+            return;
+        }
+        for col0 in (col_start..col_end).step_by(MULTI_WIDTH) {
+            let width = MULTI_WIDTH.min(col_end - col0);
+            let block = &mut block[..kd * width];
+            for (i, dst) in block.chunks_exact_mut(width).enumerate() {
+                // SAFETY: slots are distinct across rows (validated), so (slot, head, this
+                // block's columns) belong to this task alone.
+                E::widen_row(unsafe { self.pool.range(slab + i * vd + col0, width) }, dst);
+            }
+            for t in 0..d.tokens {
+                let (step, token_head) = inputs(t, col0, width);
+                // SAFETY: (token, head, this block's columns) belong to this task alone.
+                let out = unsafe { self.o.range(token_head * vd + col0, width) };
+                // SAFETY: AVX-512F was checked when `avx512_blocks` was set; the block holds
+                // K rows of `width` columns, a multiple of 16 (V is, and groups start at
+                // multiples of 32).
+                unsafe { token(block.as_mut_ptr(), width, width, step, out) };
+                if self.with_states {
+                    for (i, src) in block.chunks_exact(width).enumerate() {
+                        let at = (token_head * kd + i) * vd + col0;
+                        // SAFETY: as above, for the intermediate state of this token.
+                        unsafe { self.states.range(at, width) }.copy_from_slice(src);
+                    }
+                }
+            }
+            for (i, src) in block.chunks_exact(width).enumerate() {
+                // SAFETY: as for the load above.
+                E::narrow_row(src, unsafe { self.pool.range(slab + i * vd + col0, width) });
             }
         }
     }
@@ -508,6 +536,9 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
             && d.tokens == 1
             && states.is_empty()
             && d.value_dim.is_multiple_of(LANES),
+        avx512_blocks: cfg!(target_arch = "x86_64")
+            && crate::simd::has_avx512()
+            && d.value_dim.is_multiple_of(LANES),
         pool: DisjointWriter::new(pool),
         o: DisjointWriter::new(o),
         states: DisjointWriter::new(states),
@@ -517,61 +548,7 @@ fn run_kernel<E: PoolElem>(p: &PreparedDecode, pool: &mut [E], o: &mut [f32], st
     let avx2 = has_avx2_fma();
     for_each_task(
         units * kernel.groups,
-        || vec![[0.0f32; BLOCK]; kd],
+        || vec![[0.0f32; BLOCK]; kd * MULTI_WIDTH.div_ceil(BLOCK)],
         |buffer, task| kernel.run(buffer, task, avx2),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bf16_conversions_match_half() {
-        let mut specials = vec![
-            0.0f32,
-            -0.0,
-            1.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            f32::MAX,
-            f32::MIN_POSITIVE,
-            1.0e-40,
-            // Ties at the rounding point, both parities.
-            f32::from_bits(0x3F80_8000),
-            f32::from_bits(0x3F81_8000),
-            f32::from_bits(0x7F7F_FFFF),
-        ];
-        let mut x = 0x1234_5678u32;
-        for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            specials.push(f32::from_bits(x));
-        }
-        for &v in &specials {
-            let ours = bf16_round(v);
-            let reference = bf16::from_f32(v);
-            if v.is_nan() {
-                assert!(ours.is_nan(), "{v:e}");
-            } else {
-                assert_eq!(ours.to_bits(), reference.to_bits(), "{v:e}");
-            }
-        }
-        let src: Vec<bf16> = specials[..BLOCK]
-            .iter()
-            .map(|&v| bf16::from_f32(v))
-            .collect();
-        let mut wide = [0.0f32; BLOCK];
-        bf16::widen(&src, &mut wide);
-        let mut back = vec![bf16::ZERO; BLOCK];
-        bf16::narrow(&wide, &mut back);
-        for j in 0..BLOCK {
-            assert_eq!(wide[j].to_bits(), src[j].to_f32().to_bits());
-            if !src[j].is_nan() {
-                assert_eq!(back[j].to_bits(), src[j].to_bits());
-            }
-        }
-    }
 }

@@ -23,6 +23,7 @@ pub mod decode;
 mod decode_avx512;
 mod decode_kernel;
 pub mod decode_oracle;
+mod decode_pool;
 pub mod decode_random;
 pub mod decode_validate;
 pub mod gating;

@@ -21,12 +21,13 @@
 //!
 //! and `pool[s, h] <- S` after the last token.
 //!
-//! The kernel splits work over (row, value head, 32-column block) with rayon, so even B = 1
-//! keeps every core busy. Each task loads its block of the slot once (widening bf16 to f32),
-//! runs all T tokens through it in L1 with the shared recurrent step, and stores it once
-//! (rounding to bf16 once): the pool is read once and written once per call, whatever T is.
+//! The kernel splits work over (row, value head, group of columns) with rayon, so even B = 1
+//! keeps every core busy. Each token touches the state once: one read sweep for `S^T k` and
+//! `S^T q`, one in-place update sweep of the rows still in cache. An f32 pool is updated in
+//! place token after token; a bf16 pool is widened into an f32 block once per call, runs all T
+//! tokens there and is rounded back once, so its rounding happens once per call whatever T is.
 //! Everything is validated before the pool is touched, so an error never leaves a partial
-//! update.
+//! update. `docs/gdn-decode.md` has the per-CPU details.
 
 use super::decode_kernel::run_prepared;
 use super::decode_validate::prepare_decode;

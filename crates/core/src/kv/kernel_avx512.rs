@@ -312,24 +312,46 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize, const VBMI: bool>(
 ) {
     let level_table = level_table(levels);
     let base = codes.as_ptr() as *const u8;
-    let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
     // SAFETY: checked by the caller (`code_accumulate`).
     unsafe {
         let table = Table {
             register: _mm512_loadu_ps(level_table.as_ptr()),
             levels: levels.as_ptr(),
         };
+        weighted_sum::<R>(w, wstride, n, dim, acc, |t, group| {
+            decode16::<B, VBMI>(base.add(t * words * 4), group, table)
+        });
+    }
+}
+
+/// `acc_r += sum_{t < n} w[r * wstride + t] * row_t`, where `row(t, g)` gives the 16 columns
+/// of group `g` of row `t`: 32 columns (two registers per row) at a time while they last,
+/// then 16. Shared by the packed-code and the dense value loops.
+///
+/// # Safety
+/// AVX-512F in the caller; `acc` holds `R * dim` and `w` `(R - 1) * wstride + n` floats; `row`
+/// is safe to call for `t < n`, `g < dim / 16`.
+#[inline(always)]
+unsafe fn weighted_sum<const R: usize>(
+    w: &[f32],
+    wstride: usize,
+    n: usize,
+    dim: usize,
+    acc: &mut [f32],
+    row: impl Fn(usize, usize) -> __m512,
+) {
+    let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the caller's contract.
+    unsafe {
         let mut c = 0;
         while c < dim {
-            // 32 columns (two registers per row) while they last, then 16.
             let pair = c + 2 * LANES <= dim;
-            let j = c / LANES;
+            let g = c / LANES;
             let mut a = [[_mm512_setzero_ps(); 2]; R];
             for t in 0..n {
-                let src = base.add(t * words * 4);
-                let v0 = decode16::<B, VBMI>(src, j, table);
+                let v0 = row(t, g);
                 let v1 = if pair {
-                    decode16::<B, VBMI>(src, j + 1, table)
+                    row(t, g + 1)
                 } else {
                     _mm512_setzero_ps()
                 };
@@ -429,34 +451,11 @@ pub(super) fn accumulate<const R: usize>(
     }
     assert!(dim.is_multiple_of(LANES) && tile.len() >= n * dim && acc.len() >= R * dim);
     assert!(w.len() >= (R - 1) * wstride + n);
-    let (wp, tp, ap) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: bounds asserted above.
+    let tp = tile.as_ptr();
+    // SAFETY: bounds asserted above; AVX-512F is this function's own.
     unsafe {
-        let mut c = 0;
-        while c < dim {
-            let pair = c + 2 * LANES <= dim;
-            let mut a = [[_mm512_setzero_ps(); 2]; R];
-            for t in 0..n {
-                let v0 = _mm512_loadu_ps(tp.add(t * dim + c));
-                let v1 = if pair {
-                    _mm512_loadu_ps(tp.add(t * dim + c + LANES))
-                } else {
-                    _mm512_setzero_ps()
-                };
-                for (r, ar) in a.iter_mut().enumerate() {
-                    let wt = _mm512_set1_ps(*wp.add(r * wstride + t));
-                    ar[0] = _mm512_fmadd_ps(wt, v0, ar[0]);
-                    ar[1] = _mm512_fmadd_ps(wt, v1, ar[1]);
-                }
-            }
-            let width = if pair { 2 } else { 1 };
-            for (r, ar) in a.iter().enumerate() {
-                for (h, v) in ar[..width].iter().enumerate() {
-                    let p = ap.add(r * dim + c + LANES * h);
-                    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), *v));
-                }
-            }
-            c += width * LANES;
-        }
+        weighted_sum::<R>(w, wstride, n, dim, acc, |t, group| {
+            _mm512_loadu_ps(tp.add(t * dim + group * LANES))
+        })
     }
 }

@@ -224,6 +224,11 @@ unsafe fn code_dots_b<const R: usize, const B: usize, const VBMI: bool>(
     }
 }
 
+/// Whether these kernels take codes of `bits` at working row length `dim`.
+fn handles(bits: usize, dim: usize) -> bool {
+    [2, 3, 4, 8].contains(&bits) && dim > 0 && dim.is_multiple_of(LANES)
+}
+
 /// The last byte a 16-wide decode of `n` vectors reads, plus one.
 fn read_end(n: usize, words: usize, bits: usize, dim: usize) -> usize {
     (n - 1) * words * 4 + (dim / LANES - 1) * 2 * bits + if bits == 8 { 16 } else { 8 }
@@ -270,7 +275,7 @@ pub(super) fn code_dots<const R: usize>(
     out: &mut [[f32; R]],
 ) -> bool {
     let bits = quant.bits() as usize;
-    if ![2, 3, 4, 8].contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+    if !handles(bits, dim) {
         return false;
     }
     if n == 0 {
@@ -389,7 +394,7 @@ pub(super) fn code_accumulate<const R: usize>(
     acc: &mut [f32],
 ) -> bool {
     let bits = quant.bits() as usize;
-    if ![2, 3, 4, 8].contains(&bits) || dim == 0 || !dim.is_multiple_of(LANES) {
+    if !handles(bits, dim) {
         return false;
     }
     if n == 0 {

@@ -387,3 +387,42 @@ fn nearest_level_is_the_closest_one() {
         }
     }
 }
+
+#[test]
+fn cache_encoding_equals_the_codec_at_every_simd_level() {
+    // The cache encodes through builds compiled for the CPU (AVX-512 where present); its codes
+    // and norms must equal the portable codec's, bit for bit, at power-of-two d (FWHT) and
+    // not (dense rotation), for narrow and 8-bit codes.
+    use deltakv_core::simd::{SimdLimit, set_simd_limit};
+    for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
+        set_simd_limit(limit);
+        for (d, bits_k, bits_v) in [(128, 4, 2), (96, 3, 8), (80, 2, 4)] {
+            let (heads, tokens) = (2, 37);
+            let mut rng = Rng::new(d as u64 + 100 * bits_k as u64);
+            let k = rng.normal_vec(tokens * heads * d, 2.0);
+            let v = rng.normal_vec(tokens * heads * d, 0.5);
+            let mut scheme = KvScheme::new(d, heads, bits_k, bits_v);
+            scheme.seed = 4;
+            let mut cache = KvCache::new(scheme, 1).unwrap();
+            cache.append(0, &k, &v).unwrap();
+            let (kq, vq) = (cache.key_quantizer(), cache.value_quantizer());
+            let (mut scratch, mut codes) = (vec![0.0; d], vec![0u32; d]);
+            for h in 0..heads {
+                let store = cache.head(0, h);
+                for t in 0..tokens {
+                    let x = &k[(t * heads + h) * d..][..d];
+                    let mut words = vec![0u32; kq.words()];
+                    let norm = kq.encode(x, &mut words, &mut scratch, &mut codes);
+                    assert_eq!(&store.k_codes[t * kq.words()..][..kq.words()], &words[..]);
+                    assert_eq!(store.k_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                    let x = &v[(t * heads + h) * d..][..d];
+                    let mut words = vec![0u32; vq.words()];
+                    let norm = vq.encode(x, &mut words, &mut scratch, &mut codes);
+                    assert_eq!(&store.v_codes[t * vq.words()..][..vq.words()], &words[..]);
+                    assert_eq!(store.v_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                }
+            }
+        }
+    }
+    set_simd_limit(SimdLimit::Any);
+}

@@ -136,7 +136,11 @@ fn check_chunk(name: &str, x: &[f32], kv_heads: usize, dim: usize) -> Result<usi
             ),
         ));
     }
-    if let Some(pos) = x.iter().position(|v| !v.is_finite()) {
+    // A branch-free pass that vectorises first; the position is looked for only on failure.
+    let all_finite = x
+        .chunks(1024)
+        .all(|chunk| chunk.iter().fold(true, |ok, v| ok & v.is_finite()));
+    if !all_finite && let Some(pos) = x.iter().position(|v| !v.is_finite()) {
         return Err(Error::InvalidValue(format!(
             "tensor `{name}` holds a non-finite value ({}) at token {}, head {}",
             x[pos],
@@ -145,6 +149,53 @@ fn check_chunk(name: &str, x: &[f32], kv_heads: usize, dim: usize) -> Result<usi
         )));
     }
     Ok(x.len() / row)
+}
+
+/// Encoding one KV head's new tokens (K and V) onto the end of its store.
+struct EncodeJob<'a> {
+    kq: &'a Quantizer,
+    vq: &'a Quantizer,
+    /// `[tokens, heads, d]` new keys and values.
+    k: &'a [f32],
+    v: &'a [f32],
+    heads: usize,
+    head: usize,
+    tokens: usize,
+}
+
+impl EncodeJob<'_> {
+    /// Encodes into the rows after `store.len` (already sized); norms are pushed.
+    #[inline(always)]
+    fn run(&self, store: &mut HeadStore) {
+        let d = self.kq.dim();
+        let (wk, wv) = (self.kq.words(), self.vq.words());
+        let mut scratch = vec![0.0f32; d];
+        let mut codes = vec![0u32; d];
+        let old = store.len;
+        for t in 0..self.tokens {
+            let at = (t * self.heads + self.head) * d;
+            let out = &mut store.k_codes[(old + t) * wk..][..wk];
+            let norm = self
+                .kq
+                .encode(&self.k[at..][..d], out, &mut scratch, &mut codes);
+            store.k_norms.push(norm);
+            let out = &mut store.v_codes[(old + t) * wv..][..wv];
+            let norm = self
+                .vq
+                .encode(&self.v[at..][..d], out, &mut scratch, &mut codes);
+            store.v_norms.push(norm);
+        }
+    }
+
+    /// [`Self::run`] compiled for AVX-512, so the rotation, level search, packing and norms
+    /// (inlined here) vectorise 16 wide. With the vectorised dense rotation and finite check,
+    /// `deltakv bench kv` encode went 71-102k -> 114-125k tokens/s at d = 128 and 17k -> 46-48k
+    /// at d = 96 (dense rotation), 8 KV heads, in alternating runs.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    fn run_avx512(&self, store: &mut HeadStore) {
+        self.run(store)
+    }
 }
 
 impl KvCache {
@@ -215,21 +266,26 @@ impl KvCache {
             .par_iter_mut()
             .enumerate()
             .for_each(|(h, store)| {
-                let mut scratch = vec![0.0f32; d];
-                let mut codes = vec![0u32; d];
                 let old = store.len;
                 store.k_codes.resize((old + n) * wk + CODE_PAD, 0);
                 store.v_codes.resize((old + n) * wv + CODE_PAD, 0);
-                for t in 0..n {
-                    let x = &k[(t * heads + h) * d..][..d];
-                    let out = &mut store.k_codes[(old + t) * wk..][..wk];
-                    let norm = kq.encode(x, out, &mut scratch, &mut codes);
-                    store.k_norms.push(norm);
-                    let x = &v[(t * heads + h) * d..][..d];
-                    let out = &mut store.v_codes[(old + t) * wv..][..wv];
-                    let norm = vq.encode(x, out, &mut scratch, &mut codes);
-                    store.v_norms.push(norm);
+                let job = EncodeJob {
+                    kq,
+                    vq,
+                    k,
+                    v,
+                    heads,
+                    head: h,
+                    tokens: n,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::has_avx512() {
+                    // SAFETY: the CPU supports AVX-512F/BW/VL, AVX2 and FMA (checked).
+                    unsafe { job.run_avx512(store) };
+                    store.len = old + n;
+                    return;
                 }
+                job.run(store);
                 store.len = old + n;
             });
         Ok(())

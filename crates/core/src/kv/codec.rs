@@ -20,9 +20,21 @@ pub fn words_for(dim: usize, bits: u32) -> usize {
 }
 
 /// Packs `codes` (each < 2^bits) LSB-first into `out` (overwritten; `words_for` words).
+#[inline(always)]
 pub fn pack(codes: &[u32], bits: u32, out: &mut [u32]) {
     out.iter_mut().for_each(|w| *w = 0);
     let b = bits as usize;
+    if 32 % b == 0 {
+        // No code straddles a word: each word ORs a fixed number of codes (unrolled).
+        let per_word = 32 / b;
+        for (word, group) in out.iter_mut().zip(codes.chunks(per_word)) {
+            *word = group
+                .iter()
+                .enumerate()
+                .fold(0, |acc, (i, &c)| acc | c << (i * b));
+        }
+        return;
+    }
     for (i, &c) in codes.iter().enumerate() {
         let bit = i * b;
         let (word, shift) = (bit / 32, bit % 32);
@@ -54,6 +66,7 @@ pub fn unpack(words: &[u32], bits: u32, codes: &mut [u32]) {
 }
 
 /// `sum(x^2)` in f32 with eight partial sums.
+#[inline]
 fn sum_squares(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = x.chunks_exact(8);
@@ -93,6 +106,7 @@ impl Quantizer {
 
     /// Encodes `x` (length d) into `out` (`words()` words); returns the stored norm.
     /// `scratch` holds at least d floats. A zero vector stores norm 0.
+    #[inline(always)]
     pub fn encode(
         &self,
         x: &[f32],

@@ -28,6 +28,27 @@ pub struct Rotation {
 }
 
 /// In-place unnormalised fast Walsh-Hadamard transform (length a power of two).
+/// `sum(a * b)` with sixteen partial sums, so the loop vectorises (a single f32 sum is a serial
+/// chain: the dense rotation at d = 96 ran 5x slower per token than the FWHT at d = 128).
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (mut pa, mut pb) = (a.chunks_exact(16), b.chunks_exact(16));
+    for (ca, cb) in (&mut pa).zip(&mut pb) {
+        for ((l, &x), &y) in lanes.iter_mut().zip(ca).zip(cb) {
+            *l += x * y;
+        }
+    }
+    let tail: f32 = pa
+        .remainder()
+        .iter()
+        .zip(pb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
 fn fwht(x: &mut [f32]) {
     let n = x.len();
     let mut h = 1;
@@ -106,6 +127,7 @@ impl Rotation {
     }
 
     /// `y = Pi x`.
+    #[inline(always)]
     pub fn forward(&self, x: &[f32], y: &mut [f32]) {
         let d = self.dim;
         match &self.kind {
@@ -119,7 +141,7 @@ impl Rotation {
             }
             Kind::Dense { matrix } => {
                 for (o, row) in y[..d].iter_mut().zip(matrix.chunks_exact(d)) {
-                    *o = row.iter().zip(x).map(|(m, v)| m * v).sum();
+                    *o = dot_lanes(row, &x[..d]);
                 }
             }
         }

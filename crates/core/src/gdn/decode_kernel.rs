@@ -4,6 +4,8 @@
 use super::decode_avx512::LANES;
 #[cfg(target_arch = "x86_64")]
 use super::decode_avx512::{StepInputs, token};
+#[cfg(target_arch = "x86_64")]
+use super::decode_fused::{FusedTokens, MAX_FUSED, tokens_f32};
 use super::decode_pool::PoolElem;
 use super::decode_validate::PreparedDecode;
 use super::recurrent_kernel::{BLOCK, TokenStep, dot, pad_value, step_block};
@@ -306,28 +308,52 @@ impl<E: PoolElem> Kernel<'_, E> {
             (step, token_head)
         };
         if let Some(pool) = E::as_f32_ptr(self.pool.as_ptr()) {
-            // f32: every token sweeps the slab in place with whole-row blocks (the T = 1
-            // step T times). Copying 64-column blocks into a contiguous buffer measured
-            // slower: at these sizes the copies cost more L2 traffic than they save.
+            // f32: groups of up to MAX_FUSED tokens, each group one read and one write of the
+            // slab in place (`decode_fused`). Copying 64-column blocks into a contiguous buffer
+            // measured slower: at these sizes the copies cost more L2 traffic than they save.
             assert!(slab + kd * vd <= self.pool.len());
             let width = col_end - col_start;
-            for t in 0..d.tokens {
-                let (step, token_head) = inputs(t, col_start, width);
-                // SAFETY: (token, head, this group's columns) belong to this task alone.
-                let out = unsafe { self.o.range(token_head * vd + col_start, width) };
-                // SAFETY: AVX-512F was checked when `avx512_blocks` was set; the rows of
-                // (slot, head, this group's columns) are in bounds (checked above) and belong
-                // to this task alone; the width is a multiple of 16.
-                unsafe { token(pool.add(slab + col_start), vd, width, step, out) };
-                if self.with_states {
-                    for i in 0..kd {
-                        let at = (token_head * kd + i) * vd + col_start;
-                        // SAFETY: as above, for the slot's row and this token's state.
-                        let src = unsafe { self.pool.range(slab + i * vd + col_start, width) };
-                        let dst = unsafe { self.states.range(at, width) };
-                        E::widen_row(src, dst);
+            let mut first = 0;
+            while first < d.tokens {
+                let n = MAX_FUSED.min(d.tokens - first);
+                let (step0, _) = inputs(first, col_start, width);
+                let mut steps = [step0; MAX_FUSED];
+                let mut outs = [std::ptr::null_mut(); MAX_FUSED];
+                let mut states = [std::ptr::null_mut(); MAX_FUSED];
+                for j in 0..n {
+                    let (step, token_head) = inputs(first + j, col_start, width);
+                    steps[j] = step;
+                    // SAFETY: (token, head, this group's columns) belong to this task alone.
+                    outs[j] =
+                        unsafe { self.o.range(token_head * vd + col_start, width) }.as_mut_ptr();
+                    // Row 0 of this token's intermediate state at the group's columns (only
+                    // dereferenced when states are asked for, which sizes the buffer).
+                    states[j] = self
+                        .states
+                        .as_ptr()
+                        .wrapping_add(token_head * kd * vd + col_start);
+                }
+                let mut key_dot_key = [[0.0f32; MAX_FUSED]; MAX_FUSED];
+                let mut key_dot_later_query = [[0.0f32; MAX_FUSED]; MAX_FUSED];
+                for t in 0..n {
+                    for s in 0..t {
+                        key_dot_key[s][t] = dot(steps[s].k, steps[t].k);
+                        key_dot_later_query[s][t] = dot(steps[s].k, steps[t].q);
                     }
                 }
+                let fused = FusedTokens {
+                    steps: &steps[..n],
+                    key_dot_key,
+                    key_dot_later_query,
+                    outs,
+                    states: self.with_states.then_some(states),
+                };
+                // SAFETY: AVX-512F was checked when `avx512_blocks` was set; the rows of
+                // (slot, head, this group's columns) are in bounds (checked above) and belong
+                // to this task alone, as do the same rows of each token's intermediate state
+                // (validated sizes); the width is a multiple of 16.
+                unsafe { tokens_f32(pool.add(slab + col_start), vd, width, &fused) };
+                first += n;
             }
             return;
         }

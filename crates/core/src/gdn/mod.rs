@@ -21,6 +21,8 @@
 
 pub mod decode;
 mod decode_avx512;
+#[cfg(target_arch = "x86_64")]
+mod decode_fused;
 mod decode_kernel;
 pub mod decode_oracle;
 mod decode_pool;

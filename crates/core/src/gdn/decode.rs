@@ -22,10 +22,11 @@
 //! and `pool[s, h] <- S` after the last token.
 //!
 //! The kernel splits work over (row, value head, group of columns) with rayon, so even B = 1
-//! keeps every core busy. Each token touches the state once: one read sweep for `S^T k` and
-//! `S^T q`, one in-place update sweep of the rows still in cache. An f32 pool is updated in
-//! place token after token; a bf16 pool is widened into an f32 block once per call, runs all T
-//! tokens there and is rounded back once, so its rounding happens once per call whatever T is.
+//! keeps every core busy. A call reads each addressed slab and writes it back in place: one
+//! read sweep for `S^T k` and `S^T q`, one update sweep of the rows still in cache, with up to
+//! four tokens fused into each pair of sweeps on an f32 pool. A bf16 pool is widened into an f32
+//! block once per call, runs all T tokens there and is rounded back once, so its rounding
+//! happens once per call whatever T is.
 //! Everything is validated before the pool is touched, so an error never leaves a partial
 //! update. `docs/gdn-decode.md` has the per-CPU details.
 

@@ -2,11 +2,12 @@
 //! registers.
 //!
 //! The same two passes as [`super::recurrent_kernel`] (pass 1 reads the rows for `S^T k` and
-//! `S^T q`; pass 2 rewrites them as `d * S + k v'^T`), over blocks of up to 64 columns: four
-//! 16-lane registers per accumulator row, so pass 1 keeps 8 independent FMA chains busy and a
-//! block of 128 rows (32 KiB) stays in L1 between the passes. Rows are read in place with the
+//! `S^T q`; pass 2 rewrites them as `d * S + k v'^T`), over blocks of up to 128 columns: up to
+//! eight 16-lane registers per accumulator row, so pass 1 keeps 16 independent FMA chains busy
+//! and reads whole rows in order. Pass 2 runs last row first, so the rows pass 1 read last are
+//! still in L1 (a 128 x 128 slab is 64 KiB, more than L1). Rows are read in place with the
 //! pool's stride, so no copy of the block is made; a bf16 pool is widened as it is loaded and
-//! rounded (to nearest even, once) as it is stored.
+//! rounded (to nearest even) as it is stored.
 
 #[cfg(target_arch = "x86_64")]
 use half::bf16;

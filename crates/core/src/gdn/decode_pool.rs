@@ -10,10 +10,12 @@ use half::bf16;
 /// `src`/`dst` hold one block row of `width <= BLOCK` columns; the full-width case is written
 /// with fixed-size arrays so it compiles to a few vector moves rather than a `memcpy` call.
 pub(crate) trait PoolElem: Copy + Send + Sync + Lanes {
-    /// Whether the AVX-512 build of the task is faster for this element type. Measured with
-    /// `examples/decode_cpu_time.rs` (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us
-    /// (AVX2) -> 206-277 us (AVX-512), its conversions being the work; an f32 pool 207-222 us
-    /// (AVX2) -> 248-268 us (AVX-512), so f32 stays on AVX2.
+    /// Whether the compiler-vectorised task (the 32-column block path, used where the
+    /// hand-written AVX-512 kernels of `decode_avx512` / `decode_fused` do not apply) is faster
+    /// built for AVX-512 for this element type. Measured with `examples/decode_cpu_time.rs`
+    /// (Qwen3-Next, B = 1, one thread): a bf16 pool 360-380 us (AVX2) -> 206-277 us (AVX-512),
+    /// its conversions being the work; an f32 pool 207-222 us (AVX2) -> 248-268 us (AVX-512),
+    /// so that f32 build stays on AVX2.
     const PREFERS_AVX512: bool;
     /// The pool as f32, when it is f32 (then T = 1 runs on it in place, without a copy).
     fn as_f32_ptr(ptr: *mut Self) -> Option<*mut f32>;

@@ -192,7 +192,7 @@ impl EncodeJob<'_> {
     /// `deltakv bench kv` encode went 71-102k -> 114-125k tokens/s at d = 128 and 17k -> 46-48k
     /// at d = 96 (dense rotation), 8 KV heads, in alternating runs.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
     fn run_avx512(&self, store: &mut HeadStore) {
         self.run(store)
     }
@@ -280,7 +280,7 @@ impl KvCache {
                 };
                 #[cfg(target_arch = "x86_64")]
                 if crate::simd::has_avx512() {
-                    // SAFETY: the CPU supports AVX-512F/BW/VL, AVX2 and FMA (checked).
+                    // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `has_avx512`).
                     unsafe { job.run_avx512(store) };
                     store.len = old + n;
                     return;

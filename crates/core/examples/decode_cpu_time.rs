@@ -1,7 +1,7 @@
 //! Measures one GDN decode step by process CPU time (robust on a busy machine):
 //! `cargo run --release -p deltakv-core --example decode_cpu_time -- [batch] [iters] [f32|bf16]`.
 //! Run with RAYON_NUM_THREADS=1 for per-core cost; HEADS=n sets the value heads (key heads n/2),
-//! TOKENS=t the tokens per sequence (default 1).
+//! TOKENS=t the tokens per sequence (default 1), SIMD=avx2|baseline the widest kernels used.
 
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions, gdn_decode};
@@ -12,6 +12,14 @@ use cpu_time::cpu_seconds;
 
 fn main() -> deltakv_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    // SIMD=avx2 (or baseline) caps the kernels' instruction set, to time the other builds.
+    match std::env::var("SIMD").as_deref() {
+        Ok("avx2") => deltakv_core::simd::set_simd_limit(deltakv_core::simd::SimdLimit::Avx2),
+        Ok("baseline") => {
+            deltakv_core::simd::set_simd_limit(deltakv_core::simd::SimdLimit::Baseline)
+        }
+        _ => {}
+    }
     let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
     let value_heads: usize = std::env::var("HEADS")

@@ -440,14 +440,14 @@ impl<E: PoolElem> Kernel<'_, E> {
             new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
             out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
         }
-        let mut ptr = pool.wrapping_add(at);
-        for &ki in k {
+        // Last row first: the rows pass 1 read last are the ones still in L1 (the block's rows
+        // are `vd` apart and overflow their L1 sets; see `decode_avx512`).
+        for (i, &ki) in k.iter().enumerate().rev() {
             // SAFETY: as above.
-            let state = unsafe { &mut *ptr.cast::<[f32; BLOCK]>() };
+            let state = unsafe { &mut *pool.wrapping_add(at + i * vd).cast::<[f32; BLOCK]>() };
             for j in 0..BLOCK {
                 state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
             }
-            ptr = ptr.wrapping_add(vd);
         }
         // SAFETY: (token, head, this block's columns) belong to this task alone.
         unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
@@ -497,7 +497,7 @@ impl<E: PoolElem> Kernel<'_, E> {
             new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
             out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
         }
-        for (i, &ki) in k.iter().enumerate() {
+        for (i, &ki) in k.iter().enumerate().rev() {
             // SAFETY: as above.
             let dst = unsafe { self.pool.range(at + i * vd, BLOCK) };
             E::widen(dst, &mut state);

@@ -171,18 +171,8 @@ impl<E: PoolElem> Kernel<'_, E> {
         if self.avx512_in_place {
             let pool = self.pool.as_ptr();
             assert!(slab + kd * vd <= self.pool.len());
-            let key_row = row * d.key_heads + key_head;
-            let token_head = row * heads + head;
             let width = col_end - col_start;
-            let inputs = StepInputs {
-                k: &p.k[key_row * kd..][..kd],
-                q: &p.q[key_row * kd..][..kd],
-                value: &p.v[token_head * vd + col_start..][..width],
-                decay: self.scalars.decay[token_head],
-                beta: p.beta[token_head],
-                scale: p.scale,
-                key_dot_query: self.scalars.key_dot_query[key_row],
-            };
+            let (inputs, token_head) = self.step_inputs(row, head, 0, col_start, width);
             // SAFETY: (token, head, this group's columns) belong to this task alone.
             let out = unsafe { self.o.range(token_head * vd + col_start, width) };
             // SAFETY: the CPU supports AVX-512F (checked when `avx512_in_place` was set); the
@@ -272,6 +262,36 @@ impl<E: PoolElem> Kernel<'_, E> {
         }
     }
 
+    /// Token `t` of batch row `row` for value head `head`, with its value columns
+    /// `col0..col0 + width`; also returns the (token, head) index of its output row.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn step_inputs(
+        &self,
+        row: usize,
+        head: usize,
+        t: usize,
+        col0: usize,
+        width: usize,
+    ) -> (StepInputs<'_>, usize) {
+        let p = self.p;
+        let d = p.dims;
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let token_row = row * d.tokens + t;
+        let key_row = token_row * d.key_heads + d.key_head_of(head);
+        let token_head = token_row * d.value_heads + head;
+        let step = StepInputs {
+            k: &p.k[key_row * kd..][..kd],
+            q: &p.q[key_row * kd..][..kd],
+            value: &p.v[token_head * vd + col0..][..width],
+            decay: self.scalars.decay[token_head],
+            beta: p.beta[token_head],
+            scale: p.scale,
+            key_dot_query: self.scalars.key_dot_query[key_row],
+        };
+        (step, token_head)
+    }
+
     /// Several tokens (or intermediate states) with AVX-512: per block of up to 64 columns,
     /// the slot's rows are widened into a contiguous K x 64 block (32 KiB: it stays in L1, and
     /// unlike the strided rows in the pool it spreads over every L1 set), every token runs
@@ -290,23 +310,9 @@ impl<E: PoolElem> Kernel<'_, E> {
     ) {
         let p = self.p;
         let d = p.dims;
-        let (kd, vd, heads) = (d.key_dim, d.value_dim, d.value_heads);
-        let key_head = d.key_head_of(head);
-        let inputs = |t: usize, col0: usize, width: usize| {
-            let token_row = row * d.tokens + t;
-            let key_row = token_row * d.key_heads + key_head;
-            let token_head = token_row * heads + head;
-            let step = StepInputs {
-                k: &p.k[key_row * kd..][..kd],
-                q: &p.q[key_row * kd..][..kd],
-                value: &p.v[token_head * vd + col0..][..width],
-                decay: self.scalars.decay[token_head],
-                beta: p.beta[token_head],
-                scale: p.scale,
-                key_dot_query: self.scalars.key_dot_query[key_row],
-            };
-            (step, token_head)
-        };
+        let (kd, vd) = (d.key_dim, d.value_dim);
+        let inputs =
+            |t: usize, col0: usize, width: usize| self.step_inputs(row, head, t, col0, width);
         if let Some(pool) = E::as_f32_ptr(self.pool.as_ptr()) {
             // f32: groups of up to MAX_FUSED tokens, each group one read and one write of the
             // slab in place (`decode_fused`). Copying 64-column blocks into a contiguous buffer

@@ -194,27 +194,11 @@ impl<E: PoolElem> Kernel<'_, E> {
             );
             return;
         }
-        // A single token on an f32 pool runs in place, without block copies.
-        let in_place = if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
-            E::as_f32_ptr(self.pool.as_ptr())
-        } else {
-            None
-        };
-        if let Some(pool) = in_place {
-            assert!(slab + kd * vd <= self.pool.len());
-            for col0 in (col_start..col_end).step_by(BLOCK) {
-                // SAFETY: (slot, head, this block's columns) belong to this task alone (slots
-                // are distinct across rows), and are in bounds (checked above, and
-                // col0 + BLOCK <= V).
-                unsafe { self.token_in_place::<M>(pool, slab + col0, row, head, key_head, col0) };
-            }
-            return;
-        }
         if d.tokens == 1 && !self.with_states && vd.is_multiple_of(BLOCK) {
-            // Any other pool dtype (bf16): the same single pass pair, converting each row as
-            // it is read and rounding it once as it is written.
+            // A single token: one pass pair on the pool's rows in place, widening each row as
+            // it is read and rounding it once as it is written (a plain copy for f32).
             for col0 in (col_start..col_end).step_by(BLOCK) {
-                self.token_converting::<M>(slab + col0, row, head, key_head, col0);
+                self.token_in_place::<M>(slab + col0, row, head, key_head, col0);
             }
             return;
         }
@@ -394,75 +378,13 @@ impl<E: PoolElem> Kernel<'_, E> {
         }
     }
 
-    /// One token (T = 1) on one 32-column block of an f32 slab, directly in the pool: the
-    /// same step as `recurrent_kernel::step_block` (pass 1 reads the rows for `S^T k` and
-    /// `S^T q`, pass 2 updates them while they are still in L1), without the copies into and
-    /// out of a contiguous block.
-    ///
-    /// # Safety
-    /// Rows `at + i * V .. at + i * V + BLOCK` for `i < K` must be in bounds and touched by no
-    /// other thread.
+    /// One token (T = 1) on one 32-column block of a slab, directly in the pool: the same
+    /// step as `recurrent_kernel::step_block` (pass 1 reads the rows for `S^T k` and `S^T q`,
+    /// pass 2 updates them, last row first, while they are still in L1), without copying the
+    /// block out and back. Rows are widened as they are read and rounded once as they are
+    /// written (for f32 both are plain copies of a fixed-size row).
     #[inline(always)]
-    unsafe fn token_in_place<M: MulAdd>(
-        &self,
-        pool: *mut f32,
-        at: usize,
-        row: usize,
-        head: usize,
-        key_head: usize,
-        col0: usize,
-    ) {
-        let p = self.p;
-        let d = p.dims;
-        let (kd, vd) = (d.key_dim, d.value_dim);
-        let key_row = row * d.key_heads + key_head;
-        let token_head = row * d.value_heads + head;
-        let (q, k) = (&p.q[key_row * kd..][..kd], &p.k[key_row * kd..][..kd]);
-        let value = pad_value(&p.v[token_head * vd..][..vd], col0);
-        let decay = self.scalars.decay[token_head];
-        let (beta, scale) = (p.beta[token_head], p.scale);
-        let key_dot_query = self.scalars.key_dot_query[key_row];
-        let mut sk = [0.0f32; BLOCK];
-        let mut sq = [0.0f32; BLOCK];
-        let mut ptr = pool.wrapping_add(at);
-        // The same block of the next head's slab (contiguous after this one in the slot), to
-        // be streamed towards L2 while this one is computed; the next task reads it.
-        let next = (head + 1 < d.value_heads).then(|| pool.wrapping_add(at + kd * vd));
-        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
-            // SAFETY: in bounds and exclusive (the caller's contract).
-            let state = unsafe { &*ptr.cast::<[f32; BLOCK]>() };
-            for j in 0..BLOCK {
-                sk[j] = M::mul_add(ki, state[j], sk[j]);
-                sq[j] = M::mul_add(qi, state[j], sq[j]);
-            }
-            ptr = ptr.wrapping_add(vd);
-            if let Some(next) = next {
-                prefetch_block(next.wrapping_add(i * vd));
-            }
-        }
-        let mut new_value = [0.0f32; BLOCK];
-        let mut out = [0.0f32; BLOCK];
-        for j in 0..BLOCK {
-            new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
-            out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
-        }
-        // Last row first: the rows pass 1 read last are the ones still in L1 (the block's rows
-        // are `vd` apart and overflow their L1 sets; see `decode_avx512`).
-        for (i, &ki) in k.iter().enumerate().rev() {
-            // SAFETY: as above.
-            let state = unsafe { &mut *pool.wrapping_add(at + i * vd).cast::<[f32; BLOCK]>() };
-            for j in 0..BLOCK {
-                state[j] = M::mul_add(decay, state[j], ki * new_value[j]);
-            }
-        }
-        // SAFETY: (token, head, this block's columns) belong to this task alone.
-        unsafe { self.o.range(token_head * vd + col0, BLOCK) }.copy_from_slice(&out);
-    }
-
-    /// [`Self::token_in_place`] for a pool of another dtype: pass 1 widens each row as it
-    /// reads it, pass 2 widens it again (from L1), updates it and rounds it back once.
-    #[inline(always)]
-    fn token_converting<M: MulAdd>(
+    fn token_in_place<M: MulAdd>(
         &self,
         at: usize,
         row: usize,
@@ -503,6 +425,8 @@ impl<E: PoolElem> Kernel<'_, E> {
             new_value[j] = beta * M::mul_add(-decay, sk[j], value[j]);
             out[j] = scale * M::mul_add(decay, sq[j], key_dot_query * new_value[j]);
         }
+        // Last row first: the rows pass 1 read last are the ones still in L1 (the block's rows
+        // are `vd` apart and overflow their L1 sets; see `decode_avx512`).
         for (i, &ki) in k.iter().enumerate().rev() {
             // SAFETY: as above.
             let dst = unsafe { self.pool.range(at + i * vd, BLOCK) };

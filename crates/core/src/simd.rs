@@ -150,3 +150,18 @@ impl<'a, T> DisjointWriter<'a, T> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
     }
 }
+
+/// Defines `fn $name(args) -> ret`, compiled with `#[target_feature(enable = $features)]`
+/// (x86_64 only), whose body is `$body(args)`: an inline-always generic body then gets the
+/// wider instructions. Callers check the CPU before calling the (then unsafe) function.
+macro_rules! target_build {
+    ($name:ident, $features:literal, $body:path, ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            $body($($arg),*)
+        }
+    };
+}
+pub(crate) use target_build;

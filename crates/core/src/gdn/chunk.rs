@@ -164,33 +164,15 @@ pub(crate) fn chunk_step(
     chunk_step_impl(p, first_row, c, head, state, s, o)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn chunk_step_avx512(
-    p: &PreparedGdn<'_>,
-    first_row: usize,
-    c: usize,
-    head: usize,
-    state: &mut [f32],
-    s: &mut ChunkScratch,
-    o: &RowWriter<'_>,
-) {
-    chunk_step_impl(p, first_row, c, head, state, s, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn chunk_step_avx2(
-    p: &PreparedGdn<'_>,
-    first_row: usize,
-    c: usize,
-    head: usize,
-    state: &mut [f32],
-    s: &mut ChunkScratch,
-    o: &RowWriter<'_>,
-) {
-    chunk_step_impl(p, first_row, c, head, state, s, o)
-}
+// The AVX-512 and AVX2 builds of the element-wise work around the products.
+crate::simd::target_build!(chunk_step_avx512, "avx512f,avx2,fma", chunk_step_impl, (
+    p: &PreparedGdn<'_>, first_row: usize, c: usize, head: usize, state: &mut [f32],
+    s: &mut ChunkScratch, o: &RowWriter<'_>,
+));
+crate::simd::target_build!(chunk_step_avx2, "avx2,fma", chunk_step_impl, (
+    p: &PreparedGdn<'_>, first_row: usize, c: usize, head: usize, state: &mut [f32],
+    s: &mut ChunkScratch, o: &RowWriter<'_>,
+));
 
 #[inline(always)]
 fn chunk_step_impl(

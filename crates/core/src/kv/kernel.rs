@@ -420,33 +420,17 @@ dispatch_rows!(block_fused_avx512, Fused, true, true);
 dispatch_rows!(block_fused_avx, Fused, true, false);
 dispatch_rows!(block_plain, Unfused, false, false);
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn block_avx512(
-    src: &HeadSource<'_>,
-    dim: usize,
-    t0: usize,
-    t1: usize,
-    rows: &mut Rows<'_>,
+// The AVX-512 and AVX2 builds of pass 1.
+crate::simd::target_build!(block_avx512, "avx512f,avx2,fma", block_fused_avx512, (
+    src: &HeadSource<'_>, dim: usize, t0: usize, t1: usize, rows: &mut Rows<'_>,
     scratch: &mut Scratch,
-) {
-    block_fused_avx512(src, dim, t0, t1, rows, scratch)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn block_avx2(
-    src: &HeadSource<'_>,
-    dim: usize,
-    t0: usize,
-    t1: usize,
-    rows: &mut Rows<'_>,
+));
+crate::simd::target_build!(block_avx2, "avx2,fma", block_fused_avx, (
+    src: &HeadSource<'_>, dim: usize, t0: usize, t1: usize, rows: &mut Rows<'_>,
     scratch: &mut Scratch,
-) {
-    block_fused_avx(src, dim, t0, t1, rows, scratch)
-}
+));
 
-/// Pass 1 over tokens `t0..t1` (at most the scratch's block size) for 1..=4 rows.
+/// Pass 1 over tokens `t0..t1` (at most the scratch's block size) for 1..=8 rows.
 pub(crate) fn attend_block(
     src: &HeadSource<'_>,
     dim: usize,

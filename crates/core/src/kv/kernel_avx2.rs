@@ -211,25 +211,57 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize>(
 ) {
     let table = level_table(levels);
     let base = codes.as_ptr() as *const u8;
-    let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
     // SAFETY: checked by the caller (`code_accumulate`).
     unsafe {
         let lo = _mm256_loadu_ps(table.as_ptr());
         let hi = _mm256_loadu_ps(table.as_ptr().add(8));
-        let mut c = 0;
-        while c + 16 <= dim {
-            let j = c / 8;
-            let mut a = [[_mm256_setzero_ps(); 2]; R];
-            for t in 0..n {
-                let src = base.add(t * words * 4);
-                let (v0, v1) = if B == 2 {
-                    decode16_b2(src, j, lo)
+        let src = |t: usize| base.add(t * words * 4);
+        weighted_sum::<R>(
+            w,
+            wstride,
+            n,
+            dim,
+            acc,
+            |t, g| {
+                if B == 2 {
+                    decode16_b2(src(t), g, lo)
                 } else {
                     (
-                        decode8::<B>(src, j, lo, hi),
-                        decode8::<B>(src, j + 1, lo, hi),
+                        decode8::<B>(src(t), g, lo, hi),
+                        decode8::<B>(src(t), g + 1, lo, hi),
                     )
-                };
+                }
+            },
+            |t, g| decode8::<B>(src(t), g, lo, hi),
+        );
+    }
+}
+
+/// `acc_r += sum_{t < n} w[r * wstride + t] * row_t`, 16 columns at a time while they last,
+/// then 8: `pair(t, g)` gives the 8-column groups `g` and `g + 1` of row `t`, `single(t, g)`
+/// group `g` alone. Shared by the packed-code and the dense value loops.
+///
+/// # Safety
+/// AVX2 and FMA in the caller; `acc` holds `R * dim` and `w` `(R - 1) * wstride + n` floats;
+/// the closures are safe to call for `t < n` and groups below `dim / 8`.
+#[inline(always)]
+unsafe fn weighted_sum<const R: usize>(
+    w: &[f32],
+    wstride: usize,
+    n: usize,
+    dim: usize,
+    acc: &mut [f32],
+    pair: impl Fn(usize, usize) -> (__m256, __m256),
+    single: impl Fn(usize, usize) -> __m256,
+) {
+    let (wp, ap) = (w.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut c = 0;
+        while c + 16 <= dim {
+            let mut a = [[_mm256_setzero_ps(); 2]; R];
+            for t in 0..n {
+                let (v0, v1) = pair(t, c / 8);
                 for (r, ar) in a.iter_mut().enumerate() {
                     let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
                     ar[0] = _mm256_fmadd_ps(wt, v0, ar[0]);
@@ -245,10 +277,9 @@ unsafe fn code_accumulate_b<const R: usize, const B: usize>(
             c += 16;
         }
         if c < dim {
-            let j = c / 8;
             let mut a = [_mm256_setzero_ps(); R];
             for t in 0..n {
-                let v0 = decode8::<B>(base.add(t * words * 4), j, lo, hi);
+                let v0 = single(t, c / 8);
                 for (r, ar) in a.iter_mut().enumerate() {
                     let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
                     *ar = _mm256_fmadd_ps(wt, v0, *ar);
@@ -315,43 +346,19 @@ pub(super) fn accumulate<const R: usize>(
     }
     assert!(dim.is_multiple_of(8) && tile.len() >= n * dim && acc.len() >= R * dim);
     assert!(w.len() >= (R - 1) * wstride + n);
-    let (wp, tp, ap) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: bounds asserted above.
+    let tp = tile.as_ptr();
+    let row = |t: usize, g: usize| tp.wrapping_add(t * dim + 8 * g);
+    // SAFETY: bounds asserted above; AVX2 and FMA are this function's own.
     unsafe {
-        let mut c = 0;
-        while c + 16 <= dim {
-            let mut a = [[_mm256_setzero_ps(); 2]; R];
-            for t in 0..n {
-                let v0 = _mm256_loadu_ps(tp.add(t * dim + c));
-                let v1 = _mm256_loadu_ps(tp.add(t * dim + c + 8));
-                for (r, ar) in a.iter_mut().enumerate() {
-                    let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
-                    ar[0] = _mm256_fmadd_ps(wt, v0, ar[0]);
-                    ar[1] = _mm256_fmadd_ps(wt, v1, ar[1]);
-                }
-            }
-            for (r, ar) in a.iter().enumerate() {
-                for (h, v) in ar.iter().enumerate() {
-                    let p = ap.add(r * dim + c + 8 * h);
-                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
-                }
-            }
-            c += 16;
-        }
-        if c < dim {
-            let mut a = [_mm256_setzero_ps(); R];
-            for t in 0..n {
-                let v0 = _mm256_loadu_ps(tp.add(t * dim + c));
-                for (r, ar) in a.iter_mut().enumerate() {
-                    let wt = _mm256_broadcast_ss(&*wp.add(r * wstride + t));
-                    *ar = _mm256_fmadd_ps(wt, v0, *ar);
-                }
-            }
-            for (r, v) in a.iter().enumerate() {
-                let p = ap.add(r * dim + c);
-                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *v));
-            }
-        }
+        weighted_sum::<R>(
+            w,
+            wstride,
+            n,
+            dim,
+            acc,
+            |t, g| (_mm256_loadu_ps(row(t, g)), _mm256_loadu_ps(row(t, g + 1))),
+            |t, g| _mm256_loadu_ps(row(t, g)),
+        )
     }
 }
 

@@ -244,6 +244,36 @@ impl HostTensor {
     }
 }
 
+/// Index of the first NaN or infinity in `values`. A branch-free pass that vectorises runs
+/// first; the position is searched for only when it finds one.
+pub fn first_non_finite(values: &[f32]) -> Option<usize> {
+    let all_finite = values
+        .chunks(256)
+        .all(|chunk| chunk.iter().fold(true, |ok, x| ok & x.is_finite()));
+    if all_finite {
+        None
+    } else {
+        values.iter().position(|x| !x.is_finite())
+    }
+}
+
+/// Fails on the first NaN or infinity in `values`, naming the tensor and the flat index.
+pub fn check_finite(name: &str, values: &[f32]) -> Result<()> {
+    check_finite_at(name, values, 0)
+}
+
+/// [`check_finite`] for a slice that starts at flat index `offset` of the tensor.
+pub fn check_finite_at(name: &str, values: &[f32], offset: usize) -> Result<()> {
+    match first_non_finite(values) {
+        None => Ok(()),
+        Some(i) => Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({}) at flat index {}",
+            values[i],
+            offset + i
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -225,23 +225,7 @@ pub(crate) fn expect_shape(
     Ok(())
 }
 
-/// Fails on the first NaN or infinity in `values`, naming the tensor and the flat index.
-pub fn check_finite(name: &str, values: &[f32]) -> Result<()> {
-    // A branch-free pass that vectorises first; the position is looked for only on failure.
-    let all_finite = values
-        .chunks(256)
-        .all(|chunk| chunk.iter().fold(true, |ok, x| ok & x.is_finite()));
-    if all_finite {
-        return Ok(());
-    }
-    match values.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(i) => Err(Error::InvalidValue(format!(
-            "tensor `{name}` holds a non-finite value ({}) at flat index {i}",
-            values[i]
-        ))),
-    }
-}
+pub use crate::tensor::check_finite;
 
 /// Checks the head counts and head dims shared by prefill and decode.
 pub fn check_heads(

@@ -16,6 +16,7 @@
 use super::cache::{DenseKvCache, KvCache};
 use super::kernel::{HeadSource, MAX_ROWS, Rows, Scratch, attend_block, rows_per_call};
 use crate::error::{Error, Result};
+use crate::tensor::check_finite;
 use rayon::prelude::*;
 
 /// Largest block accepted (the score buffer holds 4 x block floats per task).
@@ -99,12 +100,7 @@ fn check_call(
             format!("Tq = {tq} new queries but sequence {b} has only {len} cached tokens"),
         ));
     }
-    if let Some(pos) = q.iter().position(|v| !v.is_finite()) {
-        return Err(Error::InvalidValue(format!(
-            "tensor `q` holds a non-finite value ({}) at flat index {pos}",
-            q[pos]
-        )));
-    }
+    check_finite("q", q)?;
     if !scale.is_finite() {
         return Err(Error::InvalidValue(format!("scale {scale} is not finite")));
     }

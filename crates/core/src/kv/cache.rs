@@ -11,6 +11,7 @@ use super::codebook::codebook;
 use super::codec::Quantizer;
 use super::rotation::Rotation;
 use crate::error::{Error, Result};
+use crate::tensor::first_non_finite;
 use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -136,11 +137,7 @@ fn check_chunk(name: &str, x: &[f32], kv_heads: usize, dim: usize) -> Result<usi
             ),
         ));
     }
-    // A branch-free pass that vectorises first; the position is looked for only on failure.
-    let all_finite = x
-        .chunks(1024)
-        .all(|chunk| chunk.iter().fold(true, |ok, v| ok & v.is_finite()));
-    if !all_finite && let Some(pos) = x.iter().position(|v| !v.is_finite()) {
+    if let Some(pos) = first_non_finite(x) {
         return Err(Error::InvalidValue(format!(
             "tensor `{name}` holds a non-finite value ({}) at token {}, head {}",
             x[pos],

@@ -10,7 +10,7 @@ use super::cache::{DenseKvCache, KvCache, NormDType};
 use super::codebook::CodebookKind;
 use super::{KvScheme, check_bits, check_head_dim};
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::tensor::{HostTensor, check_finite_at};
 
 /// The input tensors and the optional softmax scale (default D^-0.5).
 #[derive(Clone, Copy, Debug)]
@@ -87,22 +87,6 @@ fn rank4(name: &str, t: &HostTensor, layout: &str) -> Result<[usize; 4]> {
             format!("expected 4 dims {layout}, got shape {:?}", t.shape()),
         )
     })
-}
-
-fn finite(name: &str, values: &[f32]) -> Result<()> {
-    finite_at(name, values, 0)
-}
-
-/// As [`finite`] for a slice starting at flat index `offset` of the tensor.
-fn finite_at(name: &str, values: &[f32], offset: usize) -> Result<()> {
-    match values.iter().position(|v| !v.is_finite()) {
-        None => Ok(()),
-        Some(i) => Err(Error::InvalidValue(format!(
-            "tensor `{name}` holds a non-finite value ({}) at flat index {}",
-            values[i],
-            offset + i
-        ))),
-    }
 }
 
 /// Reads `seq_lens [B]` (i32 or i64) and checks every length is in `Tq..=T`.
@@ -200,14 +184,14 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
     let q = inputs.q.to_f32_vec("q")?;
     let k = inputs.k.to_f32_vec("k")?;
     let v = inputs.v.to_f32_vec("v")?;
-    finite("q", &q)?;
+    // q is checked for finite values by the attention call itself.
     let per_seq = dims.tokens * dims.hkv * dims.d;
     let per_token = dims.hkv * dims.d;
     // The rows each sequence holds; padding past its length is never read or checked.
     let held = |b: usize| b * per_seq..b * per_seq + dims.seq_lens[b] * per_token;
     for b in 0..dims.batch {
-        finite_at("k", &k[held(b)], b * per_seq)?;
-        finite_at("v", &v[held(b)], b * per_seq)?;
+        check_finite_at("k", &k[held(b)], b * per_seq)?;
+        check_finite_at("v", &v[held(b)], b * per_seq)?;
     }
     let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
     let (o, cache_bytes) = match options.mode {

@@ -122,27 +122,26 @@ struct Workspace {
     recurrent: Option<((usize, usize), RecurrentScratch)>,
 }
 
+/// The scratch in `slot` for head dims (kd, vd), built by `make` when absent or for other dims.
+fn kept<S>(
+    slot: &mut Option<((usize, usize), S)>,
+    kd: usize,
+    vd: usize,
+    make: impl FnOnce(usize, usize) -> S,
+) -> &mut S {
+    if slot.as_ref().is_none_or(|(dims, _)| *dims != (kd, vd)) {
+        *slot = Some(((kd, vd), make(kd, vd)));
+    }
+    &mut slot.as_mut().expect("just set").1
+}
+
 impl Workspace {
     fn chunk(&mut self, kd: usize, vd: usize) -> &mut ChunkScratch {
-        if self
-            .chunk
-            .as_ref()
-            .is_none_or(|(dims, _)| *dims != (kd, vd))
-        {
-            self.chunk = Some(((kd, vd), ChunkScratch::new(kd, vd)));
-        }
-        &mut self.chunk.as_mut().expect("just set").1
+        kept(&mut self.chunk, kd, vd, ChunkScratch::new)
     }
 
     fn recurrent(&mut self, kd: usize, vd: usize) -> &mut RecurrentScratch {
-        if self
-            .recurrent
-            .as_ref()
-            .is_none_or(|(dims, _)| *dims != (kd, vd))
-        {
-            self.recurrent = Some(((kd, vd), RecurrentScratch::new(kd, vd)));
-        }
-        &mut self.recurrent.as_mut().expect("just set").1
+        kept(&mut self.recurrent, kd, vd, RecurrentScratch::new)
     }
 }
 

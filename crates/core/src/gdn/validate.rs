@@ -325,29 +325,8 @@ pub fn gate_values(
     Ok(values)
 }
 
-/// Reads q/k/v-like activations: shape, dtype (must equal `dtype`) and finiteness.
-pub fn activation_values(
-    name: &str,
-    t: &HostTensor,
-    expected: &[usize],
-    layout: &str,
-    dtype: DType,
-) -> Result<Vec<f32>> {
-    expect_shape(name, t, expected, layout)?;
-    if t.dtype() != dtype {
-        return Err(Error::dtype(
-            name,
-            t.dtype(),
-            &format!("{dtype} (the dtype of q)"),
-        ));
-    }
-    let values = t.to_f32_vec(name)?;
-    check_finite(name, &values)?;
-    Ok(values)
-}
-
-/// Checks a q/k/v-like activation: shape, dtype (must equal `dtype`) and finiteness.
-pub fn check_activation(
+/// The shape and dtype (must equal `dtype`, q's) of a q/k/v-like activation.
+fn expect_activation(
     name: &str,
     t: &HostTensor,
     expected: &[usize],
@@ -362,6 +341,32 @@ pub fn check_activation(
             &format!("{dtype} (the dtype of q)"),
         ));
     }
+    Ok(())
+}
+
+/// Reads q/k/v-like activations: shape, dtype (must equal `dtype`) and finiteness.
+pub fn activation_values(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+    dtype: DType,
+) -> Result<Vec<f32>> {
+    expect_activation(name, t, expected, layout, dtype)?;
+    let values = t.to_f32_vec(name)?;
+    check_finite(name, &values)?;
+    Ok(values)
+}
+
+/// Checks a q/k/v-like activation in place (no copy): shape, dtype and finiteness.
+pub fn check_activation(
+    name: &str,
+    t: &HostTensor,
+    expected: &[usize],
+    layout: &str,
+    dtype: DType,
+) -> Result<()> {
+    expect_activation(name, t, expected, layout, dtype)?;
     check_finite_data(name, t.data())
 }
 

@@ -170,13 +170,14 @@ fn run<'a>(
         .enumerate()
         .for_each(|(sh, out)| {
             let (seq, head) = (sh / hkv, sh % hkv);
-            let mut tmp = vec![0.0f32; dim];
+            let mut scaled = vec![0.0f32; d];
             for (r, row) in out.chunks_exact_mut(dim).enumerate() {
                 let (i, g) = (r / group, r % group);
                 let src = &q[((seq * tq + i) * hq + head * group + g) * d..][..d];
-                let scaled: Vec<f32> = src.iter().map(|&x| x * scale).collect();
-                prepare(&scaled, &mut tmp);
-                row.copy_from_slice(&tmp);
+                for (o, &x) in scaled.iter_mut().zip(src) {
+                    *o = x * scale;
+                }
+                prepare(&scaled, row);
             }
         });
     // Tasks: (seq, head, block range).

@@ -28,6 +28,9 @@ pub enum Error {
     /// The requested device was not built in or is not present on this machine.
     #[error("device `{device}` is not available: {reason}")]
     DeviceUnavailable { device: String, reason: String },
+    /// A GPU backend call failed (kernel compile, launch, copy, allocation).
+    #[error("{device}: {message}")]
+    Backend { device: String, message: String },
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

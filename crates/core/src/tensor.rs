@@ -274,6 +274,22 @@ pub fn check_finite_at(name: &str, values: &[f32], offset: usize) -> Result<()> 
     }
 }
 
+/// What validation reads of a tensor: its shape and dtype, wherever its storage lives. Every
+/// backend's tensor type implements it, so the shape and dtype rules are written once.
+pub trait TensorMeta {
+    fn shape(&self) -> &[usize];
+    fn dtype(&self) -> DType;
+}
+
+impl TensorMeta for HostTensor {
+    fn shape(&self) -> &[usize] {
+        HostTensor::shape(self)
+    }
+    fn dtype(&self) -> DType {
+        HostTensor::dtype(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

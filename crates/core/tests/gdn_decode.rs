@@ -1,6 +1,10 @@
 //! GDN decode against the f64 oracle on fresh random inputs, decode continuing a prefill, and
 //! every bad-input case.
 
+use deltakv_core::gdn::decode_check::{
+    BackendRun, DecodeCheck, O_TOLERANCE, STATE_TOLERANCE_F32, check_options, decode_suite,
+    run_decode_check,
+};
 use deltakv_core::gdn::decode_oracle::gdn_decode_reference;
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::random::{GdnCase, GdnSpec};
@@ -9,10 +13,6 @@ use deltakv_core::gdn::{
 };
 use deltakv_core::metrics::rel_rms;
 use deltakv_core::{DType, HostTensor};
-
-const O_TOLERANCE: f64 = 2.0e-3;
-const STATE_TOLERANCE_F32: f64 = 1.0e-5;
-const STATE_TOLERANCE_BF16: f64 = 4.0e-3;
 
 /// `a` and `b` agree to f32 rounding (rel_rms < 1e-6, in their own dtype).
 fn assert_close(a: &HostTensor, b: &HostTensor, what: &str) {
@@ -33,159 +33,45 @@ fn options(l2: bool, intermediate: bool) -> DecodeOptions {
     }
 }
 
-/// Runs one random case through the kernel and the oracle and checks every output.
-fn check(name: &str, spec: &DecodeSpec, l2: bool, seed: u64) {
-    let case = DecodeCase::random(spec, seed).unwrap();
-    let inputs = case.inputs().unwrap();
-    let opts = options(l2, true);
-    let reference = gdn_decode_reference(&inputs, &case.state_pool, &opts.gdn).unwrap();
-    let mut pool = case.state_pool.clone();
-    let out = gdn_decode(&inputs, &mut pool, &opts).unwrap();
-    assert_eq!(out.o.dtype(), spec.dtype, "{name}: o dtype");
-    assert_eq!(pool.dtype(), spec.pool_dtype, "{name}: pool dtype");
-    let (heads, kd, vd) = (spec.value_heads, spec.key_dim, spec.value_dim);
-    let slab = heads * kd * vd;
-    let slots = case.slot_indices.to_i64_vec("slots").unwrap();
-
-    let o = out.o.to_f32_vec("o").unwrap();
-    let states = out.intermediate_states.as_ref().unwrap();
-    assert_eq!(
-        states.shape(),
-        &[spec.batch, spec.tokens, heads, kd, vd],
-        "{name}"
-    );
-    let states = states.as_f32().unwrap();
-    // Skipped rows: exact zeros; addressed rows: compared with the oracle.
-    let (mut o_got, mut o_ref, mut st_got, mut st_ref) = (vec![], vec![], vec![], vec![]);
-    let o_row = spec.tokens * heads * vd;
-    let st_row = spec.tokens * slab;
-    for (row, &slot) in slots.iter().enumerate() {
-        let o_part = &o[row * o_row..][..o_row];
-        let st_part = &states[row * st_row..][..st_row];
-        if slot < 0 {
-            assert!(
-                o_part.iter().all(|&x| x.to_bits() == 0),
-                "{name}: skipped o"
-            );
-            assert!(
-                st_part.iter().all(|&x| x.to_bits() == 0),
-                "{name}: skipped states"
-            );
-        } else {
-            o_got.extend_from_slice(o_part);
-            o_ref.extend_from_slice(&reference.o[row * o_row..][..o_row]);
-            st_got.extend_from_slice(st_part);
-            st_ref.extend_from_slice(&reference.intermediate_states[row * st_row..][..st_row]);
-        }
-    }
-    // The pool: addressed slots against the oracle, every other slot bit-identical.
-    let before = case.state_pool.to_f32_vec("pool").unwrap();
-    let after = pool.to_f32_vec("pool").unwrap();
-    let (mut pool_got, mut pool_ref) = (vec![], vec![]);
-    for s in 0..spec.slots {
-        let range = s * slab..(s + 1) * slab;
-        if slots.contains(&(s as i64)) {
-            pool_got.extend_from_slice(&after[range.clone()]);
-            pool_ref.extend_from_slice(&reference.state_pool[range]);
-        } else {
-            let same = before[range.clone()]
-                .iter()
-                .zip(&after[range])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{name}: slot {s} is not addressed but changed");
-        }
-    }
-    let o_err = rel_rms(&o_got, &o_ref);
-    let st_err = rel_rms(&st_got, &st_ref);
-    let pool_err = rel_rms(&pool_got, &pool_ref);
-    let pool_tol = if spec.pool_dtype == DType::BF16 {
-        STATE_TOLERANCE_BF16
-    } else {
-        STATE_TOLERANCE_F32
+/// Runs one case of the shared suite on the CPU against the oracle, then checks that the path
+/// without intermediate states gives the same o and pool.
+fn check(case: &DecodeCheck) {
+    let cpu = |c: &DecodeCase, opts: &DecodeOptions| -> deltakv_core::Result<BackendRun> {
+        let mut pool = c.state_pool.clone();
+        let output = gdn_decode(&c.inputs()?, &mut pool, opts)?;
+        Ok(BackendRun { output, pool })
     };
-    eprintln!("{name}: o {o_err:.3e}, intermediate {st_err:.3e}, pool {pool_err:.3e}");
-    assert!(o_err < O_TOLERANCE, "{name}: o rel_rms {o_err:.3e}");
-    assert!(
-        st_err < STATE_TOLERANCE_F32,
-        "{name}: intermediate rel_rms {st_err:.3e}"
+    let errors = run_decode_check(case, &cpu).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "{}: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+        case.name, errors.o, errors.intermediate_states, errors.pool
     );
-    assert!(pool_err < pool_tol, "{name}: pool rel_rms {pool_err:.3e}");
-
     // Without intermediate states (T = 1 then takes the copy-free path): the same o and pool.
     // The paths do the same arithmetic in the same order today (so they agree bit for bit),
     // but the shared block step may be retuned, so only near-equality is required here.
-    let mut pool2 = case.state_pool.clone();
-    let out2 = gdn_decode(&inputs, &mut pool2, &options(l2, false)).unwrap();
-    assert!(out2.intermediate_states.is_none());
+    let c = DecodeCase::random(&case.spec, case.seed).unwrap();
+    let with = cpu(&c, &check_options(case, true)).unwrap();
+    let without = cpu(&c, &check_options(case, false)).unwrap();
+    assert!(without.output.intermediate_states.is_none());
+    let name = &case.name;
     assert_close(
-        &out2.o,
-        &out.o,
+        &without.output.o,
+        &with.output.o,
         &format!("{name}: o without intermediate states"),
     );
     assert_close(
-        &pool2,
-        &pool,
+        &without.pool,
+        &with.pool,
         &format!("{name}: pool without intermediate states"),
     );
 }
 
+/// The shared decode suite (also run on every GPU backend), on the CPU.
 #[test]
-fn tokens_gqa_and_head_dims_against_the_oracle() {
-    let mut seed = 1000;
-    for (kd, vd) in [(128, 128), (64, 256)] {
-        for ratio in [1, 4] {
-            for tokens in [1, 3, 16] {
-                for fused in [false, true] {
-                    let mut spec = DecodeSpec::new(3, tokens, 1, ratio, kd, vd);
-                    spec.fused_gating = fused;
-                    spec.skipped_rows = vec![1];
-                    seed += 1;
-                    let name = format!("K={kd} V={vd} GQA {ratio} T={tokens} fused={fused}");
-                    check(&name, &spec, false, seed);
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn every_token_count_with_l2norm_and_two_key_heads() {
-    for tokens in 1..=16 {
-        let mut spec = DecodeSpec::new(2, tokens, 2, 4, 64, 48);
-        spec.raw_qk = true;
-        spec.fused_gating = tokens % 2 == 0;
-        check(&format!("T={tokens} l2"), &spec, true, 2000 + tokens as u64);
-    }
-}
-
-#[test]
-fn bf16_pool() {
-    for (tokens, fused) in [(1, false), (7, true), (16, false)] {
-        let mut spec = DecodeSpec::new(3, tokens, 1, 4, 128, 128);
-        spec.pool_dtype = DType::BF16;
-        spec.fused_gating = fused;
-        spec.skipped_rows = vec![0];
-        check(
-            &format!("bf16 pool T={tokens} fused={fused}"),
-            &spec,
-            false,
-            3000 + tokens as u64,
-        );
-    }
-}
-
-#[test]
-fn f32_inputs_odd_dims_and_all_rows_skipped() {
-    let mut spec = DecodeSpec::new(4, 5, 2, 2, 100, 40);
-    spec.dtype = DType::F32;
-    spec.slots = 9;
-    check("f32 K=100 V=40", &spec, false, 4001);
-    let mut spec = DecodeSpec::new(2, 2, 1, 2, 32, 32);
-    spec.skipped_rows = vec![0, 1];
-    check("all skipped", &spec, false, 4002);
-    let mut spec = DecodeSpec::new(1, 1, 1, 1, 256, 256);
-    spec.slots = 1;
-    check("K=V=256 one slot", &spec, false, 4003);
+fn the_decode_suite_against_the_oracle() {
+    let suite = decode_suite();
+    assert!(suite.len() > 40);
+    suite.iter().for_each(check);
 }
 
 #[test]
@@ -620,12 +506,12 @@ fn every_simd_dispatch_level_matches_the_oracle() {
             let mut spec = DecodeSpec::new(3, tokens, 1, 2, 64, value_dim);
             spec.pool_dtype = pool_dtype;
             spec.skipped_rows = vec![2];
-            check(
-                &format!("{limit:?} T={tokens} V={value_dim} pool {pool_dtype}"),
-                &spec,
-                false,
-                9100 + tokens as u64,
-            );
+            check(&DecodeCheck {
+                name: format!("{limit:?} T={tokens} V={value_dim} pool {pool_dtype}"),
+                spec,
+                use_qk_l2norm: false,
+                seed: 9100 + tokens as u64,
+            });
         }
     }
     set_simd_limit(SimdLimit::Any);

@@ -37,34 +37,40 @@ use super::validate::GdnDims;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
-/// How the decay `g` and write strength `beta` are given.
-#[derive(Clone, Copy, Debug)]
-pub enum Gating<'a> {
+/// How the decay `g` and write strength `beta` are given. `T` is the tensor type of the
+/// backend ([`HostTensor`] on the CPU).
+#[derive(Debug)]
+pub enum Gating<'a, T = HostTensor> {
     /// `g` and `beta`, both `[B, T, H]`.
-    Direct {
-        g: &'a HostTensor,
-        beta: &'a HostTensor,
-    },
+    Direct { g: &'a T, beta: &'a T },
     /// Raw `a`, `b` `[B, T, H]` and per-head `A_log`, `dt_bias` `[H]`:
     /// `g = -exp(A_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`, in f32.
     Fused {
-        a: &'a HostTensor,
-        b: &'a HostTensor,
-        a_log: &'a HostTensor,
-        dt_bias: &'a HostTensor,
+        a: &'a T,
+        b: &'a T,
+        a_log: &'a T,
+        dt_bias: &'a T,
     },
 }
 
-impl<'a> Gating<'a> {
+impl<T> Clone for Gating<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Gating<'_, T> {}
+
+impl<'a, T> Gating<'a, T> {
     /// Picks the gating from optional tensors as found in a file: either both of `g`, `beta`
     /// or all four of `a`, `b`, `A_log`, `dt_bias`, and nothing of the other kind.
     pub fn from_parts(
-        g: Option<&'a HostTensor>,
-        beta: Option<&'a HostTensor>,
-        a: Option<&'a HostTensor>,
-        b: Option<&'a HostTensor>,
-        a_log: Option<&'a HostTensor>,
-        dt_bias: Option<&'a HostTensor>,
+        g: Option<&'a T>,
+        beta: Option<&'a T>,
+        a: Option<&'a T>,
+        b: Option<&'a T>,
+        a_log: Option<&'a T>,
+        dt_bias: Option<&'a T>,
     ) -> Result<Self> {
         let direct = [("g", g.is_some()), ("beta", beta.is_some())];
         let fused = [
@@ -111,16 +117,25 @@ impl<'a> Gating<'a> {
     }
 }
 
-/// The tensors of one decode call (the pool is passed separately, mutably).
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeInputs<'a> {
-    pub q: &'a HostTensor,
-    pub k: &'a HostTensor,
-    pub v: &'a HostTensor,
-    pub gating: Gating<'a>,
+/// The tensors of one decode call (the pool is passed separately, mutably). `T` is the tensor
+/// type of the backend ([`HostTensor`] on the CPU).
+#[derive(Debug)]
+pub struct DecodeInputs<'a, T = HostTensor> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub v: &'a T,
+    pub gating: Gating<'a, T>,
     /// `[B]` i32 or i64; negative = skip the row.
-    pub slot_indices: &'a HostTensor,
+    pub slot_indices: &'a T,
 }
+
+impl<T> Clone for DecodeInputs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DecodeInputs<'_, T> {}
 
 /// Options of one decode call.
 #[derive(Clone, Debug, Default)]

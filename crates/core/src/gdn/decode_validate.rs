@@ -7,11 +7,11 @@ use super::decode::{DecodeInputs, Gating};
 use super::gating::fused_gates;
 use super::prefill::GdnOptions;
 use super::validate::{
-    GdnDims, activation_values, check_finite, expect_rank, expect_shape, gate_values, gdn_dims,
-    l2_normalize_row,
+    GdnDims, activation_values, check_finite, expect_activation, expect_float, expect_rank,
+    expect_shape, gate_values, gdn_dims, l2_normalize_row,
 };
 use crate::error::{Error, Result};
-use crate::tensor::{DType, HostTensor};
+use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// Most new tokens per row in one decode call (speculative decoding drafts are short).
 pub const MAX_DECODE_TOKENS: usize = 16;
@@ -42,18 +42,81 @@ pub struct PreparedDecode {
 }
 
 /// Reads a per-head `[H]` parameter (A_log, dt_bias) as finite f32.
-fn head_values(name: &str, t: &HostTensor, heads: usize) -> Result<Vec<f32>> {
-    if !t.dtype().is_float() {
-        return Err(Error::dtype(name, t.dtype(), "f32, f16 or bf16"));
-    }
-    expect_shape(name, t, &[heads], "[H]")?;
+fn head_values(name: &str, t: &HostTensor) -> Result<Vec<f32>> {
     let values = t.to_f32_vec(name)?;
     check_finite(name, &values)?;
     Ok(values)
 }
 
+/// The sizes of a decode call, from its tensors' shapes and dtypes alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShapes {
+    pub dims: GdnDims,
+    /// S: slots in the pool.
+    pub slots: usize,
+}
+
+/// Checks every shape and dtype of a decode call against the contract (no values are read,
+/// so it serves tensors on any device): q, k `[B, T, Hg, K]` with T <= 16, v `[B, T, H, V]` in
+/// q's dtype, float gates `[B, T, H]` (A_log, dt_bias `[H]`), the pool `[S, H, K, V]` in f32 or
+/// bf16, and `slot_indices [B]` in i32 or i64.
+pub fn check_decode_shapes<T: TensorMeta>(
+    inputs: &DecodeInputs<'_, T>,
+    pool: &T,
+) -> Result<DecodeShapes> {
+    let q = inputs.q;
+    let dims = gdn_dims(q, inputs.v)?;
+    if dims.tokens > MAX_DECODE_TOKENS {
+        return Err(Error::shape(
+            "q",
+            format!(
+                "decode takes at most {MAX_DECODE_TOKENS} tokens per row, got T = {} (use prefill for longer inputs)",
+                dims.tokens
+            ),
+        ));
+    }
+    let dtype = q.dtype();
+    expect_activation("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
+    expect_activation(
+        "v",
+        inputs.v,
+        &[dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
+        "[B, T, H, V]",
+        dtype,
+    )?;
+    let gate_shape = [dims.batch, dims.tokens, dims.value_heads];
+    let gate = |name: &str, t: &T, shape: &[usize], layout: &str| -> Result<()> {
+        expect_float(name, t)?;
+        expect_shape(name, t, shape, layout)
+    };
+    match inputs.gating {
+        Gating::Direct { g, beta } => {
+            gate("g", g, &gate_shape, "[B, T, H]")?;
+            gate("beta", beta, &gate_shape, "[B, T, H]")?;
+        }
+        Gating::Fused {
+            a,
+            b,
+            a_log,
+            dt_bias,
+        } => {
+            gate("a", a, &gate_shape, "[B, T, H]")?;
+            gate("b", b, &gate_shape, "[B, T, H]")?;
+            gate("A_log", a_log, &[dims.value_heads], "[H]")?;
+            gate("dt_bias", dt_bias, &[dims.value_heads], "[H]")?;
+        }
+    }
+    let slots = check_pool(pool, &dims)?;
+    let indices = inputs.slot_indices;
+    if !matches!(indices.dtype(), DType::I32 | DType::I64) {
+        return Err(Error::dtype("slot_indices", indices.dtype(), "i32 or i64"));
+    }
+    expect_shape("slot_indices", indices, &[dims.batch], "[B] (B from q)")?;
+    Ok(DecodeShapes { dims, slots })
+}
+
 /// Checks the pool's dtype and shape `[S, H, K, V]`; returns S.
-pub fn check_pool(pool: &HostTensor, dims: &GdnDims) -> Result<usize> {
+pub fn check_pool(pool: &(impl TensorMeta + ?Sized), dims: &GdnDims) -> Result<usize> {
     if !matches!(pool.dtype(), DType::F32 | DType::BF16) {
         return Err(Error::dtype("state_pool", pool.dtype(), "f32 or bf16"));
     }
@@ -103,6 +166,17 @@ pub fn slot_rows(indices: &HostTensor, batch: usize, slots: usize) -> Result<Vec
     Ok(rows)
 }
 
+/// The output scale of a call: the given one (finite) or K^-0.5.
+pub fn resolve_scale(options: &GdnOptions, key_dim: usize) -> Result<f32> {
+    let scale = options.scale.unwrap_or(1.0 / (key_dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidValue(format!(
+            "scale must be finite, got {scale}"
+        )));
+    }
+    Ok(scale)
+}
+
 /// Validates decode inputs against the pool (shape and dtype only; the pool's values are not
 /// read) and widens them to f32.
 pub fn prepare_decode(
@@ -110,8 +184,22 @@ pub fn prepare_decode(
     pool: &HostTensor,
     options: &GdnOptions,
 ) -> Result<PreparedDecode> {
+    let shapes = check_decode_shapes(inputs, pool)?;
+    prepare_decode_values(inputs, shapes, pool.dtype(), options)
+}
+
+/// The value half of [`prepare_decode`], for inputs whose shapes [`check_decode_shapes`]
+/// accepted (against a pool of dtype `pool_dtype`, wherever it lives): finite activations and
+/// gates, slot indices in range and distinct, a finite scale; widens to f32 and applies the
+/// l2 norm.
+pub fn prepare_decode_values(
+    inputs: &DecodeInputs<'_>,
+    shapes: DecodeShapes,
+    pool_dtype: DType,
+    options: &GdnOptions,
+) -> Result<PreparedDecode> {
+    let DecodeShapes { dims, slots } = shapes;
     let q = inputs.q;
-    let dims = gdn_dims(q, inputs.v)?;
     let dtype = q.dtype();
     let (batch, tokens, value_heads, key_dim, value_dim) = (
         dims.batch,
@@ -120,14 +208,6 @@ pub fn prepare_decode(
         dims.key_dim,
         dims.value_dim,
     );
-    if tokens > MAX_DECODE_TOKENS {
-        return Err(Error::shape(
-            "q",
-            format!(
-                "decode takes at most {MAX_DECODE_TOKENS} tokens per row, got T = {tokens} (use prefill for longer inputs)"
-            ),
-        ));
-    }
     let mut q_values = activation_values("q", q, q.shape(), "[B, T, Hg, K]", dtype)?;
     let mut k_values = activation_values("k", inputs.k, q.shape(), "[B, T, Hg, K] (as q)", dtype)?;
     let v_values = activation_values(
@@ -151,21 +231,15 @@ pub fn prepare_decode(
         } => {
             let a = gate_values("a", a, &gate_shape, "[B, T, H]")?;
             let b = gate_values("b", b, &gate_shape, "[B, T, H]")?;
-            let a_log = head_values("A_log", a_log, value_heads)?;
-            let dt_bias = head_values("dt_bias", dt_bias, value_heads)?;
+            let a_log = head_values("A_log", a_log)?;
+            let dt_bias = head_values("dt_bias", dt_bias)?;
             let (g, beta) = fused_gates(&a, &b, &a_log, &dt_bias);
             check_finite("g (from fused gating)", &g)?;
             (g, beta)
         }
     };
-    let slots = check_pool(pool, &dims)?;
     let slot_of_row = slot_rows(inputs.slot_indices, batch, slots)?;
-    let scale = options.scale.unwrap_or(1.0 / (key_dim as f32).sqrt());
-    if !scale.is_finite() {
-        return Err(Error::InvalidValue(format!(
-            "scale must be finite, got {scale}"
-        )));
-    }
+    let scale = resolve_scale(options, key_dim)?;
     if options.use_qk_l2norm {
         for values in [&mut q_values, &mut k_values] {
             values.chunks_exact_mut(key_dim).for_each(l2_normalize_row);
@@ -182,6 +256,6 @@ pub fn prepare_decode(
         beta,
         scale,
         out_dtype: inputs.v.dtype(),
-        pool_dtype: pool.dtype(),
+        pool_dtype,
     })
 }

@@ -21,6 +21,7 @@
 
 pub mod decode;
 mod decode_avx512;
+pub mod decode_check;
 #[cfg(target_arch = "x86_64")]
 mod decode_fused;
 mod decode_kernel;

@@ -5,7 +5,7 @@
 use super::prefill::{GdnInputs, GdnOptions};
 use crate::error::{Error, Result};
 use crate::rows::bf16_widen;
-use crate::tensor::{DType, HostTensor, TensorData};
+use crate::tensor::{DType, HostTensor, TensorData, TensorMeta};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
@@ -193,7 +193,12 @@ pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
     }
 }
 
-pub(crate) fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str) -> Result<()> {
+pub(crate) fn expect_rank(
+    name: &str,
+    t: &(impl TensorMeta + ?Sized),
+    rank: usize,
+    layout: &str,
+) -> Result<()> {
     if t.shape().len() != rank {
         return Err(Error::shape(
             name,
@@ -203,7 +208,7 @@ pub(crate) fn expect_rank(name: &str, t: &HostTensor, rank: usize, layout: &str)
     Ok(())
 }
 
-pub(crate) fn expect_float(name: &str, t: &HostTensor) -> Result<()> {
+pub(crate) fn expect_float(name: &str, t: &(impl TensorMeta + ?Sized)) -> Result<()> {
     if !t.dtype().is_float() {
         return Err(Error::dtype(name, t.dtype(), "f32, f16 or bf16"));
     }
@@ -212,7 +217,7 @@ pub(crate) fn expect_float(name: &str, t: &HostTensor) -> Result<()> {
 
 pub(crate) fn expect_shape(
     name: &str,
-    t: &HostTensor,
+    t: &(impl TensorMeta + ?Sized),
     expected: &[usize],
     layout: &str,
 ) -> Result<()> {
@@ -326,9 +331,9 @@ pub fn gate_values(
 }
 
 /// The shape and dtype (must equal `dtype`, q's) of a q/k/v-like activation.
-fn expect_activation(
+pub(crate) fn expect_activation(
     name: &str,
-    t: &HostTensor,
+    t: &(impl TensorMeta + ?Sized),
     expected: &[usize],
     layout: &str,
     dtype: DType,
@@ -373,7 +378,10 @@ pub fn check_activation(
 /// The sizes of a call from q `[B, T, Hg, K]` and v `[B, T, H, V]`: ranks, a float q,
 /// B, T >= 1 and the head rules. Shared by prefill and decode; the other tensors are checked
 /// against the result.
-pub(crate) fn gdn_dims(q: &HostTensor, v: &HostTensor) -> Result<GdnDims> {
+pub(crate) fn gdn_dims(
+    q: &(impl TensorMeta + ?Sized),
+    v: &(impl TensorMeta + ?Sized),
+) -> Result<GdnDims> {
     expect_rank("q", q, 4, "[B, T, Hg, K]")?;
     expect_float("q", q)?;
     let (batch, tokens, key_heads, key_dim) =

@@ -1,0 +1,122 @@
+//! Run-time compilation of the `.cu` kernels with NVRTC, straight to a CUBIN for the device's
+//! architecture (`sm_90a` on Hopper), so the driver loads machine code and never JITs PTX.
+//!
+//! The kernels include no CUDA headers (half-precision conversions are written in
+//! `kernels/common.cuh`), so NVRTC's library is the only run-time file they need.
+
+use deltakv_core::{Error, Result};
+use std::ffi::{CStr, CString, c_char};
+
+/// One kernel source: a name for messages and the text of the `.cu` file with the shared
+/// helpers prepended.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// Every kernel source of the CUDA backend (CI compiles each one for `sm_90a`).
+pub const SOURCES: &[KernelSource] = &[crate::gdn::decode::SOURCE];
+
+/// A compiled kernel image and what the compiler reported (ptxas register and spill lines).
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub log: String,
+}
+
+impl Compiled {
+    /// Bytes of spill stores and loads over every kernel in the image, from ptxas's report.
+    pub fn spill_bytes(&self) -> usize {
+        self.log
+            .lines()
+            .filter(|line| line.contains("spill"))
+            .flat_map(|line| {
+                line.split(',').filter_map(|part| {
+                    let part = part.trim();
+                    part.contains("spill")
+                        .then(|| part.split_whitespace().next()?.parse::<usize>().ok())
+                        .flatten()
+                })
+            })
+            .sum()
+    }
+}
+
+/// The message for a machine without NVRTC.
+pub fn nvrtc_missing() -> String {
+    "NVRTC (libnvrtc.so.13) not found: install the CUDA 13 toolkit, or `pip install \
+     nvidia-cuda-nvrtc==13.0.88` and add its `nvidia/cu13/lib` folder to LD_LIBRARY_PATH"
+        .to_string()
+}
+
+/// True when NVRTC's library can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+fn nvrtc_error(what: &str, source: &KernelSource, e: impl std::fmt::Debug) -> Error {
+    Error::Backend {
+        device: "cuda".to_string(),
+        message: format!("NVRTC {what} of kernel `{}` failed: {e:?}", source.name),
+    }
+}
+
+/// Compiles `source` for `arch` (e.g. `sm_90a`) into a CUBIN, with ptxas's resource report in
+/// the log. A compile error comes back as `Err` holding NVRTC's log.
+pub fn compile(source: &KernelSource, arch: &str) -> Result<Compiled> {
+    use cudarc::nvrtc::{result, sys};
+    if !nvrtc_present() {
+        return Err(Error::DeviceUnavailable {
+            device: "cuda".to_string(),
+            reason: nvrtc_missing(),
+        });
+    }
+    let text = format!("{COMMON}\n{}", source.text);
+    let src = CString::new(text).map_err(|e| nvrtc_error("input", source, e))?;
+    let name = CString::new(source.name).map_err(|e| nvrtc_error("input", source, e))?;
+    let prog =
+        result::create_program(&src, Some(&name)).map_err(|e| nvrtc_error("setup", source, e))?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+        "-lineinfo".to_string(),
+    ];
+    // SAFETY: `prog` was created above and is destroyed once, at the end.
+    let outcome = unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let log = result::get_program_log(prog)
+            .map(|raw| CStr::from_ptr(raw.as_ptr()).to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match compiled {
+            Err(e) => Err(Error::Backend {
+                device: "cuda".to_string(),
+                message: format!(
+                    "NVRTC could not compile kernel `{}` for {arch} ({e:?}): {}",
+                    source.name,
+                    log.trim()
+                ),
+            }),
+            Ok(()) => {
+                let mut size = 0usize;
+                let mut cubin = Vec::new();
+                let status = sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        cubin.resize(size, 0u8);
+                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char).result()
+                    });
+                status
+                    .map(|()| Compiled { cubin, log })
+                    .map_err(|e| nvrtc_error("CUBIN read", source, e))
+            }
+        }
+    };
+    // SAFETY: `prog` is live and destroyed exactly once.
+    let _ = unsafe { result::destroy_program(prog) };
+    outcome
+}

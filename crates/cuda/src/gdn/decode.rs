@@ -1,0 +1,359 @@
+//! GDN decode on CUDA: T = 1..=16 new tokens per sequence over a state pool that stays on the
+//! GPU and is updated in place, in one kernel launch per call.
+//!
+//! The math, layouts and rules are the contract's (see `deltakv_core::gdn::decode`): row `b`
+//! reads and writes slot `slot_indices[b]`, a negative index skips the row (zero output, no slot
+//! touched), f32 or bf16 pool with f32 arithmetic, optional fused gating, l2 norm and
+//! intermediate states. The kernel is `kernels/gdn_decode.cu`.
+//!
+//! Validation before launch: every shape and dtype (the contract's own check), and the slot
+//! indices, which are copied to the host (B integers) to reject out-of-range and duplicate
+//! slots before the pool is touched. Values on the device are not scanned for NaN (that would
+//! cost a pass and a wait on every step); [`gdn_decode_checked`] does it, for callers that
+//! want the contract's full check.
+
+use crate::compile::KernelSource;
+use crate::runtime::{Cuda, driver_error};
+use crate::tensor::CudaTensor;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_core::gdn::decode_validate::{
+    DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
+};
+use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnDims};
+use deltakv_core::{DType, Error, HostTensor, Result};
+
+/// The decode kernel's source.
+pub const SOURCE: KernelSource = KernelSource {
+    name: "gdn_decode",
+    text: include_str!("../../kernels/gdn_decode.cu"),
+};
+
+const THREADS: u32 = 128;
+const COL_GROUPS: usize = 8;
+
+/// Mirrors `struct DecodeParams` in the kernel, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct DecodeParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    beta: u64,
+    a: u64,
+    b: u64,
+    a_log: u64,
+    dt_bias: u64,
+    slots: u64,
+    pool: u64,
+    o: u64,
+    intermediate: u64,
+    batch: i32,
+    tokens: i32,
+    key_heads: i32,
+    value_heads: i32,
+    key_dim: i32,
+    value_dim: i32,
+    act_dtype: i32,
+    out_dtype: i32,
+    g_dtype: i32,
+    beta_dtype: i32,
+    a_dtype: i32,
+    b_dtype: i32,
+    a_log_dtype: i32,
+    dt_bias_dtype: i32,
+    slot_dtype: i32,
+    fused_gating: i32,
+    l2norm: i32,
+    scale: f32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for DecodeParams {}
+
+/// The dtype code the kernels use (`DT_*` in `kernels/common.cuh`).
+pub(crate) fn dtype_code(dtype: DType) -> i32 {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::I32 => 3,
+        DType::I64 => 4,
+    }
+}
+
+/// Decode results on the GPU (the pool itself is updated in place).
+#[derive(Debug)]
+pub struct CudaDecodeOutput {
+    /// `[B, T, H, V]` in v's dtype; zeros for skipped rows.
+    pub o: CudaTensor,
+    /// `[B, T, H, K, V]` f32 when asked; zeros for skipped rows.
+    pub intermediate_states: Option<CudaTensor>,
+}
+
+/// A validated decode call, ready to launch any number of times (a CUDA graph captures
+/// [`DecodeLaunch::launch`]).
+pub struct DecodeLaunch {
+    params: DecodeParams,
+    function: cudarc::driver::CudaFunction,
+    config: LaunchConfig,
+    dims: GdnDims,
+}
+
+impl DecodeLaunch {
+    /// The call's sizes.
+    pub fn dims(&self) -> GdnDims {
+        self.dims
+    }
+
+    /// Queues the kernel on deltakv's stream.
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+        let mut builder = cuda.stream().launch_builder(&self.function);
+        builder.arg(&self.params);
+        // SAFETY: the parameters were built from live buffers of the sizes the kernel indexes
+        // (checked by `check_decode_shapes`), and slot indices were range-checked on the host.
+        unsafe { builder.launch(self.config) }
+            .map(|_| ())
+            .map_err(|e| driver_error("launching gdn_decode", e))
+    }
+}
+
+fn address(cuda: &Cuda, t: &CudaTensor) -> u64 {
+    t.device_address(cuda)
+}
+
+/// Validates a decode call and prepares its launch, writing into `o` (`[B, T, H, V]`, v's
+/// dtype) and, when given, `intermediate_states` (`[B, T, H, K, V]` f32).
+pub fn prepare_decode_launch(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &mut CudaTensor,
+    options: &deltakv_core::gdn::GdnOptions,
+    o: &mut CudaTensor,
+    intermediate_states: Option<&mut CudaTensor>,
+) -> Result<DecodeLaunch> {
+    let DecodeShapes { dims, slots } = check_decode_shapes(inputs, state_pool)?;
+    let scale = resolve_scale(options, dims.key_dim)?;
+    // Slot indices are read on the host: out-of-range or duplicate slots never reach the GPU.
+    let indices = inputs.slot_indices.download(cuda)?;
+    slot_rows(&indices, dims.batch, slots)?;
+    let expect = |name: &str, t: &CudaTensor, shape: &[usize], dtype: DType| -> Result<()> {
+        if t.shape() != shape || t.dtype() != dtype {
+            return Err(Error::InvalidValue(format!(
+                "output buffer `{name}` is {:?} {}, expected {shape:?} {dtype}",
+                t.shape(),
+                t.dtype()
+            )));
+        }
+        Ok(())
+    };
+    expect(
+        "o",
+        o,
+        &[dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
+        inputs.v.dtype(),
+    )?;
+    let intermediate = match intermediate_states {
+        Some(t) => {
+            expect(
+                "intermediate_states",
+                t,
+                &[
+                    dims.batch,
+                    dims.tokens,
+                    dims.value_heads,
+                    dims.key_dim,
+                    dims.value_dim,
+                ],
+                DType::F32,
+            )?;
+            t.device_address_mut(cuda)
+        }
+        None => 0,
+    };
+    let vec = if dims.value_dim % 4 == 0 { 4 } else { 1 };
+    let rows_per_thread = match dims.key_dim.div_ceil(16) {
+        0..=4 => 4,
+        5..=8 => 8,
+        _ => 16,
+    };
+    let pool_name = if state_pool.dtype() == DType::BF16 {
+        "bf16"
+    } else {
+        "f32"
+    };
+    let name: &'static str = match (rows_per_thread, vec, pool_name) {
+        (4, 4, "f32") => "gdn_decode_r4_v4_f32",
+        (8, 4, "f32") => "gdn_decode_r8_v4_f32",
+        (16, 4, "f32") => "gdn_decode_r16_v4_f32",
+        (4, 1, "f32") => "gdn_decode_r4_v1_f32",
+        (8, 1, "f32") => "gdn_decode_r8_v1_f32",
+        (16, 1, "f32") => "gdn_decode_r16_v1_f32",
+        (4, 4, _) => "gdn_decode_r4_v4_bf16",
+        (8, 4, _) => "gdn_decode_r8_v4_bf16",
+        (16, 4, _) => "gdn_decode_r16_v4_bf16",
+        (4, 1, _) => "gdn_decode_r4_v1_bf16",
+        (8, 1, _) => "gdn_decode_r8_v1_bf16",
+        _ => "gdn_decode_r16_v1_bf16",
+    };
+    let function = cuda.function(&SOURCE, name)?;
+    let tiles = dims.value_dim.div_ceil(COL_GROUPS * vec);
+    if dims.batch > 65535 {
+        return Err(Error::Unsupported(format!(
+            "CUDA decode takes at most 65535 rows per call, got B = {}",
+            dims.batch
+        )));
+    }
+    let mut params = DecodeParams {
+        q: address(cuda, inputs.q),
+        k: address(cuda, inputs.k),
+        v: address(cuda, inputs.v),
+        slots: address(cuda, inputs.slot_indices),
+        pool: state_pool.device_address_mut(cuda),
+        o: o.device_address_mut(cuda),
+        intermediate,
+        batch: dims.batch as i32,
+        tokens: dims.tokens as i32,
+        key_heads: dims.key_heads as i32,
+        value_heads: dims.value_heads as i32,
+        key_dim: dims.key_dim as i32,
+        value_dim: dims.value_dim as i32,
+        act_dtype: dtype_code(inputs.q.dtype()),
+        out_dtype: dtype_code(inputs.v.dtype()),
+        slot_dtype: dtype_code(inputs.slot_indices.dtype()),
+        l2norm: i32::from(options.use_qk_l2norm),
+        scale,
+        ..DecodeParams::default()
+    };
+    match inputs.gating {
+        Gating::Direct { g, beta } => {
+            params.g = address(cuda, g);
+            params.beta = address(cuda, beta);
+            params.g_dtype = dtype_code(g.dtype());
+            params.beta_dtype = dtype_code(beta.dtype());
+        }
+        Gating::Fused {
+            a,
+            b,
+            a_log,
+            dt_bias,
+        } => {
+            params.fused_gating = 1;
+            params.a = address(cuda, a);
+            params.b = address(cuda, b);
+            params.a_log = address(cuda, a_log);
+            params.dt_bias = address(cuda, dt_bias);
+            params.a_dtype = dtype_code(a.dtype());
+            params.b_dtype = dtype_code(b.dtype());
+            params.a_log_dtype = dtype_code(a_log.dtype());
+            params.dt_bias_dtype = dtype_code(dt_bias.dtype());
+        }
+    }
+    let config = LaunchConfig {
+        grid_dim: (tiles as u32, dims.value_heads as u32, dims.batch as u32),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok(DecodeLaunch {
+        params,
+        function,
+        config,
+        dims,
+    })
+}
+
+/// Runs GDN decode on the GPU, updating the addressed slots of `state_pool` in place; returns
+/// `o` and, when asked, the intermediate states, both on the GPU. On a validation error
+/// nothing has been launched.
+pub fn gdn_decode(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &mut CudaTensor,
+    options: &DecodeOptions,
+) -> Result<CudaDecodeOutput> {
+    let DecodeShapes { dims, .. } = check_decode_shapes(inputs, state_pool)?;
+    let mut o = CudaTensor::poisoned(
+        cuda,
+        vec![dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
+        inputs.v.dtype(),
+    )?;
+    let mut intermediate_states = if options.intermediate_states {
+        Some(CudaTensor::poisoned(
+            cuda,
+            vec![
+                dims.batch,
+                dims.tokens,
+                dims.value_heads,
+                dims.key_dim,
+                dims.value_dim,
+            ],
+            DType::F32,
+        )?)
+    } else {
+        None
+    };
+    let launch = prepare_decode_launch(
+        cuda,
+        inputs,
+        state_pool,
+        &options.gdn,
+        &mut o,
+        intermediate_states.as_mut(),
+    )?;
+    launch.launch(cuda)?;
+    Ok(CudaDecodeOutput {
+        o,
+        intermediate_states,
+    })
+}
+
+/// [`gdn_decode`] after the contract's full check of the inputs' values (finite activations
+/// and gates), which copies them to the host first: for command-line use and tests, where a
+/// wait per call does not matter.
+pub fn gdn_decode_checked(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &mut CudaTensor,
+    options: &DecodeOptions,
+) -> Result<CudaDecodeOutput> {
+    let host = |t: &CudaTensor| t.download(cuda);
+    let (q, k, v, slots) = (
+        host(inputs.q)?,
+        host(inputs.k)?,
+        host(inputs.v)?,
+        host(inputs.slot_indices)?,
+    );
+    let gates: Vec<HostTensor> = match inputs.gating {
+        Gating::Direct { g, beta } => vec![host(g)?, host(beta)?],
+        Gating::Fused {
+            a,
+            b,
+            a_log,
+            dt_bias,
+        } => vec![host(a)?, host(b)?, host(a_log)?, host(dt_bias)?],
+    };
+    let gating = match gates.as_slice() {
+        [g, beta] => Gating::Direct { g, beta },
+        [a, b, a_log, dt_bias] => Gating::Fused {
+            a,
+            b,
+            a_log,
+            dt_bias,
+        },
+        _ => unreachable!("two or four gate tensors"),
+    };
+    let shapes = check_decode_shapes(inputs, state_pool)?;
+    prepare_decode_values(
+        &DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating,
+            slot_indices: &slots,
+        },
+        shapes,
+        state_pool.dtype(),
+        &options.gdn,
+    )?;
+    gdn_decode(cuda, inputs, state_pool, options)
+}

@@ -1,0 +1,199 @@
+//! The CUDA runtime of deltakv: one context on one GPU per process, one stream that every op
+//! and copy is ordered on, and the kernels compiled at first use.
+//!
+//! Opening the device never panics: libcuda is probed before cudarc touches it (cudarc panics
+//! when the library is missing), and every failure becomes a one-line `Err`.
+
+use crate::compile::{self, Compiled, KernelSource};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use deltakv_core::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The GPU that deltakv's CUDA ops run on, with its stream and compiled kernels.
+pub struct Cuda {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    arch: String,
+    multiprocessors: usize,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+/// Wraps a driver failure in deltakv's error, naming what was being done.
+pub fn driver_error(what: &str, e: DriverError) -> Error {
+    Error::Backend {
+        device: "cuda".to_string(),
+        message: format!("{what} failed: {e}"),
+    }
+}
+
+fn unavailable(reason: impl Into<String>) -> Error {
+    Error::DeviceUnavailable {
+        device: "cuda".to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The `--gpu-architecture` NVRTC is asked for on a device of compute capability
+/// `major.minor`: the arch-specific target on Hopper and later (`sm_90a`), so the kernels may
+/// use wgmma and setmaxnreg.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    if major >= 9 {
+        format!("sm_{major}{minor}a")
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+impl Cuda {
+    /// The process's CUDA device (the first GPU, or `DELTAKV_CUDA_DEVICE`), opened on first
+    /// use. A machine without libcuda, without a GPU or without NVRTC gets
+    /// `DeviceUnavailable` with the reason, every time it asks.
+    pub fn get() -> Result<&'static Cuda> {
+        static DEVICE: OnceLock<std::result::Result<Cuda, String>> = OnceLock::new();
+        DEVICE
+            .get_or_init(|| Cuda::open().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|message| {
+                // Keep the reason alone: the Display of DeviceUnavailable adds the prefix.
+                let prefix = "device `cuda` is not available: ";
+                unavailable(message.strip_prefix(prefix).unwrap_or(message))
+            })
+    }
+
+    fn open() -> Result<Cuda> {
+        // SAFETY: only tries to open the library by its usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(unavailable(
+                "no CUDA device: libcuda.so (the NVIDIA driver) was not found",
+            ));
+        }
+        cudarc::driver::result::init()
+            .map_err(|e| unavailable(format!("no CUDA device: cuInit failed: {e}")))?;
+        let count =
+            CudaContext::device_count().map_err(|e| unavailable(format!("no CUDA device: {e}")))?;
+        if count < 1 {
+            return Err(unavailable("no CUDA device: the driver reports no GPU"));
+        }
+        let ordinal = match std::env::var("DELTAKV_CUDA_DEVICE") {
+            Ok(text) => text
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&o| o < count as usize)
+                .ok_or_else(|| {
+                    unavailable(format!(
+                        "DELTAKV_CUDA_DEVICE={text} is not a GPU index below {count}"
+                    ))
+                })?,
+            Err(_) => 0,
+        };
+        if !compile::nvrtc_present() {
+            return Err(unavailable(compile::nvrtc_missing()));
+        }
+        let context = CudaContext::new(ordinal)
+            .map_err(|e| unavailable(format!("no CUDA device: opening GPU {ordinal}: {e}")))?;
+        // One stream orders every op and copy, so cudarc's per-buffer event tracking (made for
+        // several streams) would only add an event record to every launch.
+        // SAFETY: no buffer exists yet, and all work goes to the single stream below.
+        unsafe { context.disable_event_tracking() };
+        let (major, minor) = context
+            .compute_capability()
+            .map_err(|e| driver_error("reading the compute capability", e))?;
+        let name = context
+            .name()
+            .map_err(|e| driver_error("reading the GPU name", e))?;
+        let multiprocessors = context
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| driver_error("reading the multiprocessor count", e))?
+            as usize;
+        let stream = context
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
+        Ok(Cuda {
+            context,
+            stream,
+            name,
+            arch: arch_for(major, minor),
+            multiprocessors,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The GPU's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The architecture kernels are compiled for, e.g. `sm_90a`.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// Streaming multiprocessors on the GPU.
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    /// The stream every deltakv op and copy runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The driver context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    /// Waits for all work queued on deltakv's stream; a kernel fault shows up here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("waiting for the GPU", e))
+    }
+
+    /// The kernel `function` of `source`, compiling and loading the source on first use.
+    pub fn function(&self, source: &KernelSource, function: &'static str) -> Result<CudaFunction> {
+        let key = (source.name, function);
+        if let Some(f) = lock(&self.functions).get(&key) {
+            return Ok(f.clone());
+        }
+        let module = self.module(source)?;
+        let f = module
+            .load_function(function)
+            .map_err(|e| driver_error(&format!("loading kernel `{function}`"), e))?;
+        lock(&self.functions).insert(key, f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, source: &KernelSource) -> Result<Arc<CudaModule>> {
+        if let Some(m) = lock(&self.modules).get(source.name) {
+            return Ok(m.clone());
+        }
+        let Compiled { cubin, .. } = compile::compile(source, &self.arch)?;
+        let module = self
+            .context
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| driver_error(&format!("loading module `{}`", source.name), e))?;
+        lock(&self.modules).insert(source.name, module.clone());
+        Ok(module)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

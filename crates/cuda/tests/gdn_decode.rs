@@ -1,0 +1,230 @@
+//! GDN decode on the GPU against the f64 oracle: the same suite and tolerances as the CPU
+//! (`deltakv_core::gdn::decode_check`), plus the GPU's own rules (validation before launch,
+//! the pool staying on the device across steps). On a machine without a CUDA device every
+//! test prints one "skipped (no CUDA device)" line and passes.
+
+use deltakv_core::gdn::decode_check::{BackendRun, check_options, decode_suite, run_decode_check};
+use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv_core::gdn::{
+    DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode as cpu_decode,
+};
+use deltakv_core::{HostTensor, Result};
+use deltakv_cuda::gdn::{gdn_decode, gdn_decode_checked};
+use deltakv_cuda::{Cuda, CudaTensor};
+use std::io::Write;
+
+fn device(test: &str) -> Option<&'static Cuda> {
+    match Cuda::get() {
+        Ok(cuda) => Some(cuda),
+        Err(e) => {
+            // Written to stderr directly, past the test harness's capture, so it shows.
+            let _ = writeln!(std::io::stderr(), "{test}: skipped (no CUDA device): {e}");
+            None
+        }
+    }
+}
+
+/// A case's tensors on the GPU.
+struct DeviceCase {
+    q: CudaTensor,
+    k: CudaTensor,
+    v: CudaTensor,
+    gates: Vec<(String, CudaTensor)>,
+    slots: CudaTensor,
+    pool: CudaTensor,
+}
+
+impl DeviceCase {
+    fn upload(cuda: &Cuda, case: &DecodeCase) -> Result<Self> {
+        let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
+        Ok(Self {
+            q: up(&case.q)?,
+            k: up(&case.k)?,
+            v: up(&case.v)?,
+            gates: case
+                .gates
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), up(t)?)))
+                .collect::<Result<_>>()?,
+            slots: up(&case.slot_indices)?,
+            pool: up(&case.state_pool)?,
+        })
+    }
+
+    /// Runs one decode call; the pool is updated in place on the GPU.
+    fn run(&mut self, cuda: &Cuda, opts: &DecodeOptions, checked: bool) -> Result<DecodeOutput> {
+        let gates = &self.gates;
+        let gate = |name: &str| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+        let gating = Gating::from_parts(
+            gate("g"),
+            gate("beta"),
+            gate("a"),
+            gate("b"),
+            gate("A_log"),
+            gate("dt_bias"),
+        )?;
+        let inputs = DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            gating,
+            slot_indices: &self.slots,
+        };
+        let out = if checked {
+            gdn_decode_checked(cuda, &inputs, &mut self.pool, opts)?
+        } else {
+            gdn_decode(cuda, &inputs, &mut self.pool, opts)?
+        };
+        Ok(DecodeOutput {
+            o: out.o.download(cuda)?,
+            intermediate_states: match out.intermediate_states {
+                Some(t) => Some(t.download(cuda)?),
+                None => None,
+            },
+        })
+    }
+}
+
+fn gpu_backend(cuda: &'static Cuda) -> impl Fn(&DecodeCase, &DecodeOptions) -> Result<BackendRun> {
+    move |case, opts| {
+        let mut dev = DeviceCase::upload(cuda, case)?;
+        let output = dev.run(cuda, opts, false)?;
+        Ok(BackendRun {
+            output,
+            pool: dev.pool.download(cuda)?,
+        })
+    }
+}
+
+#[test]
+fn the_decode_suite_against_the_oracle_on_the_gpu() {
+    let Some(cuda) = device("decode suite") else {
+        return;
+    };
+    println!("device: {} ({})", cuda.name(), cuda.arch());
+    let backend = gpu_backend(cuda);
+    let mut worst = [0f64; 3];
+    for case in decode_suite() {
+        let e = run_decode_check(&case, &backend).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{}: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+            case.name, e.o, e.intermediate_states, e.pool
+        );
+        for (w, x) in worst.iter_mut().zip([e.o, e.intermediate_states, e.pool]) {
+            if x.is_finite() {
+                *w = w.max(x);
+            }
+        }
+        // Without intermediate states: the same o and pool as with them.
+        let c = DecodeCase::random(&case.spec, case.seed).unwrap();
+        let with = backend(&c, &check_options(&case, true)).unwrap();
+        let without = backend(&c, &check_options(&case, false)).unwrap();
+        assert!(without.output.intermediate_states.is_none());
+        assert_eq!(without.output.o, with.output.o, "{}: o", case.name);
+        assert_eq!(without.pool, with.pool, "{}: pool", case.name);
+    }
+    println!(
+        "worst rel_rms: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+        worst[0], worst[1], worst[2]
+    );
+}
+
+#[test]
+fn steps_on_the_gpu_pool_match_cpu_steps() {
+    let Some(cuda) = device("serving loop") else {
+        return;
+    };
+    // Qwen3-Next's shape, fused gating, l2 norm: eight steps with the pool left on the GPU.
+    let mut spec = DecodeSpec::new(5, 1, 16, 32, 128, 128);
+    spec.fused_gating = true;
+    spec.raw_qk = true;
+    spec.skipped_rows = vec![2];
+    let opts = DecodeOptions {
+        gdn: deltakv_core::gdn::GdnOptions {
+            scale: None,
+            use_qk_l2norm: true,
+        },
+        intermediate_states: false,
+    };
+    let first = DecodeCase::random(&spec, 7000).unwrap();
+    let mut cpu_pool = first.state_pool.clone();
+    let mut gpu_pool = CudaTensor::upload(cuda, &first.state_pool).unwrap();
+    for step in 0..8u64 {
+        let case = DecodeCase::random(&spec, 7000 + step).unwrap();
+        let cpu = cpu_decode(&case.inputs().unwrap(), &mut cpu_pool, &opts).unwrap();
+        let mut dev = DeviceCase::upload(cuda, &case).unwrap();
+        std::mem::swap(&mut dev.pool, &mut gpu_pool);
+        let gpu = dev.run(cuda, &opts, true).unwrap();
+        std::mem::swap(&mut dev.pool, &mut gpu_pool);
+        let err = deltakv_core::metrics::rel_rms(
+            &gpu.o.to_f32_vec("o").unwrap(),
+            &cpu.o.to_f64_vec("o").unwrap(),
+        );
+        assert!(
+            err < 2e-3,
+            "step {step}: o differs from the CPU by {err:.3e}"
+        );
+    }
+    let gpu_pool = gpu_pool.download(cuda).unwrap();
+    let err = deltakv_core::metrics::rel_rms(
+        &gpu_pool.to_f32_vec("pool").unwrap(),
+        &cpu_pool.to_f64_vec("pool").unwrap(),
+    );
+    println!("8 steps on the GPU pool: pool rel_rms against the CPU {err:.3e}");
+    assert!(
+        err < 1e-5,
+        "pool after 8 steps differs from the CPU by {err:.3e}"
+    );
+}
+
+#[test]
+fn bad_calls_are_refused_before_launch_and_leave_the_pool_alone() {
+    let Some(cuda) = device("bad calls") else {
+        return;
+    };
+    let spec = DecodeSpec::new(3, 2, 1, 2, 32, 32);
+    let case = DecodeCase::random(&spec, 8000).unwrap();
+    let attempt = |edit: &dyn Fn(&mut DecodeCase), checked: bool| -> (String, HostTensor) {
+        let mut c = case.clone();
+        edit(&mut c);
+        let mut dev = DeviceCase::upload(cuda, &c).unwrap();
+        let opts = DecodeOptions::default();
+        let err = dev.run(cuda, &opts, checked).unwrap_err().to_string();
+        (err, dev.pool.download(cuda).unwrap())
+    };
+    let set_slots = |values: Vec<i32>| {
+        move |c: &mut DecodeCase| {
+            c.slot_indices = HostTensor::from_i32(vec![3], values.clone()).unwrap()
+        }
+    };
+    for (slots, needle) in [
+        (vec![0, 9, 1], "slot_indices[1] = 9 is out of range"),
+        (vec![0, 1, 0], "both address slot 0"),
+    ] {
+        let (err, pool) = attempt(&set_slots(slots), false);
+        assert!(err.contains(needle), "{err}");
+        assert_eq!(pool, case.state_pool, "pool touched by a refused call");
+    }
+    let (err, pool) = attempt(
+        &|c: &mut DecodeCase| {
+            c.v = HostTensor::from_f32(vec![3, 2, 2, 16], vec![0.5; 192]).unwrap()
+        },
+        false,
+    );
+    assert!(err.contains("tensor `v`"), "{err}");
+    assert_eq!(pool, case.state_pool);
+    let (err, pool) = attempt(
+        &|c: &mut DecodeCase| {
+            let mut q = c.q.to_f32_vec("q").unwrap();
+            q[5] = f32::NAN;
+            c.q = HostTensor::from_f32_as(c.q.shape().to_vec(), &q, c.q.dtype()).unwrap();
+        },
+        true,
+    );
+    assert!(err.contains("`q`") || err.contains("q"), "{err}");
+    assert!(
+        err.to_lowercase().contains("nan") || err.contains("finite"),
+        "{err}"
+    );
+    assert_eq!(pool, case.state_pool);
+}

@@ -33,6 +33,10 @@ fn options(l2: bool, intermediate: bool) -> DecodeOptions {
     }
 }
 
+/// Held by tests that switch the process-wide SIMD level, and by tests that compare two
+/// calls bit for bit (which a level switch between them would break).
+static SIMD_LEVEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs one case of the shared suite on the CPU against the oracle, then checks that the path
 /// without intermediate states gives the same o and pool.
 fn check(case: &DecodeCheck) {
@@ -437,6 +441,8 @@ fn calls_from_inside_rayon_tasks_and_sequential_steps_agree() {
 
 #[test]
 fn decode_into_caller_buffers_equals_decode() {
+    // Bit-for-bit comparison: no other test may switch the SIMD level meanwhile.
+    let _simd = SIMD_LEVEL.lock().unwrap_or_else(|p| p.into_inner());
     use deltakv_core::gdn::gdn_decode_into;
     let mut spec = DecodeSpec::new(3, 3, 1, 2, 64, 96);
     spec.dtype = DType::F32;
@@ -490,6 +496,7 @@ fn every_simd_dispatch_level_matches_the_oracle() {
     // The portable build (no AVX2/FMA) and the AVX2 build of every decode path: T = 1 in place
     // (f32 and bf16 pools), and the block path (T > 1, intermediate states).
     use deltakv_core::simd::{SimdLimit, set_simd_limit};
+    let _simd = SIMD_LEVEL.lock().unwrap_or_else(|p| p.into_inner());
     for limit in [SimdLimit::Baseline, SimdLimit::Avx2, SimdLimit::Any] {
         set_simd_limit(limit);
         // V = 112 and 48 exercise the AVX-512 step's 64-, 32- and 16-column blocks, in place

@@ -31,9 +31,9 @@ pub enum Device {
     /// The portable CPU backend (rayon + runtime-dispatched SIMD). Always available.
     #[default]
     Cpu,
-    /// NVIDIA GPUs through CUDA. Not built into this version.
+    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN decode.
     Cuda,
-    /// Vulkan / Metal through wgpu. Not built into this version.
+    /// Vulkan / Metal through wgpu. Not built yet.
     Wgpu,
 }
 
@@ -46,14 +46,46 @@ impl Device {
         }
     }
 
-    /// Ok if ops can run on this device here, else a `DeviceUnavailable` error that says why.
+    /// Every device, in the order the command line lists them.
+    pub const ALL: [Device; 3] = [Device::Cpu, Device::Cuda, Device::Wgpu];
+
+    /// Ok if ops can run on this device here, else a `DeviceUnavailable` error that says why:
+    /// the backend was not built in, or (CUDA) the driver, a GPU or NVRTC is missing.
     pub fn ensure_available(self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda | Device::Wgpu => Err(Error::DeviceUnavailable {
+            #[cfg(feature = "cuda")]
+            Device::Cuda => deltakv_cuda::Cuda::get().map(drop),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
-                reason: "this build of deltakv has no such backend yet (only `cpu`)".to_string(),
+                reason: "deltakv was built without CUDA (cargo feature `cuda`)".to_string(),
             }),
+            Device::Wgpu => Err(Error::DeviceUnavailable {
+                device: self.name().to_string(),
+                reason: "deltakv has no wgpu backend yet".to_string(),
+            }),
+        }
+    }
+}
+
+impl Device {
+    /// Ok if `op` runs on this device in this build: the device is available and its backend
+    /// implements the op (CUDA has GDN decode so far; wgpu nothing yet).
+    pub fn ensure_runs(self, op: &str) -> Result<()> {
+        self.ensure_available()?;
+        let implemented = match self {
+            Device::Cpu => true,
+            Device::Cuda => op == "gdn decode",
+            Device::Wgpu => false,
+        };
+        if implemented {
+            Ok(())
+        } else {
+            Err(Error::DeviceUnavailable {
+                device: self.name().to_string(),
+                reason: format!("{op} is not implemented on {self} yet (CUDA has GDN decode)"),
+            })
         }
     }
 }
@@ -72,7 +104,8 @@ impl std::str::FromStr for Device {
             "cuda" => Ok(Device::Cuda),
             "wgpu" => Ok(Device::Wgpu),
             other => Err(Error::InvalidValue(format!(
-                "unknown device `{other}` (expected cpu, cuda or wgpu)"
+                "unknown device `{other}` (expected {})",
+                Device::ALL.map(Device::name).join(", ")
             ))),
         }
     }
@@ -85,20 +118,28 @@ pub fn gdn_prefill(
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
-    device.ensure_available()?;
+    device.ensure_runs("gdn prefill")?;
     deltakv_core::gdn::gdn_prefill(inputs, options, mode)
 }
 
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
 /// 1..=16 tokens per row, in place; see [`deltakv_core::gdn::decode`] for the math and layouts.
+///
+/// With host tensors on `Device::Cuda`, the inputs and the pool are copied to the GPU and the
+/// results back (a convenience for files and tests); a serving loop keeps its pool on the GPU
+/// and calls [`cuda::gdn::gdn_decode`] with [`cuda::CudaTensor`]s instead.
 pub fn gdn_decode(
     device: Device,
     inputs: &deltakv_core::gdn::DecodeInputs<'_>,
     state_pool: &mut HostTensor,
     options: &deltakv_core::gdn::DecodeOptions,
 ) -> Result<deltakv_core::gdn::DecodeOutput> {
-    device.ensure_available()?;
-    deltakv_core::gdn::gdn_decode(inputs, state_pool, options)
+    device.ensure_runs("gdn decode")?;
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => cuda_host::gdn_decode(inputs, state_pool, options),
+        _ => deltakv_core::gdn::gdn_decode(inputs, state_pool, options),
+    }
 }
 
 /// [`gdn_decode`] into caller-owned f32 buffers (`o [B, T, H, V]`, optional
@@ -111,11 +152,18 @@ pub fn gdn_decode_into(
     o: &mut [f32],
     intermediate_states: Option<&mut [f32]>,
 ) -> Result<deltakv_core::gdn::GdnDims> {
-    device.ensure_available()?;
+    device.ensure_runs("gdn decode into host buffers")?;
     deltakv_core::gdn::gdn_decode_into(inputs, state_pool, options, o, intermediate_states)
 }
 
 pub use deltakv_core::kv;
+
+/// The CUDA backend: device tensors ([`cuda::CudaTensor`]) and the ops that take them.
+#[cfg(feature = "cuda")]
+pub use deltakv_cuda as cuda;
+
+#[cfg(feature = "cuda")]
+mod cuda_host;
 
 /// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
 /// [`deltakv_core::kv`] for the math and shapes.
@@ -124,6 +172,6 @@ pub fn kv_attention(
     inputs: &kv::KvInputs<'_>,
     options: &kv::KvOptions,
 ) -> Result<kv::KvOutput> {
-    device.ensure_available()?;
+    device.ensure_runs("compressed-KV attention")?;
     deltakv_core::kv::kv_attention(inputs, options)
 }

@@ -59,8 +59,8 @@ pub fn warn_unknown(file: &TensorFile, known: &[&str]) {
 }
 
 pub fn run(args: GdnArgs) -> Result<()> {
-    let device = args.device.into();
-    deltakv::Device::ensure_available(device)?;
+    let device: deltakv::Device = args.device.into();
+    device.ensure_runs("gdn prefill")?;
     let file = TensorFile::load(&args.input)?;
     warn_unknown(&file, &KNOWN);
     let inputs = GdnInputs {

@@ -41,8 +41,8 @@ const KNOWN: [&str; 11] = [
 ];
 
 pub fn run(args: GdnDecodeArgs) -> Result<()> {
-    let device = args.device.into();
-    deltakv::Device::ensure_available(device)?;
+    let device: deltakv::Device = args.device.into();
+    device.ensure_runs("gdn decode")?;
     let mut file = TensorFile::load(&args.input)?;
     warn_unknown(&file, &KNOWN);
     let options = DecodeOptions {

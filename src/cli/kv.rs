@@ -89,8 +89,8 @@ pub fn options(args: &KvArgs) -> KvOptions {
 }
 
 pub fn run(args: KvArgs) -> Result<()> {
-    let device = args.device.into();
-    deltakv::Device::ensure_available(device)?;
+    let device: deltakv::Device = args.device.into();
+    device.ensure_runs("compressed-KV attention")?;
     let file = TensorFile::load(&args.input)?;
     super::gdn::warn_unknown(&file, &KNOWN);
     let inputs = KvInputs {

@@ -13,6 +13,7 @@ pub mod compile;
 pub mod gdn;
 pub mod runtime;
 pub mod tensor;
+pub mod timing;
 
 pub use runtime::Cuda;
 pub use tensor::CudaTensor;

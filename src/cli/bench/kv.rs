@@ -72,7 +72,7 @@ fn paired(
 
 pub fn run(args: KvBenchArgs) -> Result<()> {
     let device: Device = args.device.into();
-    device.ensure_available()?;
+    device.ensure_runs("compressed-KV attention")?;
     let mut contexts = args.contexts.clone();
     contexts.sort_unstable();
     if contexts.is_empty() || contexts[0] == 0 || args.batch == 0 {

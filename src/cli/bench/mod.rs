@@ -3,6 +3,8 @@
 
 mod gdn;
 mod gdn_decode;
+#[cfg(feature = "cuda")]
+mod gdn_decode_cuda;
 mod kv;
 
 use clap::{Args, Subcommand};

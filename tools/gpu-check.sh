@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves: build here, run on the GPU machine (which has no Rust).
+#
+#   tools/gpu-check.sh build        # here: release binary + test executables with `--features
+#                                   # cuda`, stripped, gathered in .carry/ (git-ignored); FLA's
+#                                   # wheels in .whl/
+#   tools/gpu-check.sh run [quick]  # there, from the repo root, carrying .carry and .whl:
+#                                   # the GPU tests, compute-sanitizer (memcheck, racecheck,
+#                                   # initcheck) over them, `deltakv bench gdn --device cuda`,
+#                                   # and FLA in the same call (tools/compare_fla.py); logs
+#                                   # under $OUT (or ./gpu-check-out), a summary printed last.
+#                                   # `quick` skips the sanitizers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# The last line of FILE matching PATTERN, or nothing (never fails).
+last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]}
+
+case "$mode" in
+build)
+    cargo build --release --features cuda
+    rm -rf .carry && mkdir -p .carry/tests
+    cp target/release/deltakv .carry/deltakv
+    cargo test --release --features cuda --workspace --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"]
+        crate = m["package_id"].split("#")[1].split("@")[0]
+        shutil.copy(exe, f".carry/tests/{crate}-{name}")
+'
+    strip .carry/deltakv .carry/tests/*
+    [ -d .whl ] || bash ../shared/tools/fla-wheels.sh .whl
+    du -sh .carry .whl
+    ;;
+run)
+    out=${OUT:-gpu-check-out}
+    mkdir -p "$out"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    # GPU tests (the CPU suites run in CI): every executable of the CUDA crate.
+    for t in .carry/tests/deltakv-cuda-*; do
+        name=$(basename "$t")
+        if "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'worst rel_rms' "$out/$name.log") $(last 'pool rel_rms against' "$out/$name.log")")
+        else
+            summary+=("FAIL $name (see $name.log)")
+        fi
+    done
+    if [ "${2:-}" != quick ]; then
+        for tool in memcheck racecheck initcheck; do
+            t=.carry/tests/deltakv-cuda-gdn_decode
+            if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
+                >"$out/sanitizer-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool: $(last 'SUMMARY' "$out/sanitizer-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool: $(last 'SUMMARY' "$out/sanitizer-$tool.log")")
+            fi
+        done
+    fi
+    .carry/deltakv bench gdn --device cuda --decode-batches 1,32,64,256 --json "$out/deltakv-decode.json" |
+        tee "$out/bench.txt"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
+    PYTHONPATH=/tmp/fla-site python3 tools/compare_fla.py --deltakv-json "$out/deltakv-decode.json" \
+        --csv "$out/decode-vs-fla.csv" 2>&1 | tee "$out/compare.txt"
+    echo "== summary"
+    printf '%s\n' "${summary[@]}"
+    ;;
+*)
+    echo "usage: tools/gpu-check.sh build|run [quick]" >&2
+    exit 2
+    ;;
+esac

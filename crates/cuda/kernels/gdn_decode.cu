@@ -10,19 +10,32 @@
 //     o_t <- scale * S^T q_t
 //
 // One block of 128 threads owns one (row, value head, tile of columns): the tile's K x W slab
-// lives in registers for all T tokens, so the pool is read once and written once per call.
-// Thread (row group r = tid / 8, column group c = tid % 8) holds rows r, r + 16, r + 32, ...
-// (ROWS of them) and VEC consecutive columns; W = 8 * VEC. Both S^T k and S^T q come from one
-// reduction over the decayed state: o_t = scale * (S_dec^T q_t + (k_t . q_t) v'), which equals
-// the definition because S_new^T q = S_dec^T q + q . k v'.
+// is read from the pool once, kept for all T tokens, and written back once. Thread (row group
+// r = tid / 8, column group c = tid % 8) owns rows r, r + 16, r + 32, ... (ROWS of them) and
+// VEC consecutive columns; W = 8 * VEC.
+//
+// The slab lands in shared memory through cp.async, each thread copying exactly the elements
+// it owns (so no barrier guards them). Holding it there rather than in registers lets many
+// more blocks, and so many more bytes, be in flight per multiprocessor: the kernel is bound by
+// memory bandwidth, and register-resident slabs capped it at 4 to 6 blocks per SM.
+//
+// Per token, two sweeps over the owned elements: the first forms S^T k and S^T q (the decay is
+// a scalar, applied to the sums), the second writes exp(g) S + k v'^T. One reduction serves
+// both sums: o_t = scale * (S_dec^T q_t + (k_t . q_t) v'), equal to the definition because
+// S_new^T q = S_dec^T q + q . k v'. A token costs two block barriers; q, k, v and the gates of
+// the next token are loaded while the current one is computed.
 //
 // A negative slot writes zeros to o (and to the intermediate states) and touches no slot.
 
+#define MAX_K 256
 #define THREADS 128
 #define COL_GROUPS 8
-#define ROW_GROUPS 16
+#define ROW_GROUPS (THREADS / COL_GROUPS)
 #define WARPS (THREADS / 32)
-#define MAX_K 256
+
+// The pool's element type: f32, or bf16 carried as its bits.
+template <bool BF16> struct Select { typedef float Elem; };
+template <> struct Select<true> { typedef unsigned short Elem; };
 
 struct DecodeParams {
     u64 q, k, v;                 // [B, T, Hg, K], [B, T, Hg, K], [B, T, H, V]
@@ -38,25 +51,38 @@ struct DecodeParams {
     float scale;
 };
 
-// Sums `x` over the block; every thread gets the total. `scratch` holds WARPS floats.
-__device__ __forceinline__ float block_sum(float x, float* scratch) {
-    x = warp_sum(x);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) total += scratch[w];
-    __syncthreads();
-    return total;
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
 }
 
+// Asynchronous copy of BYTES (4, 8 or 16; 2 is copied synchronously) from global to shared
+// memory.
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* dst, const void* src) {
+    if (BYTES == 2) {
+        *(unsigned short*)dst = *(const unsigned short*)src;
+    } else if (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(shared_address(dst)), "l"(src),
+                     "n"(BYTES));
+    }
+}
+
+__device__ __forceinline__ void copy_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// VEC pool elements (f32 or bf16) widened to f32.
 template <bool BF16_POOL, int VEC>
-__device__ __forceinline__ void load_cols(const void* pool, i64 index, float* dst) {
+__device__ __forceinline__ void widen(const void* src, float* dst) {
     if (BF16_POOL) {
-        const unsigned short* p = (const unsigned short*)pool + index;
+        const unsigned short* p = (const unsigned short*)src;
         if (VEC == 4) {
-            uint2 bits = *(const uint2*)p;
+            const uint2 bits = *(const uint2*)p;
             dst[0] = __uint_as_float(bits.x << 16);
             dst[1] = __uint_as_float(bits.x & 0xffff0000u);
             dst[2] = __uint_as_float(bits.y << 16);
@@ -66,21 +92,21 @@ __device__ __forceinline__ void load_cols(const void* pool, i64 index, float* ds
             for (int j = 0; j < VEC; ++j) dst[j] = bf16_to_f32(p[j]);
         }
     } else {
-        const float* p = (const float*)pool + index;
         if (VEC == 4) {
-            float4 x = *(const float4*)p;
+            const float4 x = *(const float4*)src;
             dst[0] = x.x; dst[1] = x.y; dst[2] = x.z; dst[3] = x.w;
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) dst[j] = p[j];
+            for (int j = 0; j < VEC; ++j) dst[j] = ((const float*)src)[j];
         }
     }
 }
 
+// VEC f32 values stored as pool elements (f32, or bf16 rounded to nearest even).
 template <bool BF16_POOL, int VEC>
-__device__ __forceinline__ void store_cols(void* pool, i64 index, const float* src) {
+__device__ __forceinline__ void narrow(void* dst, const float* src) {
     if (BF16_POOL) {
-        unsigned short* p = (unsigned short*)pool + index;
+        unsigned short* p = (unsigned short*)dst;
         if (VEC == 4) {
             uint2 bits;
             bits.x = (unsigned)f32_to_bf16(src[0]) | ((unsigned)f32_to_bf16(src[1]) << 16);
@@ -91,30 +117,80 @@ __device__ __forceinline__ void store_cols(void* pool, i64 index, const float* s
             for (int j = 0; j < VEC; ++j) p[j] = f32_to_bf16(src[j]);
         }
     } else {
-        float* p = (float*)pool + index;
         if (VEC == 4) {
-            *(float4*)p = make_float4(src[0], src[1], src[2], src[3]);
+            *(float4*)dst = make_float4(src[0], src[1], src[2], src[3]);
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) p[j] = src[j];
+            for (int j = 0; j < VEC; ++j) ((float*)dst)[j] = src[j];
         }
     }
 }
 
-template <int ROWS, int VEC, bool BF16_POOL>
+// What one token needs besides the state, loaded into registers one token ahead so that the
+// global-memory latency of q, k, v and the gates overlaps the state loads and the arithmetic.
+template <int VEC>
+struct TokenInputs {
+    float q[MAX_K / THREADS], k[MAX_K / THREADS];  // elements tid and tid + THREADS
+    float v[VEC];                                  // this thread's columns
+    float gate_a, gate_b;                          // g, beta (or a, b for fused gating); tid 0
+};
+
+template <int VEC>
+__device__ __forceinline__ void load_token(const DecodeParams& p, int K, int V, i64 token,
+                                           int head, int key_head, int col0,
+                                           TokenInputs<VEC>& in) {
+    const int H = p.value_heads;
+    const int tid = threadIdx.x;
+    const i64 qk_row = (token * p.key_heads + key_head) * K;
+#pragma unroll
+    for (int i = 0; i < MAX_K / THREADS; ++i) {
+        const int r = tid + THREADS * i;
+        in.q[i] = r < K ? load_float((const void*)p.q, qk_row + r, p.act_dtype) : 0.f;
+        in.k[i] = r < K ? load_float((const void*)p.k, qk_row + r, p.act_dtype) : 0.f;
+    }
+    const i64 v_row = (token * H + head) * V;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+        in.v[j] = col0 + j < V ? load_float((const void*)p.v, v_row + col0 + j, p.act_dtype) : 0.f;
+    if (tid == 0) {
+        const i64 gate = token * H + head;
+        if (p.fused_gating) {
+            in.gate_a = load_float((const void*)p.a, gate, p.a_dtype);
+            in.gate_b = load_float((const void*)p.b, gate, p.b_dtype);
+        } else {
+            in.gate_a = load_float((const void*)p.g, gate, p.g_dtype);
+            in.gate_b = load_float((const void*)p.beta, gate, p.beta_dtype);
+        }
+    }
+}
+
+// ROWS rows and VEC columns per thread; FIXED_DIM > 0 compiles for K = V = FIXED_DIM (row
+// offsets become immediates).
+template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM>
 __device__ void gdn_decode_body(const DecodeParams& p) {
+    typedef typename Select<BF16_POOL>::Elem Elem;
+    constexpr int TILE = COL_GROUPS * VEC;
     const int tile = blockIdx.x, head = blockIdx.y, row_b = blockIdx.z;
     const int tid = threadIdx.x;
     const int col_group = tid % COL_GROUPS, row_group = tid / COL_GROUPS;
-    const int K = p.key_dim, V = p.value_dim, H = p.value_heads, T = p.tokens;
+    const int warp = tid / 32, lane = tid % 32;
+    const int K = FIXED_DIM ? FIXED_DIM : p.key_dim;
+    const int V = FIXED_DIM ? FIXED_DIM : p.value_dim;
+    const int H = p.value_heads, T = p.tokens;
     const int key_head = head / (H / p.key_heads);
-    const int col0 = tile * (COL_GROUPS * VEC) + col_group * VEC;
+    const int col0 = tile * TILE + col_group * VEC;
     // VEC == 4 is only chosen when V % 4 == 0, so a vector is either wholly in or wholly out.
     const bool col_in = col0 < V;
 
+    // The slab lands in the pool's dtype; between tokens it is kept in f32 (for an f32 pool in
+    // place, for a bf16 pool in a second area the host sizes only when T > 1), so a bf16 pool
+    // is rounded once per call whatever T is.
+    extern __shared__ __align__(16) unsigned char slab_bytes[];
+    Elem* landing = (Elem*)slab_bytes;
+    float* work = (float*)(slab_bytes + (BF16_POOL ? ROWS * ROW_GROUPS * TILE * sizeof(Elem) : 0));
+    const int own = col_group * VEC;  // this thread's first column within the tile
     __shared__ float q_s[MAX_K], k_s[MAX_K];
-    __shared__ float scratch[WARPS];
-    __shared__ float partial[WARPS][2][COL_GROUPS * VEC];
+    __shared__ float partial[WARPS][2][TILE];
     __shared__ float gate_s[2];
 
     const i64 slot = load_index((const void*)p.slots, row_b, p.slot_dtype);
@@ -144,84 +220,97 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
         return;
     }
 
+    // Every global load of the first token is issued before any is used: the owned slab
+    // elements (asynchronously, into shared memory), then q, k, v and the gates.
     const i64 slab = ((i64)slot * H + head) * K * V;
-    float s[ROWS][VEC];
+    const Elem* pool = (const Elem*)p.pool;
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
         const int r = row_group + ROW_GROUPS * i;
+        Elem* dst = landing + r * TILE + own;
         if (r < K && col_in) {
-            load_cols<BF16_POOL, VEC>((const void*)p.pool, slab + (i64)r * V + col0, s[i]);
+            copy_async<VEC * sizeof(Elem)>(dst, pool + slab + (i64)r * V + col0);
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) s[i][j] = 0.f;
+            for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
         }
+    }
+    TokenInputs<VEC> next;
+    load_token<VEC>(p, K, V, (i64)row_b * T, head, key_head, col0, next);
+    float rate = 0.f, bias = 0.f;
+    if (tid == 0 && p.fused_gating) {
+        rate = -expf(load_float((const void*)p.a_log, head, p.a_log_dtype));
+        bias = load_float((const void*)p.dt_bias, head, p.dt_bias_dtype);
     }
 
     for (int t = 0; t < T; ++t) {
         const i64 token = (i64)row_b * T + t;
-        const i64 qk_row = (token * p.key_heads + key_head) * K;
-        float qq = 0.f, kk = 0.f, kq = 0.f;
-        for (int r = tid; r < K; r += THREADS) {
-            const float qv = load_float((const void*)p.q, qk_row + r, p.act_dtype);
-            const float kv = load_float((const void*)p.k, qk_row + r, p.act_dtype);
-            q_s[r] = qv;
-            k_s[r] = kv;
-            qq += qv * qv;
-            kk += kv * kv;
-            kq += kv * qv;
+        const TokenInputs<VEC> in = next;
+#pragma unroll
+        for (int i = 0; i < MAX_K / THREADS; ++i) {
+            const int r = tid + THREADS * i;
+            if (r < K) {
+                q_s[r] = in.q[i];
+                k_s[r] = in.k[i];
+            }
         }
         if (tid == 0) {
-            const i64 gate = token * H + head;
-            float g, beta;
+            float g = in.gate_a, beta = in.gate_b;
             if (p.fused_gating) {
-                const float a = load_float((const void*)p.a, gate, p.a_dtype);
-                const float b = load_float((const void*)p.b, gate, p.b_dtype);
-                const float a_log = load_float((const void*)p.a_log, head, p.a_log_dtype);
-                const float bias = load_float((const void*)p.dt_bias, head, p.dt_bias_dtype);
-                const float x = a + bias;
-                const float softplus = x > 20.f ? x : log1pf(expf(x));
-                g = -expf(a_log) * softplus;
-                beta = 1.f / (1.f + expf(-b));
-            } else {
-                g = load_float((const void*)p.g, gate, p.g_dtype);
-                beta = load_float((const void*)p.beta, gate, p.beta_dtype);
+                const float x = in.gate_a + bias;
+                g = rate * (x > 20.f ? x : log1pf(expf(x)));
+                beta = 1.f / (1.f + expf(-in.gate_b));
             }
             gate_s[0] = expf(g);
             gate_s[1] = beta;
         }
+        __syncthreads();  // q_s, k_s, gate_s published
+        if (t + 1 < T) load_token<VEC>(p, K, V, token + 1, head, key_head, col0, next);
+
+        // Every warp forms |q|^2, |k|^2 and k.q itself: no block-wide reduction needed.
+        float qq = 0.f, kk = 0.f, kq = 0.f;
+        for (int r = lane; r < K; r += 32) {
+            const float qv = q_s[r], kv = k_s[r];
+            qq = fmaf(qv, qv, qq);
+            kk = fmaf(kv, kv, kk);
+            kq = fmaf(kv, qv, kq);
+        }
         float q_scale = 1.f, k_scale = 1.f;
         if (p.l2norm) {
-            q_scale = rsqrtf(block_sum(qq, scratch) + 1e-6f);
-            k_scale = rsqrtf(block_sum(kk, scratch) + 1e-6f);
+            q_scale = rsqrtf(warp_sum(qq) + 1e-6f);
+            k_scale = rsqrtf(warp_sum(kk) + 1e-6f);
         }
-        kq = block_sum(kq, scratch) * q_scale * k_scale;  // also publishes q_s, k_s, gate_s
+        kq = warp_sum(kq) * q_scale * k_scale;
         const float decay = gate_s[0], beta = gate_s[1];
 
+        if (t == 0) copy_async_wait_all();  // this thread's slab elements have landed
         float sum_k[VEC], sum_q[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum_k[j] = sum_q[j] = 0.f;
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
             const int r = row_group + ROW_GROUPS * i;
-            const float kr = r < K ? k_s[r] * k_scale : 0.f;
-            const float qr = r < K ? q_s[r] * q_scale : 0.f;
+            float s[VEC];
+            if (t == 0) widen<BF16_POOL, VEC>(landing + r * TILE + own, s);
+            else widen<false, VEC>(work + r * TILE + own, s);
+            const float kr = r < K ? k_s[r] : 0.f;
+            const float qr = r < K ? q_s[r] : 0.f;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                s[i][j] *= decay;
-                sum_k[j] = fmaf(s[i][j], kr, sum_k[j]);
-                sum_q[j] = fmaf(s[i][j], qr, sum_q[j]);
+                sum_k[j] = fmaf(s[j], kr, sum_k[j]);
+                sum_q[j] = fmaf(s[j], qr, sum_q[j]);
             }
         }
-        // Lanes 8 apart share a column group: fold the warp's 4 row groups, then the warps.
+        // Lanes COL_GROUPS apart share a column group: fold the warp's row groups, then the
+        // warps.
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
 #pragma unroll
-            for (int offset = 8; offset < 32; offset <<= 1) {
+            for (int offset = COL_GROUPS; offset < 32; offset <<= 1) {
                 sum_k[j] += __shfl_xor_sync(0xffffffffu, sum_k[j], offset);
                 sum_q[j] += __shfl_xor_sync(0xffffffffu, sum_q[j], offset);
             }
         }
-        const int warp = tid / 32, lane = tid % 32;
         if (lane < COL_GROUPS) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
@@ -229,9 +318,9 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
                 partial[warp][1][lane * VEC + j] = sum_q[j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // partial sums published
         float new_v[VEC], out[VEC];
-        const i64 v_row = (token * H + head) * V;
+        const float k_decay = decay * k_scale, q_decay = decay * q_scale;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
             float sk = 0.f, sq = 0.f;
@@ -240,57 +329,58 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
                 sk += partial[w][0][col_group * VEC + j];
                 sq += partial[w][1][col_group * VEC + j];
             }
-            const bool in = col0 + j < V;
-            const float vv = in ? load_float((const void*)p.v, v_row + col0 + j, p.act_dtype) : 0.f;
-            new_v[j] = beta * (vv - sk);
-            out[j] = p.scale * (sq + kq * new_v[j]);
-        }
-#pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const int r = row_group + ROW_GROUPS * i;
-            const float kr = r < K ? k_s[r] * k_scale : 0.f;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) s[i][j] = fmaf(kr, new_v[j], s[i][j]);
+            new_v[j] = beta * (in.v[j] - k_decay * sk);
+            out[j] = p.scale * (q_decay * sq + kq * new_v[j]);
         }
         if (row_group == 0 && col_in) {
+            const i64 v_row = (token * H + head) * V;
 #pragma unroll
             for (int j = 0; j < VEC; ++j)
                 if (col0 + j < V) store_float((void*)p.o, v_row + col0 + j, p.out_dtype, out[j]);
         }
-        if (inter && col_in) {
-            const i64 base = (token * H + head) * K * V;
+        // Second sweep: S <- exp(g) S + k v'^T, to the pool after the last token.
+        const bool last = t + 1 == T;
+        const i64 inter_base = (token * H + head) * K * V;
 #pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                const int r = row_group + ROW_GROUPS * i;
-                if (r < K) store_cols<false, VEC>((void*)inter, base + (i64)r * V + col0, s[i]);
+        for (int i = 0; i < ROWS; ++i) {
+            const int r = row_group + ROW_GROUPS * i;
+            if (r >= K || !col_in) continue;
+            float s[VEC];
+            if (t == 0) widen<BF16_POOL, VEC>(landing + r * TILE + own, s);
+            else widen<false, VEC>(work + r * TILE + own, s);
+            const float kr = k_s[r] * k_scale;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s[j] = fmaf(kr, new_v[j], decay * s[j]);
+            if (inter) narrow<false, VEC>(inter + inter_base + (i64)r * V + col0, s);
+            if (last) {
+                narrow<BF16_POOL, VEC>((Elem*)p.pool + slab + (i64)r * V + col0, s);
+            } else {
+                narrow<false, VEC>(work + r * TILE + own, s);
             }
         }
-        __syncthreads();  // q_s, k_s, partial and gate_s are rewritten by the next token
-    }
-
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-        const int r = row_group + ROW_GROUPS * i;
-        if (r < K && col_in) store_cols<BF16_POOL, VEC>((void*)p.pool, slab + (i64)r * V + col0, s[i]);
+        if (!last) __syncthreads();  // q_s, k_s, partial and gate_s are rewritten next
     }
 }
 
 // One entry point per (rows per thread, columns per thread, pool dtype); the host picks ROWS =
-// ceil(K / 16) rounded up to 4, 8 or 16, and VEC = 4 when V % 4 == 0.
-#define DECODE_ENTRY(ROWS, VEC, BF16, NAME)                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const DecodeParams p) { \
-        gdn_decode_body<ROWS, VEC, BF16>(p);                                          \
+// ceil(K / 16) rounded up to 4, 8 or 16, and VEC = 4 when V % 4 == 0. The K = V = 128 entry
+// points (Qwen3-Next and most hybrid models) have their row offsets compiled in.
+#define DECODE_ENTRY(ROWS, VEC, BF16, FIXED, NAME)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const DecodeParams p) {     \
+        gdn_decode_body<ROWS, VEC, BF16, FIXED>(p);                                         \
     }
 
-DECODE_ENTRY(4, 4, false, gdn_decode_r4_v4_f32)
-DECODE_ENTRY(8, 4, false, gdn_decode_r8_v4_f32)
-DECODE_ENTRY(16, 4, false, gdn_decode_r16_v4_f32)
-DECODE_ENTRY(4, 1, false, gdn_decode_r4_v1_f32)
-DECODE_ENTRY(8, 1, false, gdn_decode_r8_v1_f32)
-DECODE_ENTRY(16, 1, false, gdn_decode_r16_v1_f32)
-DECODE_ENTRY(4, 4, true, gdn_decode_r4_v4_bf16)
-DECODE_ENTRY(8, 4, true, gdn_decode_r8_v4_bf16)
-DECODE_ENTRY(16, 4, true, gdn_decode_r16_v4_bf16)
-DECODE_ENTRY(4, 1, true, gdn_decode_r4_v1_bf16)
-DECODE_ENTRY(8, 1, true, gdn_decode_r8_v1_bf16)
-DECODE_ENTRY(16, 1, true, gdn_decode_r16_v1_bf16)
+DECODE_ENTRY(4, 4, false, 0, gdn_decode_r4_v4_f32)
+DECODE_ENTRY(8, 4, false, 0, gdn_decode_r8_v4_f32)
+DECODE_ENTRY(8, 4, false, 128, gdn_decode_k128_v128_f32)
+DECODE_ENTRY(16, 4, false, 0, gdn_decode_r16_v4_f32)
+DECODE_ENTRY(4, 1, false, 0, gdn_decode_r4_v1_f32)
+DECODE_ENTRY(8, 1, false, 0, gdn_decode_r8_v1_f32)
+DECODE_ENTRY(16, 1, false, 0, gdn_decode_r16_v1_f32)
+DECODE_ENTRY(4, 4, true, 0, gdn_decode_r4_v4_bf16)
+DECODE_ENTRY(8, 4, true, 0, gdn_decode_r8_v4_bf16)
+DECODE_ENTRY(8, 4, true, 128, gdn_decode_k128_v128_bf16)
+DECODE_ENTRY(16, 4, true, 0, gdn_decode_r16_v4_bf16)
+DECODE_ENTRY(4, 1, true, 0, gdn_decode_r4_v1_bf16)
+DECODE_ENTRY(8, 1, true, 0, gdn_decode_r8_v1_bf16)
+DECODE_ENTRY(16, 1, true, 0, gdn_decode_r16_v1_bf16)

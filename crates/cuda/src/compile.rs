@@ -27,21 +27,49 @@ pub struct Compiled {
     pub log: String,
 }
 
+/// What ptxas reported for one kernel of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: usize,
+    /// Bytes of spill stores plus spill loads.
+    pub spill_bytes: usize,
+}
+
 impl Compiled {
-    /// Bytes of spill stores and loads over every kernel in the image, from ptxas's report.
+    /// Registers and spills of each kernel, from ptxas's report in the log.
+    pub fn kernels(&self) -> Vec<KernelResources> {
+        let number_before = |line: &str, word: &str| -> Option<usize> {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = words.iter().position(|w| w.trim_end_matches(',') == word)?;
+            words.get(at.checked_sub(1)?)?.parse().ok()
+        };
+        let mut kernels: Vec<KernelResources> = Vec::new();
+        for line in self.log.lines() {
+            if let Some(rest) = line.split("Function properties for ").nth(1) {
+                kernels.push(KernelResources {
+                    name: rest.trim().to_string(),
+                    registers: 0,
+                    spill_bytes: 0,
+                });
+            } else if let Some(k) = kernels.last_mut() {
+                if line.contains("spill stores") {
+                    k.spill_bytes = line
+                        .split(',')
+                        .filter(|part| part.contains("spill"))
+                        .filter_map(|part| part.split_whitespace().next()?.parse::<usize>().ok())
+                        .sum();
+                } else if let Some(n) = number_before(line, "registers") {
+                    k.registers = n;
+                }
+            }
+        }
+        kernels
+    }
+
+    /// Bytes of spill stores and loads over every kernel in the image.
     pub fn spill_bytes(&self) -> usize {
-        self.log
-            .lines()
-            .filter(|line| line.contains("spill"))
-            .flat_map(|line| {
-                line.split(',').filter_map(|part| {
-                    let part = part.trim();
-                    part.contains("spill")
-                        .then(|| part.split_whitespace().next()?.parse::<usize>().ok())
-                        .flatten()
-                })
-            })
-            .sum()
+        self.kernels().iter().map(|k| k.spill_bytes).sum()
     }
 }
 

@@ -196,8 +196,27 @@ pub fn prepare_decode_launch(
         (8, 1, _) => "gdn_decode_r8_v1_bf16",
         _ => "gdn_decode_r16_v1_bf16",
     };
+    let name = if dims.key_dim == 128 && dims.value_dim == 128 {
+        if pool_name == "f32" {
+            "gdn_decode_k128_v128_f32"
+        } else {
+            "gdn_decode_k128_v128_bf16"
+        }
+    } else {
+        name
+    };
     let function = cuda.function(&SOURCE, name)?;
     let tiles = dims.value_dim.div_ceil(COL_GROUPS * vec);
+    // The slab's shared memory: rows x tile columns in the pool's dtype, plus an f32 copy
+    // between tokens for a bf16 pool with T > 1.
+    let slab_elems = rows_per_thread * 16 * COL_GROUPS * vec;
+    let pool_bytes = state_pool.dtype().size_in_bytes();
+    let shared_mem_bytes = slab_elems * pool_bytes
+        + if pool_bytes == 2 && dims.tokens > 1 {
+            slab_elems * 4
+        } else {
+            0
+        };
     if dims.batch > 65535 {
         return Err(Error::Unsupported(format!(
             "CUDA decode takes at most 65535 rows per call, got B = {}",
@@ -252,7 +271,7 @@ pub fn prepare_decode_launch(
     let config = LaunchConfig {
         grid_dim: (tiles as u32, dims.value_heads as u32, dims.batch as u32),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: shared_mem_bytes as u32,
     };
     Ok(DecodeLaunch {
         params,

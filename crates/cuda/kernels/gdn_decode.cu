@@ -29,8 +29,6 @@
 
 #define MAX_K 256
 #define THREADS 128
-#define COL_GROUPS 8
-#define ROW_GROUPS (THREADS / COL_GROUPS)
 #define WARPS (THREADS / 32)
 
 // The pool's element type: f32, or bf16 carried as its bits.
@@ -65,7 +63,10 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
     if (BYTES == 2) {
         *(unsigned short*)dst = *(const unsigned short*)src;
     } else if (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src));
+        // The 256-byte L2 prefetch hint: neighbouring row segments are read by the same warp or
+        // by the blocks of the neighbouring tiles, which run at the same time.
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(shared_address(dst)),
+                     "l"(src));
     } else {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(shared_address(dst)), "l"(src),
                      "n"(BYTES));
@@ -81,7 +82,15 @@ template <bool BF16_POOL, int VEC>
 __device__ __forceinline__ void widen(const void* src, float* dst) {
     if (BF16_POOL) {
         const unsigned short* p = (const unsigned short*)src;
-        if (VEC == 4) {
+        if (VEC == 8) {
+            const uint4 bits = *(const uint4*)p;
+            const unsigned words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                dst[2 * w] = __uint_as_float(words[w] << 16);
+                dst[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+            }
+        } else if (VEC == 4) {
             const uint2 bits = *(const uint2*)p;
             dst[0] = __uint_as_float(bits.x << 16);
             dst[1] = __uint_as_float(bits.x & 0xffff0000u);
@@ -92,9 +101,12 @@ __device__ __forceinline__ void widen(const void* src, float* dst) {
             for (int j = 0; j < VEC; ++j) dst[j] = bf16_to_f32(p[j]);
         }
     } else {
-        if (VEC == 4) {
-            const float4 x = *(const float4*)src;
-            dst[0] = x.x; dst[1] = x.y; dst[2] = x.z; dst[3] = x.w;
+        if (VEC % 4 == 0) {
+#pragma unroll
+            for (int h = 0; h < VEC / 4; ++h) {
+                const float4 x = ((const float4*)src)[h];
+                dst[4 * h] = x.x; dst[4 * h + 1] = x.y; dst[4 * h + 2] = x.z; dst[4 * h + 3] = x.w;
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) dst[j] = ((const float*)src)[j];
@@ -107,7 +119,13 @@ template <bool BF16_POOL, int VEC>
 __device__ __forceinline__ void narrow(void* dst, const float* src) {
     if (BF16_POOL) {
         unsigned short* p = (unsigned short*)dst;
-        if (VEC == 4) {
+        if (VEC == 8) {
+            unsigned words[4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                words[w] = (unsigned)f32_to_bf16(src[2 * w]) | ((unsigned)f32_to_bf16(src[2 * w + 1]) << 16);
+            *(uint4*)p = make_uint4(words[0], words[1], words[2], words[3]);
+        } else if (VEC == 4) {
             uint2 bits;
             bits.x = (unsigned)f32_to_bf16(src[0]) | ((unsigned)f32_to_bf16(src[1]) << 16);
             bits.y = (unsigned)f32_to_bf16(src[2]) | ((unsigned)f32_to_bf16(src[3]) << 16);
@@ -117,8 +135,10 @@ __device__ __forceinline__ void narrow(void* dst, const float* src) {
             for (int j = 0; j < VEC; ++j) p[j] = f32_to_bf16(src[j]);
         }
     } else {
-        if (VEC == 4) {
-            *(float4*)dst = make_float4(src[0], src[1], src[2], src[3]);
+        if (VEC % 4 == 0) {
+#pragma unroll
+            for (int h = 0; h < VEC / 4; ++h)
+                ((float4*)dst)[h] = make_float4(src[4 * h], src[4 * h + 1], src[4 * h + 2], src[4 * h + 3]);
         } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) ((float*)dst)[j] = src[j];
@@ -165,9 +185,12 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, int K, int V, 
 }
 
 // ROWS rows and VEC columns per thread; FIXED_DIM > 0 compiles for K = V = FIXED_DIM (row
-// offsets become immediates).
-template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM>
+// offsets become immediates); ONE_TOKEN compiles for T = 1 (no next-token registers);
+// COL_GROUPS threads span the tile's columns (8 by default: tiles of 8 * VEC columns).
+template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM, bool ONE_TOKEN = false,
+          int COL_GROUPS = 8>
 __device__ void gdn_decode_body(const DecodeParams& p) {
+    constexpr int ROW_GROUPS = THREADS / COL_GROUPS;
     typedef typename Select<BF16_POOL>::Elem Elem;
     constexpr int TILE = COL_GROUPS * VEC;
     const int tile = blockIdx.x, head = blockIdx.y, row_b = blockIdx.z;
@@ -176,10 +199,10 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     const int warp = tid / 32, lane = tid % 32;
     const int K = FIXED_DIM ? FIXED_DIM : p.key_dim;
     const int V = FIXED_DIM ? FIXED_DIM : p.value_dim;
-    const int H = p.value_heads, T = p.tokens;
+    const int H = p.value_heads, T = ONE_TOKEN ? 1 : p.tokens;
     const int key_head = head / (H / p.key_heads);
     const int col0 = tile * TILE + col_group * VEC;
-    // VEC == 4 is only chosen when V % 4 == 0, so a vector is either wholly in or wholly out.
+    // VEC > 1 is only chosen when V % VEC == 0, so a vector is either wholly in or wholly out.
     const bool col_in = col0 < V;
 
     // The slab lands in the pool's dtype; between tokens it is kept in f32 (for an f32 pool in
@@ -193,6 +216,10 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     __shared__ float partial[WARPS][2][TILE];
     __shared__ float gate_s[2];
 
+    // The first token's q, k, v and gates do not depend on the slot: their loads are issued
+    // first, so their latency overlaps the slot index's.
+    TokenInputs<VEC> next;
+    load_token<VEC>(p, K, V, (i64)row_b * T, head, key_head, col0, next);
     const i64 slot = load_index((const void*)p.slots, row_b, p.slot_dtype);
     float* inter = (float*)p.intermediate;
 
@@ -220,8 +247,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
         return;
     }
 
-    // Every global load of the first token is issued before any is used: the owned slab
-    // elements (asynchronously, into shared memory), then q, k, v and the gates.
+    // The owned slab elements are copied asynchronously into shared memory.
     const i64 slab = ((i64)slot * H + head) * K * V;
     const Elem* pool = (const Elem*)p.pool;
 #pragma unroll
@@ -235,8 +261,6 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
             for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
         }
     }
-    TokenInputs<VEC> next;
-    load_token<VEC>(p, K, V, (i64)row_b * T, head, key_head, col0, next);
     float rate = 0.f, bias = 0.f;
     if (tid == 0 && p.fused_gating) {
         rate = -expf(load_float((const void*)p.a_log, head, p.a_log_dtype));
@@ -364,23 +388,38 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
 
 // One entry point per (rows per thread, columns per thread, pool dtype); the host picks ROWS =
 // ceil(K / 16) rounded up to 4, 8 or 16, and VEC = 4 when V % 4 == 0. The K = V = 128 entry
-// points (Qwen3-Next and most hybrid models) have their row offsets compiled in.
-#define DECODE_ENTRY(ROWS, VEC, BF16, FIXED, NAME)                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const DecodeParams p) {     \
-        gdn_decode_body<ROWS, VEC, BF16, FIXED>(p);                                         \
+// points (Qwen3-Next and most hybrid models) have their row offsets compiled in, and the bf16
+// one takes 8 columns per thread, so each copy is 16 bytes and a block moves 16 KB, as in f32.
+#define DECODE_ENTRY_FULL(ROWS, VEC, BF16, FIXED, ONE, COLS, MIN_BLOCKS, NAME)            \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                      \
+        NAME(const DecodeParams p) {                                                       \
+        gdn_decode_body<ROWS, VEC, BF16, FIXED, ONE, COLS>(p);                              \
     }
+#define DECODE_ENTRY_BLOCKS(ROWS, VEC, BF16, FIXED, ONE, MIN_BLOCKS, NAME) \
+    DECODE_ENTRY_FULL(ROWS, VEC, BF16, FIXED, ONE, 8, MIN_BLOCKS, NAME)
+#define DECODE_ENTRY(ROWS, VEC, BF16, FIXED, NAME) \
+    DECODE_ENTRY_BLOCKS(ROWS, VEC, BF16, FIXED, false, 1, NAME)
 
 DECODE_ENTRY(4, 4, false, 0, gdn_decode_r4_v4_f32)
 DECODE_ENTRY(8, 4, false, 0, gdn_decode_r8_v4_f32)
 DECODE_ENTRY(8, 4, false, 128, gdn_decode_k128_v128_f32)
+DECODE_ENTRY_BLOCKS(8, 4, false, 128, true, 10, gdn_decode_k128_v128_t1_f32)
 DECODE_ENTRY(16, 4, false, 0, gdn_decode_r16_v4_f32)
 DECODE_ENTRY(4, 1, false, 0, gdn_decode_r4_v1_f32)
 DECODE_ENTRY(8, 1, false, 0, gdn_decode_r8_v1_f32)
 DECODE_ENTRY(16, 1, false, 0, gdn_decode_r16_v1_f32)
 DECODE_ENTRY(4, 4, true, 0, gdn_decode_r4_v4_bf16)
 DECODE_ENTRY(8, 4, true, 0, gdn_decode_r8_v4_bf16)
-DECODE_ENTRY(8, 4, true, 128, gdn_decode_k128_v128_bf16)
+DECODE_ENTRY(8, 8, true, 128, gdn_decode_k128_v128_bf16)
+DECODE_ENTRY_BLOCKS(8, 8, true, 128, true, 8, gdn_decode_k128_v128_t1_bf16)
 DECODE_ENTRY(16, 4, true, 0, gdn_decode_r16_v4_bf16)
 DECODE_ENTRY(4, 1, true, 0, gdn_decode_r4_v1_bf16)
 DECODE_ENTRY(8, 1, true, 0, gdn_decode_r8_v1_bf16)
 DECODE_ENTRY(16, 1, true, 0, gdn_decode_r16_v1_bf16)
+
+// K = V = 128, T = 1, for grids too small or large for 32-column tiles: 16-column tiles when
+// 32-column ones would not give every SM two blocks, and whole-row tiles (128 columns, 32 rows
+// per thread, 64 KB of f32 slab per block, contiguous in the pool) for large f32 batches.
+DECODE_ENTRY_FULL(8, 2, false, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_f32)
+DECODE_ENTRY_FULL(8, 4, true, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_bf16)
+DECODE_ENTRY_FULL(32, 4, false, 128, true, 32, 3, gdn_decode_k128_v128_t1_wide_f32)

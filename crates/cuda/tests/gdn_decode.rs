@@ -3,12 +3,14 @@
 //! the pool staying on the device across steps). On a machine without a CUDA device every
 //! test prints one "skipped (no CUDA device)" line and passes.
 
-use deltakv_core::gdn::decode_check::{BackendRun, check_options, decode_suite, run_decode_check};
+use deltakv_core::gdn::decode_check::{
+    BackendRun, DecodeCheck, check_options, decode_suite, run_decode_check,
+};
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::{
     DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode as cpu_decode,
 };
-use deltakv_core::{HostTensor, Result};
+use deltakv_core::{DType, HostTensor, Result};
 use deltakv_cuda::gdn::{gdn_decode, gdn_decode_checked};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
@@ -127,6 +129,41 @@ fn the_decode_suite_against_the_oracle_on_the_gpu() {
         "worst rel_rms: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
         worst[0], worst[1], worst[2]
     );
+}
+
+/// The K = V = 128, T = 1 entry points are chosen by grid size: B = 2 takes 16-column tiles,
+/// B = 17 32-column tiles, B = 64 (f32) whole-row tiles. Each one against the oracle.
+#[test]
+fn every_tile_width_at_the_qwen3_next_shape() {
+    let Some(cuda) = device("tile widths") else {
+        return;
+    };
+    let backend = gpu_backend(cuda);
+    for (batch, pool_dtype) in [
+        (2, DType::F32),
+        (2, DType::BF16),
+        (17, DType::F32),
+        (17, DType::BF16),
+        (64, DType::F32),
+        (64, DType::BF16),
+    ] {
+        let mut spec = DecodeSpec::new(batch, 1, 16, 32, 128, 128);
+        spec.pool_dtype = pool_dtype;
+        spec.fused_gating = true;
+        spec.raw_qk = true;
+        spec.skipped_rows = vec![1];
+        let check = DecodeCheck {
+            name: format!("Qwen3-Next B={batch} pool {pool_dtype}"),
+            spec,
+            use_qk_l2norm: true,
+            seed: 9500 + batch as u64,
+        };
+        let e = run_decode_check(&check, &backend).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{}: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+            check.name, e.o, e.intermediate_states, e.pool
+        );
+    }
 }
 
 #[test]

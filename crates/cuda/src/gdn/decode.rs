@@ -196,20 +196,31 @@ pub fn prepare_decode_launch(
         (8, 1, _) => "gdn_decode_r8_v1_bf16",
         _ => "gdn_decode_r16_v1_bf16",
     };
-    let name = if dims.key_dim == 128 && dims.value_dim == 128 {
-        if pool_name == "f32" {
-            "gdn_decode_k128_v128_f32"
-        } else {
-            "gdn_decode_k128_v128_bf16"
-        }
-    } else {
-        name
+    // K = V = 128 (Qwen3-Next and kin) has its own entry points, and at T = 1 a tile width
+    // chosen by grid size: 16 columns when 32-column tiles would leave SMs with fewer than two
+    // blocks, whole rows for large f32 batches, 32 columns otherwise (see the kernel).
+    let fixed_128 = dims.key_dim == 128 && dims.value_dim == 128;
+    let one_token = dims.tokens == 1;
+    let f32_pool = pool_name == "f32";
+    let heads = dims.batch * dims.value_heads;
+    let small_grid = heads * 4 < 2 * cuda.multiprocessors();
+    let large_grid = heads >= 2048;
+    // (name, columns per thread, column groups, rows per thread)
+    let (name, vec, col_groups, rows_per_thread) = match (fixed_128, one_token, f32_pool) {
+        (true, true, true) if small_grid => ("gdn_decode_k128_v128_t1_narrow_f32", 2, 8, 8),
+        (true, true, false) if small_grid => ("gdn_decode_k128_v128_t1_narrow_bf16", 4, 8, 8),
+        (true, true, true) if large_grid => ("gdn_decode_k128_v128_t1_wide_f32", 4, 32, 32),
+        (true, true, true) => ("gdn_decode_k128_v128_t1_f32", 4, COL_GROUPS, 8),
+        (true, true, false) => ("gdn_decode_k128_v128_t1_bf16", 8, COL_GROUPS, 8),
+        (true, false, true) => ("gdn_decode_k128_v128_f32", 4, COL_GROUPS, 8),
+        (true, false, false) => ("gdn_decode_k128_v128_bf16", 8, COL_GROUPS, 8),
+        _ => (name, vec, COL_GROUPS, rows_per_thread),
     };
     let function = cuda.function(&SOURCE, name)?;
-    let tiles = dims.value_dim.div_ceil(COL_GROUPS * vec);
+    let tiles = dims.value_dim.div_ceil(col_groups * vec);
     // The slab's shared memory: rows x tile columns in the pool's dtype, plus an f32 copy
     // between tokens for a bf16 pool with T > 1.
-    let slab_elems = rows_per_thread * 16 * COL_GROUPS * vec;
+    let slab_elems = rows_per_thread * (THREADS as usize / col_groups) * col_groups * vec;
     let pool_bytes = state_pool.dtype().size_in_bytes();
     let shared_mem_bytes = slab_elems * pool_bytes
         + if pool_bytes == 2 && dims.tokens > 1 {
@@ -273,6 +284,15 @@ pub fn prepare_decode_launch(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: shared_mem_bytes as u32,
     };
+    if shared_mem_bytes > 40 * 1024 {
+        // Above the 48 KB default (with the static part): ask for it explicitly.
+        function
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem_bytes as i32,
+            )
+            .map_err(|e| driver_error("raising the decode kernel's shared-memory limit", e))?;
+    }
     Ok(DecodeLaunch {
         params,
         function,

@@ -54,8 +54,8 @@ pub fn run(seed: u64) -> Result<()> {
     let (mut dk, mut dv) = (Vec::new(), Vec::new());
     for t in 0..context {
         for h in 0..hkv {
-            dk.extend(cache.decode_key(0, h, t));
-            dv.extend(cache.decode_value(0, h, t));
+            dk.extend(cache.decode_key(0, h, t)?);
+            dv.extend(cache.decode_value(0, h, t)?);
         }
     }
     let ideal = attention_reference(

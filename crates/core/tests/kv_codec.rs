@@ -330,8 +330,8 @@ fn cache_bytes_match_the_scheme() {
                 cache.append(0, &a, &a).unwrap();
                 let b = rng.normal_vec(3 * 2 * d, 1.0);
                 cache.append(1, &b, &b).unwrap();
-                assert_eq!(cache.seq_len(0), 10);
-                assert_eq!(cache.seq_len(1), 3);
+                assert_eq!(cache.seq_len(0).unwrap(), 10);
+                assert_eq!(cache.seq_len(1).unwrap(), 3);
                 let per = (d * (bk + bv) as usize) as f64 / 8.0 + 2.0 * norms.bytes() as f64;
                 let got = cache.bytes() as f64 / (13.0 * 2.0);
                 assert!((got - per).abs() <= 8.0, "d={d} {bk}/{bv}: {got} vs {per}");
@@ -408,18 +408,26 @@ fn cache_encoding_equals_the_codec_at_every_simd_level() {
             let (kq, vq) = (cache.key_quantizer(), cache.value_quantizer());
             let (mut scratch, mut codes) = (vec![0.0; d], vec![0u32; d]);
             for h in 0..heads {
-                let store = cache.head(0, h);
+                let store = cache.head(0, h).unwrap();
                 for t in 0..tokens {
                     let x = &k[(t * heads + h) * d..][..d];
                     let mut words = vec![0u32; kq.words()];
                     let norm = kq.encode(x, &mut words, &mut scratch, &mut codes);
                     assert_eq!(&store.k_codes[t * kq.words()..][..kq.words()], &words[..]);
-                    assert_eq!(store.k_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                    assert_eq!(
+                        store.k_norms.get(t).unwrap().to_bits(),
+                        norm.to_bits(),
+                        "{limit:?}"
+                    );
                     let x = &v[(t * heads + h) * d..][..d];
                     let mut words = vec![0u32; vq.words()];
                     let norm = vq.encode(x, &mut words, &mut scratch, &mut codes);
                     assert_eq!(&store.v_codes[t * vq.words()..][..vq.words()], &words[..]);
-                    assert_eq!(store.v_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                    assert_eq!(
+                        store.v_norms.get(t).unwrap().to_bits(),
+                        norm.to_bits(),
+                        "{limit:?}"
+                    );
                 }
             }
         }

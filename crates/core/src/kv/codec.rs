@@ -79,6 +79,21 @@ fn sum_squares(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `|x|` as f64. The vectorised f32 sum of squares serves every ordinary vector; when it
+/// overflows (a channel above ~1.8e19 at d = 128) or underflows towards zero (every channel
+/// below ~1e-15), the norm is recomputed in f64, whose range holds the square of any f32.
+#[inline(always)]
+pub fn vector_norm(x: &[f32]) -> f64 {
+    let fast = sum_squares(x);
+    if fast.is_finite() && fast >= 1e-30 {
+        return f64::from(fast).sqrt();
+    }
+    x.iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// Encoder/decoder for one bit width, dimension and rotation.
 #[derive(Clone, Debug)]
 pub struct Quantizer {
@@ -115,7 +130,7 @@ impl Quantizer {
         codes: &mut [u32],
     ) -> f32 {
         let d = self.dim();
-        let r = f64::from(sum_squares(&x[..d])).sqrt();
+        let r = vector_norm(&x[..d]);
         let y = &mut scratch[..d];
         self.rotation.forward(x, y);
         let inv = if r > 0.0 { (1.0 / r) as f32 } else { 0.0 };

@@ -250,3 +250,50 @@ fn cache_accessors_refuse_indices_out_of_range() {
     );
     assert_eq!(dense.seq_len(0).unwrap(), 0);
 }
+
+#[test]
+fn codec_and_rotation_refuse_short_buffers_and_bad_codes() {
+    use deltakv_core::kv::codebook::{CodebookKind, codebook};
+    use deltakv_core::kv::codec::{Quantizer, code_at, pack, unpack};
+    use deltakv_core::kv::rotation::Rotation;
+    use std::sync::Arc;
+    let d = 64;
+    let rotation = Arc::new(Rotation::new(d, 1).unwrap());
+    let q = Quantizer::new(
+        codebook(CodebookKind::LloydMax, d, 4).unwrap(),
+        rotation.clone(),
+    );
+    let (mut scratch, mut codes) = (vec![0.0f32; d], vec![0u32; d]);
+    let mut words = vec![0u32; q.words()];
+    let err = q
+        .encode(&[1.0; 10], &mut words, &mut scratch, &mut codes)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "buffer `x` holds 10 elements, at least 64 needed"
+    );
+    let err = q.decode(&words[..3], 1.0, &mut vec![0.0; d]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "buffer `words` holds 3 elements, at least 8 needed"
+    );
+    let err = rotation.forward(&[0.0; 64], &mut [0.0; 32]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rotation of dim 64 needs input and output of at least 64 values, got 64 and 32"
+    );
+    assert_eq!(
+        pack(&[3, 16], 4, &mut [0u32; 1]).unwrap_err().to_string(),
+        "code 1 = 16 does not fit in 4 bits"
+    );
+    assert_eq!(
+        code_at(&[0u32; 2], 4, 16).unwrap_err().to_string(),
+        "code 16 is out of range (2 words hold 16 codes of 4 bits)"
+    );
+    assert_eq!(
+        unpack(&[0u32; 1], 9, &mut [0u32; 2])
+            .unwrap_err()
+            .to_string(),
+        "bits = 9: packed codes take 1 to 8 bits"
+    );
+}

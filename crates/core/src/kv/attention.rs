@@ -342,10 +342,10 @@ pub fn attend_compressed(
             vq: cache.value_quantizer(),
         },
         |x, y| {
-            rotation.forward(x, y);
+            rotation.apply(x, y);
             y[plan.d..].iter_mut().for_each(|v| *v = 0.0);
         },
-        |y, x| rotation.inverse(&y[..plan.d], x),
+        |y, x| rotation.apply_inverse(&y[..plan.d], x),
     ))
 }
 

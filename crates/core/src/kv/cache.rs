@@ -203,12 +203,12 @@ impl EncodeJob<'_> {
             let out = &mut store.k_codes[(old + t) * wk..][..wk];
             let norm = self
                 .kq
-                .encode(&self.k[at..][..d], out, &mut scratch, &mut codes);
+                .encode_row(&self.k[at..][..d], out, &mut scratch, &mut codes);
             store.k_norms.push(norm);
             let out = &mut store.v_codes[(old + t) * wv..][..wv];
             let norm = self
                 .vq
-                .encode(&self.v[at..][..d], out, &mut scratch, &mut codes);
+                .encode_row(&self.v[at..][..d], out, &mut scratch, &mut codes);
             store.v_norms.push(norm);
         }
     }
@@ -374,7 +374,8 @@ impl KvCache {
         let w = self.k.words();
         let mut out = vec![0.0; self.scheme.dim];
         let norm = store.k_norms.get(t).unwrap_or(0.0);
-        self.k.decode(&store.k_codes[t * w..][..w], norm, &mut out);
+        self.k
+            .decode(&store.k_codes[t * w..][..w], norm, &mut out)?;
         Ok(out)
     }
 
@@ -385,7 +386,8 @@ impl KvCache {
         let w = self.v.words();
         let mut out = vec![0.0; self.scheme.dim];
         let norm = store.v_norms.get(t).unwrap_or(0.0);
-        self.v.decode(&store.v_codes[t * w..][..w], norm, &mut out);
+        self.v
+            .decode(&store.v_codes[t * w..][..w], norm, &mut out)?;
         Ok(out)
     }
 }

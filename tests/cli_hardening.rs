@@ -58,7 +58,7 @@ fn run_file_op(op: &str, input: &Path, output: &Path, extra: &[&str]) -> Run {
         "--output".as_ref(),
         output.as_os_str(),
     ];
-    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(a)));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     deltakv(&args)
 }
 

@@ -7,7 +7,9 @@ use deltakv_core::{HostTensor, Result};
 use deltakv_cuda::{Cuda, CudaTensor};
 
 /// GDN decode of host tensors on the GPU, with the contract's full check of the inputs'
-/// values before launch; `state_pool` is replaced by the updated pool.
+/// values before launch and of the results after; `state_pool` is replaced by the updated
+/// pool (as on the CPU, a result that overflowed is an error and the addressed slots then hold
+/// the overflowed states).
 pub fn gdn_decode(
     inputs: &DecodeInputs<'_>,
     state_pool: &mut HostTensor,
@@ -65,5 +67,16 @@ pub fn gdn_decode(
             .transpose()?,
     };
     *state_pool = pool.download(cuda)?;
+    // As on the CPU: a result that overflowed f32 from finite inputs is an error.
+    use deltakv_core::gdn::validate::{GDN_OVERFLOW_CAUSE, check_result_finite};
+    check_result_finite("o", &output.o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    if let Some(states) = &output.intermediate_states {
+        check_result_finite(
+            "intermediate_states",
+            states,
+            "b, t, h, k, v",
+            GDN_OVERFLOW_CAUSE,
+        )?;
+    }
     Ok(output)
 }

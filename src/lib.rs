@@ -22,6 +22,23 @@
 pub use deltakv_core::{
     DType, Error, HostTensor, Result, TensorData, gdn, io, metrics, rng, tensor,
 };
+/// The bf16 / f16 element types of [`TensorData`], re-exported so callers use the same
+/// version.
+pub use half;
+
+/// The README's and the docs' Rust code blocks, compiled and run as doctests so they cannot
+/// drift from the API.
+#[cfg(doctest)]
+mod markdown_examples {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/gdn-prefill.md")]
+    struct GdnPrefill;
+    #[doc = include_str!("../docs/gdn-decode.md")]
+    struct GdnDecode;
+    #[doc = include_str!("../docs/kv-cache.md")]
+    struct KvCacheDoc;
+}
 
 use deltakv_core::gdn::{GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 

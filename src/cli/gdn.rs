@@ -32,16 +32,23 @@ pub struct GdnArgs {
     /// initial_state [N,H,K,V] f32 and cu_seqlens [N+1] i32/i64. Metadata: scale, use_qk_l2norm.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output safetensors: o [B,T,H,V] (v's dtype) and final_state [N,H,K,V] f32.
+    /// Output safetensors: o [B,T,H,V] (v's dtype) and final_state [N,H,K,V] f32. Must not be
+    /// the input file; written through a temporary file, so a failed run leaves nothing.
     #[arg(long)]
     pub output: PathBuf,
+    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
+    /// in this build.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
+    /// Prefill algorithm: chunk (the fast WY path) or recurrent (token by token).
     #[arg(long, value_enum, default_value_t)]
     pub mode: ModeArg,
 }
 
-const KNOWN: [&str; 7] = ["q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"];
+const REQUIRED: [&str; 5] = ["q", "k", "v", "g", "beta"];
+const OPTIONAL: [&str; 2] = ["initial_state", "cu_seqlens"];
+/// Metadata keys read by `gdn` (and, with `intermediate_states`, `gdn-decode`).
+pub const METADATA: [&str; 2] = ["scale", "use_qk_l2norm"];
 
 /// Reads scale / use_qk_l2norm from the file's metadata.
 pub fn options_from_metadata(file: &TensorFile) -> Result<GdnOptions> {
@@ -51,18 +58,12 @@ pub fn options_from_metadata(file: &TensorFile) -> Result<GdnOptions> {
     })
 }
 
-/// Warns (stderr) about tensors the command will ignore, which are usually misspellings.
-pub fn warn_unknown(file: &TensorFile, known: &[&str]) {
-    for name in file.tensors.keys().filter(|n| !known.contains(&n.as_str())) {
-        eprintln!("warning: ignoring unexpected tensor `{name}`");
-    }
-}
-
 pub fn run(args: GdnArgs) -> Result<()> {
     let device: deltakv::Device = args.device.into();
     device.ensure_runs("gdn prefill")?;
-    let file = TensorFile::load(&args.input)?;
-    warn_unknown(&file, &KNOWN);
+    super::files::check_output(&args.input, &args.output)?;
+    let file = TensorFile::load_named(&args.input, &REQUIRED, &OPTIONAL)?;
+    super::files::warn_ignored(&file, &METADATA);
     let inputs = GdnInputs {
         q: file.require("q")?,
         k: file.require("k")?,

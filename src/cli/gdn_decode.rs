@@ -2,9 +2,9 @@
 //! `state_pool` and, when asked, `intermediate_states`.
 
 use super::DeviceArg;
-use super::gdn::{options_from_metadata, warn_unknown};
+use super::gdn::{METADATA, options_from_metadata};
 use clap::Args;
-use deltakv::gdn::validate::check_finite;
+use deltakv::gdn::validate::{GDN_OVERFLOW_CAUSE, check_finite, check_result_finite};
 use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating};
 use deltakv::io::TensorFile;
 use deltakv::{Result, gdn_decode};
@@ -19,32 +19,28 @@ pub struct GdnDecodeArgs {
     #[arg(long)]
     pub input: PathBuf,
     /// Output safetensors: o [B,T,H,V] (v's dtype), state_pool (the whole updated pool, same
-    /// dtype) and, with intermediate_states = true, intermediate_states [B,T,H,K,V] f32.
+    /// dtype) and, with intermediate_states = true, intermediate_states [B,T,H,K,V] f32. Must
+    /// not be the input file.
     #[arg(long)]
     pub output: PathBuf,
+    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
+    /// in this build.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
 }
 
-const KNOWN: [&str; 11] = [
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "a",
-    "b",
-    "A_log",
-    "dt_bias",
-    "state_pool",
-    "slot_indices",
-];
+/// The pool first: a file without it is not a decode input at all.
+const REQUIRED: [&str; 5] = ["state_pool", "q", "k", "v", "slot_indices"];
+/// Direct (g, beta) or fused (a, b, A_log, dt_bias) gating; `Gating::from_parts` picks.
+const OPTIONAL: [&str; 6] = ["g", "beta", "a", "b", "A_log", "dt_bias"];
 
 pub fn run(args: GdnDecodeArgs) -> Result<()> {
     let device: deltakv::Device = args.device.into();
     device.ensure_runs("gdn decode")?;
-    let mut file = TensorFile::load(&args.input)?;
-    warn_unknown(&file, &KNOWN);
+    super::files::check_output(&args.input, &args.output)?;
+    let mut file = TensorFile::load_named(&args.input, &REQUIRED, &OPTIONAL)?;
+    let metadata = [METADATA.as_slice(), &["intermediate_states"]].concat();
+    super::files::warn_ignored(&file, &metadata);
     let options = DecodeOptions {
         gdn: options_from_metadata(&file)?,
         intermediate_states: file.metadata_bool("intermediate_states")?.unwrap_or(false),
@@ -72,9 +68,12 @@ pub fn run(args: GdnDecodeArgs) -> Result<()> {
         )?,
         slot_indices: file.require("slot_indices")?,
     };
+    warn_if_every_row_skipped(inputs.slot_indices, options.intermediate_states)?;
     let started = Instant::now();
     let out = gdn_decode(device, &inputs, &mut pool, &options)?;
     let elapsed = started.elapsed();
+    // The library checks o and the intermediate states; the pool goes to a file too.
+    check_result_finite("state_pool", &pool, "s, h, k, v", GDN_OVERFLOW_CAUSE)?;
     let mut result = TensorFile::new();
     let o_shape = out.o.shape().to_vec();
     let pool_shape = pool.shape().to_vec();
@@ -99,5 +98,26 @@ pub fn run(args: GdnDecodeArgs) -> Result<()> {
         o_shape[1],
         elapsed.as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// A call whose every row is skipped (all slot indices negative) computes nothing: `o` and
+/// any intermediate states are zeros and the pool is written back unchanged. That is valid
+/// but rarely meant, so it gets a warning.
+fn warn_if_every_row_skipped(
+    slot_indices: &deltakv::HostTensor,
+    intermediate_states: bool,
+) -> Result<()> {
+    let slots = slot_indices.to_i64_vec("slot_indices")?;
+    if !slots.is_empty() && slots.iter().all(|&s| s < 0) {
+        let states = if intermediate_states {
+            ", intermediate_states"
+        } else {
+            ""
+        };
+        eprintln!(
+            "warning: every slot index is negative, so every row is skipped: o{states} will be all zeros and state_pool unchanged"
+        );
+    }
     Ok(())
 }

@@ -33,7 +33,8 @@ pub struct KvArgs {
     /// L_b = seq_lens[b] (or T).
     #[arg(long)]
     pub input: PathBuf,
-    /// Output safetensors: o [B,Tq,Hq,D] f32, metadata `cache_bytes`.
+    /// Output safetensors: o [B,Tq,Hq,D] f32, metadata `cache_bytes` and `mode`. Must not be
+    /// the input file.
     #[arg(long)]
     pub output: PathBuf,
     /// Key bits (2, 3, 4 or 8).
@@ -51,16 +52,22 @@ pub struct KvArgs {
     /// Storage of the per-vector norms.
     #[arg(long, value_enum, default_value_t)]
     pub norms: NormArg,
+    /// Codebook of the scalar codes.
     #[arg(long, value_enum, default_value_t)]
     pub codebook: CodebookArg,
-    /// Tokens per flash-decoding block.
+    /// Tokens per flash-decoding block (split-K work unit; changes speed, not results beyond
+    /// f32 rounding).
     #[arg(long, default_value_t = 512)]
     pub block_tokens: usize,
+    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
+    /// in this build.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
 }
 
-const KNOWN: [&str; 4] = ["q", "k", "v", "seq_lens"];
+const REQUIRED: [&str; 3] = ["q", "k", "v"];
+const OPTIONAL: [&str; 1] = ["seq_lens"];
+const METADATA: [&str; 1] = ["scale"];
 
 pub fn options(args: &KvArgs) -> KvOptions {
     KvOptions {
@@ -91,8 +98,9 @@ pub fn options(args: &KvArgs) -> KvOptions {
 pub fn run(args: KvArgs) -> Result<()> {
     let device: deltakv::Device = args.device.into();
     device.ensure_runs("compressed-KV attention")?;
-    let file = TensorFile::load(&args.input)?;
-    super::gdn::warn_unknown(&file, &KNOWN);
+    super::files::check_output(&args.input, &args.output)?;
+    let file = TensorFile::load_named(&args.input, &REQUIRED, &OPTIONAL)?;
+    super::files::warn_ignored(&file, &METADATA);
     let inputs = KvInputs {
         q: file.require("q")?,
         k: file.require("k")?,

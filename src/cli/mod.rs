@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod demo_decode;
 mod demo_kv;
+mod files;
 mod gdn;
 mod gdn_decode;
 mod kv;
@@ -25,9 +26,12 @@ struct Cli {
 /// The `--device` choices.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
 pub enum DeviceArg {
+    /// The CPU backend (always built; the numerical reference).
     #[default]
     Cpu,
+    /// NVIDIA GPUs through CUDA (not built into this version: answers "not available").
     Cuda,
+    /// Vulkan / Metal through wgpu (not built into this version: answers "not available").
     Wgpu,
 }
 

@@ -75,8 +75,8 @@ impl Case {
             let (mut kb, mut vb) = (Vec::new(), Vec::new());
             for t in 0..len {
                 for h in 0..hkv {
-                    kb.extend(cache.decode_key(b, h, t));
-                    vb.extend(cache.decode_value(b, h, t));
+                    kb.extend(cache.decode_key(b, h, t).unwrap());
+                    vb.extend(cache.decode_value(b, h, t).unwrap());
                 }
             }
             dk.push(kb);

@@ -58,7 +58,7 @@ fn lloyd_max_levels_are_sorted_symmetric_and_self_consistent() {
             for _ in 0..400 {
                 let x = rng.normal_vec(d, 1.0);
                 let r = x.iter().map(|v| v * v).sum::<f32>().sqrt();
-                rot.forward(&x, &mut y);
+                rot.forward(&x, &mut y).unwrap();
                 for &v in &y {
                     let u = v / r;
                     let c = cb.levels[cb.nearest(u) as usize];
@@ -226,10 +226,10 @@ fn packing_round_trips_for_every_width_and_dim() {
         for bits in [1, 2, 3, 4, 5, 6, 7, 8] {
             let codes: Vec<u32> = (0..d).map(|_| rng.below(1 << bits) as u32).collect();
             let mut words = vec![u32::MAX; words_for(d, bits)];
-            pack(&codes, bits, &mut words);
+            pack(&codes, bits, &mut words).unwrap();
             assert_eq!(words.len(), (d * bits as usize).div_ceil(32));
             let mut back = vec![0u32; d];
-            unpack(&words, bits, &mut back);
+            unpack(&words, bits, &mut back).unwrap();
             assert_eq!(back, codes, "d={d} bits={bits}");
             // LSB-first bit stream: bit j of code i sits at stream bit i*bits + j.
             for (i, &c) in codes.iter().enumerate() {
@@ -237,7 +237,7 @@ fn packing_round_trips_for_every_width_and_dim() {
                     let bit = i * bits as usize + j;
                     assert_eq!((words[bit / 32] >> (bit % 32)) & 1, (c >> j) & 1);
                 }
-                assert_eq!(code_at(&words, bits, i), c);
+                assert_eq!(code_at(&words, bits, i).unwrap(), c);
             }
             // Unused high bits of the last word stay zero.
             let used = d * bits as usize;
@@ -263,8 +263,8 @@ fn rotations_are_orthogonal_and_invertible() {
         }
         let x = Rng::new(d as u64).normal_vec(d, 1.0);
         let (mut y, mut back) = (vec![0.0; d], vec![0.0; d]);
-        rot.forward(&x, &mut y);
-        rot.inverse(&y, &mut back);
+        rot.forward(&x, &mut y).unwrap();
+        rot.inverse(&y, &mut back).unwrap();
         for (a, b) in x.iter().zip(&back) {
             assert!((a - b).abs() < 1e-5);
         }
@@ -289,9 +289,9 @@ fn decoded_vectors_keep_their_norm_and_approximate_the_input() {
             let mut err = 0.0f64;
             for _ in 0..50 {
                 let x = rng.normal_vec(d, 3.0);
-                let norm = q.encode(&x, &mut words, &mut scratch, &mut codes);
+                let norm = q.encode(&x, &mut words, &mut scratch, &mut codes).unwrap();
                 let mut back = vec![0.0; d];
-                q.decode(&words, norm, &mut back);
+                q.decode(&words, norm, &mut back).unwrap();
                 let r: f32 = x.iter().map(|v| v * v).sum::<f32>().sqrt();
                 let rb: f32 = back.iter().map(|v| v * v).sum::<f32>().sqrt();
                 assert!(
@@ -313,7 +313,9 @@ fn decoded_vectors_keep_their_norm_and_approximate_the_input() {
         Arc::new(Rotation::new(64, 1).unwrap()),
     );
     let mut words = vec![0u32; q.words()];
-    let norm = q.encode(&[0.0; 64], &mut words, &mut vec![0.0; 64], &mut vec![0; 64]);
+    let norm = q
+        .encode(&[0.0; 64], &mut words, &mut vec![0.0; 64], &mut vec![0; 64])
+        .unwrap();
     assert_eq!(norm, 0.0);
 }
 
@@ -330,8 +332,8 @@ fn cache_bytes_match_the_scheme() {
                 cache.append(0, &a, &a).unwrap();
                 let b = rng.normal_vec(3 * 2 * d, 1.0);
                 cache.append(1, &b, &b).unwrap();
-                assert_eq!(cache.seq_len(0), 10);
-                assert_eq!(cache.seq_len(1), 3);
+                assert_eq!(cache.seq_len(0).unwrap(), 10);
+                assert_eq!(cache.seq_len(1).unwrap(), 3);
                 let per = (d * (bk + bv) as usize) as f64 / 8.0 + 2.0 * norms.bytes() as f64;
                 let got = cache.bytes() as f64 / (13.0 * 2.0);
                 assert!((got - per).abs() <= 8.0, "d={d} {bk}/{bv}: {got} vs {per}");
@@ -408,18 +410,26 @@ fn cache_encoding_equals_the_codec_at_every_simd_level() {
             let (kq, vq) = (cache.key_quantizer(), cache.value_quantizer());
             let (mut scratch, mut codes) = (vec![0.0; d], vec![0u32; d]);
             for h in 0..heads {
-                let store = cache.head(0, h);
+                let store = cache.head(0, h).unwrap();
                 for t in 0..tokens {
                     let x = &k[(t * heads + h) * d..][..d];
                     let mut words = vec![0u32; kq.words()];
-                    let norm = kq.encode(x, &mut words, &mut scratch, &mut codes);
+                    let norm = kq.encode(x, &mut words, &mut scratch, &mut codes).unwrap();
                     assert_eq!(&store.k_codes[t * kq.words()..][..kq.words()], &words[..]);
-                    assert_eq!(store.k_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                    assert_eq!(
+                        store.k_norms.get(t).unwrap().to_bits(),
+                        norm.to_bits(),
+                        "{limit:?}"
+                    );
                     let x = &v[(t * heads + h) * d..][..d];
                     let mut words = vec![0u32; vq.words()];
-                    let norm = vq.encode(x, &mut words, &mut scratch, &mut codes);
+                    let norm = vq.encode(x, &mut words, &mut scratch, &mut codes).unwrap();
                     assert_eq!(&store.v_codes[t * vq.words()..][..vq.words()], &words[..]);
-                    assert_eq!(store.v_norms.get(t).to_bits(), norm.to_bits(), "{limit:?}");
+                    assert_eq!(
+                        store.v_norms.get(t).unwrap().to_bits(),
+                        norm.to_bits(),
+                        "{limit:?}"
+                    );
                 }
             }
         }

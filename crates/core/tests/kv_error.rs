@@ -35,8 +35,8 @@ fn table(spec: KvSpec, seed: u64) -> Vec<(u32, u32, f64, f64)> {
         let (mut dk, mut dv) = (Vec::new(), Vec::new());
         for tok in 0..t {
             for h in 0..hkv {
-                dk.extend(cache.decode_key(0, h, tok));
-                dv.extend(cache.decode_value(0, h, tok));
+                dk.extend(cache.decode_key(0, h, tok).unwrap());
+                dv.extend(cache.decode_value(0, h, tok).unwrap());
             }
         }
         let ideal = attention_reference(&case.q, &[&dk], &[&dv], dims, scale).unwrap();
@@ -134,8 +134,8 @@ fn decompose(case: &KvCase) -> Decomposition {
     let (mut dk, mut dv) = (Vec::new(), Vec::new());
     for tok in 0..t {
         for h in 0..hkv {
-            dk.extend(cache.decode_key(0, h, tok));
-            dv.extend(cache.decode_value(0, h, tok));
+            dk.extend(cache.decode_key(0, h, tok).unwrap());
+            dv.extend(cache.decode_value(0, h, tok).unwrap());
         }
     }
     let (k, v) = (case.keys(0), case.values(0));

@@ -1,4 +1,5 @@
-//! `deltakv bench gdn`: prefill throughput at model shapes.
+//! `deltakv bench gdn`: prefill throughput at model shapes, then decode latency
+//! (`gdn_decode.rs`). Every argument is checked before the first run.
 //!
 //! GFLOP/s counts each algorithm's own multiply-adds (2 flops each): the recurrent step does
 //! three K x V sweeps per token and head (S^T k and S^T q, then the update); the chunked path's
@@ -15,15 +16,18 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct GdnBenchArgs {
+    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
+    /// in this build.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
-    /// Prompt lengths to time.
+    /// Prompt lengths to time (prefill).
     #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
     pub seq_lens: Vec<usize>,
     /// Which prefill algorithms to time (chunk, recurrent).
     #[arg(long, value_delimiter = ',', default_value = "chunk,recurrent")]
     pub modes: Vec<super::super::gdn::ModeArg>,
-    /// Batch sizes for the decode benchmark (one decode step, pool of B slots).
+    /// Batch sizes for the decode benchmark that follows the prefill one (one decode step,
+    /// pool of B slots).
     #[arg(long, value_delimiter = ',', default_value = "1,32,256")]
     pub decode_batches: Vec<usize>,
     #[command(flatten)]
@@ -70,6 +74,8 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
             "--seq-lens: lengths must be at least 1, got {bad}"
         )));
     }
+    super::gdn_decode::check_batches(&args.decode_batches)?;
+    args.json.check()?;
     let total = SHAPES.len() * seq_lens.len() * args.modes.len();
     let bar = progress(total);
     let mut records = Vec::new();

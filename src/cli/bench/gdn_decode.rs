@@ -15,15 +15,21 @@ use std::time::{Duration, Instant};
 /// (name, Hg, H, K, V) of the decode shape.
 const SHAPE: (&str, usize, usize, usize, usize) = ("qwen3-next", 16, 32, 128, 128);
 
+/// Refuses a batch size of 0 (`--decode-batches`).
+pub fn check_batches(batches: &[usize]) -> Result<()> {
+    match batches.iter().find(|&&b| b == 0) {
+        Some(bad) => Err(deltakv::Error::InvalidValue(format!(
+            "--decode-batches: sizes must be at least 1, got {bad}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Times decode at each batch size (T = 1 with f32 and bf16 pools; and T = 4 with intermediate
 /// states at the smallest batch), prints a table and appends JSON records.
 pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Value>) -> Result<()> {
     device.ensure_available()?;
-    if let Some(bad) = batches.iter().find(|&&b| b == 0) {
-        return Err(deltakv::Error::InvalidValue(format!(
-            "--decode-batches: sizes must be at least 1, got {bad}"
-        )));
-    }
+    check_batches(batches)?;
     let (shape, key_heads, value_heads, key_dim, value_dim) = SHAPE;
     let mut cases = Vec::new();
     for &batch in batches {

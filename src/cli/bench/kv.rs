@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct KvBenchArgs {
+    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
+    /// in this build.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Context lengths (cached tokens per sequence) to time decode attention at.
@@ -29,8 +31,10 @@ pub struct KvBenchArgs {
     /// Head dimension.
     #[arg(long, default_value_t = 128)]
     pub dim: usize,
+    /// Bits per key coordinate in the compressed cache (2, 3, 4 or 8).
     #[arg(long, default_value_t = 4)]
     pub bits_k: u32,
+    /// Bits per value coordinate in the compressed cache (2, 3, 4 or 8).
     #[arg(long, default_value_t = 2)]
     pub bits_v: u32,
     /// Tokens per flash-decoding block.
@@ -81,7 +85,19 @@ pub fn run(args: KvBenchArgs) -> Result<()> {
         ));
     }
     let (b, hq, hkv, d) = (args.batch, args.hq, args.hkv, args.dim);
+    if hkv == 0 || hq == 0 || !hq.is_multiple_of(hkv) {
+        return Err(Error::InvalidValue(format!(
+            "--hq {hq} must be a positive multiple of --hkv {hkv}"
+        )));
+    }
+    if args.block_tokens == 0 {
+        return Err(Error::InvalidValue(
+            "--block-tokens must be at least 1".into(),
+        ));
+    }
     let scheme = KvScheme::new(d, hkv, args.bits_k, args.bits_v);
+    scheme.validate()?;
+    args.json.check()?;
     let mut cache = KvCache::new(scheme, b)?;
     let mut dense = DenseKvCache::new(d, hkv, b)?;
     let opts = AttnOptions {
@@ -136,14 +152,6 @@ pub fn run(args: KvBenchArgs) -> Result<()> {
             bytes_e as f64 / (1 << 20) as f64,
             bytes_e as f64 / bytes_c as f64,
         ));
-        if (ctx, b, hq, hkv, d) == (16384, 1, 32, 8, 128) {
-            lines.push(format!(
-                "            vs llama.cpp flash-attention decode on this machine kind (DESIGN.md): q4_0 43.5 ms ({:.1}x), q8_0 20.7 ms ({:.1}x), f16 13.6 ms ({:.1}x)",
-                43.5 / ms_c,
-                20.7 / ms_c,
-                13.6 / ms_c
-            ));
-        }
         records.push(json!({
             "op": "kv_decode_attention", "device": device.name(), "B": b, "context": ctx,
             "Hq": hq, "Hkv": hkv, "D": d, "bits_k": args.bits_k, "bits_v": args.bits_v,

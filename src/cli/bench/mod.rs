@@ -21,7 +21,8 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchOp {
-    /// GDN prefill (chunk and recurrent) at Qwen3-Next and Qwen3.5 shapes.
+    /// GDN prefill (chunk and recurrent) at Qwen3-Next and Qwen3.5 shapes, then GDN decode
+    /// (one step over a resident state pool) at the Qwen3-Next shape.
     Gdn(gdn::GdnBenchArgs),
     /// Compressed-KV encode and decode attention vs the exact f32 path.
     Kv(kv::KvBenchArgs),
@@ -77,7 +78,18 @@ pub fn write_json(path: &Path, records: &[serde_json::Value]) -> Result<()> {
 /// `--json FILE` shared by the benches.
 #[derive(Args, Debug, Clone)]
 pub struct JsonArg {
-    /// Also write the results as a JSON list of records to FILE.
+    /// Also write the results as a JSON list of records to FILE (its directory must exist;
+    /// checked before any run).
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+impl JsonArg {
+    /// Fails now, before minutes of timing, when the JSON file could not be written.
+    pub fn check(&self) -> Result<()> {
+        match &self.json {
+            Some(path) => crate::cli::files::check_creatable("--json", path),
+            None => Ok(()),
+        }
+    }
 }

@@ -33,9 +33,9 @@
 use super::decode_kernel::run_prepared;
 use super::decode_validate::prepare_decode;
 use super::prefill::GdnOptions;
-use super::validate::GdnDims;
+use super::validate::{GDN_OVERFLOW_CAUSE, GdnDims, check_result_finite, unravel};
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::tensor::{HostTensor, first_non_finite};
 
 /// How the decay `g` and write strength `beta` are given. `T` is the tensor type of the
 /// backend ([`HostTensor`] on the CPU).
@@ -156,7 +156,10 @@ pub struct DecodeOutput {
 }
 
 /// Runs GDN decode on the CPU, updating the addressed slots of `state_pool` (`[S, H, K, V]`,
-/// f32 or bf16) in place. On error nothing has been written.
+/// f32 or bf16) in place. On a validation error nothing has been written. When finite inputs
+/// overflow f32 during the update (huge v or beta), the result is an error naming `o` or
+/// `intermediate_states` and the position; the addressed slots then hold the overflowed
+/// states, so the caller drops them.
 ///
 /// ```
 /// use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
@@ -209,6 +212,15 @@ pub fn gdn_decode(
     } else {
         None
     };
+    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    if let Some(states) = &intermediate_states {
+        check_result_finite(
+            "intermediate_states",
+            states,
+            "b, t, h, k, v",
+            GDN_OVERFLOW_CAUSE,
+        )?;
+    }
     Ok(DecodeOutput {
         o,
         intermediate_states,
@@ -219,7 +231,8 @@ pub fn gdn_decode(
 /// every step (no allocation proportional to B * T, and no page faults on a fresh
 /// intermediate-states buffer): `o` is `[B, T, H, V]` and, when given, `intermediate_states` is
 /// `[B, T, H, K, V]` (then `options.intermediate_states` is ignored). Every element is written
-/// (zeros for skipped rows). Returns the call's sizes. On error nothing has been written.
+/// (zeros for skipped rows). Returns the call's sizes. On a validation error nothing has been
+/// written; an `o` that overflowed f32 is an error after the update, as in [`gdn_decode`].
 pub fn gdn_decode_into(
     inputs: &DecodeInputs<'_>,
     state_pool: &mut HostTensor,
@@ -260,5 +273,13 @@ pub fn gdn_decode_into(
         None => &mut [],
     };
     run_prepared(&p, state_pool, o, states);
+    if let Some(i) = first_non_finite(o) {
+        let shape = [d.batch, d.tokens, d.value_heads, d.value_dim];
+        return Err(Error::InvalidValue(format!(
+            "the result `o` holds a non-finite value ({}) at [b, t, h, v] = {:?} although every input was finite: an intermediate overflowed f32 ({GDN_OVERFLOW_CAUSE})",
+            o[i],
+            unravel(i, &shape)
+        )));
+    }
     Ok(d)
 }

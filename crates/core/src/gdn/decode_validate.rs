@@ -8,7 +8,7 @@ use super::gating::fused_gates;
 use super::prefill::GdnOptions;
 use super::validate::{
     GdnDims, activation_values, check_finite, expect_activation, expect_float, expect_rank,
-    expect_shape, gate_values, gdn_dims, l2_normalize_row,
+    expect_shape, gate_values, gdn_dims, l2_normalize_row, log_decay_values,
 };
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor, TensorMeta};
@@ -220,7 +220,7 @@ pub fn prepare_decode_values(
     let gate_shape = [batch, tokens, value_heads];
     let (g, beta) = match inputs.gating {
         Gating::Direct { g, beta } => (
-            gate_values("g", g, &gate_shape, "[B, T, H]")?,
+            log_decay_values(g, &gate_shape, "[B, T, H]")?,
             gate_values("beta", beta, &gate_shape, "[B, T, H]")?,
         ),
         Gating::Fused {

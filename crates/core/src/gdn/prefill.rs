@@ -8,7 +8,7 @@ use super::chunk::{CHUNK, ChunkScratch, chunk_step};
 use super::recurrent_kernel::{
     BLOCK, StateBlock, TokenStep, dot, load_block, pad_value, step_block, store_block,
 };
-use super::validate::{PreparedGdn, prepare_prefill};
+use super::validate::{GDN_OVERFLOW_CAUSE, PreparedGdn, check_result_finite, prepare_prefill};
 use crate::error::Result;
 use crate::rows::{OutputBuffer, RowWriter};
 use crate::tensor::HostTensor;
@@ -111,6 +111,15 @@ pub fn gdn_prefill(
     let final_state = HostTensor::from_f32(
         vec![p.seqs.len(), d.value_heads, d.key_dim, d.value_dim],
         final_state,
+    )?;
+    // Finite inputs can still overflow (huge v and beta, a state driven past f32's range);
+    // a NaN-filled result is refused rather than returned.
+    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    check_result_finite(
+        "final_state",
+        &final_state,
+        "n, h, k, v",
+        GDN_OVERFLOW_CAUSE,
     )?;
     Ok(GdnOutput { o, final_state })
 }

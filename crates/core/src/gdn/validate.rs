@@ -149,6 +149,44 @@ pub fn l2_normalize_row(row: &mut [f32]) {
 
 /// Fails on the first non-finite element of a float tensor (scanned in parallel, no copy).
 pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
+    match first_non_finite_data(data) {
+        None => Ok(()),
+        Some((i, x)) => Err(Error::InvalidValue(format!(
+            "tensor `{name}` holds a non-finite value ({x}) at flat index {i}"
+        ))),
+    }
+}
+
+/// Checks a result computed from validated (finite) inputs: a NaN or infinity there means an
+/// intermediate overflowed f32. The error names the tensor, the position (labelled by
+/// `axes`, e.g. `"b, t, h, v"`) and the likely `cause`.
+pub fn check_result_finite(name: &str, t: &HostTensor, axes: &str, cause: &str) -> Result<()> {
+    match first_non_finite_data(t.data()) {
+        None => Ok(()),
+        Some((i, x)) => Err(Error::InvalidValue(format!(
+            "the result `{name}` holds a non-finite value ({x}) at [{axes}] = {:?} although every input was finite: an intermediate overflowed f32 ({cause})",
+            unravel(i, t.shape())
+        ))),
+    }
+}
+
+/// The likely cause named by [`check_result_finite`] for GDN results.
+pub const GDN_OVERFLOW_CAUSE: &str =
+    "v, beta, k or the initial state too large for the state to stay within f32's range";
+
+/// The multi-index of flat index `i` in a row-major tensor of `shape`.
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (slot, &extent) in index.iter_mut().zip(shape).rev() {
+        let extent = extent.max(1);
+        *slot = i % extent;
+        i /= extent;
+    }
+    index
+}
+
+/// Index and value of the first non-finite element of a float tensor (None for integers).
+fn first_non_finite_data(data: &TensorData) -> Option<(usize, f32)> {
     /// Index of the first element whose exponent bits are all ones (inf or NaN). Blocks are
     /// tested with a branch-free OR (vectorisable) and searched only when one is flagged.
     fn first_bad<T: Copy + Sync>(
@@ -173,7 +211,7 @@ pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
                 }
             })
     }
-    let bad = match data {
+    match data {
         TensorData::F32(v) => {
             first_bad(v, |x| x.to_bits() & 0x7f80_0000 == 0x7f80_0000).map(|i| (i, v[i]))
         }
@@ -184,12 +222,6 @@ pub fn check_finite_data(name: &str, data: &TensorData) -> Result<()> {
             first_bad(v, |x| x.to_bits() & 0x7c00 == 0x7c00).map(|i| (i, v[i].to_f32()))
         }
         TensorData::I32(_) | TensorData::I64(_) => None,
-    };
-    match bad {
-        None => Ok(()),
-        Some((i, x)) => Err(Error::InvalidValue(format!(
-            "tensor `{name}` holds a non-finite value ({x}) at flat index {i}"
-        ))),
     }
 }
 
@@ -330,6 +362,29 @@ pub fn gate_values(
     Ok(values)
 }
 
+/// Largest accepted log decay. `exp(g)` multiplies the state at every token, so g > 0 grows it
+/// without bound (and overflows the chunked path's within-chunk decay ratios); every gating in
+/// use (Qwen3-Next's `-exp(A_log) * softplus(.)`, Mamba's, FLA's `logsigmoid`) gives g <= 0.
+pub const MAX_LOG_DECAY: f32 = 0.0;
+
+/// Reads the log decay `g` `[B, T, H]` ([`gate_values`]) and rejects any value above
+/// [`MAX_LOG_DECAY`], naming its position.
+pub fn log_decay_values(t: &HostTensor, expected: &[usize], layout: &str) -> Result<Vec<f32>> {
+    let values = gate_values("g", t, expected, layout)?;
+    if let Some(i) = values.iter().position(|&x| x > MAX_LOG_DECAY) {
+        let heads = expected.last().copied().unwrap_or(1).max(1);
+        let tokens = expected.get(1).copied().unwrap_or(1).max(1);
+        let (b, rest) = (i / (tokens * heads), i % (tokens * heads));
+        return Err(Error::InvalidValue(format!(
+            "tensor `g` holds a positive log decay ({}) at [b, t, h] = [{b}, {}, {}]: g must be <= 0 (the state is multiplied by exp(g) at every token, so g > 0 grows it without bound)",
+            values[i],
+            rest / heads,
+            rest % heads
+        )));
+    }
+    Ok(values)
+}
+
 /// The shape and dtype (must equal `dtype`, q's) of a q/k/v-like activation.
 pub(crate) fn expect_activation(
     name: &str,
@@ -430,7 +485,7 @@ pub fn prepare_prefill<'a>(
         dtype,
     )?;
     let gate_shape = [batch, tokens, value_heads];
-    let g = gate_values("g", inputs.g, &gate_shape, "[B, T, H]")?;
+    let g = log_decay_values(inputs.g, &gate_shape, "[B, T, H]")?;
     let beta = gate_values("beta", inputs.beta, &gate_shape, "[B, T, H]")?;
     let seqs = sequence_spans(inputs.cu_seqlens, batch, tokens)?;
     let initial_state = match inputs.initial_state {

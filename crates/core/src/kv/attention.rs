@@ -318,7 +318,7 @@ pub fn attend_compressed(
     opts: &AttnOptions,
 ) -> Result<Vec<f32>> {
     let s = cache.scheme();
-    let lens: Vec<usize> = (0..cache.batch()).map(|b| cache.seq_len(b)).collect();
+    let lens: Vec<usize> = (0..cache.batch()).map(|b| cache.len_of(b)).collect();
     check_call(q, &lens, tq, hq, s.kv_heads, s.dim, scale, opts)?;
     let plan = Plan {
         batch: lens.len(),
@@ -337,15 +337,15 @@ pub fn attend_compressed(
         scale,
         opts,
         |seq, head| HeadSource::Compressed {
-            store: cache.head(seq, head),
+            store: cache.store(seq, head),
             kq: cache.key_quantizer(),
             vq: cache.value_quantizer(),
         },
         |x, y| {
-            rotation.forward(x, y);
+            rotation.apply(x, y);
             y[plan.d..].iter_mut().for_each(|v| *v = 0.0);
         },
-        |y, x| rotation.inverse(&y[..plan.d], x),
+        |y, x| rotation.apply_inverse(&y[..plan.d], x),
     ))
 }
 
@@ -358,7 +358,7 @@ pub fn attend_dense(
     scale: f32,
     opts: &AttnOptions,
 ) -> Result<Vec<f32>> {
-    let lens: Vec<usize> = (0..cache.batch()).map(|b| cache.seq_len(b)).collect();
+    let lens: Vec<usize> = (0..cache.batch()).map(|b| cache.len_of(b)).collect();
     let (hkv, d) = (cache.kv_heads(), cache.dim());
     check_call(q, &lens, tq, hq, hkv, d, scale, opts)?;
     let plan = Plan {
@@ -377,7 +377,7 @@ pub fn attend_dense(
         scale,
         opts,
         |seq, head| {
-            let (k, v) = cache.head(seq, head);
+            let (k, v) = cache.store(seq, head);
             HeadSource::Dense { k, v }
         },
         |x, y| y.copy_from_slice(x),

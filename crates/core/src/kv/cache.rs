@@ -58,18 +58,47 @@ impl Norms {
         }
     }
 
-    /// Norm `t` as f32.
+    /// Norm `t` as f32; `None` past the stored tokens.
     #[inline]
-    pub fn get(&self, t: usize) -> f32 {
+    pub fn get(&self, t: usize) -> Option<f32> {
         match self {
-            Norms::F32(n) => n[t],
-            Norms::F16(n) => n[t].to_f32(),
+            Norms::F32(n) => n.get(t).copied(),
+            Norms::F16(n) => n.get(t).map(|x| x.to_f32()),
         }
     }
 
-    /// Copies norms `t0..t0 + out.len()` into `out` as f32.
+    /// Number of stored norms.
+    pub fn len(&self) -> usize {
+        match self {
+            Norms::F32(n) => n.len(),
+            Norms::F16(n) => n.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// First token at or after `from` whose stored norm is not finite (an f16 norm above
+    /// 65504).
+    fn first_overflow(&self, from: usize) -> Option<usize> {
+        let offset = match self {
+            Norms::F32(n) => n[from..].iter().position(|x| !x.is_finite()),
+            Norms::F16(n) => n[from..].iter().position(|x| !x.is_finite()),
+        };
+        offset.map(|i| from + i)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Norms::F32(n) => n.truncate(len),
+            Norms::F16(n) => n.truncate(len),
+        }
+    }
+
+    /// Copies norms `t0..t0 + out.len()` into `out` as f32 (crate-internal, as [`Self::get`]).
     #[inline]
-    pub fn copy_to(&self, t0: usize, out: &mut [f32]) {
+    pub(crate) fn copy_to(&self, t0: usize, out: &mut [f32]) {
         match self {
             Norms::F32(n) => out.copy_from_slice(&n[t0..t0 + out.len()]),
             Norms::F16(n) => {
@@ -174,12 +203,12 @@ impl EncodeJob<'_> {
             let out = &mut store.k_codes[(old + t) * wk..][..wk];
             let norm = self
                 .kq
-                .encode(&self.k[at..][..d], out, &mut scratch, &mut codes);
+                .encode_row(&self.k[at..][..d], out, &mut scratch, &mut codes);
             store.k_norms.push(norm);
             let out = &mut store.v_codes[(old + t) * wv..][..wv];
             let norm = self
                 .vq
-                .encode(&self.v[at..][..d], out, &mut scratch, &mut codes);
+                .encode_row(&self.v[at..][..d], out, &mut scratch, &mut codes);
             store.v_norms.push(norm);
         }
     }
@@ -244,12 +273,25 @@ impl KvCache {
     }
 
     /// Tokens cached for sequence `seq`.
-    pub fn seq_len(&self, seq: usize) -> usize {
+    pub fn seq_len(&self, seq: usize) -> Result<usize> {
+        check_seq(seq, self.batch())?;
+        Ok(self.len_of(seq))
+    }
+
+    /// [`Self::seq_len`] for a sequence index the caller has checked.
+    pub(crate) fn len_of(&self, seq: usize) -> usize {
         self.seqs[seq].first().map_or(0, |h| h.len)
     }
 
     /// The store of sequence `seq`, KV head `head`.
-    pub fn head(&self, seq: usize, head: usize) -> &HeadStore {
+    pub fn head(&self, seq: usize, head: usize) -> Result<&HeadStore> {
+        check_seq(seq, self.batch())?;
+        check_head(head, self.scheme.kv_heads)?;
+        Ok(self.store(seq, head))
+    }
+
+    /// [`Self::head`] for indices the caller has checked.
+    pub(crate) fn store(&self, seq: usize, head: usize) -> &HeadStore {
         &self.seqs[seq][head]
     }
 
@@ -285,33 +327,98 @@ impl KvCache {
                 job.run(store);
                 store.len = old + n;
             });
-        Ok(())
+        self.undo_on_norm_overflow(seq, n)
+    }
+
+    /// f16 norms hold at most 65504: a longer vector stores an infinite norm, which would turn
+    /// its scores into NaN. Such an append is undone (the cache is left as before) and refused.
+    fn undo_on_norm_overflow(&mut self, seq: usize, n: usize) -> Result<()> {
+        if self.scheme.norm_dtype != NormDType::F16 {
+            return Ok(());
+        }
+        let (wk, wv) = (self.k.words(), self.v.words());
+        let stores = &mut self.seqs[seq];
+        let old = stores.first().map_or(0, |h| h.len) - n;
+        let overflow = stores.iter().enumerate().find_map(|(h, store)| {
+            let key = store.k_norms.first_overflow(old).map(|t| ("k", t, h));
+            key.or_else(|| store.v_norms.first_overflow(old).map(|t| ("v", t, h)))
+        });
+        let Some((name, t, head)) = overflow else {
+            return Ok(());
+        };
+        for store in stores.iter_mut() {
+            store.len = old;
+            store.k_codes.truncate(old * wk + CODE_PAD);
+            store.v_codes.truncate(old * wv + CODE_PAD);
+            store.k_codes[old * wk..].fill(0);
+            store.v_codes[old * wv..].fill(0);
+            store.k_norms.truncate(old);
+            store.v_norms.truncate(old);
+        }
+        Err(Error::InvalidValue(format!(
+            "tensor `{name}`: the vector at token {}, head {head} has a norm beyond the f16 norm storage (at most 65504); use f32 norms",
+            t - old
+        )))
     }
 
     /// Bytes of codes plus norms, K and V together, over every sequence and head.
     pub fn bytes(&self) -> usize {
-        let tokens: usize = (0..self.batch()).map(|s| self.seq_len(s)).sum();
+        let tokens: usize = (0..self.batch()).map(|s| self.len_of(s)).sum();
         tokens * self.scheme.kv_heads * self.scheme.bytes_per_token_head()
     }
 
     /// Decoded key `t` of (seq, head) in the original basis.
-    pub fn decode_key(&self, seq: usize, head: usize, t: usize) -> Vec<f32> {
-        let store = self.head(seq, head);
+    pub fn decode_key(&self, seq: usize, head: usize, t: usize) -> Result<Vec<f32>> {
+        let store = self.head(seq, head)?;
+        check_token(t, store.len, seq)?;
         let w = self.k.words();
         let mut out = vec![0.0; self.scheme.dim];
+        let norm = store.k_norms.get(t).unwrap_or(0.0);
         self.k
-            .decode(&store.k_codes[t * w..][..w], store.k_norms.get(t), &mut out);
-        out
+            .decode(&store.k_codes[t * w..][..w], norm, &mut out)?;
+        Ok(out)
     }
 
     /// Decoded value `t` of (seq, head) in the original basis.
-    pub fn decode_value(&self, seq: usize, head: usize, t: usize) -> Vec<f32> {
-        let store = self.head(seq, head);
+    pub fn decode_value(&self, seq: usize, head: usize, t: usize) -> Result<Vec<f32>> {
+        let store = self.head(seq, head)?;
+        check_token(t, store.len, seq)?;
         let w = self.v.words();
         let mut out = vec![0.0; self.scheme.dim];
+        let norm = store.v_norms.get(t).unwrap_or(0.0);
         self.v
-            .decode(&store.v_codes[t * w..][..w], store.v_norms.get(t), &mut out);
-        out
+            .decode(&store.v_codes[t * w..][..w], norm, &mut out)?;
+        Ok(out)
+    }
+}
+
+fn check_seq(seq: usize, batch: usize) -> Result<()> {
+    if seq < batch {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue(format!(
+            "sequence {seq} is out of range (batch {batch})"
+        )))
+    }
+}
+
+fn check_head(head: usize, kv_heads: usize) -> Result<()> {
+    if head < kv_heads {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue(format!(
+            "KV head {head} is out of range (kv_heads {kv_heads})"
+        )))
+    }
+}
+
+fn check_token(t: usize, len: usize, seq: usize) -> Result<()> {
+    if t < len {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue(format!(
+            "token {t} is out of range (sequence {seq} holds {len} tokens)"
+        )))
     }
 }
 
@@ -350,12 +457,26 @@ impl DenseKvCache {
         self.seqs.len()
     }
 
-    pub fn seq_len(&self, seq: usize) -> usize {
+    /// Tokens cached for sequence `seq`.
+    pub fn seq_len(&self, seq: usize) -> Result<usize> {
+        check_seq(seq, self.batch())?;
+        Ok(self.len_of(seq))
+    }
+
+    /// [`Self::seq_len`] for a sequence index the caller has checked.
+    pub(crate) fn len_of(&self, seq: usize) -> usize {
         self.seqs[seq].first().map_or(0, |h| h.0.len() / self.dim)
     }
 
     /// (keys `[tokens, d]`, values `[tokens, d]`) of (seq, head).
-    pub fn head(&self, seq: usize, head: usize) -> (&[f32], &[f32]) {
+    pub fn head(&self, seq: usize, head: usize) -> Result<(&[f32], &[f32])> {
+        check_seq(seq, self.batch())?;
+        check_head(head, self.kv_heads)?;
+        Ok(self.store(seq, head))
+    }
+
+    /// [`Self::head`] for indices the caller has checked.
+    pub(crate) fn store(&self, seq: usize, head: usize) -> (&[f32], &[f32]) {
         let (k, v) = &self.seqs[seq][head];
         (k, v)
     }
@@ -375,7 +496,7 @@ impl DenseKvCache {
 
     /// Bytes of K and V (f32).
     pub fn bytes(&self) -> usize {
-        let tokens: usize = (0..self.batch()).map(|s| self.seq_len(s)).sum();
+        let tokens: usize = (0..self.batch()).map(|s| self.len_of(s)).sum();
         tokens * self.kv_heads * self.dim * 8
     }
 }

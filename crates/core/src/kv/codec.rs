@@ -12,6 +12,7 @@
 
 use super::codebook::Codebook;
 use super::rotation::Rotation;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 /// u32 words holding `dim` codes of `bits` bits.
@@ -19,9 +20,24 @@ pub fn words_for(dim: usize, bits: u32) -> usize {
     (dim * bits as usize).div_ceil(32)
 }
 
-/// Packs `codes` (each < 2^bits) LSB-first into `out` (overwritten; `words_for` words).
+/// Packs `codes` (each < 2^bits, 1 <= bits <= 8) LSB-first into `out` (overwritten; at least
+/// `words_for(codes.len(), bits)` words).
+pub fn pack(codes: &[u32], bits: u32, out: &mut [u32]) -> Result<()> {
+    check_bits_arg(bits)?;
+    check_len("out", out.len(), words_for(codes.len(), bits))?;
+    if let Some(i) = codes.iter().position(|&c| c >> bits != 0) {
+        return Err(Error::InvalidValue(format!(
+            "code {i} = {} does not fit in {bits} bits",
+            codes[i]
+        )));
+    }
+    pack_codes(codes, bits, &mut out[..words_for(codes.len(), bits)]);
+    Ok(())
+}
+
+/// [`pack`] for arguments the caller guarantees (the encoder's own buffers).
 #[inline(always)]
-pub fn pack(codes: &[u32], bits: u32, out: &mut [u32]) {
+pub(crate) fn pack_codes(codes: &[u32], bits: u32, out: &mut [u32]) {
     out.iter_mut().for_each(|w| *w = 0);
     let b = bits as usize;
     if 32 % b == 0 {
@@ -45,9 +61,22 @@ pub fn pack(codes: &[u32], bits: u32, out: &mut [u32]) {
     }
 }
 
-/// Code `i` of a packed stream.
+/// Code `i` of a packed stream of `bits`-bit codes (1 <= bits <= 8).
+pub fn code_at(words: &[u32], bits: u32, i: usize) -> Result<u32> {
+    check_bits_arg(bits)?;
+    let capacity = words.len() * 32 / bits as usize;
+    if i >= capacity {
+        return Err(Error::InvalidValue(format!(
+            "code {i} is out of range ({} words hold {capacity} codes of {bits} bits)",
+            words.len()
+        )));
+    }
+    Ok(read_code(words, bits, i))
+}
+
+/// [`code_at`] for an index the caller guarantees is inside the stream.
 #[inline]
-pub fn code_at(words: &[u32], bits: u32, i: usize) -> u32 {
+pub(crate) fn read_code(words: &[u32], bits: u32, i: usize) -> u32 {
     let b = bits as usize;
     let bit = i * b;
     let (word, shift) = (bit / 32, bit % 32);
@@ -59,9 +88,33 @@ pub fn code_at(words: &[u32], bits: u32, i: usize) -> u32 {
 }
 
 /// Unpacks `codes.len()` codes.
-pub fn unpack(words: &[u32], bits: u32, codes: &mut [u32]) {
+pub fn unpack(words: &[u32], bits: u32, codes: &mut [u32]) -> Result<()> {
+    check_bits_arg(bits)?;
+    check_len("words", words.len(), words_for(codes.len(), bits))?;
     for (i, c) in codes.iter_mut().enumerate() {
-        *c = code_at(words, bits, i);
+        *c = read_code(words, bits, i);
+    }
+    Ok(())
+}
+
+fn check_bits_arg(bits: u32) -> Result<()> {
+    if (1..=8).contains(&bits) {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue(format!(
+            "bits = {bits}: packed codes take 1 to 8 bits"
+        )))
+    }
+}
+
+/// Errors unless buffer `name` holds at least `needed` elements.
+fn check_len(name: &str, len: usize, needed: usize) -> Result<()> {
+    if len >= needed {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue(format!(
+            "buffer `{name}` holds {len} elements, at least {needed} needed"
+        )))
     }
 }
 
@@ -77,6 +130,21 @@ fn sum_squares(x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// `|x|` as f64. The vectorised f32 sum of squares serves every ordinary vector; when it
+/// overflows (a channel above ~1.8e19 at d = 128) or underflows towards zero (every channel
+/// below ~1e-15), the norm is recomputed in f64, whose range holds the square of any f32.
+#[inline(always)]
+pub fn vector_norm(x: &[f32]) -> f64 {
+    let fast = sum_squares(x);
+    if fast.is_finite() && fast >= 1e-30 {
+        return f64::from(fast).sqrt();
+    }
+    x.iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt()
 }
 
 /// Encoder/decoder for one bit width, dimension and rotation.
@@ -105,9 +173,25 @@ impl Quantizer {
     }
 
     /// Encodes `x` (length d) into `out` (`words()` words); returns the stored norm.
-    /// `scratch` holds at least d floats. A zero vector stores norm 0.
-    #[inline(always)]
+    /// `scratch` and `codes` hold at least d elements. A zero vector stores norm 0.
     pub fn encode(
+        &self,
+        x: &[f32],
+        out: &mut [u32],
+        scratch: &mut [f32],
+        codes: &mut [u32],
+    ) -> Result<f32> {
+        let d = self.dim();
+        check_len("x", x.len(), d)?;
+        check_len("out", out.len(), self.words())?;
+        check_len("scratch", scratch.len(), d)?;
+        check_len("codes", codes.len(), d)?;
+        Ok(self.encode_row(x, &mut out[..self.words()], scratch, codes))
+    }
+
+    /// [`Self::encode`] for buffers the caller guarantees (the cache's own rows).
+    #[inline(always)]
+    pub(crate) fn encode_row(
         &self,
         x: &[f32],
         out: &mut [u32],
@@ -115,9 +199,9 @@ impl Quantizer {
         codes: &mut [u32],
     ) -> f32 {
         let d = self.dim();
-        let r = f64::from(sum_squares(&x[..d])).sqrt();
+        let r = vector_norm(&x[..d]);
         let y = &mut scratch[..d];
-        self.rotation.forward(x, y);
+        self.rotation.apply(x, y);
         let inv = if r > 0.0 { (1.0 / r) as f32 } else { 0.0 };
         let cb = &self.codebook;
         if cb.bits <= 4 {
@@ -137,7 +221,7 @@ impl Quantizer {
             *v = cb.levels[c as usize];
         }
         let code_norm = f64::from(sum_squares(y)).sqrt();
-        pack(&codes[..d], self.bits(), out);
+        pack_codes(&codes[..d], self.bits(), out);
         if r > 0.0 && code_norm > 0.0 {
             (r / code_norm) as f32
         } else {
@@ -145,17 +229,22 @@ impl Quantizer {
         }
     }
 
-    /// The decoded vector in the rotated basis: `norm * c(idx)`.
-    pub fn decode_rotated(&self, words: &[u32], norm: f32, y: &mut [f32]) {
+    /// The decoded vector in the rotated basis: `norm * c(idx)` (`words()` words in, d out).
+    pub fn decode_rotated(&self, words: &[u32], norm: f32, y: &mut [f32]) -> Result<()> {
+        check_len("words", words.len(), self.words())?;
+        check_len("y", y.len(), self.dim())?;
         for (i, o) in y[..self.dim()].iter_mut().enumerate() {
-            *o = norm * self.codebook.levels[code_at(words, self.bits(), i) as usize];
+            *o = norm * self.codebook.levels[read_code(words, self.bits(), i) as usize];
         }
+        Ok(())
     }
 
-    /// The decoded vector `norm * Pi^T c(idx)`.
-    pub fn decode(&self, words: &[u32], norm: f32, x: &mut [f32]) {
+    /// The decoded vector `norm * Pi^T c(idx)` (`words()` words in, d out).
+    pub fn decode(&self, words: &[u32], norm: f32, x: &mut [f32]) -> Result<()> {
+        check_len("x", x.len(), self.dim())?;
         let mut y = vec![0.0f32; self.dim()];
-        self.decode_rotated(words, norm, &mut y);
-        self.rotation.inverse(&y, x);
+        self.decode_rotated(words, norm, &mut y)?;
+        self.rotation.apply_inverse(&y, x);
+        Ok(())
     }
 }

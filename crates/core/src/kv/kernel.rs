@@ -15,7 +15,7 @@
 //! with unit norms.
 
 use super::cache::HeadStore;
-use super::codec::{Quantizer, code_at};
+use super::codec::{Quantizer, read_code};
 use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma, has_avx512};
 
 /// Tokens decoded per tile.
@@ -200,7 +200,7 @@ fn decode_tile<const AVX: bool>(
         let w = &codes[t * words..];
         let row = &mut tile[t * dim..(t + 1) * dim];
         for (i, o) in row[..d].iter_mut().enumerate() {
-            *o = levels[code_at(w, bits, i) as usize];
+            *o = levels[read_code(w, bits, i) as usize];
         }
         row[d..].iter_mut().for_each(|v| *v = 0.0);
     }

@@ -10,6 +10,7 @@ use super::cache::{DenseKvCache, KvCache, NormDType};
 use super::codebook::CodebookKind;
 use super::{KvScheme, check_bits, check_head_dim};
 use crate::error::{Error, Result};
+use crate::gdn::validate::check_result_finite;
 use crate::tensor::{HostTensor, check_finite_at};
 
 /// The input tensors and the optional softmax scale (default D^-0.5).
@@ -221,8 +222,12 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
             (o, cache.bytes())
         }
     };
-    Ok(KvOutput {
-        o: HostTensor::from_f32(vec![dims.batch, dims.tq, dims.hq, dims.d], o)?,
-        cache_bytes,
-    })
+    let o = HostTensor::from_f32(vec![dims.batch, dims.tq, dims.hq, dims.d], o)?;
+    check_result_finite(
+        "o",
+        &o,
+        "b, tq, hq, d",
+        "q or v too large: a score or a weighted sum of values left f32's range",
+    )?;
+    Ok(KvOutput { o, cache_bytes })
 }

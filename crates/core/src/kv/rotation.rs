@@ -126,9 +126,33 @@ impl Rotation {
         matches!(self.kind, Kind::Hadamard { .. })
     }
 
-    /// `y = Pi x`.
+    /// `y = Pi x` (both at least d long).
+    pub fn forward(&self, x: &[f32], y: &mut [f32]) -> Result<()> {
+        self.check_lengths(x.len(), y.len())?;
+        self.apply(x, y);
+        Ok(())
+    }
+
+    /// `x = Pi^T y` (both at least d long).
+    pub fn inverse(&self, y: &[f32], x: &mut [f32]) -> Result<()> {
+        self.check_lengths(y.len(), x.len())?;
+        self.apply_inverse(y, x);
+        Ok(())
+    }
+
+    fn check_lengths(&self, input: usize, output: usize) -> Result<()> {
+        if input < self.dim || output < self.dim {
+            return Err(Error::InvalidValue(format!(
+                "rotation of dim {} needs input and output of at least {0} values, got {input} and {output}",
+                self.dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Self::forward`] for buffers the caller guarantees.
     #[inline(always)]
-    pub fn forward(&self, x: &[f32], y: &mut [f32]) {
+    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32]) {
         let d = self.dim;
         match &self.kind {
             Kind::Hadamard { signs } => {
@@ -147,8 +171,8 @@ impl Rotation {
         }
     }
 
-    /// `x = Pi^T y`.
-    pub fn inverse(&self, y: &[f32], x: &mut [f32]) {
+    /// [`Self::inverse`] for buffers the caller guarantees.
+    pub(crate) fn apply_inverse(&self, y: &[f32], x: &mut [f32]) {
         let d = self.dim;
         match &self.kind {
             Kind::Hadamard { signs } => {
@@ -179,7 +203,7 @@ impl Rotation {
         for j in 0..d {
             e.iter_mut().for_each(|v| *v = 0.0);
             e[j] = 1.0;
-            self.forward(&e, &mut col);
+            self.apply(&e, &mut col);
             for i in 0..d {
                 out[i * d + j] = f64::from(col[i]);
             }

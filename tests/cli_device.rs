@@ -1,0 +1,140 @@
+//! `--device` end to end. Where a device cannot run an op (built without its backend, no GPU
+//! on this machine, or an op the backend does not have yet), every command exits non-zero with
+//! one `error:` line that says why, and writes no output. Where CUDA is present, `gdn-decode
+//! --device cuda` writes what the CPU writes, to the tolerances of the decode suite.
+
+use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::io::TensorFile;
+use deltakv::{DType, Device};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn scratch(test: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("deltakv-cli-device-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn decode_file(pool_dtype: DType) -> (DecodeCase, TensorFile) {
+    let mut spec = DecodeSpec::new(3, 2, 2, 4, 64, 64);
+    spec.fused_gating = true;
+    spec.raw_qk = true;
+    spec.pool_dtype = pool_dtype;
+    spec.skipped_rows = vec![1];
+    let case = DecodeCase::random(&spec, 31).unwrap();
+    let mut file = TensorFile::new();
+    for (name, t) in [
+        ("q", &case.q),
+        ("k", &case.k),
+        ("v", &case.v),
+        ("slot_indices", &case.slot_indices),
+        ("state_pool", &case.state_pool),
+    ] {
+        file.insert(name, t.clone());
+    }
+    for (name, t) in &case.gates {
+        file.insert(name, t.clone());
+    }
+    file.metadata
+        .insert("use_qk_l2norm".to_string(), "true".to_string());
+    (case, file)
+}
+
+/// Runs `deltakv <command> --input IN --output OUT --device <device>` in a fresh folder;
+/// returns (success, stderr, the output if one was written, files left in the folder).
+fn run(
+    test: &str,
+    command: &str,
+    device: &str,
+    file: &TensorFile,
+) -> (bool, String, Option<TensorFile>, usize) {
+    let dir = scratch(test);
+    let input = dir.join("in.safetensors");
+    let output = dir.join("out.safetensors");
+    file.save(&input).unwrap();
+    let result = Command::new(env!("CARGO_BIN_EXE_deltakv"))
+        .args([command, "--device", device, "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr).to_string();
+    let written = output.exists().then(|| TensorFile::load(&output).unwrap());
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    std::fs::remove_dir_all(&dir).ok();
+    (result.status.success(), stderr, written, files)
+}
+
+/// The reason this build and machine give for CUDA, or None when CUDA runs here.
+fn cuda_unavailable() -> Option<String> {
+    Device::Cuda.ensure_available().err().map(|e| e.to_string())
+}
+
+#[test]
+fn an_unavailable_device_gets_one_line_and_no_output() {
+    let (_, decode) = decode_file(DType::F32);
+    let mut cases = vec![("gdn-decode", "wgpu", "deltakv has no wgpu backend yet")];
+    let cuda_reason = cuda_unavailable();
+    let cuda_expected = if cfg!(feature = "cuda") {
+        "no CUDA device"
+    } else {
+        "deltakv was built without CUDA (cargo feature `cuda`)"
+    };
+    if cuda_reason.is_some() {
+        cases.push(("gdn-decode", "cuda", cuda_expected));
+        cases.push(("gdn", "cuda", cuda_expected));
+        cases.push(("kv", "cuda", cuda_expected));
+    } else {
+        // CUDA runs here: the ops it does not have yet say so.
+        cases.push(("gdn", "cuda", "gdn prefill is not implemented on cuda yet"));
+        cases.push((
+            "kv",
+            "cuda",
+            "compressed-KV attention is not implemented on cuda yet",
+        ));
+    }
+    for (command, device, expected) in cases {
+        let (ok, stderr, written, files) = run("unavailable", command, device, &decode);
+        assert!(!ok, "{command} --device {device} succeeded");
+        assert_eq!(stderr.lines().count(), 1, "{command} {device}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: device `{device}` is not available: ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains(expected), "{command} {device}: {stderr}");
+        assert!(written.is_none(), "{command} {device} wrote an output");
+        assert_eq!(files, 1, "{command} {device} left a file beside the input");
+    }
+}
+
+#[test]
+fn gdn_decode_on_cuda_writes_what_the_cpu_writes() {
+    if let Some(reason) = cuda_unavailable() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "gdn-decode --device cuda: skipped (no CUDA device): {reason}"
+        );
+        return;
+    }
+    for pool_dtype in [DType::F32, DType::BF16] {
+        let (_, file) = decode_file(pool_dtype);
+        let (ok, stderr, cpu, _) = run("cpu", "gdn-decode", "cpu", &file);
+        assert!(ok, "{stderr}");
+        let (ok, stderr, gpu, _) = run("gpu", "gdn-decode", "cuda", &file);
+        assert!(ok, "{stderr}");
+        let (cpu, gpu) = (cpu.unwrap(), gpu.unwrap());
+        for (name, tolerance) in [("o", 2e-3), ("state_pool", 4e-3)] {
+            let a = gpu.get(name).unwrap().to_f32_vec(name).unwrap();
+            let b = cpu.get(name).unwrap().to_f64_vec(name).unwrap();
+            let err = deltakv::metrics::rel_rms(&a, &b);
+            assert!(
+                err < tolerance,
+                "{name} ({pool_dtype} pool): rel_rms {err:.3e}"
+            );
+        }
+    }
+}

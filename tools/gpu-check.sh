@@ -41,8 +41,9 @@ run)
     mkdir -p "$out"
     summary=()
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-    # GPU tests (the CPU suites run in CI): every executable of the CUDA crate.
-    for t in .carry/tests/deltakv-cuda-*; do
+    # GPU tests (the CPU suites run in CI): every executable of the CUDA crate, and the CLI's
+    # device tests (gdn-decode --device cuda against --device cpu).
+    for t in .carry/tests/deltakv-cuda-* .carry/tests/deltakv-cli_device; do
         name=$(basename "$t")
         if "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
             summary+=("PASS $name: $(last 'worst rel_rms' "$out/$name.log") $(last 'pool rel_rms against' "$out/$name.log")")
@@ -61,6 +62,9 @@ run)
             fi
         done
     fi
+    .carry/deltakv demo --tokens 1024 >"$out/demo.txt" 2>&1 &&
+        summary+=("PASS demo: $(last 'decode on cuda' "$out/demo.txt")") ||
+        summary+=("FAIL demo (see demo.txt)")
     .carry/deltakv bench gdn --device cuda --decode-batches 1,32,64,256 --json "$out/deltakv-decode.json" |
         tee "$out/bench.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null

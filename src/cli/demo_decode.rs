@@ -44,14 +44,17 @@ pub fn run(
     };
     let mut o = Vec::with_capacity(STEPS * value_heads * value_dim);
     let mut times = Vec::with_capacity(STEPS);
-    for t in 0..STEPS {
-        let [q, k, v, g, beta] = [&next.q, &next.k, &next.v, &next.g, &next.beta]
+    let step_tokens = |t: usize| -> Result<[HostTensor; 5]> {
+        Ok([&next.q, &next.k, &next.v, &next.g, &next.beta]
             .into_iter()
             .zip(&values)
             .map(|(tensor, vals)| token(tensor, vals, t))
             .collect::<Result<Vec<_>>>()?
             .try_into()
-            .expect("five tensors");
+            .expect("five tensors"))
+    };
+    for t in 0..STEPS {
+        let [q, k, v, g, beta] = step_tokens(t)?;
         let inputs = DecodeInputs {
             q: &q,
             k: &k,
@@ -65,6 +68,8 @@ pub fn run(
         o.extend(out.o.to_f32_vec("o")?);
     }
     times.sort_by(f64::total_cmp);
+    #[cfg(feature = "cuda")]
+    let gpu = gpu_steps(&step_tokens, final_state, &decode_options)?;
 
     // The oracle: the f64 recurrence over the same 64 tokens from the same starting state.
     next.initial_state = Some(final_state.clone());
@@ -96,5 +101,69 @@ pub fn run(
             "FAIL: error above tolerance"
         }
     );
+    #[cfg(feature = "cuda")]
+    let ok = ok && report_gpu(gpu, &reference)?;
     Ok(ok)
+}
+
+/// The GPU run: (o of every step, the final pool, per-step wall times), or the reason CUDA is
+/// unavailable.
+#[cfg(feature = "cuda")]
+type GpuSteps = std::result::Result<(Vec<f32>, HostTensor, Vec<f64>), String>;
+
+/// The same 64 steps on CUDA when a GPU is present: the pool uploaded once and updated in
+/// place on the GPU, each step's q, k, v, g, beta uploaded and its o copied back.
+#[cfg(feature = "cuda")]
+fn gpu_steps(
+    step_tokens: &dyn Fn(usize) -> Result<[HostTensor; 5]>,
+    final_state: &HostTensor,
+    options: &DecodeOptions,
+) -> Result<GpuSteps> {
+    use deltakv::cuda::{Cuda, CudaTensor};
+    let cuda = match Cuda::get() {
+        Ok(cuda) => cuda,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let mut pool = CudaTensor::upload(cuda, final_state)?;
+    let slots = CudaTensor::upload(cuda, &HostTensor::from_i32(vec![1], vec![0])?)?;
+    let (mut o, mut times) = (Vec::new(), Vec::new());
+    for t in 0..STEPS {
+        let started = Instant::now();
+        let [q, k, v, g, beta] = step_tokens(t)?.map(|h| CudaTensor::upload(cuda, &h));
+        let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
+        let inputs = DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating: Gating::Direct { g: &g, beta: &beta },
+            slot_indices: &slots,
+        };
+        let out = deltakv::cuda::gdn::gdn_decode(cuda, &inputs, &mut pool, options)?;
+        o.extend(out.o.download(cuda)?.to_f32_vec("o")?);
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Ok((o, pool.download(cuda)?, times)))
+}
+
+/// Prints the GPU run's lines; returns whether it is within the CPU's tolerances.
+#[cfg(feature = "cuda")]
+fn report_gpu(gpu: GpuSteps, reference: &deltakv::gdn::oracle::GdnReference) -> Result<bool> {
+    match gpu {
+        Err(reason) => {
+            println!("  decode on cuda: skipped ({reason})");
+            Ok(true)
+        }
+        Ok((o, pool, times)) => {
+            let o_err = rel_rms(&o, &reference.o);
+            let state_err = rel_rms(&pool.to_f32_vec("pool")?, &reference.final_state);
+            let ok = o_err < 2e-3 && state_err < 1e-5;
+            println!(
+                "  decode on cuda (pool resident on the GPU): per step, with the copies of its inputs and o, median {:.1} us; o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}: {}",
+                times[STEPS / 2],
+                if ok { "PASS" } else { "FAIL: error above tolerance" }
+            );
+            Ok(ok)
+        }
+    }
 }

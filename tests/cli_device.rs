@@ -42,6 +42,14 @@ fn decode_file(pool_dtype: DType) -> (DecodeCase, TensorFile) {
     (case, file)
 }
 
+/// The binary under test: Cargo's, or `DELTAKV_BIN` where the tests run away from the build
+/// (the GPU check carries them to a machine without Rust).
+fn binary() -> PathBuf {
+    std::env::var_os("DELTAKV_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deltakv")))
+}
+
 /// Runs `deltakv <command> --input IN --output OUT --device <device>` in a fresh folder;
 /// returns (success, stderr, the output if one was written, files left in the folder).
 fn run(
@@ -54,7 +62,7 @@ fn run(
     let input = dir.join("in.safetensors");
     let output = dir.join("out.safetensors");
     file.save(&input).unwrap();
-    let result = Command::new(env!("CARGO_BIN_EXE_deltakv"))
+    let result = Command::new(binary())
         .args([command, "--device", device, "--input"])
         .arg(&input)
         .arg("--output")

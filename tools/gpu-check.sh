@@ -45,7 +45,7 @@ run)
     # device tests (gdn-decode --device cuda against --device cpu).
     for t in .carry/tests/deltakv-cuda-* .carry/tests/deltakv-cli_device; do
         name=$(basename "$t")
-        if "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
+        if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
             summary+=("PASS $name: $(last 'worst rel_rms' "$out/$name.log") $(last 'pool rel_rms against' "$out/$name.log")")
         else
             summary+=("FAIL $name (see $name.log)")

@@ -161,7 +161,11 @@ fn report_gpu(gpu: GpuSteps, reference: &deltakv::gdn::oracle::GdnReference) -> 
             println!(
                 "  decode on cuda (pool resident on the GPU): per step, with the copies of its inputs and o, median {:.1} us; o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}: {}",
                 times[STEPS / 2],
-                if ok { "PASS" } else { "FAIL: error above tolerance" }
+                if ok {
+                    "PASS"
+                } else {
+                    "FAIL: error above tolerance"
+                }
             );
             Ok(ok)
         }

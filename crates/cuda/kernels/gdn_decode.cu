@@ -77,6 +77,44 @@ __device__ __forceinline__ void copy_async_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
+// Bulk copies through the copy engine (sm_90): one thread moves a whole contiguous slab
+// between global and shared memory, completion tracked by an mbarrier (loads) or a bulk group
+// (stores).
+__device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
+                 ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned phase) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(shared_address(bar)), "r"(phase) : "memory");
+    }
+}
+
+// Stores `bytes` of shared memory to global memory and waits until the shared side has been
+// read (the block may then exit). Writers must have run `fence.proxy.async.shared::cta` and
+// a barrier first.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 ::"l"(dst), "r"(shared_address(src)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 // VEC pool elements (f32 or bf16) widened to f32.
 template <bool BF16_POOL, int VEC>
 __device__ __forceinline__ void widen(const void* src, float* dst) {
@@ -186,9 +224,11 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, int K, int V, 
 
 // ROWS rows and VEC columns per thread; FIXED_DIM > 0 compiles for K = V = FIXED_DIM (row
 // offsets become immediates); ONE_TOKEN compiles for T = 1 (no next-token registers);
-// COL_GROUPS threads span the tile's columns (8 by default: tiles of 8 * VEC columns).
+// COL_GROUPS threads span the tile's columns (8 by default: tiles of 8 * VEC columns); BULK
+// (whole-row tiles only, so a block's slab is one contiguous range of the pool) moves the slab
+// in and out with bulk copies issued by one thread instead of per-thread copies.
 template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM, bool ONE_TOKEN = false,
-          int COL_GROUPS = 8>
+          int COL_GROUPS = 8, bool BULK = false>
 __device__ void gdn_decode_body(const DecodeParams& p) {
     constexpr int ROW_GROUPS = THREADS / COL_GROUPS;
     typedef typename Select<BF16_POOL>::Elem Elem;
@@ -215,6 +255,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     __shared__ float q_s[MAX_K], k_s[MAX_K];
     __shared__ float partial[WARPS][2][TILE];
     __shared__ float gate_s[2];
+    __shared__ __align__(8) unsigned long long bulk_bar;
 
     // The first token's q, k, v and gates do not depend on the slot: their loads are issued
     // first, so their latency overlaps the slot index's.
@@ -250,15 +291,24 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     // The owned slab elements are copied asynchronously into shared memory.
     const i64 slab = ((i64)slot * H + head) * K * V;
     const Elem* pool = (const Elem*)p.pool;
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-        const int r = row_group + ROW_GROUPS * i;
-        Elem* dst = landing + r * TILE + own;
-        if (r < K && col_in) {
-            copy_async<VEC * sizeof(Elem)>(dst, pool + slab + (i64)r * V + col0);
-        } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
+    constexpr unsigned SLAB_BYTES = FIXED_DIM * FIXED_DIM * sizeof(Elem);
+    if (BULK) {
+        if (tid == 0) {
+            bulk_barrier_init(&bulk_bar);
+            bulk_expect(&bulk_bar, SLAB_BYTES);
+            bulk_load(landing, pool + slab, SLAB_BYTES, &bulk_bar);
+        }
+    } else {
+    #pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int r = row_group + ROW_GROUPS * i;
+            Elem* dst = landing + r * TILE + own;
+            if (r < K && col_in) {
+                copy_async<VEC * sizeof(Elem)>(dst, pool + slab + (i64)r * V + col0);
+            } else {
+    #pragma unroll
+                for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
+            }
         }
     }
     float rate = 0.f, bias = 0.f;
@@ -307,7 +357,10 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
         kq = warp_sum(kq) * q_scale * k_scale;
         const float decay = gate_s[0], beta = gate_s[1];
 
-        if (t == 0) copy_async_wait_all();  // this thread's slab elements have landed
+        if (t == 0) {  // the slab (this thread's elements, or all of it) has landed
+            if (BULK) bulk_wait(&bulk_bar, 0);
+            else copy_async_wait_all();
+        }
         float sum_k[VEC], sum_q[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum_k[j] = sum_q[j] = 0.f;
@@ -376,13 +429,20 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) s[j] = fmaf(kr, new_v[j], decay * s[j]);
             if (inter) narrow<false, VEC>(inter + inter_base + (i64)r * V + col0, s);
-            if (last) {
+            if (last && BULK) {
+                narrow<BF16_POOL, VEC>(landing + r * TILE + own, s);
+            } else if (last) {
                 narrow<BF16_POOL, VEC>((Elem*)p.pool + slab + (i64)r * V + col0, s);
             } else {
                 narrow<false, VEC>(work + r * TILE + own, s);
             }
         }
         if (!last) __syncthreads();  // q_s, k_s, partial and gate_s are rewritten next
+    }
+    if (BULK) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        if (tid == 0) bulk_store((Elem*)p.pool + slab, landing, SLAB_BYTES);
     }
 }
 
@@ -394,6 +454,11 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                      \
         NAME(const DecodeParams p) {                                                       \
         gdn_decode_body<ROWS, VEC, BF16, FIXED, ONE, COLS>(p);                              \
+    }
+#define DECODE_ENTRY_BULK(ROWS, VEC, BF16, COLS, MIN_BLOCKS, NAME)                         \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                      \
+        NAME(const DecodeParams p) {                                                       \
+        gdn_decode_body<ROWS, VEC, BF16, 128, true, COLS, true>(p);                         \
     }
 #define DECODE_ENTRY_BLOCKS(ROWS, VEC, BF16, FIXED, ONE, MIN_BLOCKS, NAME) \
     DECODE_ENTRY_FULL(ROWS, VEC, BF16, FIXED, ONE, 8, MIN_BLOCKS, NAME)
@@ -411,15 +476,17 @@ DECODE_ENTRY(16, 1, false, 0, gdn_decode_r16_v1_f32)
 DECODE_ENTRY(4, 4, true, 0, gdn_decode_r4_v4_bf16)
 DECODE_ENTRY(8, 4, true, 0, gdn_decode_r8_v4_bf16)
 DECODE_ENTRY(8, 8, true, 128, gdn_decode_k128_v128_bf16)
-DECODE_ENTRY_BLOCKS(8, 8, true, 128, true, 8, gdn_decode_k128_v128_t1_bf16)
 DECODE_ENTRY(16, 4, true, 0, gdn_decode_r16_v4_bf16)
 DECODE_ENTRY(4, 1, true, 0, gdn_decode_r4_v1_bf16)
 DECODE_ENTRY(8, 1, true, 0, gdn_decode_r8_v1_bf16)
 DECODE_ENTRY(16, 1, true, 0, gdn_decode_r16_v1_bf16)
 
-// K = V = 128, T = 1, for grids too small or large for 32-column tiles: 16-column tiles when
-// 32-column ones would not give every SM two blocks, and whole-row tiles (128 columns, 32 rows
-// per thread, 64 KB of f32 slab per block, contiguous in the pool) for large f32 batches.
+// K = V = 128, T = 1, by grid size: 16-column tiles when 32-column ones would not give every
+// SM two blocks; otherwise whole-row tiles (a block owns one head's slab, contiguous in the
+// pool: 64 KB in f32, 32 KB in bf16) moved in and out by bulk copies, for bf16 pools at any
+// such size and for f32 pools at large batches (32-column tiles above).
 DECODE_ENTRY_FULL(8, 2, false, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_f32)
 DECODE_ENTRY_FULL(8, 4, true, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_bf16)
-DECODE_ENTRY_FULL(32, 4, false, 128, true, 32, 3, gdn_decode_k128_v128_t1_wide_f32)
+
+DECODE_ENTRY_BULK(32, 4, false, 32, 3, gdn_decode_k128_v128_t1_rows_f32)
+DECODE_ENTRY_BULK(16, 8, true, 16, 3, gdn_decode_k128_v128_t1_rows_bf16)

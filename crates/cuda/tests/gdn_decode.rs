@@ -132,7 +132,8 @@ fn the_decode_suite_against_the_oracle_on_the_gpu() {
 }
 
 /// The K = V = 128, T = 1 entry points are chosen by grid size: B = 2 takes 16-column tiles,
-/// B = 17 32-column tiles, B = 64 (f32) whole-row tiles. Each one against the oracle.
+/// B = 17 32-column tiles (f32) and bulk-copied whole rows (bf16), B = 64 whole rows for both.
+/// Each one against the oracle.
 #[test]
 fn every_tile_width_at_the_qwen3_next_shape() {
     let Some(cuda) = device("tile widths") else {

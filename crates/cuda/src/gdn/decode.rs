@@ -196,9 +196,10 @@ pub fn prepare_decode_launch(
         (8, 1, _) => "gdn_decode_r8_v1_bf16",
         _ => "gdn_decode_r16_v1_bf16",
     };
-    // K = V = 128 (Qwen3-Next and kin) has its own entry points, and at T = 1 a tile width
-    // chosen by grid size: 16 columns when 32-column tiles would leave SMs with fewer than two
-    // blocks, whole rows for large f32 batches, 32 columns otherwise (see the kernel).
+    // K = V = 128 (Qwen3-Next and kin) has its own entry points, and at T = 1 a tile chosen by
+    // grid size: 16 columns when 32-column tiles would leave SMs with fewer than two blocks;
+    // else whole rows moved by bulk copies for bf16 pools, and for f32 pools at large batches;
+    // 32 columns otherwise (see the kernel).
     let fixed_128 = dims.key_dim == 128 && dims.value_dim == 128;
     let one_token = dims.tokens == 1;
     let f32_pool = pool_name == "f32";
@@ -209,9 +210,9 @@ pub fn prepare_decode_launch(
     let (name, vec, col_groups, rows_per_thread) = match (fixed_128, one_token, f32_pool) {
         (true, true, true) if small_grid => ("gdn_decode_k128_v128_t1_narrow_f32", 2, 8, 8),
         (true, true, false) if small_grid => ("gdn_decode_k128_v128_t1_narrow_bf16", 4, 8, 8),
-        (true, true, true) if large_grid => ("gdn_decode_k128_v128_t1_wide_f32", 4, 32, 32),
+        (true, true, true) if large_grid => ("gdn_decode_k128_v128_t1_rows_f32", 4, 32, 32),
         (true, true, true) => ("gdn_decode_k128_v128_t1_f32", 4, COL_GROUPS, 8),
-        (true, true, false) => ("gdn_decode_k128_v128_t1_bf16", 8, COL_GROUPS, 8),
+        (true, true, false) => ("gdn_decode_k128_v128_t1_rows_bf16", 8, 16, 16),
         (true, false, true) => ("gdn_decode_k128_v128_f32", 4, COL_GROUPS, 8),
         (true, false, false) => ("gdn_decode_k128_v128_bf16", 8, COL_GROUPS, 8),
         _ => (name, vec, COL_GROUPS, rows_per_thread),

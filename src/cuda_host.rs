@@ -2,7 +2,7 @@
 //! results back. For files, tests and one-off calls; a serving loop keeps its tensors on the
 //! GPU and calls `deltakv::cuda` directly.
 
-use deltakv_core::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating};
+use deltakv_core::gdn::{DecodeInputs, DecodeOptions, DecodeOutput};
 use deltakv_core::{HostTensor, Result};
 use deltakv_cuda::{Cuda, CudaTensor};
 
@@ -23,25 +23,10 @@ pub fn gdn_decode(
         up(inputs.v)?,
         up(inputs.slot_indices)?,
     );
-    let gates: Vec<CudaTensor> = match inputs.gating {
-        Gating::Direct { g, beta } => vec![up(g)?, up(beta)?],
-        Gating::Fused {
-            a,
-            b,
-            a_log,
-            dt_bias,
-        } => vec![up(a)?, up(b)?, up(a_log)?, up(dt_bias)?],
-    };
-    let gating = match gates.as_slice() {
-        [g, beta] => Gating::Direct { g, beta },
-        [a, b, a_log, dt_bias] => Gating::Fused {
-            a,
-            b,
-            a_log,
-            dt_bias,
-        },
-        _ => unreachable!("two or four gate tensors"),
-    };
+    let gates = (inputs.gating.tensors().into_iter())
+        .map(up)
+        .collect::<Result<Vec<_>>>()?;
+    let gating = inputs.gating.with_tensors(&gates)?;
     let device_inputs = DecodeInputs {
         q: &q,
         k: &k,
@@ -68,15 +53,6 @@ pub fn gdn_decode(
     };
     *state_pool = pool.download(cuda)?;
     // As on the CPU: a result that overflowed f32 from finite inputs is an error.
-    use deltakv_core::gdn::validate::{GDN_OVERFLOW_CAUSE, check_result_finite};
-    check_result_finite("o", &output.o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
-    if let Some(states) = &output.intermediate_states {
-        check_result_finite(
-            "intermediate_states",
-            states,
-            "b, t, h, k, v",
-            GDN_OVERFLOW_CAUSE,
-        )?;
-    }
+    output.check_finite()?;
     Ok(output)
 }

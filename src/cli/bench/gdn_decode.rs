@@ -25,6 +25,18 @@ pub fn check_batches(batches: &[usize]) -> Result<()> {
     }
 }
 
+/// The benchmark's problem: Qwen3-Next's shape, a pool of exactly B slots, raw q/k (the
+/// kernel normalises), fused gating; the same on every device.
+pub fn bench_case(batch: usize, tokens: usize, pool_dtype: DType) -> Result<DecodeCase> {
+    let (_, key_heads, value_heads, key_dim, value_dim) = SHAPE;
+    let mut spec = DecodeSpec::new(batch, tokens, key_heads, value_heads, key_dim, value_dim);
+    spec.slots = batch;
+    spec.pool_dtype = pool_dtype;
+    spec.raw_qk = true;
+    spec.fused_gating = true;
+    DecodeCase::random(&spec, 42)
+}
+
 /// Times decode at each batch size (T = 1 with f32 and bf16 pools; and T = 4 with intermediate
 /// states at the smallest batch), prints a table and appends JSON records.
 pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Value>) -> Result<()> {
@@ -52,12 +64,7 @@ pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Valu
     }
     let mut lines = Vec::new();
     for (batch, tokens, pool_dtype, intermediate) in cases {
-        let mut spec = DecodeSpec::new(batch, tokens, key_heads, value_heads, key_dim, value_dim);
-        spec.slots = batch;
-        spec.pool_dtype = pool_dtype;
-        spec.raw_qk = true;
-        spec.fused_gating = true;
-        let case = DecodeCase::random(&spec, 42)?;
+        let case = bench_case(batch, tokens, pool_dtype)?;
         let inputs = case.inputs()?;
         let mut pool = case.state_pool.clone();
         let options = DecodeOptions {

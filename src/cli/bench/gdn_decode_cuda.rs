@@ -9,7 +9,6 @@
 use deltakv::cuda::gdn::prepare_decode_launch;
 use deltakv::cuda::timing::median_graph_us;
 use deltakv::cuda::{Cuda, CudaTensor};
-use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv::gdn::{DecodeInputs, Gating, GdnOptions};
 use deltakv::{DType, HostTensor, Result};
 use serde_json::json;
@@ -31,12 +30,7 @@ pub fn run(
         cuda.arch()
     )];
     for &(batch, tokens, pool_dtype, intermediate) in configs {
-        let mut spec = DecodeSpec::new(batch, tokens, key_heads, value_heads, key_dim, value_dim);
-        spec.slots = batch;
-        spec.pool_dtype = pool_dtype;
-        spec.raw_qk = true;
-        spec.fused_gating = true;
-        let case = DecodeCase::random(&spec, 42)?;
+        let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
         let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
         let gate = |n: &str| {
             case.gate(n)

@@ -62,6 +62,38 @@ impl<T> Clone for Gating<'_, T> {
 impl<T> Copy for Gating<'_, T> {}
 
 impl<'a, T> Gating<'a, T> {
+    /// The gating's tensors in order: `g, beta`, or `a, b, A_log, dt_bias`.
+    pub fn tensors(&self) -> Vec<&'a T> {
+        match *self {
+            Gating::Direct { g, beta } => vec![g, beta],
+            Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            } => vec![a, b, a_log, dt_bias],
+        }
+    }
+
+    /// A gating of the same kind over `tensors`, given in the order of [`Gating::tensors`]
+    /// (the same tensors on another device, say).
+    pub fn with_tensors<'b, U>(&self, tensors: &'b [U]) -> Result<Gating<'b, U>> {
+        match (self, tensors) {
+            (Gating::Direct { .. }, [g, beta]) => Ok(Gating::Direct { g, beta }),
+            (Gating::Fused { .. }, [a, b, a_log, dt_bias]) => Ok(Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            }),
+            _ => Err(Error::InvalidValue(format!(
+                "gating needs {} tensors, got {}",
+                self.tensors().len(),
+                tensors.len()
+            ))),
+        }
+    }
+
     /// Picks the gating from optional tensors as found in a file: either both of `g`, `beta`
     /// or all four of `a`, `b`, `A_log`, `dt_bias`, and nothing of the other kind.
     pub fn from_parts(
@@ -212,19 +244,29 @@ pub fn gdn_decode(
     } else {
         None
     };
-    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
-    if let Some(states) = &intermediate_states {
-        check_result_finite(
-            "intermediate_states",
-            states,
-            "b, t, h, k, v",
-            GDN_OVERFLOW_CAUSE,
-        )?;
-    }
-    Ok(DecodeOutput {
+    let output = DecodeOutput {
         o,
         intermediate_states,
-    })
+    };
+    output.check_finite()?;
+    Ok(output)
+}
+
+impl DecodeOutput {
+    /// Err when `o` or the intermediate states hold a non-finite value although the inputs
+    /// were finite (an intermediate overflowed f32), naming the tensor and the position.
+    pub fn check_finite(&self) -> Result<()> {
+        check_result_finite("o", &self.o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+        if let Some(states) = &self.intermediate_states {
+            check_result_finite(
+                "intermediate_states",
+                states,
+                "b, t, h, k, v",
+                GDN_OVERFLOW_CAUSE,
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// [`gdn_decode`] writing into caller-owned f32 buffers, for a serving loop that reuses them

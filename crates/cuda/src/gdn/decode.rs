@@ -20,7 +20,7 @@ use deltakv_core::gdn::decode_validate::{
     DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
 };
 use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnDims};
-use deltakv_core::{DType, Error, HostTensor, Result};
+use deltakv_core::{DType, Error, Result};
 
 /// The decode kernel's source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -363,25 +363,10 @@ pub fn gdn_decode_checked(
         host(inputs.v)?,
         host(inputs.slot_indices)?,
     );
-    let gates: Vec<HostTensor> = match inputs.gating {
-        Gating::Direct { g, beta } => vec![host(g)?, host(beta)?],
-        Gating::Fused {
-            a,
-            b,
-            a_log,
-            dt_bias,
-        } => vec![host(a)?, host(b)?, host(a_log)?, host(dt_bias)?],
-    };
-    let gating = match gates.as_slice() {
-        [g, beta] => Gating::Direct { g, beta },
-        [a, b, a_log, dt_bias] => Gating::Fused {
-            a,
-            b,
-            a_log,
-            dt_bias,
-        },
-        _ => unreachable!("two or four gate tensors"),
-    };
+    let gates = (inputs.gating.tensors().into_iter())
+        .map(host)
+        .collect::<Result<Vec<_>>>()?;
+    let gating = inputs.gating.with_tensors(&gates)?;
     let shapes = check_decode_shapes(inputs, state_pool)?;
     prepare_decode_values(
         &DecodeInputs {

@@ -1,17 +1,25 @@
-//! Tensors whose storage is on the GPU: a shape, a dtype and a device buffer of bytes.
-//! Copies between host and device happen only through [`CudaTensor::upload`] and
-//! [`CudaTensor::download`]; ops take and return `CudaTensor`s.
+//! Tensors whose storage is on the GPU: a shape, a dtype and device memory, either owned by
+//! deltakv or borrowed from the caller (an engine's own activations and state pool, used in
+//! place with no copy). Copies between host and device happen only through
+//! [`CudaTensor::upload`] and [`CudaTensor::download`]; ops take and return `CudaTensor`s.
 
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use deltakv_core::tensor::TensorMeta;
 use deltakv_core::{DType, Error, HostTensor, Result};
 
+enum Storage {
+    /// Allocated by deltakv, freed on drop.
+    Owned(CudaSlice<u8>),
+    /// A caller's allocation: read and written in place, never freed here.
+    Borrowed { address: u64 },
+}
+
 /// A dense, row-major tensor in GPU memory.
 pub struct CudaTensor {
     shape: Vec<usize>,
     dtype: DType,
-    bytes: CudaSlice<u8>,
+    storage: Storage,
 }
 
 impl std::fmt::Debug for CudaTensor {
@@ -19,6 +27,10 @@ impl std::fmt::Debug for CudaTensor {
         f.debug_struct("CudaTensor")
             .field("shape", &self.shape)
             .field("dtype", &self.dtype)
+            .field(
+                "borrowed",
+                &matches!(self.storage, Storage::Borrowed { .. }),
+            )
             .finish()
     }
 }
@@ -40,7 +52,32 @@ impl CudaTensor {
         Ok(Self {
             shape: host.shape().to_vec(),
             dtype: host.dtype(),
-            bytes,
+            storage: Storage::Owned(bytes),
+        })
+    }
+
+    /// A view of a caller's device buffer at `address` as a tensor of `shape` and `dtype`, with
+    /// no copy: ops read it, and an op that updates its argument in place (decode's pool)
+    /// writes it. deltakv never frees it. The address must be non-null and aligned to the
+    /// element size (a state pool, read with vector accesses, to 16 bytes: decode checks).
+    ///
+    /// # Safety
+    /// `address` must be a live allocation of at least `shape x dtype` bytes in deltakv's CUDA
+    /// context (the device's primary context: what PyTorch, CuPy and the runtime API use),
+    /// outliving the view, and no other work may write it while deltakv's stream uses it
+    /// (order the caller's stream with [`Cuda::synchronize`] or events).
+    pub unsafe fn from_device_ptr(address: u64, shape: Vec<usize>, dtype: DType) -> Result<Self> {
+        byte_len(&shape, dtype)?;
+        let align = dtype.size_in_bytes() as u64;
+        if address == 0 || address % align != 0 {
+            return Err(Error::InvalidValue(format!(
+                "device address {address:#x} must be non-null and aligned to its {align}-byte {dtype} elements"
+            )));
+        }
+        Ok(Self {
+            shape,
+            dtype,
+            storage: Storage::Borrowed { address },
         })
     }
 
@@ -54,7 +91,7 @@ impl CudaTensor {
         Ok(Self {
             shape,
             dtype,
-            bytes,
+            storage: Storage::Owned(bytes),
         })
     }
 
@@ -62,10 +99,10 @@ impl CudaTensor {
     /// an element a kernel forgets to write shows up.
     pub fn poisoned(cuda: &Cuda, shape: Vec<usize>, dtype: DType) -> Result<Self> {
         let mut t = Self::zeros(cuda, shape, dtype)?;
-        let len = t.bytes.len();
+        let len = t.byte_len();
         let address = t.device_address_mut(cuda);
-        // SAFETY: `address` is the start of a live allocation of `len` bytes, and the fill is
-        // ordered on deltakv's stream like every other use of the buffer.
+        // SAFETY: `address` is the start of a live allocation of at least `len` bytes, and the
+        // fill is ordered on deltakv's stream like every other use of the buffer.
         unsafe {
             cudarc::driver::result::memset_d8_async(address, 0xFF, len, cuda.stream().cu_stream())
         }
@@ -75,13 +112,21 @@ impl CudaTensor {
 
     /// Copies the tensor back to the host (waits for the GPU).
     pub fn download(&self, cuda: &Cuda) -> Result<HostTensor> {
-        let bytes = cuda
-            .stream()
-            .clone_dtoh(&self.bytes)
-            .map_err(|e| driver_error("copying a tensor from the GPU", e))?;
+        let mut bytes = vec![0u8; self.byte_len()];
+        let address = self.device_address(cuda);
+        // SAFETY: the tensor's memory holds at least `byte_len` bytes (allocated so, or
+        // promised by `from_device_ptr`'s caller); the copy is ordered on deltakv's stream and
+        // completes before `bytes` is read, at the synchronize below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut bytes,
+                address,
+                cuda.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| driver_error("copying a tensor from the GPU", e))?;
         cuda.synchronize()?;
-        let len = byte_len(&self.shape, self.dtype)?;
-        HostTensor::from_le_bytes(self.shape.clone(), self.dtype, &bytes[..len])
+        HostTensor::from_le_bytes(self.shape.clone(), self.dtype, &bytes)
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -92,16 +137,36 @@ impl CudaTensor {
         self.dtype
     }
 
+    /// True when the memory is a caller's (see [`CudaTensor::from_device_ptr`]).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.storage, Storage::Borrowed { .. })
+    }
+
+    /// Bytes of the tensor's elements.
+    pub fn byte_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
+    }
+
+    /// The device address of the first element, for a caller that hands the memory on
+    /// (DLPack, another library's kernel).
+    pub fn device_ptr(&self, cuda: &Cuda) -> u64 {
+        self.device_address(cuda)
+    }
+
     /// The buffer's device address, for passing to a kernel that reads it.
     pub(crate) fn device_address(&self, cuda: &Cuda) -> u64 {
-        let (ptr, _sync) = self.bytes.device_ptr(cuda.stream());
-        ptr
+        match &self.storage {
+            Storage::Owned(bytes) => bytes.device_ptr(cuda.stream()).0,
+            Storage::Borrowed { address } => *address,
+        }
     }
 
     /// The buffer's device address, for passing to a kernel that writes it.
     pub(crate) fn device_address_mut(&mut self, cuda: &Cuda) -> u64 {
-        let (ptr, _sync) = self.bytes.device_ptr_mut(cuda.stream());
-        ptr
+        match &mut self.storage {
+            Storage::Owned(bytes) => bytes.device_ptr_mut(cuda.stream()).0,
+            Storage::Borrowed { address } => *address,
+        }
     }
 }
 

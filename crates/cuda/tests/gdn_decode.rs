@@ -266,3 +266,63 @@ fn bad_calls_are_refused_before_launch_and_leave_the_pool_alone() {
     );
     assert_eq!(pool, case.state_pool);
 }
+
+#[test]
+fn borrowed_views_are_checked_without_a_gpu() {
+    for (address, fragment) in [
+        (0u64, "non-null"),
+        (6, "aligned to its 4-byte f32 elements"),
+    ] {
+        // SAFETY: the view is refused before any use of the address.
+        let err = unsafe { CudaTensor::from_device_ptr(address, vec![2, 3], DType::F32) }
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(fragment), "{err}");
+    }
+    // SAFETY: as above (a shape whose byte count overflows).
+    let err = unsafe { CudaTensor::from_device_ptr(256, vec![usize::MAX, 4], DType::F32) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("too large"), "{err}");
+}
+
+#[test]
+fn decode_through_borrowed_views_updates_the_callers_memory_in_place() {
+    let Some(cuda) = device("borrowed views") else {
+        return;
+    };
+    let mut spec = DecodeSpec::new(4, 1, 16, 32, 128, 128);
+    spec.fused_gating = true;
+    let case = DecodeCase::random(&spec, 9900).unwrap();
+    let opts = DecodeOptions::default();
+    // Reference: the same call on deltakv-owned tensors.
+    let mut owned = DeviceCase::upload(cuda, &case).unwrap();
+    let expected_o = owned.run(cuda, &opts, false).unwrap().o;
+    let expected_pool = owned.pool.download(cuda).unwrap();
+    // The "engine's" buffers: allocated elsewhere, wrapped without a copy.
+    let engine = DeviceCase::upload(cuda, &case).unwrap();
+    let view = |t: &CudaTensor| {
+        // SAFETY: `t` is a live allocation of exactly this shape in deltakv's context and
+        // outlives the view; nothing else uses it meanwhile.
+        unsafe { CudaTensor::from_device_ptr(t.device_ptr(cuda), t.shape().to_vec(), t.dtype()) }
+            .unwrap()
+    };
+    let mut borrowed = DeviceCase {
+        q: view(&engine.q),
+        k: view(&engine.k),
+        v: view(&engine.v),
+        gates: engine
+            .gates
+            .iter()
+            .map(|(n, t)| (n.clone(), view(t)))
+            .collect(),
+        slots: view(&engine.slots),
+        pool: view(&engine.pool),
+    };
+    assert!(borrowed.pool.is_borrowed() && !engine.pool.is_borrowed());
+    let o = borrowed.run(cuda, &opts, false).unwrap().o;
+    assert_eq!(o, expected_o, "o through borrowed views");
+    // The engine's own pool buffer holds the update: no copy was made.
+    assert_eq!(engine.pool.download(cuda).unwrap(), expected_pool);
+    assert_eq!(borrowed.pool.download(cuda).unwrap(), expected_pool);
+}

@@ -235,12 +235,18 @@ pub fn prepare_decode_launch(
             dims.batch
         )));
     }
+    let pool_address = state_pool.device_address_mut(cuda);
+    if pool_address % 16 != 0 {
+        return Err(Error::InvalidValue(format!(
+            "state_pool: device address {pool_address:#x} must be 16-byte aligned (the decode kernels copy it in 16-byte pieces)"
+        )));
+    }
     let mut params = DecodeParams {
         q: address(cuda, inputs.q),
         k: address(cuda, inputs.k),
         v: address(cuda, inputs.v),
         slots: address(cuda, inputs.slot_indices),
-        pool: state_pool.device_address_mut(cuda),
+        pool: pool_address,
         o: o.device_address_mut(cuda),
         intermediate,
         batch: dims.batch as i32,

@@ -69,7 +69,7 @@ impl CudaTensor {
     pub unsafe fn from_device_ptr(address: u64, shape: Vec<usize>, dtype: DType) -> Result<Self> {
         byte_len(&shape, dtype)?;
         let align = dtype.size_in_bytes() as u64;
-        if address == 0 || address % align != 0 {
+        if address == 0 || !address.is_multiple_of(align) {
             return Err(Error::InvalidValue(format!(
                 "device address {address:#x} must be non-null and aligned to its {align}-byte {dtype} elements"
             )));

@@ -236,7 +236,7 @@ pub fn prepare_decode_launch(
         )));
     }
     let pool_address = state_pool.device_address_mut(cuda);
-    if pool_address % 16 != 0 {
+    if !pool_address.is_multiple_of(16) {
         return Err(Error::InvalidValue(format!(
             "state_pool: device address {pool_address:#x} must be 16-byte aligned (the decode kernels copy it in 16-byte pieces)"
         )));

@@ -38,6 +38,12 @@ mod markdown_examples {
     struct GdnDecode;
     #[doc = include_str!("../docs/kv-cache.md")]
     struct KvCacheDoc;
+    #[doc = include_str!("../docs/contract.md")]
+    struct Contract;
+    #[doc = include_str!("../docs/cuda.md")]
+    struct CudaDoc;
+    #[doc = include_str!("../docs/cuda-kernel-log.md")]
+    struct CudaKernelLog;
 }
 
 use deltakv_core::gdn::{GdnInputs, GdnOptions, GdnOutput, PrefillMode};

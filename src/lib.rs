@@ -160,7 +160,12 @@ pub fn gdn_decode(
     device.ensure_runs("gdn decode")?;
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda => cuda_host::gdn_decode(inputs, state_pool, options),
+        Device::Cuda => deltakv_cuda::gdn::gdn_decode_host(
+            deltakv_cuda::Cuda::get()?,
+            inputs,
+            state_pool,
+            options,
+        ),
         _ => deltakv_core::gdn::gdn_decode(inputs, state_pool, options),
     }
 }
@@ -184,9 +189,6 @@ pub use deltakv_core::kv;
 /// The CUDA backend: device tensors ([`cuda::CudaTensor`]) and the ops that take them.
 #[cfg(feature = "cuda")]
 pub use deltakv_cuda as cuda;
-
-#[cfg(feature = "cuda")]
-mod cuda_host;
 
 /// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
 /// [`deltakv_core::kv`] for the math and shapes.

@@ -24,19 +24,7 @@ fn decode_file(pool_dtype: DType) -> (DecodeCase, TensorFile) {
     spec.pool_dtype = pool_dtype;
     spec.skipped_rows = vec![1];
     let case = DecodeCase::random(&spec, 31).unwrap();
-    let mut file = TensorFile::new();
-    for (name, t) in [
-        ("q", &case.q),
-        ("k", &case.k),
-        ("v", &case.v),
-        ("slot_indices", &case.slot_indices),
-        ("state_pool", &case.state_pool),
-    ] {
-        file.insert(name, t.clone());
-    }
-    for (name, t) in &case.gates {
-        file.insert(name, t.clone());
-    }
+    let mut file = case.tensor_file();
     file.metadata
         .insert("use_qk_l2norm".to_string(), "true".to_string());
     (case, file)

@@ -13,15 +13,7 @@ fn temp_path(name: &str) -> PathBuf {
 }
 
 fn case_file(case: &DecodeCase, metadata: &[(&str, &str)]) -> TensorFile {
-    let mut file = TensorFile::new();
-    file.insert("q", case.q.clone());
-    file.insert("k", case.k.clone());
-    file.insert("v", case.v.clone());
-    for (name, t) in &case.gates {
-        file.insert(name, t.clone());
-    }
-    file.insert("slot_indices", case.slot_indices.clone());
-    file.insert("state_pool", case.state_pool.clone());
+    let mut file = case.tensor_file();
     for (k, v) in metadata {
         file.metadata.insert(k.to_string(), v.to_string());
     }

@@ -359,19 +359,7 @@ fn decode_with_every_row_skipped_warns() {
     let mut spec = DecodeSpec::new(2, 1, 1, 2, 32, 32);
     spec.skipped_rows = vec![0, 1];
     let case = DecodeCase::random(&spec, 7).unwrap();
-    let mut file = TensorFile::new();
-    for (name, t) in [
-        ("q", &case.q),
-        ("k", &case.k),
-        ("v", &case.v),
-        ("slot_indices", &case.slot_indices),
-        ("state_pool", &case.state_pool),
-    ] {
-        file.insert(name, t.clone());
-    }
-    for (name, t) in &case.gates {
-        file.insert(name, t.clone());
-    }
+    let mut file = case.tensor_file();
     file.metadata
         .insert("intermediate_states".into(), "true".into());
     let input = dir.join("in.safetensors");

@@ -2,6 +2,7 @@
 //! final state (a one-slot f32 pool updated in place), timed, and checked against the f64
 //! recurrence run from the same state over the same 64 tokens.
 
+use deltakv::gdn::decode_check::{O_TOLERANCE, STATE_TOLERANCE_F32};
 use deltakv::gdn::oracle::gdn_reference;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions};
@@ -18,6 +19,23 @@ fn token(t: &HostTensor, values: &[f32], index: usize) -> Result<HostTensor> {
     let mut shape = t.shape().to_vec();
     shape[1] = 1;
     HostTensor::from_f32_as(shape, &values[index * inner..][..inner], t.dtype())
+}
+
+/// The decode suite's tolerances (bf16 `o`, f32 state), the same on every device.
+fn within_tolerance(o_err: f64, state_err: f64) -> bool {
+    o_err < O_TOLERANCE && state_err < STATE_TOLERANCE_F32
+}
+
+/// One step's decode inputs from its `[q, k, v, g, beta]` and the one-slot index.
+fn step_inputs<'a>(tokens: &'a [HostTensor; 5], slots: &'a HostTensor) -> DecodeInputs<'a> {
+    let [q, k, v, g, beta] = tokens;
+    DecodeInputs {
+        q,
+        k,
+        v,
+        gating: Gating::Direct { g, beta },
+        slot_indices: slots,
+    }
 }
 
 /// Runs the decode continuation; prints its lines and returns whether it is within tolerance.
@@ -54,14 +72,8 @@ pub fn run(
             .expect("five tensors"))
     };
     for t in 0..STEPS {
-        let [q, k, v, g, beta] = step_tokens(t)?;
-        let inputs = DecodeInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            gating: Gating::Direct { g: &g, beta: &beta },
-            slot_indices: &slots,
-        };
+        let tokens = step_tokens(t)?;
+        let inputs = step_inputs(&tokens, &slots);
         let started = Instant::now();
         let out = gdn_decode(Device::Cpu, &inputs, &mut pool, &decode_options)?;
         times.push(started.elapsed().as_secs_f64() * 1e6);
@@ -78,7 +90,7 @@ pub fn run(
     let oracle_s = started.elapsed().as_secs_f64();
     let o_err = rel_rms(&o, &reference.o);
     let state_err = rel_rms(pool.as_f32().expect("f32 pool"), &reference.final_state);
-    let ok = o_err < 2e-3 && state_err < 1e-5;
+    let ok = within_tolerance(o_err, state_err);
 
     println!();
     println!(
@@ -96,9 +108,9 @@ pub fn run(
     println!(
         "  decode: {}",
         if ok {
-            "PASS (o < 2e-3, state < 1e-5)"
+            format!("PASS (o < {O_TOLERANCE:e}, state < {STATE_TOLERANCE_F32:e})")
         } else {
-            "FAIL: error above tolerance"
+            "FAIL: error above tolerance".to_string()
         }
     );
     #[cfg(feature = "cuda")]
@@ -119,26 +131,20 @@ fn gpu_steps(
     final_state: &HostTensor,
     options: &DecodeOptions,
 ) -> Result<GpuSteps> {
+    use deltakv::cuda::gdn::UploadedInputs;
     use deltakv::cuda::{Cuda, CudaTensor};
     let cuda = match Cuda::get() {
         Ok(cuda) => cuda,
         Err(e) => return Ok(Err(e.to_string())),
     };
     let mut pool = CudaTensor::upload(cuda, final_state)?;
-    let slots = CudaTensor::upload(cuda, &HostTensor::from_i32(vec![1], vec![0])?)?;
+    let slots = HostTensor::from_i32(vec![1], vec![0])?;
     let (mut o, mut times) = (Vec::new(), Vec::new());
     for t in 0..STEPS {
         let started = Instant::now();
-        let [q, k, v, g, beta] = step_tokens(t)?.map(|h| CudaTensor::upload(cuda, &h));
-        let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
-        let inputs = DecodeInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            gating: Gating::Direct { g: &g, beta: &beta },
-            slot_indices: &slots,
-        };
-        let out = deltakv::cuda::gdn::gdn_decode(cuda, &inputs, &mut pool, options)?;
+        let tokens = step_tokens(t)?;
+        let uploaded = UploadedInputs::new(cuda, &step_inputs(&tokens, &slots))?;
+        let out = deltakv::cuda::gdn::gdn_decode(cuda, &uploaded.inputs()?, &mut pool, options)?;
         o.extend(out.o.download(cuda)?.to_f32_vec("o")?);
         times.push(started.elapsed().as_secs_f64() * 1e6);
     }
@@ -157,7 +163,7 @@ fn report_gpu(gpu: GpuSteps, reference: &deltakv::gdn::oracle::GdnReference) -> 
         Ok((o, pool, times)) => {
             let o_err = rel_rms(&o, &reference.o);
             let state_err = rel_rms(&pool.to_f32_vec("pool")?, &reference.final_state);
-            let ok = o_err < 2e-3 && state_err < 1e-5;
+            let ok = within_tolerance(o_err, state_err);
             println!(
                 "  decode on cuda (pool resident on the GPU): per step, with the copies of its inputs and o, median {:.1} us; o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}: {}",
                 times[STEPS / 2],

@@ -5,9 +5,7 @@
 use deltakv_core::HostTensor;
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::random::{GdnCase, GdnSpec};
-use deltakv_core::gdn::{
-    DecodeInputs, DecodeOptions, Gating, GdnOptions, PrefillMode, gdn_decode, gdn_prefill,
-};
+use deltakv_core::gdn::{DecodeOptions, GdnOptions, PrefillMode, gdn_decode, gdn_prefill};
 use deltakv_core::kv::codec::vector_norm;
 use deltakv_core::kv::{
     DenseKvCache, KvCache, KvInputs, KvMode, KvOptions, KvScheme, NormDType, kv_attention,
@@ -69,26 +67,18 @@ fn replace_gate(case: &mut DecodeCase, name: &str, tensor: HostTensor) {
     slot.1 = tensor;
 }
 
-fn decode_inputs(case: &DecodeCase) -> DecodeInputs<'_> {
-    DecodeInputs {
-        q: &case.q,
-        k: &case.k,
-        v: &case.v,
-        gating: Gating::Direct {
-            g: case.gate("g").unwrap(),
-            beta: case.gate("beta").unwrap(),
-        },
-        slot_indices: &case.slot_indices,
-    }
-}
-
 #[test]
 fn decode_refuses_a_positive_log_decay_before_touching_the_pool() {
     let mut case = DecodeCase::random(&DecodeSpec::new(2, 3, 2, 4, 32, 32), 3).unwrap();
     let g = set_value(case.gate("g").unwrap(), (3 + 2) * 4 + 1, 0.5);
     replace_gate(&mut case, "g", g);
     let mut pool = case.state_pool.clone();
-    let err = gdn_decode(&decode_inputs(&case), &mut pool, &DecodeOptions::default()).unwrap_err();
+    let err = gdn_decode(
+        &case.inputs().unwrap(),
+        &mut pool,
+        &DecodeOptions::default(),
+    )
+    .unwrap_err();
     assert!(
         err.to_string()
             .starts_with("tensor `g` holds a positive log decay (0.5) at [b, t, h] = [1, 2, 1]"),
@@ -104,9 +94,13 @@ fn decode_that_overflows_f32_is_an_error_not_nan() {
     replace_gate(&mut case, "beta", beta);
     case.v = fill(&case.v, 1e30);
     let mut pool = case.state_pool.clone();
-    let err = gdn_decode(&decode_inputs(&case), &mut pool, &DecodeOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = gdn_decode(
+        &case.inputs().unwrap(),
+        &mut pool,
+        &DecodeOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.starts_with("the result `o` holds a non-finite value ("),
         "{err}"

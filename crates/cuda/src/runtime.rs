@@ -176,6 +176,26 @@ impl Cuda {
         let f = module
             .load_function(function)
             .map_err(|e| driver_error(&format!("loading kernel `{function}`"), e))?;
+        // Every kernel may take as much dynamic shared memory as the device allows a block
+        // (beyond the 48 KB default), once, here: launches then just name what they use.
+        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+        let optin = self
+            .context
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| driver_error("reading the shared-memory limit", e))?;
+        let static_bytes = f
+            .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(|e| driver_error(&format!("reading kernel `{function}`"), e))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            optin - static_bytes,
+        )
+        .map_err(|e| {
+            driver_error(
+                &format!("raising kernel `{function}`'s shared-memory limit"),
+                e,
+            )
+        })?;
         lock(&self.functions).insert(key, f.clone());
         Ok(f)
     }

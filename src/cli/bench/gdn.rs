@@ -57,17 +57,6 @@ pub fn prefill_flops(mode: PrefillMode, tokens: usize, key_dim: usize, value_dim
 pub fn run(args: GdnBenchArgs) -> Result<()> {
     let device: Device = args.device.into();
     device.ensure_available()?;
-    if device != Device::Cpu {
-        // Prefill runs on the CPU only so far: time the decode part alone.
-        println!("GDN prefill on {device}: not implemented yet, skipped");
-        let mut records = Vec::new();
-        super::gdn_decode::run(device, &args.decode_batches, &mut records)?;
-        if let Some(path) = &args.json.json {
-            write_json(path, &records)?;
-            println!("wrote {}", path.display());
-        }
-        return Ok(());
-    }
     let seq_lens = args.seq_lens.clone();
     if let Some(bad) = seq_lens.iter().find(|&&t| t == 0) {
         return Err(deltakv::Error::InvalidValue(format!(
@@ -76,12 +65,32 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
     }
     super::gdn_decode::check_batches(&args.decode_batches)?;
     args.json.check()?;
+    let mut records = Vec::new();
+    if device == Device::Cpu {
+        prefill(&args, &seq_lens, &mut records)?;
+    } else {
+        println!("GDN prefill on {device}: not implemented yet, skipped");
+    }
+    super::gdn_decode::run(device, &args.decode_batches, &mut records)?;
+    if let Some(path) = &args.json.json {
+        write_json(path, &records)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Times the prefill at every shape, length and mode; prints a table and appends records.
+fn prefill(
+    args: &GdnBenchArgs,
+    seq_lens: &[usize],
+    records: &mut Vec<serde_json::Value>,
+) -> Result<()> {
+    let device = Device::Cpu;
     let total = SHAPES.len() * seq_lens.len() * args.modes.len();
     let bar = progress(total);
-    let mut records = Vec::new();
     let mut lines = Vec::new();
     for (shape, key_heads, value_heads, key_dim, value_dim) in SHAPES {
-        for &tokens in &seq_lens {
+        for &tokens in seq_lens {
             let case = GdnCase::random(
                 &GdnSpec::new(tokens, key_heads, value_heads, key_dim, value_dim),
                 42,
@@ -118,11 +127,6 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
     );
     for line in lines {
         println!("{line}");
-    }
-    super::gdn_decode::run(device, &args.decode_batches, &mut records)?;
-    if let Some(path) = &args.json.json {
-        write_json(path, &records)?;
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -6,11 +6,11 @@
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
-use deltakv::cuda::gdn::prepare_decode_launch;
+use deltakv::cuda::gdn::{UploadedInputs, prepare_decode_launch};
 use deltakv::cuda::timing::median_graph_us;
 use deltakv::cuda::{Cuda, CudaTensor};
-use deltakv::gdn::{DecodeInputs, Gating, GdnOptions};
-use deltakv::{DType, HostTensor, Result};
+use deltakv::gdn::GdnOptions;
+use deltakv::{DType, Result};
 use serde_json::json;
 
 /// One timed configuration: (B, T, pool dtype, intermediate states).
@@ -31,32 +31,9 @@ pub fn run(
     )];
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
-        let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
-        let gate = |n: &str| {
-            case.gate(n)
-                .ok_or_else(|| deltakv::Error::MissingTensor(n.to_string()))
-                .and_then(up)
-        };
-        let (a, b, a_log, dt_bias) = (gate("a")?, gate("b")?, gate("A_log")?, gate("dt_bias")?);
-        let (q, k, v, slots) = (
-            up(&case.q)?,
-            up(&case.k)?,
-            up(&case.v)?,
-            up(&case.slot_indices)?,
-        );
-        let mut pool = up(&case.state_pool)?;
-        let inputs = DecodeInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            gating: Gating::Fused {
-                a: &a,
-                b: &b,
-                a_log: &a_log,
-                dt_bias: &dt_bias,
-            },
-            slot_indices: &slots,
-        };
+        let uploaded = UploadedInputs::new(cuda, &case.inputs()?)?;
+        let inputs = uploaded.inputs()?;
+        let mut pool = CudaTensor::upload(cuda, &case.state_pool)?;
         let dims = [batch, tokens, value_heads];
         let mut o = CudaTensor::zeros(cuda, [&dims[..], &[value_dim]].concat(), DType::BF16)?;
         let mut states = if intermediate {

@@ -151,6 +151,25 @@ impl DecodeCase {
         })
     }
 
+    /// The case as a `gdn-decode` input file: every tensor under its interchange name, no
+    /// metadata.
+    pub fn tensor_file(&self) -> crate::io::TensorFile {
+        let mut file = crate::io::TensorFile::new();
+        for (name, t) in [
+            ("q", &self.q),
+            ("k", &self.k),
+            ("v", &self.v),
+            ("slot_indices", &self.slot_indices),
+            ("state_pool", &self.state_pool),
+        ] {
+            file.insert(name, t.clone());
+        }
+        for (name, t) in &self.gates {
+            file.insert(name, t.clone());
+        }
+        file
+    }
+
     /// The gating tensor called `name`, if this case has it.
     pub fn gate(&self, name: &str) -> Option<&HostTensor> {
         self.gates.iter().find(|(n, _)| n == name).map(|(_, t)| t)

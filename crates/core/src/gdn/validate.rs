@@ -372,14 +372,10 @@ pub const MAX_LOG_DECAY: f32 = 0.0;
 pub fn log_decay_values(t: &HostTensor, expected: &[usize], layout: &str) -> Result<Vec<f32>> {
     let values = gate_values("g", t, expected, layout)?;
     if let Some(i) = values.iter().position(|&x| x > MAX_LOG_DECAY) {
-        let heads = expected.last().copied().unwrap_or(1).max(1);
-        let tokens = expected.get(1).copied().unwrap_or(1).max(1);
-        let (b, rest) = (i / (tokens * heads), i % (tokens * heads));
         return Err(Error::InvalidValue(format!(
-            "tensor `g` holds a positive log decay ({}) at [b, t, h] = [{b}, {}, {}]: g must be <= 0 (the state is multiplied by exp(g) at every token, so g > 0 grows it without bound)",
+            "tensor `g` holds a positive log decay ({}) at [b, t, h] = {:?}: g must be <= 0 (the state is multiplied by exp(g) at every token, so g > 0 grows it without bound)",
             values[i],
-            rest / heads,
-            rest % heads
+            unravel(i, expected)
         )));
     }
     Ok(values)

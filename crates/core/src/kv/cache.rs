@@ -79,8 +79,7 @@ impl Norms {
         self.len() == 0
     }
 
-    /// First token at or after `from` whose stored norm is not finite (an f16 norm above
-    /// 65504).
+    /// First token at or after `from` whose stored norm is not finite (beyond its storage).
     fn first_overflow(&self, from: usize) -> Option<usize> {
         let offset = match self {
             Norms::F32(n) => n[from..].iter().position(|x| !x.is_finite()),
@@ -330,12 +329,10 @@ impl KvCache {
         self.undo_on_norm_overflow(seq, n)
     }
 
-    /// f16 norms hold at most 65504: a longer vector stores an infinite norm, which would turn
-    /// its scores into NaN. Such an append is undone (the cache is left as before) and refused.
+    /// A norm beyond its storage (above 65504 in f16, above f32's range in f32) is stored as
+    /// infinity, which would turn its scores into NaN. Such an append is undone (the cache is
+    /// left as before) and refused.
     fn undo_on_norm_overflow(&mut self, seq: usize, n: usize) -> Result<()> {
-        if self.scheme.norm_dtype != NormDType::F16 {
-            return Ok(());
-        }
         let (wk, wv) = (self.k.words(), self.v.words());
         let stores = &mut self.seqs[seq];
         let old = stores.first().map_or(0, |h| h.len) - n;
@@ -355,8 +352,12 @@ impl KvCache {
             store.k_norms.truncate(old);
             store.v_norms.truncate(old);
         }
+        let limit = match self.scheme.norm_dtype {
+            NormDType::F16 => "the f16 norm storage (at most 65504); use f32 norms",
+            _ => "the f32 norm storage",
+        };
         Err(Error::InvalidValue(format!(
-            "tensor `{name}`: the vector at token {}, head {head} has a norm beyond the f16 norm storage (at most 65504); use f32 norms",
+            "tensor `{name}`: the vector at token {}, head {head} has a norm beyond {limit}",
             t - old
         )))
     }

@@ -10,7 +10,7 @@
 //! indices, which are copied to the host (B integers) to reject out-of-range and duplicate
 //! slots before the pool is touched. Values on the device are not scanned for NaN (that would
 //! cost a pass and a wait on every step); [`gdn_decode_checked`] does it, for callers that
-//! want the contract's full check.
+//! want the contract's full check, and [`gdn_decode_host`] runs host tensors with it.
 
 use crate::compile::KernelSource;
 use crate::runtime::{Cuda, driver_error};
@@ -19,8 +19,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_core::gdn::decode_validate::{
     DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
 };
-use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating, GdnDims};
-use deltakv_core::{DType, Error, Result};
+use deltakv_core::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
+use deltakv_core::{DType, Error, HostTensor, Result};
 
 /// The decode kernel's source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -97,15 +97,9 @@ pub struct DecodeLaunch {
     params: DecodeParams,
     function: cudarc::driver::CudaFunction,
     config: LaunchConfig,
-    dims: GdnDims,
 }
 
 impl DecodeLaunch {
-    /// The call's sizes.
-    pub fn dims(&self) -> GdnDims {
-        self.dims
-    }
-
     /// Queues the kernel on deltakv's stream.
     pub fn launch(&self, cuda: &Cuda) -> Result<()> {
         let mut builder = cuda.stream().launch_builder(&self.function);
@@ -118,8 +112,18 @@ impl DecodeLaunch {
     }
 }
 
-fn address(cuda: &Cuda, t: &CudaTensor) -> u64 {
-    t.device_address(cuda)
+/// Shapes and dtypes (the contract's check) and slot indices of a call on device tensors. The
+/// indices are copied to the host (B integers), so out-of-range or duplicate slots never reach
+/// the GPU.
+fn validate_on_device(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &CudaTensor,
+) -> Result<DecodeShapes> {
+    let shapes = check_decode_shapes(inputs, state_pool)?;
+    let indices = inputs.slot_indices.download(cuda)?;
+    slot_rows(&indices, shapes.dims.batch, shapes.slots)?;
+    Ok(shapes)
 }
 
 /// Validates a decode call and prepares its launch, writing into `o` (`[B, T, H, V]`, v's
@@ -132,11 +136,30 @@ pub fn prepare_decode_launch(
     o: &mut CudaTensor,
     intermediate_states: Option<&mut CudaTensor>,
 ) -> Result<DecodeLaunch> {
-    let DecodeShapes { dims, slots } = check_decode_shapes(inputs, state_pool)?;
+    let DecodeShapes { dims, .. } = validate_on_device(cuda, inputs, state_pool)?;
+    build_launch(
+        cuda,
+        inputs,
+        state_pool,
+        options,
+        dims,
+        o,
+        intermediate_states,
+    )
+}
+
+/// The launch of a call whose inputs are validated: checks the output buffers, picks the
+/// kernel and fills its parameters.
+fn build_launch(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &mut CudaTensor,
+    options: &deltakv_core::gdn::GdnOptions,
+    dims: GdnDims,
+    o: &mut CudaTensor,
+    intermediate_states: Option<&mut CudaTensor>,
+) -> Result<DecodeLaunch> {
     let scale = resolve_scale(options, dims.key_dim)?;
-    // Slot indices are read on the host: out-of-range or duplicate slots never reach the GPU.
-    let indices = inputs.slot_indices.download(cuda)?;
-    slot_rows(&indices, dims.batch, slots)?;
     let expect = |name: &str, t: &CudaTensor, shape: &[usize], dtype: DType| -> Result<()> {
         if t.shape() != shape || t.dtype() != dtype {
             return Err(Error::InvalidValue(format!(
@@ -147,53 +170,38 @@ pub fn prepare_decode_launch(
         }
         Ok(())
     };
-    expect(
-        "o",
-        o,
-        &[dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
-        inputs.v.dtype(),
-    )?;
+    let (o_shape, states_shape) = output_shapes(&dims);
+    expect("o", o, &o_shape, inputs.v.dtype())?;
     let intermediate = match intermediate_states {
         Some(t) => {
-            expect(
-                "intermediate_states",
-                t,
-                &[
-                    dims.batch,
-                    dims.tokens,
-                    dims.value_heads,
-                    dims.key_dim,
-                    dims.value_dim,
-                ],
-                DType::F32,
-            )?;
+            expect("intermediate_states", t, &states_shape, DType::F32)?;
             t.device_address_mut(cuda)
         }
         None => 0,
     };
-    let vec = if dims.value_dim % 4 == 0 { 4 } else { 1 };
+    let vec = if dims.value_dim.is_multiple_of(4) {
+        4
+    } else {
+        1
+    };
     let rows_per_thread = match dims.key_dim.div_ceil(16) {
         0..=4 => 4,
         5..=8 => 8,
         _ => 16,
     };
-    let pool_name = if state_pool.dtype() == DType::BF16 {
-        "bf16"
-    } else {
-        "f32"
-    };
-    let name: &'static str = match (rows_per_thread, vec, pool_name) {
-        (4, 4, "f32") => "gdn_decode_r4_v4_f32",
-        (8, 4, "f32") => "gdn_decode_r8_v4_f32",
-        (16, 4, "f32") => "gdn_decode_r16_v4_f32",
-        (4, 1, "f32") => "gdn_decode_r4_v1_f32",
-        (8, 1, "f32") => "gdn_decode_r8_v1_f32",
-        (16, 1, "f32") => "gdn_decode_r16_v1_f32",
-        (4, 4, _) => "gdn_decode_r4_v4_bf16",
-        (8, 4, _) => "gdn_decode_r8_v4_bf16",
-        (16, 4, _) => "gdn_decode_r16_v4_bf16",
-        (4, 1, _) => "gdn_decode_r4_v1_bf16",
-        (8, 1, _) => "gdn_decode_r8_v1_bf16",
+    let f32_pool = state_pool.dtype() == DType::F32;
+    let name: &'static str = match (rows_per_thread, vec, f32_pool) {
+        (4, 4, true) => "gdn_decode_r4_v4_f32",
+        (8, 4, true) => "gdn_decode_r8_v4_f32",
+        (16, 4, true) => "gdn_decode_r16_v4_f32",
+        (4, 1, true) => "gdn_decode_r4_v1_f32",
+        (8, 1, true) => "gdn_decode_r8_v1_f32",
+        (16, 1, true) => "gdn_decode_r16_v1_f32",
+        (4, 4, false) => "gdn_decode_r4_v4_bf16",
+        (8, 4, false) => "gdn_decode_r8_v4_bf16",
+        (16, 4, false) => "gdn_decode_r16_v4_bf16",
+        (4, 1, false) => "gdn_decode_r4_v1_bf16",
+        (8, 1, false) => "gdn_decode_r8_v1_bf16",
         _ => "gdn_decode_r16_v1_bf16",
     };
     // K = V = 128 (Qwen3-Next and kin) has its own entry points, and at T = 1 a tile chosen by
@@ -202,7 +210,6 @@ pub fn prepare_decode_launch(
     // 32 columns otherwise (see the kernel).
     let fixed_128 = dims.key_dim == 128 && dims.value_dim == 128;
     let one_token = dims.tokens == 1;
-    let f32_pool = pool_name == "f32";
     let heads = dims.batch * dims.value_heads;
     let small_grid = heads * 4 < 2 * cuda.multiprocessors();
     let large_grid = heads >= 2048;
@@ -242,10 +249,10 @@ pub fn prepare_decode_launch(
         )));
     }
     let mut params = DecodeParams {
-        q: address(cuda, inputs.q),
-        k: address(cuda, inputs.k),
-        v: address(cuda, inputs.v),
-        slots: address(cuda, inputs.slot_indices),
+        q: inputs.q.device_address(cuda),
+        k: inputs.k.device_address(cuda),
+        v: inputs.v.device_address(cuda),
+        slots: inputs.slot_indices.device_address(cuda),
         pool: pool_address,
         o: o.device_address_mut(cuda),
         intermediate,
@@ -264,8 +271,8 @@ pub fn prepare_decode_launch(
     };
     match inputs.gating {
         Gating::Direct { g, beta } => {
-            params.g = address(cuda, g);
-            params.beta = address(cuda, beta);
+            params.g = g.device_address(cuda);
+            params.beta = beta.device_address(cuda);
             params.g_dtype = dtype_code(g.dtype());
             params.beta_dtype = dtype_code(beta.dtype());
         }
@@ -276,10 +283,10 @@ pub fn prepare_decode_launch(
             dt_bias,
         } => {
             params.fused_gating = 1;
-            params.a = address(cuda, a);
-            params.b = address(cuda, b);
-            params.a_log = address(cuda, a_log);
-            params.dt_bias = address(cuda, dt_bias);
+            params.a = a.device_address(cuda);
+            params.b = b.device_address(cuda);
+            params.a_log = a_log.device_address(cuda);
+            params.dt_bias = dt_bias.device_address(cuda);
             params.a_dtype = dtype_code(a.dtype());
             params.b_dtype = dtype_code(b.dtype());
             params.a_log_dtype = dtype_code(a_log.dtype());
@@ -291,20 +298,50 @@ pub fn prepare_decode_launch(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: shared_mem_bytes as u32,
     };
-    if shared_mem_bytes > 40 * 1024 {
-        // Above the 48 KB default (with the static part): ask for it explicitly.
-        function
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_mem_bytes as i32,
-            )
-            .map_err(|e| driver_error("raising the decode kernel's shared-memory limit", e))?;
-    }
     Ok(DecodeLaunch {
         params,
         function,
         config,
+    })
+}
+
+/// The shapes of `o` (`[B, T, H, V]`) and of the intermediate states (`[B, T, H, K, V]`).
+fn output_shapes(dims: &GdnDims) -> (Vec<usize>, Vec<usize>) {
+    let rows = [dims.batch, dims.tokens, dims.value_heads];
+    (
+        [&rows[..], &[dims.value_dim]].concat(),
+        [&rows[..], &[dims.key_dim, dims.value_dim]].concat(),
+    )
+}
+
+/// Allocates poisoned outputs and runs a validated call.
+fn run_validated(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, CudaTensor>,
+    state_pool: &mut CudaTensor,
+    options: &DecodeOptions,
+    dims: GdnDims,
+) -> Result<CudaDecodeOutput> {
+    let (o_shape, states_shape) = output_shapes(&dims);
+    let mut o = CudaTensor::poisoned(cuda, o_shape, inputs.v.dtype())?;
+    let mut intermediate_states = if options.intermediate_states {
+        Some(CudaTensor::poisoned(cuda, states_shape, DType::F32)?)
+    } else {
+        None
+    };
+    build_launch(
+        cuda,
+        inputs,
+        state_pool,
+        &options.gdn,
         dims,
+        &mut o,
+        intermediate_states.as_mut(),
+    )?
+    .launch(cuda)?;
+    Ok(CudaDecodeOutput {
+        o,
+        intermediate_states,
     })
 }
 
@@ -317,74 +354,113 @@ pub fn gdn_decode(
     state_pool: &mut CudaTensor,
     options: &DecodeOptions,
 ) -> Result<CudaDecodeOutput> {
-    let DecodeShapes { dims, .. } = check_decode_shapes(inputs, state_pool)?;
-    let mut o = CudaTensor::poisoned(
-        cuda,
-        vec![dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
-        inputs.v.dtype(),
-    )?;
-    let mut intermediate_states = if options.intermediate_states {
-        Some(CudaTensor::poisoned(
-            cuda,
-            vec![
-                dims.batch,
-                dims.tokens,
-                dims.value_heads,
-                dims.key_dim,
-                dims.value_dim,
-            ],
-            DType::F32,
-        )?)
-    } else {
-        None
-    };
-    let launch = prepare_decode_launch(
-        cuda,
-        inputs,
-        state_pool,
-        &options.gdn,
-        &mut o,
-        intermediate_states.as_mut(),
-    )?;
-    launch.launch(cuda)?;
-    Ok(CudaDecodeOutput {
-        o,
-        intermediate_states,
-    })
+    let DecodeShapes { dims, .. } = validate_on_device(cuda, inputs, state_pool)?;
+    run_validated(cuda, inputs, state_pool, options, dims)
 }
 
 /// [`gdn_decode`] after the contract's full check of the inputs' values (finite activations
-/// and gates), which copies them to the host first: for command-line use and tests, where a
-/// wait per call does not matter.
+/// and gates, slot indices), which copies them to the host first: for command-line use and
+/// tests, where a wait per call does not matter.
 pub fn gdn_decode_checked(
     cuda: &Cuda,
     inputs: &DecodeInputs<'_, CudaTensor>,
     state_pool: &mut CudaTensor,
     options: &DecodeOptions,
 ) -> Result<CudaDecodeOutput> {
+    let shapes = check_decode_shapes(inputs, state_pool)?;
     let host = |t: &CudaTensor| t.download(cuda);
-    let (q, k, v, slots) = (
-        host(inputs.q)?,
-        host(inputs.k)?,
-        host(inputs.v)?,
-        host(inputs.slot_indices)?,
-    );
     let gates = (inputs.gating.tensors().into_iter())
         .map(host)
         .collect::<Result<Vec<_>>>()?;
-    let gating = inputs.gating.with_tensors(&gates)?;
+    let on_host = [inputs.q, inputs.k, inputs.v, inputs.slot_indices].map(host);
+    let [q, k, v, slot_indices] = on_host;
+    let (q, k, v, slot_indices) = (q?, k?, v?, slot_indices?);
+    let host_inputs = DecodeInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        gating: inputs.gating.with_tensors(&gates)?,
+        slot_indices: &slot_indices,
+    };
+    prepare_decode_values(&host_inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    run_validated(cuda, inputs, state_pool, options, shapes.dims)
+}
+
+/// GDN decode of host tensors on the GPU: the contract's full check on the host, the inputs and
+/// the pool copied to the GPU, the results and the updated pool copied back (for files and
+/// one-off calls; a serving loop keeps its tensors on the GPU). As on the CPU, a result that
+/// overflowed f32 is an error, and the addressed slots then hold the overflowed states.
+pub fn gdn_decode_host(
+    cuda: &Cuda,
+    inputs: &DecodeInputs<'_, HostTensor>,
+    state_pool: &mut HostTensor,
+    options: &DecodeOptions,
+) -> Result<DecodeOutput> {
     let shapes = check_decode_shapes(inputs, state_pool)?;
-    prepare_decode_values(
-        &DecodeInputs {
-            q: &q,
-            k: &k,
-            v: &v,
+    prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    let uploaded = UploadedInputs::new(cuda, inputs)?;
+    let mut pool = CudaTensor::upload(cuda, state_pool)?;
+    let out = run_validated(cuda, &uploaded.inputs()?, &mut pool, options, shapes.dims)?;
+    let output = DecodeOutput {
+        o: out.o.download(cuda)?,
+        intermediate_states: out
+            .intermediate_states
+            .map(|t| t.download(cuda))
+            .transpose()?,
+    };
+    *state_pool = pool.download(cuda)?;
+    output.check_finite()?;
+    Ok(output)
+}
+
+/// The tensors of a decode call copied to the GPU (the pool is kept apart, as the caller's).
+pub struct UploadedInputs {
+    q: CudaTensor,
+    k: CudaTensor,
+    v: CudaTensor,
+    /// In the order of [`Gating::tensors`].
+    gates: Vec<CudaTensor>,
+    slot_indices: CudaTensor,
+}
+
+impl UploadedInputs {
+    /// Copies q, k, v, the gating tensors and the slot indices to the GPU.
+    pub fn new(cuda: &Cuda, inputs: &DecodeInputs<'_, HostTensor>) -> Result<Self> {
+        let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
+        Ok(Self {
+            q: up(inputs.q)?,
+            k: up(inputs.k)?,
+            v: up(inputs.v)?,
+            gates: (inputs.gating.tensors().into_iter())
+                .map(up)
+                .collect::<Result<_>>()?,
+            slot_indices: up(inputs.slot_indices)?,
+        })
+    }
+
+    /// The call's inputs over the GPU copies.
+    pub fn inputs(&self) -> Result<DecodeInputs<'_, CudaTensor>> {
+        let gating = match self.gates.as_slice() {
+            [g, beta] => Gating::Direct { g, beta },
+            [a, b, a_log, dt_bias] => Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            },
+            other => {
+                return Err(Error::InvalidValue(format!(
+                    "gating needs 2 or 4 tensors, got {}",
+                    other.len()
+                )));
+            }
+        };
+        Ok(DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
             gating,
-            slot_indices: &slots,
-        },
-        shapes,
-        state_pool.dtype(),
-        &options.gdn,
-    )?;
-    gdn_decode(cuda, inputs, state_pool, options)
+            slot_indices: &self.slot_indices,
+        })
+    }
 }

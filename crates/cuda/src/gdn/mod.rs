@@ -3,5 +3,6 @@
 pub mod decode;
 
 pub use decode::{
-    CudaDecodeOutput, DecodeLaunch, gdn_decode, gdn_decode_checked, prepare_decode_launch,
+    CudaDecodeOutput, DecodeLaunch, UploadedInputs, gdn_decode, gdn_decode_checked,
+    gdn_decode_host, prepare_decode_launch,
 };

@@ -45,6 +45,26 @@ __device__ __forceinline__ float load_float(const void* base, i64 index, int dty
     return dtype == DT_BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
 }
 
+// The two-step form of `load_float` for latency-bound kernels: `load_bits` issues the load
+// (all 32 bits for f32, the low 16 for f16 and bf16) as two predicated loads into one register,
+// not a branch, so nothing waits for the data until `bits_to_float` uses it; `load_float`'s
+// conversion inside a dtype branch makes each load wait for its data before the next one is
+// issued.
+__device__ __forceinline__ unsigned load_bits(const void* base, i64 index, int dtype) {
+    unsigned bits;
+    asm("{\n\t.reg .pred wide;\n\tsetp.eq.s32 wide, %3, %4;\n\t"
+        "@wide ld.global.u32 %0, [%1];\n\t@!wide ld.global.u16 %0, [%2];\n\t}"
+        : "=r"(bits)
+        : "l"((const unsigned*)base + index), "l"((const unsigned short*)base + index), "r"(dtype),
+          "n"(DT_F32));
+    return bits;
+}
+
+__device__ __forceinline__ float bits_to_float(unsigned bits, int dtype) {
+    if (dtype == DT_F32) return __uint_as_float(bits);
+    return dtype == DT_BF16 ? __uint_as_float(bits << 16) : f16_to_f32((unsigned short)bits);
+}
+
 // Stores `value` rounded to `dtype` (f32, f16 or bf16).
 __device__ __forceinline__ void store_float(void* base, i64 index, int dtype, float value) {
     if (dtype == DT_F32) {
@@ -57,6 +77,16 @@ __device__ __forceinline__ void store_float(void* base, i64 index, int dtype, fl
 // Element `index` of an i32 or i64 tensor.
 __device__ __forceinline__ i64 load_index(const void* base, i64 index, int dtype) {
     return dtype == DT_I64 ? ((const i64*)base)[index] : (i64)((const int*)base)[index];
+}
+
+// `load_index` as predicated loads of both widths (see `load_bits`): the first use waits.
+__device__ __forceinline__ i64 load_index_async(const void* base, i64 index, int dtype) {
+    i64 value;
+    asm("{\n\t.reg .pred wide;\n\tsetp.eq.s32 wide, %3, %4;\n\t"
+        "@wide ld.global.s64 %0, [%1];\n\t@!wide ld.global.s32 %0, [%2];\n\t}"
+        : "=l"(value)
+        : "l"((const i64*)base + index), "l"((const int*)base + index), "r"(dtype), "n"(DT_I64));
+    return value;
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

@@ -43,6 +43,7 @@ struct DecodeParams {
     u64 pool;                    // [S, H, K, V] f32 or bf16
     u64 o;                       // [B, T, H, V]
     u64 intermediate;            // [B, T, H, K, V] f32, or 0
+    u64 key_head_magic;          // ceil(2^32 / (H / Hg)): head * magic >> 32 is head's key head
     int batch, tokens, key_heads, value_heads, key_dim, value_dim;
     int act_dtype, out_dtype, g_dtype, beta_dtype, a_dtype, b_dtype, a_log_dtype, dt_bias_dtype;
     int slot_dtype, fused_gating, l2norm;
@@ -77,9 +78,9 @@ __device__ __forceinline__ void copy_async_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
-// Bulk copies through the copy engine (sm_90): one thread moves a whole contiguous slab
-// between global and shared memory, completion tracked by an mbarrier (loads) or a bulk group
-// (stores).
+// Bulk copies through the copy engine (sm_90), used by gdn_decode_t1.cu: one thread moves a
+// contiguous range between global and shared memory, completion tracked by an mbarrier (loads)
+// or a bulk group (stores).
 __device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -134,12 +135,19 @@ __device__ __forceinline__ void widen(const void* src, float* dst) {
             dst[1] = __uint_as_float(bits.x & 0xffff0000u);
             dst[2] = __uint_as_float(bits.y << 16);
             dst[3] = __uint_as_float(bits.y & 0xffff0000u);
+        } else if (VEC == 2) {
+            const unsigned bits = *(const unsigned*)p;
+            dst[0] = __uint_as_float(bits << 16);
+            dst[1] = __uint_as_float(bits & 0xffff0000u);
         } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) dst[j] = bf16_to_f32(p[j]);
         }
     } else {
-        if (VEC % 4 == 0) {
+        if (VEC == 2) {
+            const float2 x = *(const float2*)src;
+            dst[0] = x.x; dst[1] = x.y;
+        } else if (VEC % 4 == 0) {
 #pragma unroll
             for (int h = 0; h < VEC / 4; ++h) {
                 const float4 x = ((const float4*)src)[h];
@@ -168,12 +176,16 @@ __device__ __forceinline__ void narrow(void* dst, const float* src) {
             bits.x = (unsigned)f32_to_bf16(src[0]) | ((unsigned)f32_to_bf16(src[1]) << 16);
             bits.y = (unsigned)f32_to_bf16(src[2]) | ((unsigned)f32_to_bf16(src[3]) << 16);
             *(uint2*)p = bits;
+        } else if (VEC == 2) {
+            *(unsigned*)p = (unsigned)f32_to_bf16(src[0]) | ((unsigned)f32_to_bf16(src[1]) << 16);
         } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) p[j] = f32_to_bf16(src[j]);
         }
     } else {
-        if (VEC % 4 == 0) {
+        if (VEC == 2) {
+            *(float2*)dst = make_float2(src[0], src[1]);
+        } else if (VEC % 4 == 0) {
 #pragma unroll
             for (int h = 0; h < VEC / 4; ++h)
                 ((float4*)dst)[h] = make_float4(src[4 * h], src[4 * h + 1], src[4 * h + 2], src[4 * h + 3]);
@@ -223,13 +235,10 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, int K, int V, 
 }
 
 // ROWS rows and VEC columns per thread; FIXED_DIM > 0 compiles for K = V = FIXED_DIM (row
-// offsets become immediates); ONE_TOKEN compiles for T = 1 (no next-token registers);
-// COL_GROUPS threads span the tile's columns (8 by default: tiles of 8 * VEC columns); BULK
-// (whole-row tiles only, so a block's slab is one contiguous range of the pool) moves the slab
-// in and out with bulk copies issued by one thread instead of per-thread copies.
-template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM, bool ONE_TOKEN = false,
-          int COL_GROUPS = 8, bool BULK = false>
+// offsets become immediates).
+template <int ROWS, int VEC, bool BF16_POOL, int FIXED_DIM>
 __device__ void gdn_decode_body(const DecodeParams& p) {
+    constexpr int COL_GROUPS = 8;
     constexpr int ROW_GROUPS = THREADS / COL_GROUPS;
     typedef typename Select<BF16_POOL>::Elem Elem;
     constexpr int TILE = COL_GROUPS * VEC;
@@ -239,7 +248,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     const int warp = tid / 32, lane = tid % 32;
     const int K = FIXED_DIM ? FIXED_DIM : p.key_dim;
     const int V = FIXED_DIM ? FIXED_DIM : p.value_dim;
-    const int H = p.value_heads, T = ONE_TOKEN ? 1 : p.tokens;
+    const int H = p.value_heads, T = p.tokens;
     const int key_head = head / (H / p.key_heads);
     const int col0 = tile * TILE + col_group * VEC;
     // VEC > 1 is only chosen when V % VEC == 0, so a vector is either wholly in or wholly out.
@@ -248,14 +257,14 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     // The slab lands in the pool's dtype; between tokens it is kept in f32 (for an f32 pool in
     // place, for a bf16 pool in a second area the host sizes only when T > 1), so a bf16 pool
     // is rounded once per call whatever T is.
-    extern __shared__ __align__(16) unsigned char slab_bytes[];
+    // 128-byte aligned, as gdn_decode_t1.cu declares it (one declaration per program).
+    extern __shared__ __align__(128) unsigned char slab_bytes[];
     Elem* landing = (Elem*)slab_bytes;
     float* work = (float*)(slab_bytes + (BF16_POOL ? ROWS * ROW_GROUPS * TILE * sizeof(Elem) : 0));
     const int own = col_group * VEC;  // this thread's first column within the tile
     __shared__ float q_s[MAX_K], k_s[MAX_K];
     __shared__ float partial[WARPS][2][TILE];
     __shared__ float gate_s[2];
-    __shared__ __align__(8) unsigned long long bulk_bar;
 
     // The first token's q, k, v and gates do not depend on the slot: their loads are issued
     // first, so their latency overlaps the slot index's.
@@ -291,24 +300,15 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     // The owned slab elements are copied asynchronously into shared memory.
     const i64 slab = ((i64)slot * H + head) * K * V;
     const Elem* pool = (const Elem*)p.pool;
-    constexpr unsigned SLAB_BYTES = FIXED_DIM * FIXED_DIM * sizeof(Elem);
-    if (BULK) {
-        if (tid == 0) {
-            bulk_barrier_init(&bulk_bar);
-            bulk_expect(&bulk_bar, SLAB_BYTES);
-            bulk_load(landing, pool + slab, SLAB_BYTES, &bulk_bar);
-        }
-    } else {
-    #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const int r = row_group + ROW_GROUPS * i;
-            Elem* dst = landing + r * TILE + own;
-            if (r < K && col_in) {
-                copy_async<VEC * sizeof(Elem)>(dst, pool + slab + (i64)r * V + col0);
-            } else {
-    #pragma unroll
-                for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
-            }
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int r = row_group + ROW_GROUPS * i;
+        Elem* dst = landing + r * TILE + own;
+        if (r < K && col_in) {
+            copy_async<VEC * sizeof(Elem)>(dst, pool + slab + (i64)r * V + col0);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) dst[j] = Elem(0);
         }
     }
     float rate = 0.f, bias = 0.f;
@@ -357,10 +357,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
         kq = warp_sum(kq) * q_scale * k_scale;
         const float decay = gate_s[0], beta = gate_s[1];
 
-        if (t == 0) {  // the slab (this thread's elements, or all of it) has landed
-            if (BULK) bulk_wait(&bulk_bar, 0);
-            else copy_async_wait_all();
-        }
+        if (t == 0) copy_async_wait_all();  // this thread's slab elements have landed
         float sum_k[VEC], sum_q[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum_k[j] = sum_q[j] = 0.f;
@@ -429,9 +426,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) s[j] = fmaf(kr, new_v[j], decay * s[j]);
             if (inter) narrow<false, VEC>(inter + inter_base + (i64)r * V + col0, s);
-            if (last && BULK) {
-                narrow<BF16_POOL, VEC>(landing + r * TILE + own, s);
-            } else if (last) {
+            if (last) {
                 narrow<BF16_POOL, VEC>((Elem*)p.pool + slab + (i64)r * V + col0, s);
             } else {
                 narrow<false, VEC>(work + r * TILE + own, s);
@@ -439,36 +434,21 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
         }
         if (!last) __syncthreads();  // q_s, k_s, partial and gate_s are rewritten next
     }
-    if (BULK) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (tid == 0) bulk_store((Elem*)p.pool + slab, landing, SLAB_BYTES);
-    }
 }
 
 // One entry point per (rows per thread, columns per thread, pool dtype); the host picks ROWS =
 // ceil(K / 16) rounded up to 4, 8 or 16, and VEC = 4 when V % 4 == 0. The K = V = 128 entry
-// points (Qwen3-Next and most hybrid models) have their row offsets compiled in, and the bf16
-// one takes 8 columns per thread, so each copy is 16 bytes and a block moves 16 KB, as in f32.
-#define DECODE_ENTRY_FULL(ROWS, VEC, BF16, FIXED, ONE, COLS, MIN_BLOCKS, NAME)            \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                      \
-        NAME(const DecodeParams p) {                                                       \
-        gdn_decode_body<ROWS, VEC, BF16, FIXED, ONE, COLS>(p);                              \
+// points (Qwen3-Next and most hybrid models; T = 1 runs gdn_decode_t1.cu's kernels) have their
+// row offsets compiled in, and the bf16 one takes 8 columns per thread, so each copy is 16
+// bytes and a block moves 16 KB, as in f32.
+#define DECODE_ENTRY(ROWS, VEC, BF16, FIXED, NAME)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const DecodeParams p) {     \
+        gdn_decode_body<ROWS, VEC, BF16, FIXED>(p);                                         \
     }
-#define DECODE_ENTRY_BULK(ROWS, VEC, BF16, COLS, MIN_BLOCKS, NAME)                         \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                      \
-        NAME(const DecodeParams p) {                                                       \
-        gdn_decode_body<ROWS, VEC, BF16, 128, true, COLS, true>(p);                         \
-    }
-#define DECODE_ENTRY_BLOCKS(ROWS, VEC, BF16, FIXED, ONE, MIN_BLOCKS, NAME) \
-    DECODE_ENTRY_FULL(ROWS, VEC, BF16, FIXED, ONE, 8, MIN_BLOCKS, NAME)
-#define DECODE_ENTRY(ROWS, VEC, BF16, FIXED, NAME) \
-    DECODE_ENTRY_BLOCKS(ROWS, VEC, BF16, FIXED, false, 1, NAME)
 
 DECODE_ENTRY(4, 4, false, 0, gdn_decode_r4_v4_f32)
 DECODE_ENTRY(8, 4, false, 0, gdn_decode_r8_v4_f32)
 DECODE_ENTRY(8, 4, false, 128, gdn_decode_k128_v128_f32)
-DECODE_ENTRY_BLOCKS(8, 4, false, 128, true, 10, gdn_decode_k128_v128_t1_f32)
 DECODE_ENTRY(16, 4, false, 0, gdn_decode_r16_v4_f32)
 DECODE_ENTRY(4, 1, false, 0, gdn_decode_r4_v1_f32)
 DECODE_ENTRY(8, 1, false, 0, gdn_decode_r8_v1_f32)
@@ -480,13 +460,3 @@ DECODE_ENTRY(16, 4, true, 0, gdn_decode_r16_v4_bf16)
 DECODE_ENTRY(4, 1, true, 0, gdn_decode_r4_v1_bf16)
 DECODE_ENTRY(8, 1, true, 0, gdn_decode_r8_v1_bf16)
 DECODE_ENTRY(16, 1, true, 0, gdn_decode_r16_v1_bf16)
-
-// K = V = 128, T = 1, by grid size: 16-column tiles when 32-column ones would not give every
-// SM two blocks; otherwise whole-row tiles (a block owns one head's slab, contiguous in the
-// pool: 64 KB in f32, 32 KB in bf16) moved in and out by bulk copies, for bf16 pools at any
-// such size and for f32 pools at large batches (32-column tiles above).
-DECODE_ENTRY_FULL(8, 2, false, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_f32)
-DECODE_ENTRY_FULL(8, 4, true, 128, true, 8, 8, gdn_decode_k128_v128_t1_narrow_bf16)
-
-DECODE_ENTRY_BULK(32, 4, false, 32, 3, gdn_decode_k128_v128_t1_rows_f32)
-DECODE_ENTRY_BULK(16, 8, true, 16, 3, gdn_decode_k128_v128_t1_rows_bf16)

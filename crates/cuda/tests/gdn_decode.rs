@@ -8,10 +8,10 @@ use deltakv_core::gdn::decode_check::{
 };
 use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
 use deltakv_core::gdn::{
-    DecodeInputs, DecodeOptions, DecodeOutput, Gating, gdn_decode as cpu_decode,
+    DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims, gdn_decode as cpu_decode,
 };
 use deltakv_core::{DType, HostTensor, Result};
-use deltakv_cuda::gdn::{gdn_decode, gdn_decode_checked};
+use deltakv_cuda::gdn::{OneTokenKernel, gdn_decode, gdn_decode_checked};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
 
@@ -131,40 +131,83 @@ fn the_decode_suite_against_the_oracle_on_the_gpu() {
     );
 }
 
-/// The K = V = 128, T = 1 entry points are chosen by grid size: B = 2 takes 16-column tiles,
-/// B = 17 32-column tiles (f32) and bulk-copied whole rows (bf16), B = 64 whole rows for both.
-/// Each one against the oracle.
+/// The K = V = 128, T = 1 kernels are chosen by grid size: B = 2 and B = 8 (Qwen3-Next's 32
+/// value heads) run the registers kernel, B = 17 and B = 64 the bands kernel. Each, for both
+/// pool dtypes, against the oracle over every input dtype, both gatings, with and without l2
+/// norm, and i32 and i64 slots (their loads are issued before any is waited for, so each
+/// dtype's path is its own code).
 #[test]
-fn every_tile_width_at_the_qwen3_next_shape() {
-    let Some(cuda) = device("tile widths") else {
+fn every_one_token_kernel_over_every_input_form() {
+    let Some(cuda) = device("one-token kernels") else {
         return;
     };
-    let backend = gpu_backend(cuda);
-    for (batch, pool_dtype) in [
-        (2, DType::F32),
-        (2, DType::BF16),
-        (17, DType::F32),
-        (17, DType::BF16),
-        (64, DType::F32),
-        (64, DType::BF16),
-    ] {
-        let mut spec = DecodeSpec::new(batch, 1, 16, 32, 128, 128);
-        spec.pool_dtype = pool_dtype;
-        spec.fused_gating = true;
-        spec.raw_qk = true;
-        spec.skipped_rows = vec![1];
-        let check = DecodeCheck {
-            name: format!("Qwen3-Next B={batch} pool {pool_dtype}"),
-            spec,
-            use_qk_l2norm: true,
-            seed: 9500 + batch as u64,
+    let kernel_of = |batch: usize| {
+        let dims = GdnDims {
+            batch,
+            tokens: 1,
+            key_heads: 16,
+            value_heads: 32,
+            key_dim: 128,
+            value_dim: 128,
         };
-        let e = run_decode_check(&check, &backend).unwrap_or_else(|e| panic!("{e}"));
-        println!(
-            "{}: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
-            check.name, e.o, e.intermediate_states, e.pool
+        OneTokenKernel::select(&dims, cuda.multiprocessors())
+    };
+    let batches = [2, 8, 17, 64];
+    let kernels: Vec<_> = batches.iter().map(|&b| kernel_of(b)).collect();
+    for kernel in [OneTokenKernel::Registers, OneTokenKernel::Bands] {
+        assert!(
+            kernels.contains(&Some(kernel)),
+            "no batch size of this test runs {kernel:?}: {kernels:?}"
         );
     }
+    let mut worst = [0f64; 3];
+    let mut seed = 9500;
+    for (&batch, kernel) in batches.iter().zip(&kernels) {
+        for pool_dtype in [DType::F32, DType::BF16] {
+            for (dtype, fused_gating, use_qk_l2norm, i64_slots) in [
+                (DType::BF16, true, true, false),
+                (DType::F16, false, true, true),
+                (DType::F32, true, false, false),
+                (DType::BF16, false, false, true),
+            ] {
+                seed += 1;
+                let mut spec = DecodeSpec::new(batch, 1, 16, 32, 128, 128);
+                spec.pool_dtype = pool_dtype;
+                spec.dtype = dtype;
+                spec.fused_gating = fused_gating;
+                spec.raw_qk = use_qk_l2norm;
+                spec.skipped_rows = vec![1];
+                let check = DecodeCheck {
+                    name: format!(
+                        "Qwen3-Next B={batch} ({kernel:?}) pool {pool_dtype}, {dtype} inputs, {} gating, l2 norm {use_qk_l2norm}, {} slots",
+                        if fused_gating { "fused" } else { "direct" },
+                        if i64_slots { "i64" } else { "i32" }
+                    ),
+                    spec,
+                    use_qk_l2norm,
+                    seed,
+                };
+                let backend = gpu_backend(cuda);
+                let widened = |case: &DecodeCase, opts: &DecodeOptions| {
+                    let mut case = case.clone();
+                    if i64_slots {
+                        let slots = case.slot_indices.to_i64_vec("slot_indices")?;
+                        case.slot_indices =
+                            HostTensor::from_i64(case.slot_indices.shape().to_vec(), slots)?;
+                    }
+                    backend(&case, opts)
+                };
+                let e = run_decode_check(&check, &widened).unwrap_or_else(|e| panic!("{e}"));
+                for (w, x) in worst.iter_mut().zip([e.o, e.intermediate_states, e.pool]) {
+                    *w = w.max(x);
+                }
+            }
+        }
+    }
+    println!(
+        "one-token kernels, 32 cases: worst rel_rms o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+        worst[0], worst[1], worst[2]
+    );
 }
 
 #[test]

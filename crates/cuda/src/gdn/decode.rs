@@ -22,10 +22,14 @@ use deltakv_core::gdn::decode_validate::{
 use deltakv_core::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
 use deltakv_core::{DType, Error, HostTensor, Result};
 
-/// The decode kernel's source.
+/// The decode kernels' source: the general kernel, then the T = 1, K = V = 128 kernels that
+/// share its parameters and helpers.
 pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_decode",
-    text: include_str!("../../kernels/gdn_decode.cu"),
+    text: concat!(
+        include_str!("../../kernels/gdn_decode.cu"),
+        include_str!("../../kernels/gdn_decode_t1.cu")
+    ),
 };
 
 const THREADS: u32 = 128;
@@ -48,6 +52,7 @@ struct DecodeParams {
     pool: u64,
     o: u64,
     intermediate: u64,
+    key_head_magic: u64,
     batch: i32,
     tokens: i32,
     key_heads: i32,
@@ -204,38 +209,57 @@ fn build_launch(
         (8, 1, false) => "gdn_decode_r8_v1_bf16",
         _ => "gdn_decode_r16_v1_bf16",
     };
-    // K = V = 128 (Qwen3-Next and kin) has its own entry points, and at T = 1 a tile chosen by
-    // grid size: 16 columns when 32-column tiles would leave SMs with fewer than two blocks;
-    // else whole rows moved by bulk copies for bf16 pools, and for f32 pools at large batches;
-    // 32 columns otherwise (see the kernel).
-    let fixed_128 = dims.key_dim == 128 && dims.value_dim == 128;
-    let one_token = dims.tokens == 1;
-    let heads = dims.batch * dims.value_heads;
-    let small_grid = heads * 4 < 2 * cuda.multiprocessors();
-    let large_grid = heads >= 2048;
-    // (name, columns per thread, column groups, rows per thread)
-    let (name, vec, col_groups, rows_per_thread) = match (fixed_128, one_token, f32_pool) {
-        (true, true, true) if small_grid => ("gdn_decode_k128_v128_t1_narrow_f32", 2, 8, 8),
-        (true, true, false) if small_grid => ("gdn_decode_k128_v128_t1_narrow_bf16", 4, 8, 8),
-        (true, true, true) if large_grid => ("gdn_decode_k128_v128_t1_rows_f32", 4, 32, 32),
-        (true, true, true) => ("gdn_decode_k128_v128_t1_f32", 4, COL_GROUPS, 8),
-        (true, true, false) => ("gdn_decode_k128_v128_t1_rows_bf16", 8, 16, 16),
-        (true, false, true) => ("gdn_decode_k128_v128_f32", 4, COL_GROUPS, 8),
-        (true, false, false) => ("gdn_decode_k128_v128_bf16", 8, COL_GROUPS, 8),
-        _ => (name, vec, COL_GROUPS, rows_per_thread),
-    };
-    let function = cuda.function(&SOURCE, name)?;
-    let tiles = dims.value_dim.div_ceil(col_groups * vec);
-    // The slab's shared memory: rows x tile columns in the pool's dtype, plus an f32 copy
-    // between tokens for a bf16 pool with T > 1.
-    let slab_elems = rows_per_thread * (THREADS as usize / col_groups) * col_groups * vec;
     let pool_bytes = state_pool.dtype().size_in_bytes();
-    let shared_mem_bytes = slab_elems * pool_bytes
-        + if pool_bytes == 2 && dims.tokens > 1 {
-            slab_elems * 4
-        } else {
-            0
+    let (name, tiles, threads, shared_mem_bytes) =
+        match OneTokenKernel::select(&dims, cuda.multiprocessors()) {
+            // One block of 8 warps per (row, head), the whole slab in shared memory.
+            Some(OneTokenKernel::Bands) => (
+                if f32_pool {
+                    "gdn_decode_k128_v128_t1_bands_f32"
+                } else {
+                    "gdn_decode_k128_v128_t1_bands_bf16"
+                },
+                1,
+                256,
+                128 * 128 * pool_bytes,
+            ),
+            // One block per (row, head, 16 columns), the state in registers.
+            Some(OneTokenKernel::Registers) => (
+                if f32_pool {
+                    "gdn_decode_k128_v128_t1_registers_f32"
+                } else {
+                    "gdn_decode_k128_v128_t1_registers_bf16"
+                },
+                8,
+                THREADS,
+                0,
+            ),
+            None => {
+                // K = V = 128 at T > 1 has entry points with the dimensions compiled in.
+                let (name, vec, col_groups, rows_per_thread) =
+                    match (dims.key_dim == 128 && dims.value_dim == 128, f32_pool) {
+                        (true, true) => ("gdn_decode_k128_v128_f32", 4, COL_GROUPS, 8),
+                        (true, false) => ("gdn_decode_k128_v128_bf16", 8, COL_GROUPS, 8),
+                        _ => (name, vec, COL_GROUPS, rows_per_thread),
+                    };
+                // The slab's shared memory: rows x tile columns in the pool's dtype, plus an
+                // f32 copy between tokens for a bf16 pool with T > 1.
+                let slab_elems =
+                    rows_per_thread * (THREADS as usize / col_groups) * col_groups * vec;
+                let between_tokens = if pool_bytes == 2 && dims.tokens > 1 {
+                    slab_elems * 4
+                } else {
+                    0
+                };
+                (
+                    name,
+                    dims.value_dim.div_ceil(col_groups * vec),
+                    THREADS,
+                    slab_elems * pool_bytes + between_tokens,
+                )
+            }
         };
+    let function = cuda.function(&SOURCE, name)?;
     if dims.batch > 65535 {
         return Err(Error::Unsupported(format!(
             "CUDA decode takes at most 65535 rows per call, got B = {}",
@@ -256,6 +280,7 @@ fn build_launch(
         pool: pool_address,
         o: o.device_address_mut(cuda),
         intermediate,
+        key_head_magic: key_head_magic(dims.value_heads / dims.key_heads),
         batch: dims.batch as i32,
         tokens: dims.tokens as i32,
         key_heads: dims.key_heads as i32,
@@ -295,7 +320,7 @@ fn build_launch(
     }
     let config = LaunchConfig {
         grid_dim: (tiles as u32, dims.value_heads as u32, dims.batch as u32),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: shared_mem_bytes as u32,
     };
     Ok(DecodeLaunch {
@@ -303,6 +328,41 @@ fn build_launch(
         function,
         config,
     })
+}
+
+/// The two one-token kernels at K = V = 128 (`kernels/gdn_decode_t1.cu`), chosen by grid size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneTokenKernel {
+    /// A block per (row, head, 16 columns), the state read into registers: the shortest
+    /// critical path, for grids too small to keep the memory system busy.
+    Registers,
+    /// A block per (row, head), each warp moving a band of rows with bulk copies: near the copy
+    /// rate once every SM holds several slabs.
+    Bands,
+}
+
+impl OneTokenKernel {
+    /// The kernel for a call of these dimensions on a GPU with `multiprocessors` SMs, or `None`
+    /// when the call is not T = 1 at K = V = 128 (the general kernel runs it).
+    pub fn select(dims: &GdnDims, multiprocessors: usize) -> Option<Self> {
+        if dims.tokens != 1 || dims.key_dim != 128 || dims.value_dim != 128 {
+            return None;
+        }
+        // Registers up to two (row, head) pairs per SM (16 of its blocks), bands beyond: the
+        // crossover measured on the H100 for both pool dtypes (docs/cuda-kernel-log.md).
+        let heads = dims.batch * dims.value_heads;
+        Some(if heads <= 2 * multiprocessors {
+            OneTokenKernel::Registers
+        } else {
+            OneTokenKernel::Bands
+        })
+    }
+}
+
+/// ceil(2^32 / group): the kernels find a value head's key head as `head * magic >> 32`, which
+/// equals `head / group` for every head below 2^16 (grid rows are at most 65535).
+fn key_head_magic(group: usize) -> u64 {
+    (1u64 << 32).div_ceil(group as u64)
 }
 
 /// The shapes of `o` (`[B, T, H, V]`) and of the intermediate states (`[B, T, H, K, V]`).
@@ -462,5 +522,24 @@ impl UploadedInputs {
             gating,
             slot_indices: &self.slot_indices,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_head_magic;
+
+    #[test]
+    fn the_key_head_magic_divides_every_grid_row_exactly() {
+        for group in (1..=64).chain([96, 128, 1000, 65535]) {
+            let magic = key_head_magic(group);
+            for head in 0..(1u64 << 16) {
+                assert_eq!(
+                    (head * magic) >> 32,
+                    head / group as u64,
+                    "head {head}, group {group}"
+                );
+            }
+        }
     }
 }

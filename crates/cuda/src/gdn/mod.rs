@@ -3,6 +3,6 @@
 pub mod decode;
 
 pub use decode::{
-    CudaDecodeOutput, DecodeLaunch, UploadedInputs, gdn_decode, gdn_decode_checked,
+    CudaDecodeOutput, DecodeLaunch, OneTokenKernel, UploadedInputs, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,
 };

@@ -103,10 +103,10 @@ __device__ __forceinline__ void lab_norms(const float* q_s, const float* k_s, fl
 }
 
 
-// Production features added to it one at a time (bits of F): 1 the key head by a run-time
-// division, 2 the generic gates (read as bits, computed after the state loads are issued),
-// 4 q/k/v through `load_bits`, 8 the skipped-row branch and intermediate-state pointer,
-// 16 the slot through `load_index`.
+// Production features can be added to it one at a time (bits of F) to price each: 1 the key
+// head by a run-time division, 2 the generic gates (read as bits, computed after the state
+// loads are issued), 4 q/k/v through `load_bits`, 8 the skipped-row branch and
+// intermediate-state pointer, 16 the slot through `load_index`.
 template <int F>
 __device__ void lab_narrow_body(const DecodeParams& p) {
     constexpr int TILE = 16;
@@ -200,12 +200,6 @@ __device__ void lab_narrow_body(const DecodeParams& p) {
 }
 
 __global__ void __launch_bounds__(128, 8) lab_narrow_regs(const DecodeParams p) { lab_narrow_body<0>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_div(const DecodeParams p) { lab_narrow_body<1>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_gates(const DecodeParams p) { lab_narrow_body<2>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_bits(const DecodeParams p) { lab_narrow_body<4>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_skip(const DecodeParams p) { lab_narrow_body<8>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_index(const DecodeParams p) { lab_narrow_body<16>(p); }
-__global__ void __launch_bounds__(128, 8) lab_narrow_all(const DecodeParams p) { lab_narrow_body<31>(p); }
 
 
 // ---------------------------------------------------------------------------------------------
@@ -358,12 +352,6 @@ static std::vector<Variant> variants() {
     v.push_back({"registers_f32", 0, gdn_decode_k128_v128_t1_registers_f32, 8, 128, 0, nullptr});
     v.push_back({"registers_bf16", 1, gdn_decode_k128_v128_t1_registers_bf16, 8, 128, 0, nullptr});
     v.push_back({"lab_narrow_regs", 0, lab_narrow_regs, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_div", 0, lab_narrow_div, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_gates", 0, lab_narrow_gates, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_bits", 0, lab_narrow_bits, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_skip", 0, lab_narrow_skip, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_index", 0, lab_narrow_index, 8, 128, 0, nullptr});
-    v.push_back({"lab_narrow_all", 0, lab_narrow_all, 8, 128, 0, nullptr});
     CHECK(cudaFuncSetAttribute(ceiling_slab, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));
     for (auto& x : v)
         if (x.kernel) CHECK(cudaFuncSetAttribute(x.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));
@@ -475,7 +463,7 @@ int main(int argc, char** argv) {
         for (auto& v : all) {
             if (v.pool != 2 && v.pool != (int)bf16_pool) continue;
             double o_err = NAN, pool_err = NAN;
-            if (v.kernel) {
+            if (v.kernel) {  // a decode, checked
                 std::vector<float> o, pool;
                 run_once(pr, v, o, pool);
                 if (!have_ref) {

@@ -37,16 +37,19 @@ for line in sys.stdin:
     du -sh .carry .whl
     ;;
 run)
+    # Results in $out (at most 8 files come back from the GPU machine): gpu.txt, bench.txt,
+    # compare.txt, summary.txt, the JSON and CSV records, and every log in logs.tar.gz.
     out=${OUT:-gpu-check-out}
-    mkdir -p "$out"
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
     summary=()
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
     # GPU tests (the CPU suites run in CI): every executable of the CUDA crate, and the CLI's
     # device tests (gdn-decode --device cuda against --device cpu).
     for t in .carry/tests/deltakv-cuda-* .carry/tests/deltakv-cli_device; do
         name=$(basename "$t")
-        if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
-            summary+=("PASS $name: $(last 'worst rel_rms' "$out/$name.log") $(last 'pool rel_rms against' "$out/$name.log")")
+        if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'worst rel_rms' "$logs/$name.log") $(last 'pool rel_rms against' "$logs/$name.log")")
         else
             summary+=("FAIL $name (see $name.log)")
         fi
@@ -55,23 +58,24 @@ run)
         for tool in memcheck racecheck initcheck; do
             t=.carry/tests/deltakv-cuda-gdn_decode
             if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
-                >"$out/sanitizer-$tool.log" 2>&1; then
-                summary+=("PASS compute-sanitizer $tool: $(last 'SUMMARY' "$out/sanitizer-$tool.log")")
+                >"$logs/sanitizer-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool: $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
             else
-                summary+=("FAIL compute-sanitizer $tool: $(last 'SUMMARY' "$out/sanitizer-$tool.log")")
+                summary+=("FAIL compute-sanitizer $tool: $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
             fi
         done
     fi
-    .carry/deltakv demo --tokens 1024 >"$out/demo.txt" 2>&1 &&
-        summary+=("PASS demo: $(last 'decode on cuda' "$out/demo.txt")") ||
+    .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
+        summary+=("PASS demo: $(last 'decode on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
-    .carry/deltakv bench gdn --device cuda --decode-batches 1,32,64,256 --json "$out/deltakv-decode.json" |
+    .carry/deltakv bench gdn --device cuda --decode-batches 1,2,4,8,16,32,64,256 --json "$out/deltakv-decode.json" |
         tee "$out/bench.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
     PYTHONPATH=/tmp/fla-site python3 tools/compare_fla.py --deltakv-json "$out/deltakv-decode.json" \
         --csv "$out/decode-vs-fla.csv" 2>&1 | tee "$out/compare.txt"
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
-    printf '%s\n' "${summary[@]}"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
     echo "usage: tools/gpu-check.sh build|run [quick]" >&2

@@ -3,8 +3,10 @@
 //! Kernels for serving hybrid linear-attention LLMs (Qwen3-Next, Qwen3.5/3.6 and kin):
 //! Gated DeltaNet prefill and decode, and attention over a compressed KV cache.
 //!
-//! This crate is the facade: it picks a [`Device`] and forwards to a backend. The CPU backend
-//! (always built, also the numerical reference) lives in [`deltakv_core`], re-exported here.
+//! This crate is the facade: it picks a [`Device`] and forwards to a backend. The contract
+//! (types, validation, the f64 oracles, random cases) is [`deltakv_contract`]; the CPU backend
+//! (always built, also the numerical reference) is [`deltakv_cpu`]. [`gdn`] and [`kv`] gather
+//! both: the contract's types and the CPU's entry points and caches.
 //!
 //! ```
 //! use deltakv::gdn::random::{GdnCase, GdnSpec};
@@ -19,8 +21,8 @@
 //! # Ok::<(), deltakv::Error>(())
 //! ```
 
-pub use deltakv_core::{
-    DType, Error, HostTensor, Result, TensorData, gdn, io, metrics, rng, tensor,
+pub use deltakv_contract::{
+    DType, Error, HostTensor, Result, TensorData, TensorMeta, io, metrics, rng, tensor,
 };
 /// The bf16 / f16 element types of [`TensorData`], re-exported so callers use the same
 /// version.
@@ -46,7 +48,25 @@ mod markdown_examples {
     struct CudaKernelLog;
 }
 
-use deltakv_core::gdn::{GdnInputs, GdnOptions, GdnOutput, PrefillMode};
+/// Gated DeltaNet: the contract's types, validation, oracles and random cases
+/// ([`deltakv_contract::gdn`]) and the CPU backend's entry points.
+pub mod gdn {
+    pub use deltakv_contract::gdn::*;
+    pub use deltakv_cpu::gdn::{gdn_decode, gdn_decode_into, gdn_prefill};
+}
+
+/// Compressed-KV attention: the contract's scheme, codec, merge math, oracle and random cases
+/// ([`deltakv_contract::kv`]) and the CPU backend's caches and attention.
+pub mod kv {
+    pub use deltakv_contract::kv::*;
+    pub use deltakv_cpu::kv::{
+        AttnOptions, DenseKvCache, HeadStore, KvCache, KvOptions, KvOutput, MAX_BLOCK_TOKENS,
+        Norms, attend_compressed, attend_dense, attention, cache, kv_attention,
+    };
+}
+
+use gdn::PrefillMode;
+use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
 
 /// Where an op runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -134,7 +154,7 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// GDN prefill on `device`; see [`deltakv_core::gdn`] for the math and shapes.
+/// GDN prefill on `device`; see [`gdn`] for the math and shapes.
 pub fn gdn_prefill(
     device: Device,
     inputs: &GdnInputs<'_>,
@@ -142,21 +162,21 @@ pub fn gdn_prefill(
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
-    deltakv_core::gdn::gdn_prefill(inputs, options, mode)
+    deltakv_cpu::gdn::gdn_prefill(inputs, options, mode)
 }
 
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
-/// 1..=16 tokens per row, in place; see [`deltakv_core::gdn::decode`] for the math and layouts.
+/// 1..=16 tokens per row, in place; see [`gdn::decode`] for the math and layouts.
 ///
 /// With host tensors on `Device::Cuda`, the inputs and the pool are copied to the GPU and the
 /// results back (a convenience for files and tests); a serving loop keeps its pool on the GPU
 /// and calls [`cuda::gdn::gdn_decode`] with [`cuda::CudaTensor`]s instead.
 pub fn gdn_decode(
     device: Device,
-    inputs: &deltakv_core::gdn::DecodeInputs<'_>,
+    inputs: &DecodeInputs<'_>,
     state_pool: &mut HostTensor,
-    options: &deltakv_core::gdn::DecodeOptions,
-) -> Result<deltakv_core::gdn::DecodeOutput> {
+    options: &DecodeOptions,
+) -> Result<DecodeOutput> {
     device.ensure_runs("gdn decode")?;
     match device {
         #[cfg(feature = "cuda")]
@@ -166,7 +186,7 @@ pub fn gdn_decode(
             state_pool,
             options,
         ),
-        _ => deltakv_core::gdn::gdn_decode(inputs, state_pool, options),
+        _ => deltakv_cpu::gdn::gdn_decode(inputs, state_pool, options),
     }
 }
 
@@ -174,29 +194,27 @@ pub fn gdn_decode(
 /// `intermediate_states [B, T, H, K, V]`), reused step after step by a serving loop.
 pub fn gdn_decode_into(
     device: Device,
-    inputs: &deltakv_core::gdn::DecodeInputs<'_>,
+    inputs: &DecodeInputs<'_>,
     state_pool: &mut HostTensor,
     options: &GdnOptions,
     o: &mut [f32],
     intermediate_states: Option<&mut [f32]>,
-) -> Result<deltakv_core::gdn::GdnDims> {
+) -> Result<GdnDims> {
     device.ensure_runs("gdn decode into host buffers")?;
-    deltakv_core::gdn::gdn_decode_into(inputs, state_pool, options, o, intermediate_states)
+    deltakv_cpu::gdn::gdn_decode_into(inputs, state_pool, options, o, intermediate_states)
 }
-
-pub use deltakv_core::kv;
 
 /// The CUDA backend: device tensors ([`cuda::CudaTensor`]) and the ops that take them.
 #[cfg(feature = "cuda")]
 pub use deltakv_cuda as cuda;
 
 /// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
-/// [`deltakv_core::kv`] for the math and shapes.
+/// [`kv`] for the math and shapes.
 pub fn kv_attention(
     device: Device,
     inputs: &kv::KvInputs<'_>,
     options: &kv::KvOptions,
 ) -> Result<kv::KvOutput> {
     device.ensure_runs("compressed-KV attention")?;
-    deltakv_core::kv::kv_attention(inputs, options)
+    deltakv_cpu::kv::kv_attention(inputs, options)
 }

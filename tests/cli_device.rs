@@ -3,7 +3,7 @@
 //! one `error:` line that says why, and writes no output. Where CUDA is present, `gdn-decode
 //! --device cuda` writes what the CPU writes, to the tolerances of the decode suite.
 
-use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::io::TensorFile;
 use deltakv::{DType, Device};
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! `deltakv gdn-decode` end to end: outputs equal the library's, and every bad input gets one
 //! error line, a non-zero exit and no output file.
 
-use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::gdn::{DecodeOptions, GdnOptions, gdn_decode};
 use deltakv::io::TensorFile;
 use deltakv::{DType, HostTensor};

@@ -5,7 +5,7 @@
 //! inputs that overflow are an error, and bench arguments are checked before any run.
 
 use deltakv::HostTensor;
-use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::io::TensorFile;
 use deltakv::rng::Rng;

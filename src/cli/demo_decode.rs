@@ -2,7 +2,7 @@
 //! final state (a one-slot f32 pool updated in place), timed, and checked against the f64
 //! recurrence run from the same state over the same 64 tokens.
 
-use deltakv::gdn::decode_check::{O_TOLERANCE, STATE_TOLERANCE_F32};
+use deltakv::gdn::decode::check::{O_TOLERANCE, STATE_TOLERANCE_F32};
 use deltakv::gdn::oracle::gdn_reference;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating, GdnOptions};

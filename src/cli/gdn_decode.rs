@@ -4,9 +4,9 @@
 use super::DeviceArg;
 use super::gdn::{METADATA, options_from_metadata};
 use clap::Args;
-use deltakv::gdn::validate::{GDN_OVERFLOW_CAUSE, check_finite, check_result_finite};
-use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating};
+use deltakv::gdn::{DecodeInputs, DecodeOptions, GDN_OVERFLOW_CAUSE, Gating};
 use deltakv::io::TensorFile;
+use deltakv::tensor::check_result_finite;
 use deltakv::{Result, gdn_decode};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,9 +51,7 @@ pub fn run(args: GdnDecodeArgs) -> Result<()> {
         .remove("state_pool")
         .ok_or_else(|| deltakv::Error::MissingTensor("state_pool".to_string()))?;
     // The kernel trusts the pool's values (a serving engine owns it); a file gets checked.
-    if pool.dtype().is_float() {
-        check_finite("state_pool", &pool.to_f32_vec("state_pool")?)?;
-    }
+    pool.check_finite("state_pool")?;
     let inputs = DecodeInputs {
         q: file.require("q")?,
         k: file.require("k")?,

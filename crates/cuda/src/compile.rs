@@ -4,7 +4,7 @@
 //! The kernels include no CUDA headers (half-precision conversions are written in
 //! `kernels/common.cuh`), so NVRTC's library is the only run-time file they need.
 
-use deltakv_core::{Error, Result};
+use deltakv_contract::{Error, Result};
 use std::ffi::{CStr, CString, c_char};
 
 /// One kernel source: a name for messages and the text of the `.cu` file with the shared

@@ -9,14 +9,14 @@
 //! A serving loop keeps the pool on the GPU and launches one validated call per step:
 //!
 //! ```no_run
-//! use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
-//! use deltakv_core::gdn::{DecodeInputs, DecodeOptions, Gating};
+//! use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
+//! use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, Gating};
 //! use deltakv_cuda::{Cuda, CudaTensor, gdn::gdn_decode};
 //!
 //! let cuda = Cuda::get()?; // "no CUDA device: ..." on a machine without one
 //! // 8 sequences, one new token each, Qwen3-Next's shape; a pool of 10 slots.
 //! let case = DecodeCase::random(&DecodeSpec::new(8, 1, 16, 32, 128, 128), 1)?;
-//! let up = |t: &deltakv_core::HostTensor| CudaTensor::upload(cuda, t);
+//! let up = |t: &deltakv_contract::HostTensor| CudaTensor::upload(cuda, t);
 //! let mut pool = up(&case.state_pool)?; // stays on the GPU, updated in place
 //! let (q, k, v, slots) = (up(&case.q)?, up(&case.k)?, up(&case.v)?, up(&case.slot_indices)?);
 //! let (g, beta) = (up(case.gate("g").unwrap())?, up(case.gate("beta").unwrap())?);
@@ -24,7 +24,7 @@
 //! let out = gdn_decode(cuda, &inputs, &mut pool, &DecodeOptions::default())?;
 //! let o = out.o.download(cuda)?; // [8, 1, 32, 128], only when the caller asks
 //! assert_eq!(o.shape(), &[8, 1, 32, 128]);
-//! # Ok::<(), deltakv_core::Error>(())
+//! # Ok::<(), deltakv_contract::Error>(())
 //! ```
 //!
 //! The `.cu` sources are in `kernels/`; [`compile::SOURCES`] lists them, and CI compiles each

@@ -6,7 +6,7 @@
 
 use crate::compile::{self, Compiled, KernelSource};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
-use deltakv_core::{Error, Result};
+use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 

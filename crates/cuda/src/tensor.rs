@@ -5,8 +5,8 @@
 
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use deltakv_core::tensor::TensorMeta;
-use deltakv_core::{DType, Error, HostTensor, Result};
+use deltakv_contract::tensor::TensorMeta;
+use deltakv_contract::{DType, Error, HostTensor, Result};
 
 enum Storage {
     /// Allocated by deltakv, freed on drop.

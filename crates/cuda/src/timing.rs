@@ -4,7 +4,7 @@
 
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use deltakv_core::Result;
+use deltakv_contract::Result;
 
 /// Median GPU microseconds per launch of `launch` over `samples` replays of a graph holding
 /// `per_graph` launches back to back (after two warm-up replays).

@@ -1,19 +1,25 @@
 //! GDN decode on the GPU against the f64 oracle: the same suite and tolerances as the CPU
-//! (`deltakv_core::gdn::decode_check`), plus the GPU's own rules (validation before launch,
+//! (`deltakv_contract::gdn::decode::check`), plus the GPU's own rules (validation before launch,
 //! the pool staying on the device across steps). On a machine without a CUDA device every
 //! test prints one "skipped (no CUDA device)" line and passes.
 
-use deltakv_core::gdn::decode_check::{
+use deltakv_contract::gdn::decode::check::{
     BackendRun, DecodeCheck, check_options, decode_suite, run_decode_check,
 };
-use deltakv_core::gdn::decode_random::{DecodeCase, DecodeSpec};
-use deltakv_core::gdn::{
-    DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims, gdn_decode as cpu_decode,
-};
-use deltakv_core::{DType, HostTensor, Result};
+use deltakv_contract::gdn::decode::oracle::gdn_decode_reference;
+use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
+use deltakv_contract::{DType, HostTensor, Result};
 use deltakv_cuda::gdn::{OneTokenKernel, gdn_decode, gdn_decode_checked};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
+
+/// The oracle's f64 pool as a host tensor of `like`'s shape and dtype (rounded to it), the
+/// input of the oracle's next step.
+fn f64_pool(like: &HostTensor, values: &[f64]) -> HostTensor {
+    let values: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+    HostTensor::from_f32_as(like.shape().to_vec(), &values, like.dtype()).unwrap()
+}
 
 fn device(test: &str) -> Option<&'static Cuda> {
     match Cuda::get() {
@@ -211,7 +217,7 @@ fn every_one_token_kernel_over_every_input_form() {
 }
 
 #[test]
-fn steps_on_the_gpu_pool_match_cpu_steps() {
+fn steps_on_the_gpu_pool_match_oracle_steps() {
     let Some(cuda) = device("serving loop") else {
         return;
     };
@@ -221,40 +227,39 @@ fn steps_on_the_gpu_pool_match_cpu_steps() {
     spec.raw_qk = true;
     spec.skipped_rows = vec![2];
     let opts = DecodeOptions {
-        gdn: deltakv_core::gdn::GdnOptions {
+        gdn: deltakv_contract::gdn::GdnOptions {
             scale: None,
             use_qk_l2norm: true,
         },
         intermediate_states: false,
     };
     let first = DecodeCase::random(&spec, 7000).unwrap();
-    let mut cpu_pool = first.state_pool.clone();
+    // The oracle's pool after each step, carried in f64.
+    let mut reference_pool = first.state_pool.to_f64_vec("pool").unwrap();
     let mut gpu_pool = CudaTensor::upload(cuda, &first.state_pool).unwrap();
     for step in 0..8u64 {
         let case = DecodeCase::random(&spec, 7000 + step).unwrap();
-        let cpu = cpu_decode(&case.inputs().unwrap(), &mut cpu_pool, &opts).unwrap();
+        let pool_before = f64_pool(&first.state_pool, &reference_pool);
+        let reference =
+            gdn_decode_reference(&case.inputs().unwrap(), &pool_before, &opts.gdn).unwrap();
+        reference_pool = reference.state_pool;
         let mut dev = DeviceCase::upload(cuda, &case).unwrap();
         std::mem::swap(&mut dev.pool, &mut gpu_pool);
         let gpu = dev.run(cuda, &opts, true).unwrap();
         std::mem::swap(&mut dev.pool, &mut gpu_pool);
-        let err = deltakv_core::metrics::rel_rms(
-            &gpu.o.to_f32_vec("o").unwrap(),
-            &cpu.o.to_f64_vec("o").unwrap(),
-        );
+        let err = deltakv_contract::metrics::rel_rms(&gpu.o.to_f32_vec("o").unwrap(), &reference.o);
         assert!(
             err < 2e-3,
-            "step {step}: o differs from the CPU by {err:.3e}"
+            "step {step}: o differs from the oracle by {err:.3e}"
         );
     }
     let gpu_pool = gpu_pool.download(cuda).unwrap();
-    let err = deltakv_core::metrics::rel_rms(
-        &gpu_pool.to_f32_vec("pool").unwrap(),
-        &cpu_pool.to_f64_vec("pool").unwrap(),
-    );
-    println!("8 steps on the GPU pool: pool rel_rms against the CPU {err:.3e}");
+    let err =
+        deltakv_contract::metrics::rel_rms(&gpu_pool.to_f32_vec("pool").unwrap(), &reference_pool);
+    println!("8 steps on the GPU pool: pool rel_rms against the oracle {err:.3e}");
     assert!(
         err < 1e-5,
-        "pool after 8 steps differs from the CPU by {err:.3e}"
+        "pool after 8 steps differs from the oracle by {err:.3e}"
     );
 }
 

@@ -7,7 +7,7 @@
 
 use super::median_ms;
 use deltakv::gdn::DecodeOptions;
-use deltakv::gdn::decode_random::{DecodeCase, DecodeSpec};
+use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::{DType, Device, Result, gdn_decode, gdn_decode_into};
 use serde_json::json;
 use std::time::{Duration, Instant};

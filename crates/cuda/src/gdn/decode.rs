@@ -1,7 +1,7 @@
 //! GDN decode on CUDA: T = 1..=16 new tokens per sequence over a state pool that stays on the
 //! GPU and is updated in place, in one kernel launch per call.
 //!
-//! The math, layouts and rules are the contract's (see `deltakv_core::gdn::decode`): row `b`
+//! The math, layouts and rules are the contract's (see `deltakv_contract::gdn::decode`): row `b`
 //! reads and writes slot `slot_indices[b]`, a negative index skips the row (zero output, no slot
 //! touched), f32 or bf16 pool with f32 arithmetic, optional fused gating, l2 norm and
 //! intermediate states. The kernel is `kernels/gdn_decode.cu`.
@@ -16,11 +16,11 @@ use crate::compile::KernelSource;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use deltakv_core::gdn::decode_validate::{
+use deltakv_contract::gdn::decode::validate::{
     DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
 };
-use deltakv_core::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
-use deltakv_core::{DType, Error, HostTensor, Result};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
+use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// The decode kernels' source: the general kernel, then the T = 1, K = V = 128 kernels that
 /// share its parameters and helpers.
@@ -137,7 +137,7 @@ pub fn prepare_decode_launch(
     cuda: &Cuda,
     inputs: &DecodeInputs<'_, CudaTensor>,
     state_pool: &mut CudaTensor,
-    options: &deltakv_core::gdn::GdnOptions,
+    options: &deltakv_contract::gdn::GdnOptions,
     o: &mut CudaTensor,
     intermediate_states: Option<&mut CudaTensor>,
 ) -> Result<DecodeLaunch> {
@@ -159,7 +159,7 @@ fn build_launch(
     cuda: &Cuda,
     inputs: &DecodeInputs<'_, CudaTensor>,
     state_pool: &mut CudaTensor,
-    options: &deltakv_core::gdn::GdnOptions,
+    options: &deltakv_contract::gdn::GdnOptions,
     dims: GdnDims,
     o: &mut CudaTensor,
     intermediate_states: Option<&mut CudaTensor>,

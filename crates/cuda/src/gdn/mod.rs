@@ -1,4 +1,4 @@
-//! Gated DeltaNet on CUDA. The math and layouts are the contract's, in `deltakv_core::gdn`.
+//! Gated DeltaNet on CUDA. The math and layouts are the contract's, in `deltakv_contract::gdn`.
 
 pub mod decode;
 

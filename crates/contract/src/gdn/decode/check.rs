@@ -1,0 +1,223 @@
+//! The decode test suite, written once for every backend: a list of random cases (token
+//! counts, GQA ratios, K != V, odd dims, fused gating, l2 norm, bf16 pools, skipped rows) and
+//! one check that runs a backend on a case and compares everything it returns with the f64
+//! oracle, with the same tolerances on every device.
+//!
+//! A backend is a function from a case and options to the host copies of `o`, the updated
+//! pool and the intermediate states; the CPU tests pass the CPU's `gdn_decode`, the CUDA tests
+//! an upload-run-download wrapper of the CUDA kernel.
+
+use super::oracle::gdn_decode_reference;
+use super::random::{DecodeCase, DecodeSpec};
+use super::{DecodeOptions, DecodeOutput};
+use crate::error::Result;
+use crate::gdn::prefill::GdnOptions;
+use crate::metrics::rel_rms;
+use crate::tensor::{DType, HostTensor};
+
+/// Largest rel_rms of `o` against the oracle (bf16 outputs round at ~1.7e-3).
+pub const O_TOLERANCE: f64 = 2.0e-3;
+/// Largest rel_rms of f32 states (pool slots and intermediate states).
+pub const STATE_TOLERANCE_F32: f64 = 1.0e-5;
+/// Largest rel_rms of a bf16 pool's slots (one rounding per call).
+pub const STATE_TOLERANCE_BF16: f64 = 4.0e-3;
+
+/// One named case of the suite.
+#[derive(Clone, Debug)]
+pub struct DecodeCheck {
+    pub name: String,
+    pub spec: DecodeSpec,
+    pub use_qk_l2norm: bool,
+    pub seed: u64,
+}
+
+/// The errors a check measured.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeErrors {
+    pub o: f64,
+    pub intermediate_states: f64,
+    pub pool: f64,
+}
+
+/// What a backend returns for one call, copied to the host.
+pub struct BackendRun {
+    pub output: DecodeOutput,
+    pub pool: HostTensor,
+}
+
+/// The suite: every case the CPU decode tests run, for every backend.
+pub fn decode_suite() -> Vec<DecodeCheck> {
+    let mut cases = Vec::new();
+    let mut push = |name: String, spec: DecodeSpec, l2: bool, seed: u64| {
+        cases.push(DecodeCheck {
+            name,
+            spec,
+            use_qk_l2norm: l2,
+            seed,
+        })
+    };
+    let mut seed = 1000;
+    for (kd, vd) in [(128, 128), (64, 256)] {
+        for ratio in [1, 4] {
+            for tokens in [1, 3, 16] {
+                for fused in [false, true] {
+                    let mut spec = DecodeSpec::new(3, tokens, 1, ratio, kd, vd);
+                    spec.fused_gating = fused;
+                    spec.skipped_rows = vec![1];
+                    seed += 1;
+                    let name = format!("K={kd} V={vd} GQA {ratio} T={tokens} fused={fused}");
+                    push(name, spec, false, seed);
+                }
+            }
+        }
+    }
+    for tokens in 1..=16 {
+        let mut spec = DecodeSpec::new(2, tokens, 2, 4, 64, 48);
+        spec.raw_qk = true;
+        spec.fused_gating = tokens % 2 == 0;
+        push(format!("T={tokens} l2"), spec, true, 2000 + tokens as u64);
+    }
+    for (tokens, fused) in [(1, false), (7, true), (16, false)] {
+        let mut spec = DecodeSpec::new(3, tokens, 1, 4, 128, 128);
+        spec.pool_dtype = DType::BF16;
+        spec.fused_gating = fused;
+        spec.skipped_rows = vec![0];
+        let name = format!("bf16 pool T={tokens} fused={fused}");
+        push(name, spec, false, 3000 + tokens as u64);
+    }
+    let mut spec = DecodeSpec::new(4, 5, 2, 2, 100, 40);
+    spec.dtype = DType::F32;
+    spec.slots = 9;
+    push("f32 K=100 V=40".to_string(), spec, false, 4001);
+    let mut spec = DecodeSpec::new(2, 2, 1, 2, 32, 32);
+    spec.skipped_rows = vec![0, 1];
+    push("all skipped".to_string(), spec, false, 4002);
+    let mut spec = DecodeSpec::new(1, 1, 1, 1, 256, 256);
+    spec.slots = 1;
+    push("K=V=256 one slot".to_string(), spec, false, 4003);
+    let mut spec = DecodeSpec::new(3, 2, 1, 2, 37, 30);
+    spec.raw_qk = true;
+    spec.dtype = DType::F16;
+    push("f16 K=37 V=30 l2".to_string(), spec, true, 4004);
+    cases
+}
+
+/// The options of a check: the case's l2 norm, default scale.
+pub fn check_options(check: &DecodeCheck, intermediate_states: bool) -> DecodeOptions {
+    DecodeOptions {
+        gdn: GdnOptions {
+            scale: None,
+            use_qk_l2norm: check.use_qk_l2norm,
+        },
+        intermediate_states,
+    }
+}
+
+/// Runs `backend` on `check`'s case (with intermediate states) and compares it with the f64
+/// oracle: o and the addressed slots within the tolerances above, skipped rows exactly zero,
+/// unaddressed slots bit-identical. `Err` says what failed.
+pub fn run_decode_check(
+    check: &DecodeCheck,
+    backend: &dyn Fn(&DecodeCase, &DecodeOptions) -> Result<BackendRun>,
+) -> std::result::Result<DecodeErrors, String> {
+    let name = &check.name;
+    let spec = &check.spec;
+    let fail = |what: String| format!("{name}: {what}");
+    let case = DecodeCase::random(spec, check.seed).map_err(|e| fail(e.to_string()))?;
+    let inputs = case.inputs().map_err(|e| fail(e.to_string()))?;
+    let opts = check_options(check, true);
+    let reference = gdn_decode_reference(&inputs, &case.state_pool, &opts.gdn)
+        .map_err(|e| fail(e.to_string()))?;
+    let run = backend(&case, &opts).map_err(|e| fail(e.to_string()))?;
+    let (out, pool) = (run.output, run.pool);
+    if out.o.dtype() != spec.dtype || pool.dtype() != spec.pool_dtype {
+        return Err(fail(format!(
+            "dtypes o {} pool {}, expected {} and {}",
+            out.o.dtype(),
+            pool.dtype(),
+            spec.dtype,
+            spec.pool_dtype
+        )));
+    }
+    let (heads, kd, vd) = (spec.value_heads, spec.key_dim, spec.value_dim);
+    let slab = heads * kd * vd;
+    let slots = case
+        .slot_indices
+        .to_i64_vec("slots")
+        .map_err(|e| fail(e.to_string()))?;
+    let o = out.o.to_f32_vec("o").map_err(|e| fail(e.to_string()))?;
+    let states = out
+        .intermediate_states
+        .as_ref()
+        .ok_or_else(|| fail("no intermediate states".to_string()))?;
+    if states.shape() != [spec.batch, spec.tokens, heads, kd, vd] {
+        return Err(fail(format!(
+            "intermediate states shape {:?}",
+            states.shape()
+        )));
+    }
+    let states = states
+        .to_f32_vec("states")
+        .map_err(|e| fail(e.to_string()))?;
+    let (mut o_got, mut o_ref, mut st_got, mut st_ref) = (vec![], vec![], vec![], vec![]);
+    let o_row = spec.tokens * heads * vd;
+    let st_row = spec.tokens * slab;
+    for (row, &slot) in slots.iter().enumerate() {
+        let o_part = &o[row * o_row..][..o_row];
+        let st_part = &states[row * st_row..][..st_row];
+        if slot < 0 {
+            if !o_part.iter().all(|&x| x.to_bits() == 0) {
+                return Err(fail(format!("skipped row {row}: o not all zeros")));
+            }
+            if !st_part.iter().all(|&x| x.to_bits() == 0) {
+                return Err(fail(format!("skipped row {row}: states not all zeros")));
+            }
+        } else {
+            o_got.extend_from_slice(o_part);
+            o_ref.extend_from_slice(&reference.o[row * o_row..][..o_row]);
+            st_got.extend_from_slice(st_part);
+            st_ref.extend_from_slice(&reference.intermediate_states[row * st_row..][..st_row]);
+        }
+    }
+    let before = case
+        .state_pool
+        .to_f32_vec("pool")
+        .map_err(|e| fail(e.to_string()))?;
+    let after = pool.to_f32_vec("pool").map_err(|e| fail(e.to_string()))?;
+    let (mut pool_got, mut pool_ref) = (vec![], vec![]);
+    for s in 0..spec.slots {
+        let range = s * slab..(s + 1) * slab;
+        if slots.contains(&(s as i64)) {
+            pool_got.extend_from_slice(&after[range.clone()]);
+            pool_ref.extend_from_slice(&reference.state_pool[range]);
+        } else if !before[range.clone()]
+            .iter()
+            .zip(&after[range])
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+        {
+            return Err(fail(format!("slot {s} is not addressed but changed")));
+        }
+    }
+    let errors = DecodeErrors {
+        o: rel_rms(&o_got, &o_ref),
+        intermediate_states: rel_rms(&st_got, &st_ref),
+        pool: rel_rms(&pool_got, &pool_ref),
+    };
+    let pool_tolerance = if spec.pool_dtype == DType::BF16 {
+        STATE_TOLERANCE_BF16
+    } else {
+        STATE_TOLERANCE_F32
+    };
+    // rel_rms of nothing (every row skipped) is NaN; those cases check zeros above.
+    let within = |err: f64, tolerance: f64| o_got.is_empty() || err < tolerance;
+    if !within(errors.o, O_TOLERANCE)
+        || !within(errors.intermediate_states, STATE_TOLERANCE_F32)
+        || !within(errors.pool, pool_tolerance)
+    {
+        return Err(fail(format!(
+            "rel_rms o {:.3e} (< {O_TOLERANCE:e}), intermediate {:.3e} (< {STATE_TOLERANCE_F32:e}), pool {:.3e} (< {pool_tolerance:e})",
+            errors.o, errors.intermediate_states, errors.pool
+        )));
+    }
+    Ok(errors)
+}

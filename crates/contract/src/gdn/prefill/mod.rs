@@ -1,0 +1,52 @@
+//! GDN prefill: a whole prompt through the recurrence of [`super`], from optional initial
+//! states to the final states.
+//!
+//! * [`validate`]: the shape and value rules of a call.
+//! * [`oracle`]: the f64 reference.
+//! * [`random`]: seeded random problems.
+
+pub mod oracle;
+pub mod random;
+pub mod validate;
+
+use crate::tensor::HostTensor;
+
+/// The tensors of one prefill call (see the module docs of [`crate::gdn`] for shapes).
+#[derive(Clone, Copy, Debug)]
+pub struct GdnInputs<'a> {
+    pub q: &'a HostTensor,
+    pub k: &'a HostTensor,
+    pub v: &'a HostTensor,
+    pub g: &'a HostTensor,
+    pub beta: &'a HostTensor,
+    pub initial_state: Option<&'a HostTensor>,
+    pub cu_seqlens: Option<&'a HostTensor>,
+}
+
+/// Scalar options shared by prefill and decode.
+#[derive(Clone, Debug, Default)]
+pub struct GdnOptions {
+    /// Output scale; `None` means `K^-0.5`.
+    pub scale: Option<f32>,
+    /// Normalise q and k per head before use (FLA's `use_qk_l2norm_in_kernel`).
+    pub use_qk_l2norm: bool,
+}
+
+/// Which prefill algorithm to run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillMode {
+    /// The chunked WY algorithm (64-token chunks, matrix products); the fast path.
+    #[default]
+    Chunk,
+    /// Token-by-token recurrence; fine for short sequences, and an independent cross-check.
+    Recurrent,
+}
+
+/// Prefill results.
+#[derive(Clone, Debug)]
+pub struct GdnOutput {
+    /// `[B, T, H, V]` in v's dtype.
+    pub o: HostTensor,
+    /// `[N, H, K, V]` f32.
+    pub final_state: HostTensor,
+}

@@ -1,0 +1,156 @@
+//! Seeded random GDN problems, for tests, the demo and benchmarks. Inputs are drawn so that
+//! the recurrence stays well conditioned, as in real models: unit-norm keys (when the kernel
+//! does not normalise them itself), gates `g = -softplus(.)`-like in [-0.7, -0.01], beta in
+//! (0, 1).
+
+use super::GdnInputs;
+use crate::error::Result;
+use crate::rng::Rng;
+use crate::tensor::{DType, HostTensor};
+
+/// `rows` standard-normal rows of `dim`, scaled to unit norm unless `raw` (when the kernel is
+/// asked to normalise them itself).
+pub(crate) fn draw_query_key_rows(rng: &mut Rng, rows: usize, dim: usize, raw: bool) -> Vec<f32> {
+    let mut x = rng.normal_vec(rows * dim, 1.0);
+    if !raw {
+        for row in x.chunks_exact_mut(dim) {
+            let inv = 1.0 / row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+    x
+}
+
+/// How to draw beta.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BetaFill {
+    Random,
+    Constant(f32),
+}
+
+/// The recipe of a random problem.
+#[derive(Clone, Debug)]
+pub struct GdnSpec {
+    pub batch: usize,
+    pub tokens: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub dtype: DType,
+    /// Varlen sequence lengths (sum = tokens, batch must be 1).
+    pub seq_lens: Option<Vec<usize>>,
+    /// Multiplies the gates (10 = strong decay, 0 = no decay).
+    pub gate_scale: f32,
+    pub beta: BetaFill,
+    /// Draw q and k raw (the kernel normalises) instead of unit-norm.
+    pub raw_qk: bool,
+    pub with_initial_state: bool,
+}
+
+impl GdnSpec {
+    /// A small default problem.
+    pub fn new(
+        tokens: usize,
+        key_heads: usize,
+        value_heads: usize,
+        key_dim: usize,
+        value_dim: usize,
+    ) -> Self {
+        Self {
+            batch: 1,
+            tokens,
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+            dtype: DType::BF16,
+            seq_lens: None,
+            gate_scale: 1.0,
+            beta: BetaFill::Random,
+            raw_qk: false,
+            with_initial_state: false,
+        }
+    }
+}
+
+/// Owned tensors of a random problem.
+#[derive(Clone, Debug)]
+pub struct GdnCase {
+    pub q: HostTensor,
+    pub k: HostTensor,
+    pub v: HostTensor,
+    pub g: HostTensor,
+    pub beta: HostTensor,
+    pub initial_state: Option<HostTensor>,
+    pub cu_seqlens: Option<HostTensor>,
+}
+
+impl GdnCase {
+    /// Draws a problem from `spec` with `seed`.
+    pub fn random(spec: &GdnSpec, seed: u64) -> Result<Self> {
+        let mut rng = Rng::new(seed);
+        let rows = spec.batch * spec.tokens;
+        let qk_shape = vec![spec.batch, spec.tokens, spec.key_heads, spec.key_dim];
+        let q = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
+        let k = draw_query_key_rows(&mut rng, rows * spec.key_heads, spec.key_dim, spec.raw_qk);
+        let v = rng.normal_vec(rows * spec.value_heads * spec.value_dim, 1.0);
+        let gates = rows * spec.value_heads;
+        let g: Vec<f32> = rng
+            .uniform_vec(gates, -0.7, -0.01)
+            .into_iter()
+            .map(|x| x * spec.gate_scale)
+            .collect();
+        let beta = match spec.beta {
+            BetaFill::Random => rng.uniform_vec(gates, 0.05, 0.95),
+            BetaFill::Constant(b) => vec![b; gates],
+        };
+        let gate_shape = vec![spec.batch, spec.tokens, spec.value_heads];
+        let sequences = spec.seq_lens.as_ref().map_or(spec.batch, Vec::len);
+        let initial_state = if spec.with_initial_state {
+            let n = sequences * spec.value_heads * spec.key_dim * spec.value_dim;
+            Some(HostTensor::from_f32(
+                vec![sequences, spec.value_heads, spec.key_dim, spec.value_dim],
+                rng.normal_vec(n, 0.3),
+            )?)
+        } else {
+            None
+        };
+        let cu_seqlens = match &spec.seq_lens {
+            None => None,
+            Some(lens) => {
+                let mut offsets = vec![0i32];
+                for &len in lens {
+                    offsets.push(offsets.last().unwrap() + len as i32);
+                }
+                Some(HostTensor::from_i32(vec![offsets.len()], offsets)?)
+            }
+        };
+        Ok(Self {
+            q: HostTensor::from_f32_as(qk_shape.clone(), &q, spec.dtype)?,
+            k: HostTensor::from_f32_as(qk_shape, &k, spec.dtype)?,
+            v: HostTensor::from_f32_as(
+                vec![spec.batch, spec.tokens, spec.value_heads, spec.value_dim],
+                &v,
+                spec.dtype,
+            )?,
+            g: HostTensor::from_f32(gate_shape.clone(), g)?,
+            beta: HostTensor::from_f32(gate_shape, beta)?,
+            initial_state,
+            cu_seqlens,
+        })
+    }
+
+    /// Borrowed inputs for a prefill call.
+    pub fn inputs(&self) -> GdnInputs<'_> {
+        GdnInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+            initial_state: self.initial_state.as_ref(),
+            cu_seqlens: self.cu_seqlens.as_ref(),
+        }
+    }
+}

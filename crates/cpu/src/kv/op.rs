@@ -1,0 +1,96 @@
+//! The file-level operation behind `deltakv kv`: validate the inputs (the contract's
+//! `deltakv_contract::kv::inputs`), encode k and v into the compressed cache (or a dense f32
+//! one), attend causally and return `o` f32.
+
+use super::attention::{AttnOptions, attend_compressed, attend_dense};
+use super::cache::{DenseKvCache, KvCache};
+use crate::scan::check_result_finite;
+use deltakv_contract::Result;
+use deltakv_contract::kv::inputs::{KvInputs, KvMode, validate};
+use deltakv_contract::kv::{CodebookKind, KvScheme, NormDType};
+use deltakv_contract::tensor::{HostTensor, check_finite_at};
+
+/// Options of [`kv_attention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvOptions {
+    pub mode: KvMode,
+    pub seed: u64,
+    pub norm_dtype: NormDType,
+    pub codebook: CodebookKind,
+    pub attn: AttnOptions,
+}
+
+impl Default for KvOptions {
+    fn default() -> Self {
+        Self {
+            mode: KvMode::Compressed {
+                bits_k: 4,
+                bits_v: 2,
+            },
+            seed: 0,
+            norm_dtype: NormDType::F32,
+            codebook: CodebookKind::LloydMax,
+            attn: AttnOptions::default(),
+        }
+    }
+}
+
+/// `o [B, Tq, Hq, D]` f32 and the cache size (codes + norms, K and V).
+#[derive(Clone, Debug)]
+pub struct KvOutput {
+    pub o: HostTensor,
+    pub cache_bytes: usize,
+}
+
+/// Encodes k, v and attends; see the module doc.
+pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutput> {
+    let dims = validate(inputs, options.mode)?;
+    let q = inputs.q.to_f32_vec("q")?;
+    let k = inputs.k.to_f32_vec("k")?;
+    let v = inputs.v.to_f32_vec("v")?;
+    // q is checked for finite values by the attention call itself.
+    let per_seq = dims.tokens * dims.hkv * dims.d;
+    let per_token = dims.hkv * dims.d;
+    // The rows each sequence holds; padding past its length is never read or checked.
+    let held = |b: usize| b * per_seq..b * per_seq + dims.seq_lens[b] * per_token;
+    for b in 0..dims.batch {
+        check_finite_at("k", &k[held(b)], b * per_seq)?;
+        check_finite_at("v", &v[held(b)], b * per_seq)?;
+    }
+    let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+    let (o, cache_bytes) = match options.mode {
+        KvMode::Compressed { bits_k, bits_v } => {
+            let scheme = KvScheme {
+                dim: dims.d,
+                kv_heads: dims.hkv,
+                bits_k,
+                bits_v,
+                norm_dtype: options.norm_dtype,
+                codebook: options.codebook,
+                seed: options.seed,
+            };
+            let mut cache = KvCache::new(scheme, dims.batch)?;
+            for b in 0..dims.batch {
+                cache.append(b, &k[held(b)], &v[held(b)])?;
+            }
+            let o = attend_compressed(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
+            (o, cache.bytes())
+        }
+        KvMode::Exact => {
+            let mut cache = DenseKvCache::new(dims.d, dims.hkv, dims.batch)?;
+            for b in 0..dims.batch {
+                cache.append(b, &k[held(b)], &v[held(b)])?;
+            }
+            let o = attend_dense(&cache, &q, dims.tq, dims.hq, scale, &options.attn)?;
+            (o, cache.bytes())
+        }
+    };
+    let o = HostTensor::from_f32(vec![dims.batch, dims.tq, dims.hq, dims.d], o)?;
+    check_result_finite(
+        "o",
+        &o,
+        "b, tq, hq, d",
+        "q or v too large: a score or a weighted sum of values left f32's range",
+    )?;
+    Ok(KvOutput { o, cache_bytes })
+}

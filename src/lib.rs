@@ -6,7 +6,9 @@
 //! This crate is the facade: it picks a [`Device`] and forwards to a backend. The contract
 //! (types, validation, the f64 oracles, random cases) is [`deltakv_contract`]; the CPU backend
 //! (always built, also the numerical reference) is [`deltakv_cpu`]. [`gdn`] and [`kv`] gather
-//! both: the contract's types and the CPU's entry points and caches.
+//! both: the contract's types and the CPU's entry points and caches. [`Tensor`] is a tensor
+//! on one device (the host, or a GPU with the `cuda` feature), and [`gdn_decode_on_device`]
+//! runs where its state pool is, returning its outputs there.
 //!
 //! ```
 //! use deltakv::gdn::random::{GdnCase, GdnSpec};
@@ -67,6 +69,12 @@ pub mod kv {
 
 use gdn::PrefillMode;
 use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
+
+mod device_tensor;
+mod on_device;
+
+pub use device_tensor::Tensor;
+pub use on_device::{DeviceDecodeOutput, gdn_decode_on_device};
 
 /// Where an op runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

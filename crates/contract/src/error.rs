@@ -28,6 +28,17 @@ pub enum Error {
     /// The requested device was not built in or is not present on this machine.
     #[error("device `{device}` is not available: {reason}")]
     DeviceUnavailable { device: String, reason: String },
+    /// A tensor of a call is on another device than the call runs on (ops run where their
+    /// tensors are, and copy nothing behind the caller's back).
+    #[error(
+        "tensor `{name}` is on {found}, but the call runs on {expected} (the device of `{anchor}`); copy it there first"
+    )]
+    WrongDevice {
+        name: String,
+        found: String,
+        expected: String,
+        anchor: String,
+    },
     /// A GPU backend call failed (kernel compile, launch, copy, allocation).
     #[error("{device}: {message}")]
     Backend { device: String, message: String },

@@ -110,6 +110,23 @@ impl CudaTensor {
         Ok(t)
     }
 
+    /// A copy in new device memory, made on the GPU (no host round trip), ordered on
+    /// deltakv's stream like every use of either buffer.
+    pub fn copy(&self, cuda: &Cuda) -> Result<Self> {
+        let mut copy = Self::zeros(cuda, self.shape.clone(), self.dtype)?;
+        let len = self.byte_len();
+        if len > 0 {
+            let (src, dst) = (self.device_address(cuda), copy.device_address_mut(cuda));
+            // SAFETY: both buffers hold at least `len` bytes (allocated so, or promised by
+            // `from_device_ptr`'s caller) and do not overlap (`copy` is a new allocation).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(dst, src, len, cuda.stream().cu_stream())
+            }
+            .map_err(|e| driver_error("copying a tensor on the GPU", e))?;
+        }
+        Ok(copy)
+    }
+
     /// Copies the tensor back to the host (waits for the GPU).
     pub fn download(&self, cuda: &Cuda) -> Result<HostTensor> {
         let mut bytes = vec![0u8; self.byte_len()];

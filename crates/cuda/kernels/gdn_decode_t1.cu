@@ -101,9 +101,10 @@ __device__ void decode_bands_body(const DecodeParams& p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, col0 = lane * 4;
     const int head = blockIdx.y, row_b = blockIdx.z;
     const int H = p.value_heads, key_head = key_head_of(p, head);
-    // Every input load is issued before any is waited for, the slot first: the state's address
-    // waits for it.
-    const i64 slot = load_index_async((const void*)p.slots, row_b, p.slot_dtype);
+    // The slot first: the bulk loads wait for it. (A plain load here measured 0.1-0.9% faster
+    // than the predicated one the registers kernel uses; the inputs after it are needed only
+    // once the band has landed.)
+    const i64 slot = load_index((const void*)p.slots, row_b, p.slot_dtype);
     unsigned q_bits = 0u, k_bits = 0u, v_bits[4];
     if (tid < 128) {
         const i64 qk = ((i64)row_b * p.key_heads + key_head) * 128 + tid;

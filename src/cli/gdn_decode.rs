@@ -56,14 +56,7 @@ pub fn run(args: GdnDecodeArgs) -> Result<()> {
         q: file.require("q")?,
         k: file.require("k")?,
         v: file.require("v")?,
-        gating: Gating::from_parts(
-            file.get("g"),
-            file.get("beta"),
-            file.get("a"),
-            file.get("b"),
-            file.get("A_log"),
-            file.get("dt_bias"),
-        )?,
+        gating: Gating::from_lookup(|name| file.get(name))?,
         slot_indices: file.require("slot_indices")?,
     };
     warn_if_every_row_skipped(inputs.slot_indices, options.intermediate_states)?;

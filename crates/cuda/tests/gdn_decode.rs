@@ -62,15 +62,8 @@ impl DeviceCase {
     /// Runs one decode call; the pool is updated in place on the GPU.
     fn run(&mut self, cuda: &Cuda, opts: &DecodeOptions, checked: bool) -> Result<DecodeOutput> {
         let gates = &self.gates;
-        let gate = |name: &str| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t);
-        let gating = Gating::from_parts(
-            gate("g"),
-            gate("beta"),
-            gate("a"),
-            gate("b"),
-            gate("A_log"),
-            gate("dt_bias"),
-        )?;
+        let gating =
+            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
         let inputs = DecodeInputs {
             q: &self.q,
             k: &self.k,

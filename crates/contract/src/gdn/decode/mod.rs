@@ -100,6 +100,19 @@ impl<'a, T> Gating<'a, T> {
         }
     }
 
+    /// [`Gating::from_parts`] with each tensor looked up by its name (`g`, `beta`, `a`, `b`,
+    /// `A_log`, `dt_bias`), as files and test cases carry them.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<&'a T>) -> Result<Self> {
+        Self::from_parts(
+            get("g"),
+            get("beta"),
+            get("a"),
+            get("b"),
+            get("A_log"),
+            get("dt_bias"),
+        )
+    }
+
     /// Picks the gating from optional tensors as found in a file: either both of `g`, `beta`
     /// or all four of `a`, `b`, `A_log`, `dt_bias`, and nothing of the other kind.
     pub fn from_parts(

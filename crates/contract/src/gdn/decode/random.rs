@@ -182,14 +182,7 @@ impl DecodeCase {
             q: &self.q,
             k: &self.k,
             v: &self.v,
-            gating: Gating::from_parts(
-                self.gate("g"),
-                self.gate("beta"),
-                self.gate("a"),
-                self.gate("b"),
-                self.gate("A_log"),
-                self.gate("dt_bias"),
-            )?,
+            gating: Gating::from_lookup(|name| self.gate(name))?,
             slot_indices: &self.slot_indices,
         })
     }

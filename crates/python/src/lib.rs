@@ -1,8 +1,8 @@
 //! The native half of deltakv's Python package (`deltakv._deltakv`); the public functions and
-//! their FLA signatures are in `python/deltakv/__init__.py`, which calls [`gdn_prefill`] here.
+//! their FLA signatures are in `python/deltakv/__init__.py`, which calls `gdn_prefill` here.
 //!
 //! Tensors cross the boundary as C-contiguous NumPy arrays (`__array_interface__`): each input
-//! is read in place and decoded once into a [`HostTensor`] (the one copy of the inputs that the
+//! is read in place and decoded once into a `HostTensor` (the one copy of the inputs that the
 //! Rust API's owned tensors require); each output is written once into a Python `bytearray`
 //! that the Python side wraps as a NumPy array without a further copy. The abi3 build (CPython
 //! >= 3.9) cannot use the buffer protocol, hence the array interface.

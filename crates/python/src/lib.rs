@@ -41,7 +41,7 @@ fn parse_dtype(name: &str, dtype: &str) -> PyResult<DType> {
 }
 
 /// Reads the C-contiguous little-endian NumPy array `array` as a [`HostTensor`] of `dtype`
-/// (bf16 arrives as uint16 bits), copying its elements once.
+/// (bf16 arrives as its uint16 bits), copying its elements once.
 fn read_array(name: &str, array: &Bound<'_, PyAny>, dtype: &str) -> PyResult<HostTensor> {
     let dtype = parse_dtype(name, dtype)?;
     let interface = array.getattr("__array_interface__")?;
@@ -62,17 +62,21 @@ fn read_array(name: &str, array: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Hos
             "tensor `{name}` is not C-contiguous"
         )));
     }
+    // The element type the dtype tag promises, little-endian (`|` only for one-byte types).
+    let expected = match dtype {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::BF16 => "<u2",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+    };
     let typestr: String = get("typestr")?.extract()?;
-    let width = dtype.size_in_bytes();
-    let expected = [format!("<{}", width), format!("|{}", width)];
-    if !expected
-        .iter()
-        .any(|e| typestr.ends_with(&e[1..]) && typestr.starts_with(&e[..1]))
-    {
+    if typestr != expected {
         return Err(PyValueError::new_err(format!(
-            "tensor `{name}`: array typestr `{typestr}` does not hold little-endian {dtype} elements"
+            "tensor `{name}`: array typestr `{typestr}` is not `{expected}` ({dtype})"
         )));
     }
+    let width = dtype.size_in_bytes();
     let shape: Vec<usize> = get("shape")?.extract()?;
     let data = get("data")?;
     let data = data.cast::<PyTuple>().map_err(|_| {

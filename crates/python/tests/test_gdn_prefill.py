@@ -194,3 +194,20 @@ def test_torch_in_torch_out():
     assert rel_rms(o.numpy(), ref_o) < 1e-5 and rel_rms(s.numpy(), ref_s) < 1e-5
     ob, _ = deltakv.chunk_gated_delta_rule(*(a.to(torch.bfloat16) for a in args[:3]), *args[3:])
     assert ob.dtype == torch.bfloat16 and ob.shape == (1, 20, 4, 8)
+
+
+def test_native_layer_checks_what_it_is_given():
+    """The Rust side trusts no tag: an array whose element type disagrees with its dtype tag,
+    a non-contiguous array or an unknown mode is a ValueError, not a misread."""
+    from deltakv import _deltakv
+
+    rng = np.random.default_rng(8)
+    q, k, v, g, beta, _ = make_case(rng, 1, 4, 1, 1, 8, 8)
+    args = [(x, "f32") for x in (q, k, v, g, beta)]
+    _deltakv.gdn_prefill("chunk", *args, None, None, None, False)
+    with pytest.raises(ValueError, match="typestr `<f4` is not `<f2`"):
+        _deltakv.gdn_prefill("chunk", (q, "f16"), *args[1:], None, None, None, False)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _deltakv.gdn_prefill("chunk", (q[:, ::2], "f32"), *args[1:], None, None, None, False)
+    with pytest.raises(ValueError, match="unknown prefill mode"):
+        _deltakv.gdn_prefill("fast", *args, None, None, None, False)

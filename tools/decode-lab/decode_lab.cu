@@ -103,10 +103,10 @@ __device__ __forceinline__ void lab_norms(const float* q_s, const float* k_s, fl
 }
 
 
-// Production features can be added to it one at a time (bits of F) to price each: 1 the key
-// head by a run-time division, 2 the generic gates (read as bits, computed after the state
-// loads are issued), 4 q/k/v through `load_bits`, 8 the skipped-row branch and
-// intermediate-state pointer, 16 the slot through `load_index`.
+// Production features added to it one at a time (bits of F; the lab_narrow_* variants) price
+// each: 1 the key head by a run-time division, 2 the generic gates (read as bits, computed
+// after the state loads are issued), 4 q/k/v through `load_bits`, 8 the skipped-row branch and
+// intermediate-state pointer, 16 the slot through `load_index_async`.
 template <int F>
 __device__ void lab_narrow_body(const DecodeParams& p) {
     constexpr int TILE = 16;
@@ -115,7 +115,7 @@ __device__ void lab_narrow_body(const DecodeParams& p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int col_group = tid % 8, row_group = tid / 8;
     const int tile = blockIdx.x, head = blockIdx.y, row = blockIdx.z;
-    const long long slot = (F & 16) ? load_index((const void*)p.slots, row, p.slot_dtype) : ((const int*)p.slots)[row];
+    const long long slot = (F & 16) ? load_index_async((const void*)p.slots, row, p.slot_dtype) : ((const int*)p.slots)[row];
     const int key_head = (F & 1) ? head / (p.value_heads / p.key_heads) : head / 2;
     const long long qk = ((long long)row * LAB_HG + key_head) * LAB_D + tid;
     const long long v_at = ((long long)row * LAB_H + head) * LAB_D + tile * TILE + col_group * 2;
@@ -200,6 +200,12 @@ __device__ void lab_narrow_body(const DecodeParams& p) {
 }
 
 __global__ void __launch_bounds__(128, 8) lab_narrow_regs(const DecodeParams p) { lab_narrow_body<0>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_div(const DecodeParams p) { lab_narrow_body<1>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_gates(const DecodeParams p) { lab_narrow_body<2>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_bits(const DecodeParams p) { lab_narrow_body<4>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_skip(const DecodeParams p) { lab_narrow_body<8>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_index(const DecodeParams p) { lab_narrow_body<16>(p); }
+__global__ void __launch_bounds__(128, 8) lab_narrow_all(const DecodeParams p) { lab_narrow_body<31>(p); }
 
 
 // ---------------------------------------------------------------------------------------------
@@ -352,6 +358,12 @@ static std::vector<Variant> variants() {
     v.push_back({"registers_f32", 0, gdn_decode_k128_v128_t1_registers_f32, 8, 128, 0, nullptr});
     v.push_back({"registers_bf16", 1, gdn_decode_k128_v128_t1_registers_bf16, 8, 128, 0, nullptr});
     v.push_back({"lab_narrow_regs", 0, lab_narrow_regs, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_div", 0, lab_narrow_div, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_gates", 0, lab_narrow_gates, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_bits", 0, lab_narrow_bits, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_skip", 0, lab_narrow_skip, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_index", 0, lab_narrow_index, 8, 128, 0, nullptr});
+    v.push_back({"lab_narrow_all", 0, lab_narrow_all, 8, 128, 0, nullptr});
     CHECK(cudaFuncSetAttribute(ceiling_slab, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));
     for (auto& x : v)
         if (x.kernel) CHECK(cudaFuncSetAttribute(x.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));

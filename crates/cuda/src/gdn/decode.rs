@@ -184,31 +184,7 @@ fn build_launch(
         }
         None => 0,
     };
-    let vec = if dims.value_dim.is_multiple_of(4) {
-        4
-    } else {
-        1
-    };
-    let rows_per_thread = match dims.key_dim.div_ceil(16) {
-        0..=4 => 4,
-        5..=8 => 8,
-        _ => 16,
-    };
     let f32_pool = state_pool.dtype() == DType::F32;
-    let name: &'static str = match (rows_per_thread, vec, f32_pool) {
-        (4, 4, true) => "gdn_decode_r4_v4_f32",
-        (8, 4, true) => "gdn_decode_r8_v4_f32",
-        (16, 4, true) => "gdn_decode_r16_v4_f32",
-        (4, 1, true) => "gdn_decode_r4_v1_f32",
-        (8, 1, true) => "gdn_decode_r8_v1_f32",
-        (16, 1, true) => "gdn_decode_r16_v1_f32",
-        (4, 4, false) => "gdn_decode_r4_v4_bf16",
-        (8, 4, false) => "gdn_decode_r8_v4_bf16",
-        (16, 4, false) => "gdn_decode_r16_v4_bf16",
-        (4, 1, false) => "gdn_decode_r4_v1_bf16",
-        (8, 1, false) => "gdn_decode_r8_v1_bf16",
-        _ => "gdn_decode_r16_v1_bf16",
-    };
     let pool_bytes = state_pool.dtype().size_in_bytes();
     let (name, tiles, threads, shared_mem_bytes) =
         match OneTokenKernel::select(&dims, cuda.multiprocessors()) {
@@ -235,17 +211,10 @@ fn build_launch(
                 0,
             ),
             None => {
-                // K = V = 128 at T > 1 has entry points with the dimensions compiled in.
-                let (name, vec, col_groups, rows_per_thread) =
-                    match (dims.key_dim == 128 && dims.value_dim == 128, f32_pool) {
-                        (true, true) => ("gdn_decode_k128_v128_f32", 4, COL_GROUPS, 8),
-                        (true, false) => ("gdn_decode_k128_v128_bf16", 8, COL_GROUPS, 8),
-                        _ => (name, vec, COL_GROUPS, rows_per_thread),
-                    };
+                let (name, vec, rows_per_thread) = general_kernel(&dims, f32_pool);
                 // The slab's shared memory: rows x tile columns in the pool's dtype, plus an
                 // f32 copy between tokens for a bf16 pool with T > 1.
-                let slab_elems =
-                    rows_per_thread * (THREADS as usize / col_groups) * col_groups * vec;
+                let slab_elems = rows_per_thread * THREADS as usize * vec;
                 let between_tokens = if pool_bytes == 2 && dims.tokens > 1 {
                     slab_elems * 4
                 } else {
@@ -253,7 +222,7 @@ fn build_launch(
                 };
                 (
                     name,
-                    dims.value_dim.div_ceil(col_groups * vec),
+                    dims.value_dim.div_ceil(COL_GROUPS * vec),
                     THREADS,
                     slab_elems * pool_bytes + between_tokens,
                 )
@@ -328,6 +297,44 @@ fn build_launch(
         function,
         config,
     })
+}
+
+/// The general kernel's entry point for these dimensions, with its columns and rows per
+/// thread: K = V = 128 has entry points with the dimensions compiled in; otherwise rows per
+/// thread are ceil(K / 16) rounded up to 4, 8 or 16, and 4 columns when V % 4 == 0, else 1.
+fn general_kernel(dims: &GdnDims, f32_pool: bool) -> (&'static str, usize, usize) {
+    if dims.key_dim == 128 && dims.value_dim == 128 {
+        return if f32_pool {
+            ("gdn_decode_k128_v128_f32", 4, 8)
+        } else {
+            ("gdn_decode_k128_v128_bf16", 8, 8)
+        };
+    }
+    let vec = if dims.value_dim.is_multiple_of(4) {
+        4
+    } else {
+        1
+    };
+    let rows_per_thread = match dims.key_dim.div_ceil(16) {
+        0..=4 => 4,
+        5..=8 => 8,
+        _ => 16,
+    };
+    let name = match (rows_per_thread, vec, f32_pool) {
+        (4, 4, true) => "gdn_decode_r4_v4_f32",
+        (8, 4, true) => "gdn_decode_r8_v4_f32",
+        (16, 4, true) => "gdn_decode_r16_v4_f32",
+        (4, 1, true) => "gdn_decode_r4_v1_f32",
+        (8, 1, true) => "gdn_decode_r8_v1_f32",
+        (16, 1, true) => "gdn_decode_r16_v1_f32",
+        (4, 4, false) => "gdn_decode_r4_v4_bf16",
+        (8, 4, false) => "gdn_decode_r8_v4_bf16",
+        (16, 4, false) => "gdn_decode_r16_v4_bf16",
+        (4, 1, false) => "gdn_decode_r4_v1_bf16",
+        (8, 1, false) => "gdn_decode_r8_v1_bf16",
+        _ => "gdn_decode_r16_v1_bf16",
+    };
+    (name, vec, rows_per_thread)
 }
 
 /// The two one-token kernels at K = V = 128 (`kernels/gdn_decode_t1.cu`), chosen by grid size.

@@ -35,7 +35,10 @@ use plan::{CHUNK, PrefillPlan, TILE, padded_dim};
 /// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
-    text: include_str!("../../../kernels/gdn_prefill.cu"),
+    text: concat!(
+        include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_state.cu")
+    ),
 };
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
@@ -66,11 +69,8 @@ struct PrefillParams {
     value_dim: i32,
     key_pad: i32,
     value_pad: i32,
-    act_dtype: i32,
     out_dtype: i32,
-    g_dtype: i32,
     beta_dtype: i32,
-    l2norm: i32,
     use_segment_states: i32,
     scale: f32,
     reset_gate: f32,
@@ -78,6 +78,80 @@ struct PrefillParams {
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for PrefillParams {}
+
+/// Mirrors `struct ConvertParams` in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ConvertParams {
+    src: u64,
+    dst: u64,
+    rows: i64,
+    dim: i32,
+    pad: i32,
+    src_dtype: i32,
+    to_f32: i32,
+    normalize: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for ConvertParams {}
+
+/// A copy of one input in the form the kernels read (bf16 padded rows, or f32 gates), made on
+/// every launch.
+struct Conversion {
+    params: ConvertParams,
+    blocks: u32,
+}
+
+/// How one input becomes what the kernels read.
+#[derive(Clone, Copy)]
+struct OperandForm {
+    /// Elements per row of the input.
+    dim: usize,
+    /// Elements per row the kernels read (zero-padded).
+    pad: usize,
+    dtype: DType,
+    /// l2-normalise each row.
+    normalize: bool,
+}
+
+/// The input `t` as the kernels read it: itself when it already has `form`, else a scratch
+/// buffer filled by a conversion at every launch.
+fn kernel_operand(
+    cuda: &Cuda,
+    t: &CudaTensor,
+    form: OperandForm,
+    conversions: &mut Vec<Conversion>,
+    buffers: &mut Vec<CudaTensor>,
+) -> Result<u64> {
+    let OperandForm {
+        dim,
+        pad,
+        dtype,
+        normalize,
+    } = form;
+    let rows = t.shape().iter().product::<usize>() / dim.max(1);
+    if t.dtype() == dtype && dim == pad && !normalize {
+        return Ok(t.device_address(cuda));
+    }
+    let scratch = CudaTensor::zeros(cuda, vec![rows, pad], dtype)?;
+    let params = ConvertParams {
+        src: t.device_address(cuda),
+        dst: scratch.device_address(cuda),
+        rows: rows as i64,
+        dim: dim as i32,
+        pad: pad as i32,
+        src_dtype: dtype_code(t.dtype()),
+        to_f32: i32::from(dtype == DType::F32),
+        normalize: i32::from(normalize),
+    };
+    // One warp per row, eight per block.
+    let blocks = rows.div_ceil(8).clamp(1, 65535) as u32;
+    conversions.push(Conversion { params, blocks });
+    let address = params.dst;
+    buffers.push(scratch);
+    Ok(address)
+}
 
 /// Prefill results on the GPU.
 #[derive(Debug)]
@@ -111,6 +185,8 @@ pub struct PrefillLaunch {
     state: (cudarc::driver::CudaFunction, u32),
     transition: cudarc::driver::CudaFunction,
     combine: cudarc::driver::CudaFunction,
+    convert: cudarc::driver::CudaFunction,
+    conversions: Vec<Conversion>,
     tiles_v: u32,
     tiles_k: u32,
     key_pad: u32,
@@ -121,20 +197,25 @@ pub struct PrefillLaunch {
 /// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`).
 fn prepare_smem(kp: usize, vp: usize) -> usize {
     let ldc = CHUNK + 8;
+    // T's bf16 halves reuse the space of A and the blocks.
+    debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17));
     gates_bytes()
-        + 2 * (CHUNK * (kp + 8) + kp * ldc + vp * ldc + 2 * CHUNK * ldc)
-        + 4 * 2 * CHUNK * (CHUNK + 1)
+        + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
+        + 4 * (2 * CHUNK * (CHUNK + 1) + 3 * 16 * 17)
 }
 
-/// Shared memory of the state kernels (mirrors the carve-up in `state_impl`).
+/// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
+/// stages of inputs, then the state and three chunk-sized operands.
 fn state_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + 8, CHUNK + 8);
-    gates_bytes() + 2 * (3 * CHUNK * ldk + kp * ldc + TILE * ldk + 3 * TILE * ldc)
+    let stage = 2 * (3 * CHUNK * ldk + CHUNK * ldc) + CHUNK * 4;
+    let stages = if kp == 256 { 1 } else { 2 };
+    gates_bytes() + stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
 }
 
-/// `ChunkGates` rounded up to 128 bytes: five `[64]` arrays of 4 bytes and one float.
+/// `ChunkGates` rounded up to 128 bytes: seven `[64]` arrays of 4 bytes and two scalars.
 fn gates_bytes() -> usize {
-    (5 * CHUNK * 4 + 4).next_multiple_of(128)
+    (7 * CHUNK * 4 + 8).next_multiple_of(128)
 }
 
 impl PrefillLaunch {
@@ -243,11 +324,40 @@ impl PrefillLaunch {
             (empty()?, empty()?, empty()?)
         };
         let beta_dtype = inputs.beta.dtype();
+        let mut conversions = Vec::new();
+        let mut operands = Vec::new();
+        let mut operand =
+            |t: &CudaTensor, form| kernel_operand(cuda, t, form, &mut conversions, &mut operands);
+        let query_key = OperandForm {
+            dim: dims.key_dim,
+            pad: kp,
+            dtype: DType::BF16,
+            normalize: options.use_qk_l2norm,
+        };
+        let value = OperandForm {
+            dim: dims.value_dim,
+            pad: vp,
+            dtype: DType::BF16,
+            normalize: false,
+        };
+        // g as one column of B * T * H rows: only its dtype may change.
+        let gate = OperandForm {
+            dim: 1,
+            pad: 1,
+            dtype: DType::F32,
+            normalize: false,
+        };
+        let (q, k, v, g) = (
+            operand(inputs.q, query_key)?,
+            operand(inputs.k, query_key)?,
+            operand(inputs.v, value)?,
+            operand(inputs.g, gate)?,
+        );
         let params = PrefillParams {
-            q: inputs.q.device_address(cuda),
-            k: inputs.k.device_address(cuda),
-            v: inputs.v.device_address(cuda),
-            g: inputs.g.device_address(cuda),
+            q,
+            k,
+            v,
+            g,
             beta: inputs.beta.device_address(cuda),
             o: o.device_address_mut(cuda),
             w: w.device_address(cuda),
@@ -270,11 +380,8 @@ impl PrefillLaunch {
             value_dim: dims.value_dim as i32,
             key_pad: kp as i32,
             value_pad: vp as i32,
-            act_dtype: dtype_code(inputs.q.dtype()),
             out_dtype: dtype_code(inputs.v.dtype()),
-            g_dtype: dtype_code(inputs.g.dtype()),
             beta_dtype: dtype_code(beta_dtype),
-            l2norm: i32::from(options.use_qk_l2norm),
             use_segment_states: i32::from(plan.segmented),
             scale,
             reset_gate: RESET_GATE,
@@ -299,7 +406,10 @@ impl PrefillLaunch {
             transition_m,
         ];
         buffers.extend(state_rows_buffer);
+        buffers.extend(operands);
         Ok(Self {
+            convert: cuda.function(&SOURCE, "gdn_prefill_convert")?,
+            conversions,
             params,
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
@@ -321,6 +431,19 @@ impl PrefillLaunch {
         let heads = self.value_heads;
         let segments = self.plan.segment_count() as u32;
         let state_threads = 2 * self.key_pad;
+        for conversion in &self.conversions {
+            let mut builder = cuda.stream().launch_builder(&self.convert);
+            builder.arg(&conversion.params);
+            let config = LaunchConfig {
+                grid_dim: (conversion.blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: source and scratch hold `rows * dim` and `rows * pad` elements of their
+            // dtypes (the scratch was allocated from the source's shape).
+            unsafe { builder.launch(config) }
+                .map_err(|e| driver_error("launching gdn_prefill_convert", e))?;
+        }
         let run = |f: &cudarc::driver::CudaFunction, grid, block, smem, what: &str| {
             let mut builder = cuda.stream().launch_builder(f);
             builder.arg(&self.params);

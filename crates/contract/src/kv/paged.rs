@@ -267,6 +267,62 @@ pub fn check_append(
     Ok(total)
 }
 
+/// The block table after sequence `b` grows from `lens[b]` to `new_lens[b]` tokens, for every
+/// `b`: entries that already name a page are kept (an engine's allocator chose them), and each
+/// `-1` entry a sequence grows into takes the lowest page no sequence uses. The result is
+/// checked ([`validate_block_table`]) against the new lengths.
+pub fn assign_pages(
+    layout: &PagedLayout,
+    table: &[i32],
+    max_pages: usize,
+    lens: &[usize],
+    new_lens: &[usize],
+    num_pages: usize,
+) -> Result<Vec<i32>> {
+    validate_block_table(layout, table, max_pages, lens, num_pages)?;
+    if new_lens.len() != lens.len() {
+        return Err(Error::InvalidValue(format!(
+            "{} new lengths for a batch of {}",
+            new_lens.len(),
+            lens.len()
+        )));
+    }
+    let mut table = table.to_vec();
+    let mut in_use = vec![false; num_pages];
+    for (b, &len) in lens.iter().enumerate() {
+        for &p in &table[b * max_pages..][..layout.pages_for(len)] {
+            in_use[p as usize] = true;
+        }
+    }
+    // Pages named by entries a sequence grows into are taken before any -1 entry is filled.
+    for (b, (&len, &new_len)) in lens.iter().zip(new_lens).enumerate() {
+        let need = layout.pages_for(new_len).min(max_pages);
+        for &p in &table[b * max_pages..][layout.pages_for(len)..need] {
+            if let Some(u) = usize::try_from(p).ok().and_then(|i| in_use.get_mut(i)) {
+                *u = true;
+            }
+        }
+    }
+    for (b, (&len, &new_len)) in lens.iter().zip(new_lens).enumerate() {
+        let need = layout.pages_for(new_len).min(max_pages);
+        for p in layout.pages_for(len)..need {
+            let entry = &mut table[b * max_pages + p];
+            if *entry >= 0 {
+                continue;
+            }
+            let free = in_use.iter().position(|&u| !u).ok_or_else(|| {
+                Error::InvalidValue(format!(
+                    "the pool's {num_pages} pages are all in use (sequence {b} needs page {p})"
+                ))
+            })?;
+            in_use[free] = true;
+            *entry = free as i32;
+        }
+    }
+    validate_block_table(layout, &table, max_pages, new_lens, num_pages)?;
+    Ok(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

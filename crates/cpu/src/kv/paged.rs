@@ -134,37 +134,6 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// The table with pages assigned so that sequence `seq` can hold `new_len` tokens.
-    fn grown_table(&self, seq: usize, new_len: usize) -> Result<Vec<i32>> {
-        let mut table = self.table.clone();
-        let row = seq * self.max_pages;
-        let have = self.layout.pages_for(self.lens[seq]);
-        let need = self.layout.pages_for(new_len);
-        let mut in_use = vec![false; self.num_pages];
-        for (b, &len) in self.lens.iter().enumerate() {
-            for &p in &table[b * self.max_pages..][..self.layout.pages_for(len)] {
-                in_use[p as usize] = true;
-            }
-        }
-        for p in have..need {
-            if table[row + p] >= 0 {
-                continue;
-            }
-            let free = in_use.iter().position(|&u| !u).ok_or_else(|| {
-                Error::InvalidValue(format!(
-                    "the pool's {} pages are all in use (sequence {seq} needs page {p})",
-                    self.num_pages
-                ))
-            })?;
-            in_use[free] = true;
-            table[row + p] = free as i32;
-        }
-        let mut lens = self.lens.clone();
-        lens[seq] = new_len;
-        paged::validate_block_table(&self.layout, &table, self.max_pages, &lens, self.num_pages)?;
-        Ok(table)
-    }
-
     /// Appends `n` tokens to sequence `seq`: `k`, `v` are `[n, kv_heads, d]` f32. A failed
     /// append (non-finite input, a norm beyond its storage, no free page) changes nothing.
     pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
@@ -212,7 +181,16 @@ impl PagedKvCache {
             })
             .collect::<Result<_>>()?;
         self.check_norms(&encoded)?;
-        self.table = self.grown_table(seq, new_len)?;
+        let mut new_lens = self.lens.clone();
+        new_lens[seq] = new_len;
+        self.table = paged::assign_pages(
+            &self.layout,
+            &self.table,
+            self.max_pages,
+            &self.lens,
+            &new_lens,
+            self.num_pages,
+        )?;
         let (l, pw) = (self.layout, self.layout.page_words());
         let (rwk, rwv) = (l.row_words_k(), l.row_words_v());
         let (wk, wv) = (kq.words(), vq.words());

@@ -87,6 +87,9 @@ fn fill(
 
 const LENS: &[usize] = &[1, 63, 65, 1000];
 
+/// (lens, Tq, Hq, Hkv, d, page)
+type Shape = (&'static [usize], usize, usize, usize, usize, usize);
+
 #[test]
 fn encode_writes_the_cpu_pool_word_for_word() {
     let Some(cuda) = device("encode_writes_the_cpu_pool_word_for_word") else {
@@ -134,7 +137,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
     let Some(cuda) = device("attention_equals_the_oracle_and_the_cpu_path") else {
         return;
     };
-    let shapes: [(&[usize], usize, usize, usize, usize, usize); 7] = [
+    let shapes: [Shape; 7] = [
         // (lens, Tq, Hq, Hkv, d, page)
         (LENS, 1, 8, 2, 128, 64),
         (&[700], 1, 32, 8, 128, 16),
@@ -158,7 +161,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             let case = PagedCase::new(lens, tq, hq, hkv, d, 100 + i as u64);
             let mut scheme = KvScheme::new(d, hkv, bits_k, bits_v);
             scheme.seed = i as u64;
-            if (i + bits_k as usize) % 2 == 0 {
+            if (i + bits_k as usize).is_multiple_of(2) {
                 scheme.norm_dtype = NormDType::F16;
             }
             let layout = PagedLayout::new(scheme, page).unwrap();

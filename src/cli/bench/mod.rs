@@ -6,6 +6,8 @@ mod gdn_decode;
 #[cfg(feature = "cuda")]
 mod gdn_decode_cuda;
 mod kv;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};

@@ -16,7 +16,7 @@
 use super::{SOURCE_ENCODE, consts};
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::kv::codebook::codebook;
 use deltakv_contract::kv::codec::words_for;
 use deltakv_contract::kv::paged::{self, PagedLayout};
@@ -59,6 +59,28 @@ pub(crate) struct EncodeParams {
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for EncodeParams {}
+
+/// A prepared encode launch (see [`CudaPagedKvCache::prepare_append`]); a CUDA graph captures
+/// [`EncodeLaunch::launch`].
+pub struct EncodeLaunch {
+    params: EncodeParams,
+    function: CudaFunction,
+    config: LaunchConfig,
+}
+
+impl EncodeLaunch {
+    /// Queues the encode kernel on deltakv's stream.
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+        let mut builder = cuda.stream().launch_builder(&self.function);
+        builder.arg(&self.params);
+        // SAFETY: the parameters describe live buffers of the sizes the kernel indexes: the
+        // chunk's shape was checked, and every page a new token lands in was assigned and
+        // checked against the pool (assign_pages) before the table was written.
+        unsafe { builder.launch(self.config) }
+            .map_err(|e| driver_error("launching kv_encode", e))?;
+        Ok(())
+    }
+}
 
 /// The paged compressed KV cache of one layer, on the GPU.
 pub struct CudaPagedKvCache {
@@ -274,6 +296,41 @@ impl CudaPagedKvCache {
         new_lens: &[usize],
         advance: bool,
     ) -> Result<bool> {
+        let Some((launch, grown)) = self.prepare_encode(cuda, k, v, new_lens)? else {
+            return Ok(false);
+        };
+        launch.launch(cuda)?;
+        self.host_lens = grown;
+        if advance {
+            self.advance(cuda)?;
+        }
+        Ok(true)
+    }
+
+    /// Checks a chunk, assigns the pages it lands in (the block table on the GPU is updated)
+    /// and prepares its encode launch, without moving any length: each launch encodes the
+    /// chunk into the same rows after the tokens held now (for timing the encode alone; an
+    /// append is [`Self::append`]). `None` when every count is zero.
+    pub fn prepare_append(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<EncodeLaunch>> {
+        Ok(self
+            .prepare_encode(cuda, k, v, new_lens)?
+            .map(|(launch, _)| launch))
+    }
+
+    /// [`Self::prepare_append`], also returning the lengths after the append.
+    fn prepare_encode(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
         let s = self.layout.scheme;
         let batch = self.batch();
         let shape = k.shape().to_vec();
@@ -313,7 +370,7 @@ impl CudaPagedKvCache {
             )?);
         }
         if new_lens.iter().all(|&n| n == 0) {
-            return Ok(false);
+            return Ok(None);
         }
         let table = paged::assign_pages(
             &self.layout,
@@ -375,17 +432,14 @@ impl CudaPagedKvCache {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut builder = cuda.stream().launch_builder(&function);
-        builder.arg(&params);
-        // SAFETY: the parameters describe live buffers of the sizes the kernel indexes: the
-        // chunk's shape was checked, and every page a new token lands in was assigned and
-        // checked against the pool (assign_pages) before the table was written.
-        unsafe { builder.launch(config) }.map_err(|e| driver_error("launching kv_encode", e))?;
-        self.host_lens = grown;
-        if advance {
-            self.advance(cuda)?;
-        }
-        Ok(true)
+        Ok(Some((
+            EncodeLaunch {
+                params,
+                function,
+                config,
+            },
+            grown,
+        )))
     }
 
     /// Queues `seq_lens += new_lens` on the GPU.

@@ -26,7 +26,7 @@ pub mod attend;
 pub mod cache;
 
 pub use attend::{AttendLaunch, CudaAttnOptions, attend, prepare_attend};
-pub use cache::CudaPagedKvCache;
+pub use cache::{CudaPagedKvCache, EncodeLaunch};
 
 use crate::compile::KernelSource;
 use deltakv_contract::kv::Quantizer;

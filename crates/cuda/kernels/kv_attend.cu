@@ -5,7 +5,8 @@
 //     ROWS query rows sharing the KV head (a GQA group, times Tq for the causal-chunk form);
 //     q' = Pi (scale q) is made once in shared memory. Tiles of TILE tokens (one page or a
 //     part of one) stream into shared memory through cp.async, STAGES tiles ahead. Per tile:
-//       scores  s_rt = norm_k[t] <q'_r, c(idx_k[t])>   (-inf past the row's causal limit)
+//       scores  s_rt = norm_k[t] <q'_r, c(idx_k[t])>   (-inf past the row's causal limit,
+//               applied in the softmax step)
 //       softmax m_r = max(m_r, max_t s_rt), p_rt = e^(s_rt - m_r), l_r = l_r e^(dm) + sum p
 //       values  a_r = a_r e^(dm) + sum_t p_rt norm_v[t] c(idx_v[t])
 //     A token is decoded once for all rows: LPT lanes share a token, lane j owning C
@@ -137,12 +138,15 @@ __device__ __forceinline__ void kv_load_tile(const KvAttnParams& p, const unsign
     }
 }
 
-// Scores of one staged tile for this thread's tokens.
+// Scores of one staged tile for this thread's tokens, unmasked (the softmax applies the causal
+// limits). The LPT lanes of a token sum their partial dots by a reduce-scatter: each halving
+// step keeps half the rows (lanes with the step's bit set keep the upper half) and adds the
+// partner's copy of them, so after log2(ROWS) steps a lane holds one row summed over
+// 2^log2(ROWS) lanes, and plain butterflies finish the sum (LPT >= ROWS always).
 template <int B, int ROWS, int C>
 __device__ __forceinline__ void kv_scores(const KvAttnParams& p, const KvSmem& sm,
                                           const unsigned* stage, const float (&q)[ROWS][C],
-                                          const int (&limit)[ROWS], int t0, int group_index,
-                                          int groups, int j) {
+                                          int group_index, int groups, int j) {
     const unsigned* kn = stage + p.tile * (p.row_words_k + p.row_words_v);
     for (int tl = group_index; tl < p.tile; tl += groups) {
         unsigned code[C];
@@ -156,17 +160,23 @@ __device__ __forceinline__ void kv_scores(const KvAttnParams& p, const KvSmem& s
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) dot[r] = fmaf(q[r][c], level, dot[r]);
         }
-        for (int off = p.lanes_per_token >> 1; off > 0; off >>= 1) {
+        int off = p.lanes_per_token >> 1, row = 0;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) dot[r] += __shfl_xor_sync(KV_FULLMASK, dot[r], off);
-        }
-        if (j == 0) {
-            const float norm = kv_norm_at(kn, tl, p.norm_f16);
-            const int t = t0 + tl;
+        for (int half = ROWS / 2; half >= 1; half /= 2) {
+            const bool upper = (j & off) != 0;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-                sm.s[r * p.tile + tl] = t < limit[r] ? dot[r] * norm : KV_NEG_INF;
+            for (int i = 0; i < half; ++i) {
+                const float send = upper ? dot[i] : dot[i + half];
+                const float keep = upper ? dot[i + half] : dot[i];
+                dot[i] = keep + __shfl_xor_sync(KV_FULLMASK, send, off);
+            }
+            row += upper ? half : 0;
+            off >>= 1;
         }
+        // Lanes j .. j + same - 1 (same = LPT / ROWS) now share one row; the first writes it.
+        const int same = p.lanes_per_token / ROWS;
+        for (; off > 0; off >>= 1) dot[0] += __shfl_xor_sync(KV_FULLMASK, dot[0], off);
+        if (j % same == 0) sm.s[row * p.tile + tl] = dot[0] * kv_norm_at(kn, tl, p.norm_f16);
     }
 }
 
@@ -298,10 +308,10 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
         __syncthreads();
         const unsigned* stage = sm.ring + ((t - tile0) % p.stages) * p.stage_words;
         switch (p.bits_k) {
-            case 2: kv_scores<2, ROWS, C>(p, sm, stage, q, limit, t * p.tile, group_index, groups, j); break;
-            case 3: kv_scores<3, ROWS, C>(p, sm, stage, q, limit, t * p.tile, group_index, groups, j); break;
-            case 4: kv_scores<4, ROWS, C>(p, sm, stage, q, limit, t * p.tile, group_index, groups, j); break;
-            default: kv_scores<8, ROWS, C>(p, sm, stage, q, limit, t * p.tile, group_index, groups, j); break;
+            case 2: kv_scores<2, ROWS, C>(p, sm, stage, q, group_index, groups, j); break;
+            case 3: kv_scores<3, ROWS, C>(p, sm, stage, q, group_index, groups, j); break;
+            case 4: kv_scores<4, ROWS, C>(p, sm, stage, q, group_index, groups, j); break;
+            default: kv_scores<8, ROWS, C>(p, sm, stage, q, group_index, groups, j); break;
         }
         __syncthreads();
         // Online softmax, one warp per row.
@@ -309,8 +319,12 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
         const unsigned* vn = stage + p.tile * (p.row_words_k + p.row_words_v) +
                              (p.norm_f16 ? p.tile * 2 / 4 : p.tile);
         for (int r = warp; r < ROWS; r += KV_WARPS) {
-            const float s0 = lane < p.tile ? sm.s[r * p.tile + lane] : KV_NEG_INF;
-            const float s1 = lane + 32 < p.tile ? sm.s[r * p.tile + lane + 32] : KV_NEG_INF;
+            // Row r sees tokens below its causal limit (none for a padding row).
+            const int row = chunk * ROWS + r, t0 = t * p.tile;
+            const int lim = row < p.rows ? len - p.tq + row / p.group + 1 : 0;
+            const float s0 = lane < p.tile && t0 + lane < lim ? sm.s[r * p.tile + lane] : KV_NEG_INF;
+            const float s1 =
+                lane + 32 < p.tile && t0 + lane + 32 < lim ? sm.s[r * p.tile + lane + 32] : KV_NEG_INF;
             float mt = fmaxf(s0, s1);
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, off));

@@ -1,6 +1,6 @@
 //! Compressed-KV attention on CUDA: the paged cache resident on the GPU
 //! ([`CudaPagedKvCache`]), the encode that appends to it, and flash-decoding over its packed
-//! codes ([`attend`], [`prepare_attend`]). The scheme, layout and math are the contract's
+//! codes ([`attend()`], [`prepare_attend`]). The scheme, layout and math are the contract's
 //! (`deltakv_contract::kv`, `deltakv_contract::kv::paged`); the CPU's `PagedKvCache` holds the
 //! same bytes and answers the same calls.
 //!

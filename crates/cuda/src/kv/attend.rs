@@ -4,8 +4,9 @@
 //! position `len_b - Tq + i`) are one kernel: the rows of a block are (query, head of the GQA
 //! group) pairs, each with its causal limit.
 //!
-//! Splits: enough blocks for about four per SM (132 SMs on the H100: at B = 1 with 8 KV heads,
-//! 66 splits), never more than the longest sequence has tiles. Sequences of different lengths
+//! Splits: one full wave of resident blocks (the occupancy the driver reports for the launch:
+//! three per SM on the H100 at d = 128, so 396 blocks over 132 SMs: 49 splits at B = 1 with 8
+//! KV heads, 6 at B = 8), never more than the longest sequence has tiles. Sequences of different lengths
 //! share a launch: a block reads its sequence's length on the GPU and takes its share of that
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
@@ -66,7 +67,7 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaAttnOptions {
-    /// Splits of each sequence's tokens; `None`: about four blocks per SM.
+    /// Splits of each sequence's tokens; `None`: one full wave of resident blocks.
     pub splits: Option<usize>,
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.
@@ -178,10 +179,22 @@ pub fn prepare_attend(
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
     let max_tiles = longest.div_ceil(tile).max(1);
+    let name = if row_block == 4 {
+        "kv_attend_rows4"
+    } else {
+        "kv_attend_rows8"
+    };
+    let pass1 = cuda.function(&SOURCE_ATTEND, name)?;
+    // One full wave: as many splits as the resident blocks allow (a second, partial wave
+    // would leave SMs idle at its end).
+    let per_sm = pass1
+        .occupancy_max_active_blocks_per_multiprocessor(128, smem_bytes, None)
+        .map_err(|e| driver_error("reading the attention kernel's occupancy", e))?
+        .max(1) as usize;
     let blocks_per_split = batch * s.kv_heads * row_chunks;
     let splits = options
         .splits
-        .unwrap_or_else(|| (4 * cuda.multiprocessors()).div_ceil(blocks_per_split))
+        .unwrap_or_else(|| (per_sm * cuda.multiprocessors() / blocks_per_split).max(1))
         .clamp(1, max_tiles);
     if batch > 65535 || s.kv_heads * row_chunks > 65535 {
         return Err(Error::Unsupported(format!(
@@ -235,14 +248,9 @@ pub fn prepare_attend(
         scale,
         hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
     };
-    let name = if row_block == 4 {
-        "kv_attend_rows4"
-    } else {
-        "kv_attend_rows8"
-    };
     Ok(AttendLaunch {
         params,
-        pass1: cuda.function(&SOURCE_ATTEND, name)?,
+        pass1,
         pass1_config: LaunchConfig {
             grid_dim: (
                 splits as u32,

@@ -85,6 +85,24 @@ __device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, 
     }
 }
 
+// OR reduce-scatter over the 8 lanes of a vector: lane l starts with v[j] (its code of group
+// j, shifted into place) and ends with v[8m] = the whole group 8m + l. Each step pairs slots j
+// and j + off, keeps the one whose bit `off` matches the lane's, and ORs in the partner's.
+template <typename T, int E>
+__device__ __forceinline__ void kv_or_scatter(T (&v)[E], int l) {
+#pragma unroll
+    for (int off = 4; off >= 1; off >>= 1) {
+        const bool up = (l & off) != 0;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if ((j & (7 & ~(off - 1))) == 0) {
+                const T lo = v[j], hi = v[j + off];
+                v[j] = (up ? hi : lo) | __shfl_xor_sync(KV_FULL, up ? lo : hi, off);
+            }
+        }
+    }
+}
+
 // Hadamard d = 8 * E: eight lanes per vector, four vectors per warp. Lane l of a vector holds
 // elements i = 8 j + l (j < E): exactly the elements of the CPU's partial sum acc[l], and
 // the butterflies h < 8 are lane exchanges, h >= 8 register pairs.
@@ -154,12 +172,15 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
         // y = H diag(s) x / sqrt(d), butterflies in the CPU's order.
 #pragma unroll
         for (int j = 0; j < E; ++j) x[j] = __fmul_rn(x[j], sign[j]);
+        // Lane exchanges: the lower lane of a pair keeps x + other, the upper other - x, both
+        // as one fma with +-1 (exact product, one rounding: the CPU's add or subtract).
 #pragma unroll
         for (int hb = 1; hb < 8; hb <<= 1) {
+            const float sgn = (l & hb) ? -1.0f : 1.0f;
 #pragma unroll
             for (int j = 0; j < E; ++j) {
                 float other = __shfl_xor_sync(KV_FULL, x[j], hb);
-                x[j] = (l & hb) ? __fsub_rn(other, x[j]) : __fadd_rn(x[j], other);
+                x[j] = __fmaf_rn(sgn, x[j], other);
             }
         }
 #pragma unroll
@@ -195,31 +216,33 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
         int slot = 0;
         if (valid) kv_destination(p, kv, b, t, h, &row, &norms, &slot);
         // Group j (codes 8j .. 8j+7, one per lane) is 8 * bits bits starting at byte j * bits;
-        // lane j % 8 stores it.
+        // lane l gathers groups l, l + 8, .. by an OR reduce-scatter and stores them.
         unsigned char* bytes = (unsigned char*)row;
+        if (bits == 8) {
+            u64 g[E];
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            if (bits == 8) {
-                u64 g = (u64)code[j] << (8 * l);
-                g |= __shfl_xor_sync(KV_FULL, g, 1);
-                g |= __shfl_xor_sync(KV_FULL, g, 2);
-                g |= __shfl_xor_sync(KV_FULL, g, 4);
-                if (valid && (j & 7) == l) ((u64*)bytes)[j] = g;
-            } else {
-                unsigned g = code[j] << (bits * l);
-                g |= __shfl_xor_sync(KV_FULL, g, 1);
-                g |= __shfl_xor_sync(KV_FULL, g, 2);
-                g |= __shfl_xor_sync(KV_FULL, g, 4);
-                if (valid && (j & 7) == l) {
-                    if (bits == 4) {
-                        ((unsigned*)bytes)[j] = g;
-                    } else if (bits == 2) {
-                        ((unsigned short*)bytes)[j] = (unsigned short)g;
-                    } else {
-                        bytes[3 * j] = (unsigned char)g;
-                        bytes[3 * j + 1] = (unsigned char)(g >> 8);
-                        bytes[3 * j + 2] = (unsigned char)(g >> 16);
-                    }
+            for (int j = 0; j < E; ++j) g[j] = (u64)code[j] << (8 * l);
+            kv_or_scatter<u64, E>(g, l);
+#pragma unroll
+            for (int m = 0; m < E / 8; ++m)
+                if (valid) ((u64*)bytes)[8 * m + l] = g[8 * m];
+        } else {
+            unsigned g[E];
+#pragma unroll
+            for (int j = 0; j < E; ++j) g[j] = code[j] << (bits * l);
+            kv_or_scatter<unsigned, E>(g, l);
+#pragma unroll
+            for (int m = 0; m < E / 8; ++m) {
+                const int j = 8 * m + l;
+                if (!valid) continue;
+                if (bits == 4) {
+                    ((unsigned*)bytes)[j] = g[8 * m];
+                } else if (bits == 2) {
+                    ((unsigned short*)bytes)[j] = (unsigned short)g[8 * m];
+                } else {
+                    bytes[3 * j] = (unsigned char)g[8 * m];
+                    bytes[3 * j + 1] = (unsigned char)(g[8 * m] >> 8);
+                    bytes[3 * j + 2] = (unsigned char)(g[8 * m] >> 16);
                 }
             }
         }

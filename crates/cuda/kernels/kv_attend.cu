@@ -57,9 +57,12 @@ __device__ __forceinline__ float kv_norm_at(const unsigned* section, int t, int 
     return f16 ? f16_to_f32(((const unsigned short*)section)[t]) : __uint_as_float(section[t]);
 }
 
-// The C codes of B bits starting at code `first` (a multiple of 8) of a row.
+// The byte offsets (code * 4) into a level table of the C codes of B bits starting at code
+// `first` (a multiple of 8) of a row. 2- and 4-bit codes are spread into the bytes of a few
+// words by a shift and a mask each, then every offset is one byte permute (`prmt`): about 1.5
+// instructions per code, the address computation included.
 template <int B, int C>
-__device__ __forceinline__ void kv_codes(const unsigned* row, int first, unsigned (&code)[C]) {
+__device__ __forceinline__ void kv_offsets(const unsigned* row, int first, unsigned (&off)[C]) {
     constexpr int NW = (C * B + 31) / 32;
     const int byte0 = first * B / 8;
     const unsigned* src = row + (byte0 >> 2);
@@ -71,14 +74,43 @@ __device__ __forceinline__ void kv_codes(const unsigned* row, int first, unsigne
 #pragma unroll
     for (int k = 0; k < NW; ++k) x[k] = __funnelshift_r(w[k], w[k + 1], shift);
     x[NW] = 0u;
+    if (B == 4) {
+        // Word k holds codes 8k .. 8k+7; byte m of lo (hi) is code 8k + 2m (+ 1) times 4.
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        constexpr unsigned mask = (1u << B) - 1u;
-        const int pos = c * B, k = pos / 32, s = pos % 32;
-        unsigned v = x[k] >> s;
-        if (s + B > 32) v |= x[k + 1] << (32 - s);
-        code[c] = v & mask;
+        for (int k = 0; k < NW; ++k) {
+            const unsigned lo = (x[k] << 2) & 0x3C3C3C3Cu, hi = (x[k] >> 2) & 0x3C3C3C3Cu;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                if (8 * k + 2 * m < C) off[8 * k + 2 * m] = __byte_perm(lo, 0u, 0x4440 + m);
+                if (8 * k + 2 * m + 1 < C) off[8 * k + 2 * m + 1] = __byte_perm(hi, 0u, 0x4440 + m);
+            }
+        }
+    } else if (B == 2) {
+        // Byte m of t[r] is code 4m + r times 4.
+        const unsigned t[4] = {(x[0] << 2) & 0x0C0C0C0Cu, x[0] & 0x0C0C0C0Cu,
+                               (x[0] >> 2) & 0x0C0C0C0Cu, (x[0] >> 4) & 0x0C0C0C0Cu};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                if (4 * m + r < C) off[4 * m + r] = __byte_perm(t[r], 0u, 0x4440 + m);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            constexpr unsigned mask = (1u << B) - 1u;
+            const int pos = c * B, k = pos / 32, s = pos % 32;
+            unsigned v = x[k] >> s;
+            if (s + B > 32) v |= x[k + 1] << (32 - s);
+            off[c] = (v & mask) << 2;
+        }
     }
+}
+
+// The level at byte offset `off` of a table.
+__device__ __forceinline__ float kv_level(const float* table, unsigned off) {
+    return *(const float*)((const char*)table + off);
 }
 
 // Shared-memory carving of pass 1 (all offsets in floats, multiples of 4).
@@ -150,13 +182,13 @@ __device__ __forceinline__ void kv_scores(const KvAttnParams& p, const KvSmem& s
     const unsigned* kn = stage + p.tile * (p.row_words_k + p.row_words_v);
     for (int tl = group_index; tl < p.tile; tl += groups) {
         unsigned code[C];
-        kv_codes<B, C>(stage + tl * p.row_words_k, j * C, code);
+        kv_offsets<B, C>(stage + tl * p.row_words_k, j * C, code);
         float dot[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) dot[r] = 0.0f;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            const float level = sm.lk[code[c]];
+            const float level = kv_level(sm.lk, code[c]);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) dot[r] = fmaf(q[r][c], level, dot[r]);
         }
@@ -188,13 +220,13 @@ __device__ __forceinline__ void kv_values(const KvAttnParams& p, const KvSmem& s
     const unsigned* vrows = stage + p.tile * p.row_words_k;
     for (int tl = group_index; tl < p.tile; tl += groups) {
         unsigned code[C];
-        kv_codes<B, C>(vrows + tl * p.row_words_v, j * C, code);
+        kv_offsets<B, C>(vrows + tl * p.row_words_v, j * C, code);
         float w[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) w[r] = sm.w[tl * ROWS + r];
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            const float level = sm.lv[code[c]];
+            const float level = kv_level(sm.lv, code[c]);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) acc[r][c] = fmaf(w[r], level, acc[r][c]);
         }

@@ -10,7 +10,7 @@
 #                                   # and FLA in the same call (tools/compare_fla.py); logs
 #                                   # under $OUT (or ./gpu-check-out), a summary printed last.
 #                                   # `quick` skips the sanitizers.
-#   tools/gpu-check.sh run-kv [quick]  # there: compressed KV on CUDA: the KV tests (CUDA pool
+#   tools/gpu-check.sh run-kv [quick|sanitize]  # there: compressed KV on CUDA: the KV tests (CUDA pool
 #                                   # against the CPU's word for word, attention against the
 #                                   # oracle and the CPU at every bits pair; `kv --device cuda`
 #                                   # against cpu), compute-sanitizer (memcheck, racecheck,
@@ -18,11 +18,13 @@
 #                                   # KV step on the GPU, `deltakv bench kv --device cuda` and
 #                                   # torch SDPA over bf16 at the same shapes in the same call
 #                                   # (tools/compare_sdpa.py); logs in $OUT/logs.tar.gz.
+#                                   # `quick` skips the sanitizers, `sanitize` runs only them
+#                                   # (the two halves fit the GPU machine's 10-minute calls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]|run-kv [quick]}
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]|run-kv [quick|sanitize]}
 
 case "$mode" in
 build)
@@ -94,8 +96,10 @@ run-kv)
     mkdir -p "$out" "$logs"
     summary=()
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-    for t in .carry/tests/deltakv-cuda-kv_paged .carry/tests/deltakv-cuda-kernels_compile \
-        .carry/tests/deltakv-cpu-kv_paged .carry/tests/deltakv-cli_device; do
+    tests=(.carry/tests/deltakv-cuda-kv_paged .carry/tests/deltakv-cuda-kernels_compile
+        .carry/tests/deltakv-cpu-kv_paged .carry/tests/deltakv-cli_device)
+    [ "${2:-}" = sanitize ] && tests=()
+    for t in ${tests[@]+"${tests[@]}"}; do
         name=$(basename "$t")
         if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1; then
             summary+=("PASS $name: $(last 'worst rel_rms' "$logs/$name.log") $(last 'against --device cpu' "$logs/$name.log") $(last 'test result' "$logs/$name.log")")
@@ -113,6 +117,11 @@ run-kv)
             fi
         done
     fi
+    if [ "${2:-}" = sanitize ]; then
+        tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+        printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+        exit 0
+    fi
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'compressed KV on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt): $(last 'compressed KV on cuda' "$logs/demo.txt")")
@@ -127,7 +136,7 @@ run-kv)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]|run-kv [quick]" >&2
+    echo "usage: tools/gpu-check.sh build|run [quick]|run-kv [quick|sanitize]" >&2
     exit 2
     ;;
 esac

@@ -85,7 +85,7 @@ pub enum Device {
     /// The portable CPU backend (rayon + runtime-dispatched SIMD). Always available.
     #[default]
     Cpu,
-    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN decode.
+    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN prefill and decode.
     Cuda,
     /// Vulkan / Metal through wgpu. Not built yet.
     Wgpu,
@@ -125,13 +125,15 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN decode and compressed-KV attention so far; wgpu
+    /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
     /// nothing yet).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
-            Device::Cuda => op == "gdn decode" || op == "compressed-KV attention",
+            Device::Cuda => {
+                op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
+            }
             Device::Wgpu => false,
         };
         if implemented {
@@ -140,7 +142,7 @@ impl Device {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
                 reason: format!(
-                    "{op} is not implemented on {self} yet (CUDA has GDN decode and compressed-KV attention)"
+                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention)"
                 ),
             })
         }
@@ -176,7 +178,23 @@ pub fn gdn_prefill(
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
-    deltakv_cpu::gdn::gdn_prefill(inputs, options, mode)
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => match mode {
+            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host(
+                deltakv_cuda::Cuda::get()?,
+                inputs,
+                options,
+                None,
+            ),
+            PrefillMode::Recurrent => Err(Error::Unsupported(
+                "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent \
+                 mode is the CPU's cross-check"
+                    .to_string(),
+            )),
+        },
+        _ => deltakv_cpu::gdn::gdn_prefill(inputs, options, mode),
+    }
 }
 
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by

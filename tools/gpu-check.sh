@@ -4,6 +4,10 @@
 #   tools/gpu-check.sh build        # here: release binary + test executables with `--features
 #                                   # cuda`, stripped, gathered in .carry/ (git-ignored); FLA's
 #                                   # wheels in .whl/
+#   tools/gpu-check.sh prefill      # there: the prefill's GPU tests, compute-sanitizer memcheck
+#                                   # over the prefill suite, `bench gdn --device cuda` (prefill)
+#                                   # and FLA's chunk_gated_delta_rule beside it
+#                                   # (tools/compare_fla_prefill.py: speed and accuracy)
 #   tools/gpu-check.sh run [quick]  # there, from the repo root, carrying .carry and .whl:
 #                                   # the GPU tests, compute-sanitizer (memcheck, racecheck,
 #                                   # initcheck) over them, `deltakv bench gdn --device cuda`,
@@ -24,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]|run-kv [quick|sanitize]}
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]}
 
 case "$mode" in
 build)
@@ -135,8 +139,41 @@ run-kv)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+prefill)
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    t=.carry/tests/deltakv-cuda-gdn_prefill
+    if "$t" --test-threads=1 --nocapture >"$logs/prefill-tests.log" 2>&1; then
+        summary+=("PASS gdn_prefill tests")
+    else
+        summary+=("FAIL gdn_prefill tests: $(grep -h 'panicked\|FAILED\|failed' "$logs/prefill-tests.log" | head -n 3 | tr '\n' ' ')")
+    fi
+    grep -h "rel_rms\|: o \|drift" "$logs/prefill-tests.log" | tail -n 80 >"$out/prefill-errors.txt" || true
+    if [ "${2:-}" != quick ]; then
+        for tool in memcheck racecheck; do
+            if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
+                the_prefill_suite >"$logs/sanitizer-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            fi
+        done
+    fi
+    .carry/deltakv bench gdn --device cuda --seq-lens 1024,4096,16384,65536 --decode-batches 1 \
+        --json "$out/deltakv-prefill.json" 2>&1 | tee "$out/bench.txt"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
+    PYTHONPATH=/tmp/fla-site python3 tools/compare_fla_prefill.py --deltakv-json "$out/deltakv-prefill.json" \
+        --deltakv-bin .carry/deltakv --csv "$out/prefill-vs-fla.csv" --plot "$out/prefill-vs-fla.png" \
+        ${PREFILL_COMPARE_FLAGS:-} 2>&1 | tee "$out/compare.txt"
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]|run-kv [quick|sanitize]" >&2
+    echo "usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,8 @@ mod gdn;
 mod gdn_decode;
 #[cfg(feature = "cuda")]
 mod gdn_decode_cuda;
+#[cfg(feature = "cuda")]
+mod gdn_prefill_cuda;
 mod kv;
 #[cfg(feature = "cuda")]
 mod kv_cuda;

@@ -63,7 +63,8 @@ pub mod kv {
     pub use deltakv_contract::kv::*;
     pub use deltakv_cpu::kv::{
         AttnOptions, DenseKvCache, HeadStore, KvCache, KvOptions, KvOutput, MAX_BLOCK_TOKENS,
-        Norms, attend_compressed, attend_dense, attention, cache, kv_attention,
+        Norms, PagedKvCache, attend_compressed, attend_dense, attend_paged, attention, cache,
+        kv_attention,
     };
 }
 
@@ -71,6 +72,8 @@ use gdn::PrefillMode;
 use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
 
 mod device_tensor;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 mod on_device;
 
 pub use device_tensor::Tensor;
@@ -122,12 +125,15 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN prefill and decode; wgpu nothing yet).
+    /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
+    /// nothing yet).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
-            Device::Cuda => op == "gdn decode" || op == "gdn prefill",
+            Device::Cuda => {
+                op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
+            }
             Device::Wgpu => false,
         };
         if implemented {
@@ -136,7 +142,7 @@ impl Device {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
                 reason: format!(
-                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode)"
+                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention)"
                 ),
             })
         }
@@ -242,5 +248,9 @@ pub fn kv_attention(
     options: &kv::KvOptions,
 ) -> Result<kv::KvOutput> {
     device.ensure_runs("compressed-KV attention")?;
-    deltakv_cpu::kv::kv_attention(inputs, options)
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => kv_cuda::kv_attention_cuda(inputs, options),
+        _ => deltakv_cpu::kv::kv_attention(inputs, options),
+    }
 }

@@ -58,6 +58,7 @@ struct PrefillParams {
     u64 segment_states;   // f32 [segments, H, KP, VP]: entry state of each segment
     u64 transition_d;     // f32 [segments, H, KP, VP]
     u64 transition_m;     // f32 [segments, H, KP, KP]
+    u64 gates;            // [chunks, H] ChunkGates records (PF_GATES_BYTES each), from prepare
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
@@ -383,6 +384,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
     }
     cp_async_wait_all();
     __syncthreads();
+    {
+        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
+        const unsigned* from = (const unsigned*)&gates;
+        unsigned* to = (unsigned*)((unsigned char*)p.gates +
+                                   ((long long)chunk * p.value_heads + head) * PF_GATES_BYTES);
+        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
+    }
 
     // A = strictly_lower(diag(beta) K K^T o D): warp w owns rows 16w..16w+15.
     {
@@ -422,23 +430,48 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     __syncthreads();
+    // Each thread computes a 2 x 2 micro-tile (rows ii, ii + 8; columns jj, jj + 8 of a block),
+    // so every value it loads feeds two multiply-adds.
     for (int bi = 1; bi < 4; ++bi) {
-        for (int idx = threadIdx.x; idx < bi * 256; idx += blockDim.x) {
-            const int bj = idx >> 8, ii = (idx >> 4) & 15, jj = idx & 15;
-            const int i = 16 * bi + ii, j = 16 * bj + jj;
-            float x = 0.0f;
-            for (int m = 16 * bj; m < 16 * bi; ++m) x += a_mat[i * LDF + m] * t_mat[m * LDF + j];
-            blocks[(bj * 16 + ii) * 17 + jj] = x;
+        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
+            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
+            const float* a0 = a_mat + (16 * bi + ii) * LDF;
+            const float* a8 = a0 + 8 * LDF;
+            const float* t = t_mat + 16 * bj + jj;
+            float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
+            for (int m = 16 * bj; m < 16 * bi; ++m) {
+                const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
+                x00 += p0 * q0;
+                x08 += p0 * q8;
+                x80 += p8 * q0;
+                x88 += p8 * q8;
+            }
+            float* x = blocks + (bj * 16 + ii) * 17 + jj;
+            x[0] = x00;
+            x[8] = x08;
+            x[8 * 17] = x80;
+            x[8 * 17 + 8] = x88;
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < bi * 256; idx += blockDim.x) {
-            const int bj = idx >> 8, ii = (idx >> 4) & 15, jj = idx & 15;
-            const int i = 16 * bi + ii;
-            float t = 0.0f;
-            for (int mm = 0; mm <= ii; ++mm) {
-                t -= t_mat[i * LDF + 16 * bi + mm] * blocks[(bj * 16 + mm) * 17 + jj];
+        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
+            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
+            // T_II is lower triangular with zeros above its diagonal, so both rows run to ii + 8.
+            const float* t0 = t_mat + (16 * bi + ii) * LDF + 16 * bi;
+            const float* t8 = t0 + 8 * LDF;
+            const float* x = blocks + bj * 16 * 17 + jj;
+            float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
+            for (int mm = 0; mm <= ii + 8; ++mm) {
+                const float p0 = t0[mm], p8 = t8[mm], q0 = x[mm * 17], q8 = x[mm * 17 + 8];
+                y00 -= p0 * q0;
+                y08 -= p0 * q8;
+                y80 -= p8 * q0;
+                y88 -= p8 * q8;
             }
-            t_mat[i * LDF + 16 * bj + jj] = t;
+            float* out = t_mat + (16 * bi + ii) * LDF + 16 * bj + jj;
+            out[0] = y00;
+            out[8] = y08;
+            out[8 * LDF] = y80;
+            out[8 * LDF + 8] = y88;
         }
         __syncthreads();
     }

@@ -5,7 +5,8 @@
 //
 // The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through
 // asynchronous copies while chunk c computes (two stages; one for KP = 256, where two do not
-// fit). Shared memory: the gates; per stage q, k, W [64][KP + PAD], U [64][64 + PAD], g [64];
+// fit). Shared memory: per stage the chunk's gates (computed by the prepare kernel), q, k, W
+// [64][KP + PAD], U [64][64 + PAD];
 // then the state [KP][64 + PAD], V', diag(e) V' and the scores [64][64 + PAD], all bf16
 // row-major (the transposed operands are read with ldmatrix .trans). The host mirrors this in
 // `state_smem`.
@@ -18,18 +19,18 @@ template <int KP>
 struct StateStage {
     static constexpr int LDK = KP + PF_PAD;
     static constexpr int HALFS = 3 * PF_CHUNK * LDK + PF_CHUNK * PF_LDC;  // q, k, w, u
-    static constexpr int BYTES = 2 * HALFS + PF_CHUNK * 4;                // + g
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
+    ChunkGates* gates;
     unsigned short* q;
     unsigned short* k;
     unsigned short* w;
     unsigned short* u;
-    float* g;
     __device__ StateStage(unsigned char* base) {
-        q = (unsigned short*)base;
+        gates = (ChunkGates*)base;
+        q = (unsigned short*)(base + PF_GATES_BYTES);
         k = q + PF_CHUNK * LDK;
         w = k + PF_CHUNK * LDK;
         u = w + PF_CHUNK * LDK;
-        g = (float*)(u + PF_CHUNK * PF_LDC);
     }
 };
 
@@ -54,10 +55,11 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
                                  (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
                                  p.value_pad, PF_CHUNK);
     }
-    if (threadIdx.x < PF_CHUNK) {
-        const int t = threadIdx.x;
-        const float* g = (const float*)p.g + first_row * p.value_heads + head;
-        cp_async4(stage.g + t, g + (t < len ? (long long)t * p.value_heads : 0), t < len);
+    {
+        const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
+        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 16); i += blockDim.x) {
+            cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
+        }
     }
     cp_async_commit();
 }
@@ -69,8 +71,7 @@ __device__ void state_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD;
     constexpr int STAGES = KP == 256 ? 1 : 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    ChunkGates& gates = *(ChunkGates*)smem_raw;
-    unsigned char* stage_base = smem_raw + PF_GATES_BYTES;
+    unsigned char* stage_base = smem_raw;
     unsigned short* state_s = (unsigned short*)(stage_base + STAGES * StateStage<KP>::BYTES);  // [KP][LDC]
     unsigned short* new_values = state_s + KP * PF_LDC;                 // [64][LDC]
     unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // [64][LDC]
@@ -129,8 +130,8 @@ __device__ void state_impl(const PrefillParams& p) {
         const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
         const int len = ((const int*)p.chunk_len)[chunk];
 
-        // Stage 1: the gates, and the entry state as bf16.
-        if (warp == 0) scan_chunk_gates(gates, stage.g[2 * lane], stage.g[2 * lane + 1], len, p.reset_gate);
+        // Stage 1: the entry state as bf16.
+        const ChunkGates& gates = *stage.gates;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
 #pragma unroll

@@ -63,6 +63,7 @@ struct PrefillParams {
     segment_states: u64,
     transition_d: u64,
     transition_m: u64,
+    gates: u64,
     key_heads: i32,
     value_heads: i32,
     key_dim: i32,
@@ -205,12 +206,13 @@ fn prepare_smem(kp: usize, vp: usize) -> usize {
 }
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
-/// stages of inputs, then the state and three chunk-sized operands.
+/// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
+/// operands.
 fn state_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + 8, CHUNK + 8);
-    let stage = 2 * (3 * CHUNK * ldk + CHUNK * ldc) + CHUNK * 4;
+    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
     let stages = if kp == 256 { 1 } else { 2 };
-    gates_bytes() + stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
+    stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
 }
 
 /// `ChunkGates` rounded up to 128 bytes: seven `[64]` arrays of 4 bytes and two scalars.
@@ -309,6 +311,7 @@ impl PrefillLaunch {
         let scratch = |shape: Vec<usize>, dtype| CudaTensor::zeros(cuda, shape, dtype);
         let w = scratch(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
         let u = scratch(vec![chunks, heads, CHUNK, vp], DType::BF16)?;
+        let gates = scratch(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -374,6 +377,7 @@ impl PrefillLaunch {
             segment_states: segment_states.device_address(cuda),
             transition_d: transition_d.device_address(cuda),
             transition_m: transition_m.device_address(cuda),
+            gates: gates.device_address(cuda),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -397,6 +401,7 @@ impl PrefillLaunch {
         let mut buffers = vec![
             w,
             u,
+            gates,
             chunk_first_row,
             chunk_len,
             segment_table,

@@ -338,7 +338,8 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
 }
 
 // ---------------------------------------------------------------------------------------
-// Prepare: A, T, W, U for one (chunk, head). 4 warps.
+// Prepare: A, T, W, U for one (chunk, head). 8 warps: warp w computes rows 16 (w % 4) .. + 15
+// of each product, over half of its columns (w / 4 picks which).
 
 template <int KP, int VP>
 __device__ void prepare_impl(const PrefillParams& p) {
@@ -357,6 +358,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
 
     const int chunk = blockIdx.x, head = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row_tile = 16 * (warp & 3), half = warp >> 2;
     const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
     const int len = ((const int*)p.chunk_len)[chunk];
     const int key_head = head / (p.value_heads / p.key_heads);
@@ -392,28 +394,28 @@ __device__ void prepare_impl(const PrefillParams& p) {
         for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
     }
 
-    // A = strictly_lower(diag(beta) K K^T o D): warp w owns rows 16w..16w+15.
+    // A = strictly_lower(diag(beta) K K^T o D).
     {
-        float acc[8][4];
+        float acc[4][4];
 #pragma unroll
-        for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
         for (int k0 = 0; k0 < KP; k0 += 16) {
             unsigned a[4];
-            frag_a(a, keys, LDK, 16 * warp, k0, lane);
+            frag_a(a, keys, LDK, row_tile, k0, lane);
 #pragma unroll
-            for (int n = 0; n < 8; ++n) {
+            for (int n = 0; n < 4; ++n) {
                 unsigned b[2];
-                frag_b(b, keys, LDK, k0, 8 * n, lane);
+                frag_b(b, keys, LDK, k0, 8 * (4 * half + n), lane);
                 mma_bf16_16816(acc[n], a, b);
             }
         }
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < 4; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                int i = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-                int j = 8 * n + 2 * (lane & 3) + (e & 1);
+                int i = row_tile + (lane >> 2) + 8 * (e >> 1);
+                int j = 8 * (4 * half + n) + 2 * (lane & 3) + (e & 1);
                 a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][e] * pair_decay(gates, i, j) : 0.0f;
             }
         }
@@ -499,10 +501,10 @@ __device__ void prepare_impl(const PrefillParams& p) {
         unsigned a_hi[4][4], a_lo[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            frag_a(a_hi[kk], t_hi, PF_LDC, 16 * warp, 16 * kk, lane);
-            frag_a(a_lo[kk], t_lo, PF_LDC, 16 * warp, 16 * kk, lane);
+            frag_a(a_hi[kk], t_hi, PF_LDC, row_tile, 16 * kk, lane);
+            frag_a(a_lo[kk], t_lo, PF_LDC, row_tile, 16 * kk, lane);
         }
-        for (int n0 = 0; n0 < cols; n0 += 16) {
+        for (int n0 = 16 * half; n0 < cols; n0 += 32) {
             float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -513,7 +515,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 mma_bf16_16816(acc1, a_hi[kk], b1);
                 mma_bf16_16816(acc1, a_lo[kk], b1);
             }
-            const int r = 16 * warp + (lane >> 2), c = n0 + 2 * (lane & 3);
+            const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
             unsigned short* row0 = out + out_base + (long long)r * cols;
             unsigned short* row8 = row0 + 8LL * cols;
             *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
@@ -590,7 +592,7 @@ __device__ void combine_impl(const PrefillParams& p) {
 }
 
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(128)                                        \
+    extern "C" __global__ void __launch_bounds__(256, 3)                                     \
         gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
         prepare_impl<KP, VP>(p);                                                              \
     }

@@ -467,7 +467,7 @@ impl PrefillLaunch {
         run(
             &self.prepare.0,
             (self.plan.chunks() as u32, heads, 1),
-            128,
+            256,
             self.prepare.1,
             "gdn_prefill_prepare",
         )?;

@@ -11,4 +11,4 @@ pub mod prefill;
 pub(crate) mod recurrent;
 
 pub use decode::{gdn_decode, gdn_decode_into};
-pub use prefill::gdn_prefill;
+pub use prefill::{gdn_prefill, gdn_prefill_into_pool};

@@ -4,8 +4,10 @@
 //! * [`validate`]: the shape and value rules of a call.
 //! * [`oracle`]: the f64 reference.
 //! * [`random`]: seeded random problems.
+//! * [`pool`]: the rules of a prefill over a state pool.
 
 pub mod oracle;
+pub mod pool;
 pub mod random;
 pub mod validate;
 

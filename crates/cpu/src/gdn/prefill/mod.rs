@@ -5,7 +5,10 @@
 //! writes its own rows of `o`.
 
 mod chunk;
+mod pool;
 pub(crate) mod prepare;
+
+pub use pool::gdn_prefill_into_pool;
 
 use super::recurrent::{
     BLOCK, StateBlock, TokenStep, dot, load_block, pad_value, step_block, store_block,

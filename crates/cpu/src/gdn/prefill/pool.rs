@@ -1,0 +1,60 @@
+//! Prefill over a state pool on the CPU (the contract's rules: `deltakv_contract::gdn::prefill::pool`).
+
+use super::gdn_prefill;
+use deltakv_contract::gdn::prefill::pool::pool_slots;
+use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
+use deltakv_contract::gdn::{GdnInputs, GdnOptions, PrefillMode};
+use deltakv_contract::tensor::HostTensor;
+use deltakv_contract::{Error, Result};
+
+/// GDN prefill whose initial states are read from, and final states written to, the slots
+/// `slot_indices [N]` of `state_pool [slots, H, K, V]` f32; returns `o`. `inputs.initial_state`
+/// must be `None`. The pool changes only when the whole call succeeded.
+pub fn gdn_prefill_into_pool(
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+) -> Result<HostTensor> {
+    if inputs.initial_state.is_some() {
+        return Err(Error::InvalidValue(
+            "initial_state and a state pool were both given: a pooled prefill reads each \
+             sequence's initial state from its slot"
+                .to_string(),
+        ));
+    }
+    let shapes = check_prefill_shapes(inputs, options)?;
+    let slots = pool_slots(state_pool, slot_indices, &shapes.dims, shapes.seqs.len())?;
+    let d = shapes.dims;
+    let state_len = d.value_heads * d.key_dim * d.value_dim;
+    let pool_dtype = state_pool.dtype();
+    let pool = state_pool
+        .as_f32_mut()
+        .ok_or_else(|| Error::dtype("state_pool", pool_dtype, "f32"))?;
+    let mut initial = Vec::with_capacity(slots.len() * state_len);
+    for &slot in &slots {
+        initial.extend_from_slice(&pool[slot * state_len..][..state_len]);
+    }
+    let initial = HostTensor::from_f32(
+        vec![slots.len(), d.value_heads, d.key_dim, d.value_dim],
+        initial,
+    )?;
+    let out = gdn_prefill(
+        &GdnInputs {
+            initial_state: Some(&initial),
+            ..*inputs
+        },
+        options,
+        mode,
+    )?;
+    let finals = out
+        .final_state
+        .as_f32()
+        .ok_or_else(|| Error::dtype("final_state", out.final_state.dtype(), "f32"))?;
+    for (n, &slot) in slots.iter().enumerate() {
+        pool[slot * state_len..][..state_len]
+            .copy_from_slice(&finals[n * state_len..][..state_len]);
+    }
+    Ok(out.o)
+}

@@ -24,7 +24,8 @@
 //! ```
 
 pub use deltakv_contract::{
-    DType, Error, HostTensor, Result, TensorData, TensorMeta, io, metrics, rng, tensor,
+    DType, Error, HostData, HostDataMut, HostTensor, HostView, HostViewMut, Result, TensorData,
+    TensorMeta, TensorSlice, TensorSliceMut, io, metrics, rng, tensor, view,
 };
 /// The bf16 / f16 element types of [`TensorData`], re-exported so callers use the same
 /// version.
@@ -162,10 +163,11 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// GDN prefill on `device`; see [`gdn`] for the math and shapes.
-pub fn gdn_prefill(
+/// GDN prefill on `device`; see [`gdn`] for the math and shapes. The inputs are owned
+/// [`HostTensor`]s or [`HostView`]s over the caller's memory (read in place).
+pub fn gdn_prefill<T: HostData>(
     device: Device,
-    inputs: &GdnInputs<'_>,
+    inputs: &GdnInputs<'_, T>,
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {

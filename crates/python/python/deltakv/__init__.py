@@ -179,7 +179,7 @@ def fused_recurrent_gated_delta_rule(
     Example:
         >>> import numpy as np, deltakv
         >>> rng = np.random.default_rng(0)
-        >>> q, k = rng.standard_normal((2, 1, 1, 32, 64), dtype=np.float32)
+        >>> q, k = rng.standard_normal((2, 1, 32, 1, 64), dtype=np.float32)
         >>> v = rng.standard_normal((1, 32, 2, 64), dtype=np.float32)
         >>> g = -rng.random((1, 32, 2), dtype=np.float32)
         >>> beta = rng.random((1, 32, 2), dtype=np.float32)

@@ -63,7 +63,7 @@ def test_cache_errors_are_value_errors_with_the_rust_message():
     cache.append(0, k + 1, k + 1)
     with pytest.raises(ValueError, match="has only 3 cached tokens"):
         cache.attend(np.ones((1, 4, 2, 64), np.float32))
-    with pytest.raises(ValueError, match="bits"):
+    with pytest.raises(NotImplementedError, match="^unsupported: bits-k = 5"):
         deltakv.KvCache(64, 2, batch=1, bits_k=5)
 
 

@@ -171,19 +171,20 @@ def test_torch_pool_in_place_f32_and_bf16():
     q, k, v, g, beta, _ = make_case(rng, B, T, Hg, H, K, V)
     slots = [3, 0, -1]
     pool0 = (0.3 * rng.standard_normal((S, H, K, V))).astype(np.float32)
-    ref_o, ref_pool, _ = decode_reference(q, k, v, g, beta, pool0, slots, True)
-    args = [torch.from_numpy(x) for x in (q, k, v)]
     idx = torch.tensor(slots, dtype=torch.int32)
+    gates = torch.from_numpy(g), torch.from_numpy(beta)
     for dtype, o_tol, pool_tol in [(torch.float32, O_TOLERANCE_F32, STATE_TOLERANCE_F32),
                                    (torch.bfloat16, O_TOLERANCE, STATE_TOLERANCE_BF16)]:
         pool = torch.from_numpy(pool0).to(dtype)
+        acts = [torch.from_numpy(x).to(dtype) for x in (q, k, v)]
+        # The reference runs in f64 on the same (rounded) inputs and pool.
+        ref_o, ref_pool, _ = decode_reference(*(a.double().numpy() for a in acts), g, beta,
+                                              pool.double().numpy(), slots, True)
         pointer = pool.data_ptr()
-        acts = [a.to(dtype) for a in args]
-        o, _ = deltakv.gated_delta_rule_decode(*acts, pool, idx, torch.from_numpy(g),
-                                               torch.from_numpy(beta),
+        o, _ = deltakv.gated_delta_rule_decode(*acts, pool, idx, *gates,
                                                use_qk_l2norm_in_kernel=True)
         assert isinstance(o, torch.Tensor) and o.dtype == dtype and pool.data_ptr() == pointer
         assert buffers()["state_pool"] == pointer
         assert buffers()["q"] == acts[0].data_ptr()
-        assert rel_rms(o.float().numpy(), ref_o) < o_tol
-        assert rel_rms(pool.float().numpy(), ref_pool) < pool_tol
+        assert rel_rms(o.double().numpy(), ref_o) < o_tol
+        assert rel_rms(pool.double().numpy(), ref_pool) < pool_tol

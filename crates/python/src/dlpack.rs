@@ -131,12 +131,6 @@ pub struct Borrowed {
     read_only: bool,
 }
 
-// SAFETY: `Borrowed` only carries the address of memory kept alive by the capsule it holds; the
-// views it hands out borrow it, so Rust's borrow rules order their uses. The kernels read it on
-// rayon threads while the GIL is released, as numpy and torch do with their own arrays.
-unsafe impl Send for Borrowed {}
-unsafe impl Sync for Borrowed {}
-
 impl Borrowed {
     /// Views `obj` (anything with `__dlpack__` on the CPU) in place. A non-contiguous or
     /// misaligned array, another device or an unknown dtype is a `ValueError` naming `name`.

@@ -1,12 +1,12 @@
 //! The native half of deltakv's Python package (`deltakv._deltakv`); the public functions,
 //! their FLA signatures and docstrings are in `python/deltakv/__init__.py`.
 //!
-//! Tensors cross the boundary through DLPack ([`dlpack`]): inputs are read in place (C-contiguous
+//! Tensors cross the boundary through DLPack (module `dlpack`): inputs are read in place (C-contiguous
 //! CPU arrays, no copy), a state pool is updated in place, and results are the kernels' own
 //! output buffers handed to the caller's `from_dlpack` (no copy either).
 //!
-//! * [`gdn`]: GDN prefill and decode over a state pool.
-//! * [`kv`]: the compressed KV cache class.
+//! * `gdn`: GDN prefill and decode over a state pool.
+//! * `kv`: the compressed KV cache class.
 
 mod dlpack;
 mod gdn;

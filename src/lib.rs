@@ -64,7 +64,8 @@ pub mod kv {
     pub use deltakv_contract::kv::*;
     pub use deltakv_cpu::kv::{
         AttnOptions, DenseKvCache, HeadStore, KvCache, KvOptions, KvOutput, MAX_BLOCK_TOKENS,
-        Norms, attend_compressed, attend_dense, attention, cache, kv_attention,
+        Norms, PagedKvCache, attend_compressed, attend_dense, attend_paged, attention, cache,
+        kv_attention,
     };
 }
 
@@ -72,6 +73,8 @@ use gdn::PrefillMode;
 use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
 
 mod device_tensor;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 mod on_device;
 
 pub use device_tensor::Tensor;
@@ -83,7 +86,7 @@ pub enum Device {
     /// The portable CPU backend (rayon + runtime-dispatched SIMD). Always available.
     #[default]
     Cpu,
-    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN decode.
+    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN prefill and decode.
     Cuda,
     /// Vulkan / Metal through wgpu. Not built yet.
     Wgpu,
@@ -123,12 +126,15 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN decode so far; wgpu nothing yet).
+    /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
+    /// nothing yet).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
-            Device::Cuda => op == "gdn decode",
+            Device::Cuda => {
+                op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
+            }
             Device::Wgpu => false,
         };
         if implemented {
@@ -136,7 +142,9 @@ impl Device {
         } else {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
-                reason: format!("{op} is not implemented on {self} yet (CUDA has GDN decode)"),
+                reason: format!(
+                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention)"
+                ),
             })
         }
     }
@@ -163,16 +171,32 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// GDN prefill on `device`; see [`gdn`] for the math and shapes. The inputs are owned
-/// [`HostTensor`]s or [`HostView`]s over the caller's memory (read in place).
-pub fn gdn_prefill<T: HostData>(
+/// GDN prefill on `device`; see [`gdn`] for the math and shapes. (The CPU's
+/// [`gdn::gdn_prefill`] also takes [`HostView`]s over a caller's memory, read in place.)
+pub fn gdn_prefill(
     device: Device,
-    inputs: &GdnInputs<'_, T>,
+    inputs: &GdnInputs<'_>,
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
-    deltakv_cpu::gdn::gdn_prefill(inputs, options, mode)
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => match mode {
+            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host(
+                deltakv_cuda::Cuda::get()?,
+                inputs,
+                options,
+                None,
+            ),
+            PrefillMode::Recurrent => Err(Error::Unsupported(
+                "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent \
+                 mode is the CPU's cross-check"
+                    .to_string(),
+            )),
+        },
+        _ => deltakv_cpu::gdn::gdn_prefill(inputs, options, mode),
+    }
 }
 
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
@@ -226,5 +250,9 @@ pub fn kv_attention(
     options: &kv::KvOptions,
 ) -> Result<kv::KvOutput> {
     device.ensure_runs("compressed-KV attention")?;
-    deltakv_cpu::kv::kv_attention(inputs, options)
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => kv_cuda::kv_attention_cuda(inputs, options),
+        _ => deltakv_cpu::kv::kv_attention(inputs, options),
+    }
 }

@@ -4,7 +4,7 @@
 use crate::dlpack::{Borrowed, Exported};
 use crate::{record_buffers, to_py_err};
 use deltakv::gdn::{DecodeInputs, DecodeOptions, Gating, GdnInputs, GdnOptions, PrefillMode};
-use deltakv::{Device, HostData, HostView};
+use deltakv::{HostData, HostView};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -80,7 +80,7 @@ pub fn gdn_prefill(
         use_qk_l2norm,
     };
     let out = py
-        .detach(|| deltakv::gdn_prefill(Device::Cpu, &inputs, &options, mode))
+        .detach(|| deltakv::gdn::gdn_prefill(&inputs, &options, mode))
         .map_err(to_py_err)?;
     Ok((
         Exported::from_tensor(out.o),

@@ -5,7 +5,11 @@ mod gdn;
 mod gdn_decode;
 #[cfg(feature = "cuda")]
 mod gdn_decode_cuda;
+#[cfg(feature = "cuda")]
+mod gdn_prefill_cuda;
 mod kv;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};

@@ -10,7 +10,7 @@ use crate::gdn::gating::{gate_values, log_decay_values};
 use crate::gdn::shapes::{
     GdnDims, expect_activation, expect_float, expect_shape, gdn_dims, resolve_scale,
 };
-use crate::tensor::{DType, non_finite_input};
+use crate::tensor::{DType, TensorMeta, non_finite_input};
 use crate::view::HostData;
 
 /// One independent sequence: rows `start..start + len` of the flattened `B * T` token axis.
@@ -45,6 +45,21 @@ pub fn check_prefill_shapes<T: HostData>(
     inputs: &GdnInputs<'_, T>,
     options: &GdnOptions,
 ) -> Result<PrefillShapes> {
+    let offsets = match inputs.cu_seqlens {
+        Some(cu) => Some(cu.values().to_i64_vec("cu_seqlens")?),
+        None => None,
+    };
+    check_prefill_meta(inputs, options, offsets.as_deref())
+}
+
+/// [`check_prefill_shapes`] for tensors of any backend: the values of `cu_seqlens` come
+/// separately (`cu_offsets`, read by the caller from wherever the tensor lives), and only the
+/// shape and dtype of each tensor are read.
+pub fn check_prefill_meta<T: TensorMeta>(
+    inputs: &GdnInputs<'_, T>,
+    options: &GdnOptions,
+    cu_offsets: Option<&[i64]>,
+) -> Result<PrefillShapes> {
     let q = inputs.q;
     let dims = gdn_dims(q, inputs.v)?;
     let dtype = q.dtype();
@@ -62,7 +77,15 @@ pub fn check_prefill_shapes<T: HostData>(
         expect_float(name, gate)?;
         expect_shape(name, gate, &[batch, tokens, heads], "[B, T, H]")?;
     }
-    let seqs = sequence_spans(inputs.cu_seqlens, batch, tokens)?;
+    let seqs = match (inputs.cu_seqlens, cu_offsets) {
+        (Some(cu), Some(offsets)) => sequence_spans(Some((cu.shape(), offsets)), batch, tokens)?,
+        (None, _) => sequence_spans(None, batch, tokens)?,
+        (Some(_), None) => {
+            return Err(Error::InvalidValue(
+                "cu_seqlens given without its values (a backend bug)".to_string(),
+            ));
+        }
+    };
     if let Some(s) = inputs.initial_state {
         if s.dtype() != DType::F32 {
             return Err(Error::dtype("initial_state", s.dtype(), "f32"));
@@ -117,13 +140,13 @@ fn check_values_finite(name: &str, t: &impl HostData) -> Result<()> {
     }
 }
 
-/// Splits the token axis into sequences from optional `cu_seqlens`.
+/// Splits the token axis into sequences from optional `cu_seqlens` (its shape and values).
 fn sequence_spans(
-    cu_seqlens: Option<&impl HostData>,
+    cu_seqlens: Option<(&[usize], &[i64])>,
     batch: usize,
     tokens: usize,
 ) -> Result<Vec<SeqSpan>> {
-    let Some(cu) = cu_seqlens else {
+    let Some((cu_shape, offsets)) = cu_seqlens else {
         return Ok((0..batch)
             .map(|b| SeqSpan {
                 start: b * tokens,
@@ -131,14 +154,10 @@ fn sequence_spans(
             })
             .collect());
     };
-    let offsets = cu.values().to_i64_vec("cu_seqlens")?;
-    if cu.shape().len() != 1 || offsets.len() < 2 {
+    if cu_shape.len() != 1 || offsets.len() < 2 {
         return Err(Error::shape(
             "cu_seqlens",
-            format!(
-                "expected 1 dim [N+1] with N >= 1, got shape {:?}",
-                cu.shape()
-            ),
+            format!("expected 1 dim [N+1] with N >= 1, got shape {cu_shape:?}"),
         ));
     }
     if batch != 1 {

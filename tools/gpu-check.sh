@@ -79,15 +79,31 @@ run)
                 summary+=("FAIL compute-sanitizer $tool: $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
             fi
         done
+        # The prefill suite (small shapes, every kernel of the prefill) under memcheck and
+        # racecheck, each bounded so the whole check fits one GPU call.
+        for tool in memcheck racecheck; do
+            if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+                .carry/tests/deltakv-cuda-gdn_prefill --test-threads=1 the_prefill_suite \
+                >"$logs/sanitizer-prefill-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-prefill-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool (prefill suite, exit $?): $(last 'SUMMARY' "$logs/sanitizer-prefill-$tool.log")")
+            fi
+        done
     fi
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'decode on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
-    .carry/deltakv bench gdn --device cuda --decode-batches 1,2,4,8,16,32,64,256 --json "$out/deltakv-decode.json" |
+    .carry/deltakv bench gdn --device cuda --seq-lens 1024,4096,16384,65536 \
+        --decode-batches 1,2,4,8,16,32,64,256 --json "$out/deltakv-decode.json" |
         tee "$out/bench.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
     PYTHONPATH=/tmp/fla-site python3 tools/compare_fla.py --deltakv-json "$out/deltakv-decode.json" \
         --csv "$out/decode-vs-fla.csv" 2>&1 | tee "$out/compare.txt"
+    PYTHONPATH=/tmp/fla-site python3 tools/compare_fla_prefill.py --deltakv-json "$out/deltakv-decode.json" \
+        --deltakv-bin .carry/deltakv --csv "$logs/prefill-vs-fla.csv" --plot "$logs/prefill-vs-fla.png" \
+        2>&1 | tee "$logs/compare-prefill.txt"
+    cat "$logs/compare-prefill.txt" >>"$out/compare.txt"
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -24,7 +24,8 @@
 //! ```
 
 pub use deltakv_contract::{
-    DType, Error, HostTensor, Result, TensorData, TensorMeta, io, metrics, rng, tensor,
+    DType, Error, HostData, HostDataMut, HostTensor, HostView, HostViewMut, Result, TensorData,
+    TensorMeta, TensorSlice, TensorSliceMut, io, metrics, rng, tensor, view,
 };
 /// The bf16 / f16 element types of [`TensorData`], re-exported so callers use the same
 /// version.
@@ -170,7 +171,8 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// GDN prefill on `device`; see [`gdn`] for the math and shapes.
+/// GDN prefill on `device`; see [`gdn`] for the math and shapes. (The CPU's
+/// [`gdn::gdn_prefill`] also takes [`HostView`]s over a caller's memory, read in place.)
 pub fn gdn_prefill(
     device: Device,
     inputs: &GdnInputs<'_>,

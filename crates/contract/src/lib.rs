@@ -2,6 +2,8 @@
 //!
 //! * [`tensor`]: dtypes, host tensors, the [`tensor::TensorMeta`] view validation reads, and
 //!   the finite scans the "finite in, finite out" rule needs.
+//! * [`view`]: host tensors over borrowed memory ([`view::HostView`], [`view::HostViewMut`])
+//!   and the [`view::HostData`] trait that validation and the CPU kernels read through.
 //! * [`error`]: the one error type.
 //! * [`gdn`]: Gated DeltaNet prefill and decode: input types, shape validation, value rules
 //!   (the log-decay bound, the reset gate, fused gating), the f64 oracles, random cases and the
@@ -23,6 +25,8 @@ pub mod kv;
 pub mod metrics;
 pub mod rng;
 pub mod tensor;
+pub mod view;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, HostTensor, TensorData, TensorMeta};
+pub use view::{HostData, HostDataMut, HostView, HostViewMut, TensorSlice, TensorSliceMut};

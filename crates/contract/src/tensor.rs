@@ -77,21 +77,7 @@ impl TensorData {
     /// branch-free OR of "exponent bits all ones" (it vectorises) and searched only when one
     /// is flagged.
     pub fn first_non_finite_in(&self, range: std::ops::Range<usize>) -> Option<(usize, f32)> {
-        let end = range.end.min(self.len());
-        let start = range.start.min(end);
-        match self {
-            TensorData::F32(v) => {
-                first_flagged(&v[start..end], |x| x.to_bits() & 0x7f80_0000 == 0x7f80_0000)
-                    .map(|i| (start + i, v[start + i]))
-            }
-            TensorData::BF16(v) => {
-                first_flagged(&v[start..end], |x| x.to_bits() & 0x7f80 == 0x7f80)
-                    .map(|i| (start + i, v[start + i].to_f32()))
-            }
-            TensorData::F16(v) => first_flagged(&v[start..end], |x| x.to_bits() & 0x7c00 == 0x7c00)
-                .map(|i| (start + i, v[start + i].to_f32())),
-            TensorData::I32(_) | TensorData::I64(_) => None,
-        }
+        self.as_slice().first_non_finite_in(range)
     }
 
     /// [`Self::first_non_finite_in`] over every element.
@@ -101,7 +87,10 @@ impl TensorData {
 }
 
 /// Index of the first element of `values` flagged by `exponent_all_ones`.
-fn first_flagged<T: Copy>(values: &[T], exponent_all_ones: impl Fn(T) -> bool) -> Option<usize> {
+pub(crate) fn first_flagged<T: Copy>(
+    values: &[T],
+    exponent_all_ones: impl Fn(T) -> bool,
+) -> Option<usize> {
     const BLOCK: usize = 4096;
     values.chunks(BLOCK).enumerate().find_map(|(b, chunk)| {
         let flagged = chunk
@@ -174,6 +163,15 @@ impl HostTensor {
 
     pub fn data(&self) -> &TensorData {
         &self.data
+    }
+
+    /// The storage, given up (a caller that hands the elements on without a copy).
+    pub fn into_data(self) -> TensorData {
+        self.data
+    }
+
+    pub(crate) fn data_mut(&mut self) -> &mut TensorData {
+        &mut self.data
     }
 
     pub fn dtype(&self) -> DType {

@@ -13,7 +13,8 @@
 
 use super::shapes::{expect_float, expect_shape};
 use crate::error::{Error, Result};
-use crate::tensor::{HostTensor, check_finite, unravel};
+use crate::tensor::{check_finite, unravel};
+use crate::view::HostData;
 
 /// Largest accepted log decay. `exp(g)` multiplies the state at every token, so g > 0 grows it
 /// without bound (and overflows a chunked kernel's within-chunk decay ratios); every gating in
@@ -31,20 +32,24 @@ pub const RESET_GATE: f32 = -80.0;
 /// finiteness.
 pub fn gate_values(
     name: &str,
-    t: &HostTensor,
+    t: &(impl HostData + ?Sized),
     expected: &[usize],
     layout: &str,
 ) -> Result<Vec<f32>> {
     expect_float(name, t)?;
     expect_shape(name, t, expected, layout)?;
-    let values = t.to_f32_vec(name)?;
+    let values = t.values().to_f32_vec(name)?;
     check_finite(name, &values)?;
     Ok(values)
 }
 
 /// Reads the log decay `g` `[B, T, H]` ([`gate_values`]) and rejects any value above
 /// [`MAX_LOG_DECAY`], naming its position.
-pub fn log_decay_values(t: &HostTensor, expected: &[usize], layout: &str) -> Result<Vec<f32>> {
+pub fn log_decay_values(
+    t: &(impl HostData + ?Sized),
+    expected: &[usize],
+    layout: &str,
+) -> Result<Vec<f32>> {
     let values = gate_values("g", t, expected, layout)?;
     if let Some(i) = values.iter().position(|&x| x > MAX_LOG_DECAY) {
         return Err(Error::InvalidValue(format!(
@@ -57,8 +62,8 @@ pub fn log_decay_values(t: &HostTensor, expected: &[usize], layout: &str) -> Res
 }
 
 /// Reads a per-head `[H]` parameter of fused gating (A_log, dt_bias) as finite f32.
-pub fn head_values(name: &str, t: &HostTensor) -> Result<Vec<f32>> {
-    let values = t.to_f32_vec(name)?;
+pub fn head_values(name: &str, t: &(impl HostData + ?Sized)) -> Result<Vec<f32>> {
+    let values = t.values().to_f32_vec(name)?;
     check_finite(name, &values)?;
     Ok(values)
 }

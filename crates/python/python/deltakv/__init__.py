@@ -1,87 +1,79 @@
-"""deltakv from Python: Gated DeltaNet prefill on the CPU with flash-linear-attention's
-signatures and layouts.
+"""deltakv from Python (CPU): Gated DeltaNet prefill with flash-linear-attention's signatures,
+decode over a state pool in place, and the compressed KV cache.
 
 Layouts (time-major, as FLA): q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g (log decay) and
 beta ``[B, T, H]``; ``initial_state`` and the final state ``[N, H, K, V]`` float32, where N is
 B, or the number of sequences with ``cu_seqlens`` (``[N + 1]`` int32/int64 offsets, then
 B == 1). Value head h reads key head ``h // (H // Hg)`` (GQA/GVA, as FLA), so H must be a
-multiple of Hg.
-q, k and v share one dtype (float32, float16, or bfloat16 from torch); o has v's dtype.
+multiple of Hg. q, k and v share one dtype (float32, float16 or bfloat16); o has v's dtype.
 
-Inputs: NumPy arrays, or any object with ``__dlpack__`` on the CPU (torch tensors, ...), read
-in place and decoded once into deltakv's Rust tensors (one copy of each input; a
-non-contiguous input is first made contiguous, a second copy). Outputs: NumPy arrays over
-buffers that the Rust results are written into once; torch tensors (sharing that memory) when
-q is a torch tensor. CPU only in this build.
+Tensors travel through DLPack, without copies. Inputs: any array with ``__dlpack__`` on the
+CPU (NumPy, torch, JAX, ...), C-contiguous, read where it is (a non-contiguous NumPy array or
+torch tensor given to the prefill functions is first made contiguous: that one copy is the
+only one). A state pool is written in place. Outputs: the kernel's own result buffers, handed
+to the caller's ``from_dlpack``, so they come back as the caller's kind (a torch tensor for
+torch inputs, a NumPy array for NumPy inputs) on the CPU. The GIL is released while a kernel
+runs: do not write the arrays of a call from another thread meanwhile.
+
+Errors from deltakv carry its one-line message: ``ValueError`` for bad shapes, dtypes or
+values, ``NotImplementedError`` for what deltakv does not support, ``RuntimeError`` for a
+backend failure.
 """
 
+import sys
 from typing import Any, Optional, Tuple
-
-import numpy as np
 
 from . import _deltakv
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
-
-_KDL_CPU = 1
-_NP_TAGS = {
-    np.dtype(np.float32): "f32",
-    np.dtype(np.float16): "f16",
-    np.dtype(np.int32): "i32",
-    np.dtype(np.int64): "i64",
-}
-_TAG_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "i32": np.int32,
-           "i64": np.int64}
+__all__ = [
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "gated_delta_rule_decode",
+    "KvCache",
+]
 
 
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+def _root_module(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
 
 
-def _to_array(name: str, x: Any) -> Tuple[np.ndarray, str]:
-    """``(C-contiguous little-endian array, dtype tag)`` of input ``x``, without a copy where
-    ``x`` is already a contiguous CPU array."""
-    if isinstance(x, np.ndarray):
-        arr = x
-    elif hasattr(x, "__dlpack__"):
-        if hasattr(x, "__dlpack_device__"):
-            device_type = int(x.__dlpack_device__()[0])
-            if device_type != _KDL_CPU:
-                raise ValueError(
-                    f"tensor `{name}` is not on the CPU (DLPack device type {device_type}); "
-                    "deltakv's Python functions run on the CPU in this build"
-                )
-        if _is_torch(x) and str(x.dtype) == "torch.bfloat16":
-            import torch
-
-            bits = np.from_dlpack(x.detach().contiguous().view(torch.int16)).view(np.uint16)
-            return np.ascontiguousarray(bits), "bf16"
-        arr = np.from_dlpack(x.detach() if _is_torch(x) else x)
-    else:
-        raise ValueError(
-            f"tensor `{name}` is a {type(x).__name__}, expected a NumPy array or an object "
-            "with __dlpack__ on the CPU"
-        )
-    tag = _NP_TAGS.get(arr.dtype.newbyteorder("="))
-    if tag is None:
-        raise ValueError(
-            f"tensor `{name}` has dtype {arr.dtype}, expected float32, float16 or bfloat16 "
-            "(cu_seqlens: int32 or int64)"
-        )
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr), tag
+def _input(x: Any) -> Any:
+    """``x`` ready for DLPack: torch tensors detached (a view, no copy)."""
+    if _root_module(x) == "torch":
+        return x.detach()
+    return x
 
 
-def _from_result(result: Tuple[Any, str, bytearray], as_torch: bool) -> Any:
-    shape, tag, buffer = result
-    arr = np.frombuffer(buffer, dtype=_TAG_NP[tag]).reshape(shape)
-    if as_torch:
-        import torch
+def _contiguous_input(x: Any) -> Any:
+    """:func:`_input`, made C-contiguous (one copy) when it is a non-contiguous NumPy array
+    or torch tensor; other arrays pass as they are (deltakv refuses non-contiguous ones)."""
+    x = _input(x)
+    root = _root_module(x)
+    if root == "torch" and not x.is_contiguous():
+        return x.contiguous()
+    if root == "numpy" and hasattr(x, "flags") and not x.flags.c_contiguous:
+        import numpy as np
 
-        t = torch.from_numpy(arr)
-        return t.view(torch.bfloat16) if tag == "bf16" else t
-    return arr
+        return np.ascontiguousarray(x)
+    return x
+
+
+def _as_kind_of(result: Any, like: Any) -> Any:
+    """The exported ``result`` as an array of ``like``'s library, through its ``from_dlpack``
+    (no copy); NumPy for anything without one."""
+    root = _root_module(like)
+    if root == "torch":
+        return sys.modules["torch"].from_dlpack(result)
+    if root in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.from_dlpack(result)
+    module = sys.modules.get(root)
+    if root != "numpy" and module is not None and hasattr(module, "from_dlpack"):
+        return module.from_dlpack(result)
+    import numpy as np
+
+    return np.from_dlpack(result)
 
 
 def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
@@ -90,23 +82,20 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
         raise NotImplementedError(
             f"deltakv does not support the argument `{name}` of FLA's {fla_name}"
         )
-    if scale is not None:
-        scale = float(scale)
     o, state = _deltakv.gdn_prefill(
         mode,
-        _to_array("q", q),
-        _to_array("k", k),
-        _to_array("v", v),
-        _to_array("g", g),
-        _to_array("beta", beta),
-        scale,
-        None if initial_state is None else _to_array("initial_state", initial_state),
-        None if cu_seqlens is None else _to_array("cu_seqlens", cu_seqlens),
+        _contiguous_input(q),
+        _contiguous_input(k),
+        _contiguous_input(v),
+        _contiguous_input(g),
+        _contiguous_input(beta),
+        None if scale is None else float(scale),
+        None if initial_state is None else _contiguous_input(initial_state),
+        None if cu_seqlens is None else _contiguous_input(cu_seqlens),
         bool(use_qk_l2norm_in_kernel),
     )
-    as_torch = _is_torch(q)
-    o = _from_result(o, as_torch)
-    final_state = _from_result(state, as_torch) if output_final_state else None
+    o = _as_kind_of(o, q)
+    final_state = _as_kind_of(state, q) if output_final_state else None
     return o, final_state
 
 
@@ -125,11 +114,12 @@ def chunk_gated_delta_rule(
 ) -> Tuple[Any, Optional[Any]]:
     """Gated DeltaNet prefill, chunked (64-token WY chunks), on the CPU; FLA's signature.
 
-    Per token and value head h (key head ``h // (H // Hg)``): optionally l2-normalise q and k, then
-    ``S <- exp(g) S``, ``v' = beta (v - S^T k)``, ``S <- S + k v'^T``, ``o = scale S^T q``.
+    Per token and value head h (key head ``h // (H // Hg)``): optionally l2-normalise q and k,
+    then ``S <- exp(g) S``, ``v' = beta (v - S^T k)``, ``S <- S + k v'^T``,
+    ``o = scale S^T q``, with S ``[K, V]`` float32.
 
     Args:
-        q: ``[B, T, Hg, K]`` float32 / float16 (/ bfloat16 from torch).
+        q: ``[B, T, Hg, K]`` float32, float16 or bfloat16.
         k: ``[B, T, Hg, K]``, q's dtype.
         v: ``[B, T, H, V]``, q's dtype; H a multiple of Hg.
         g: ``[B, T, H]`` float, the log decay (<= 0).
@@ -143,11 +133,25 @@ def chunk_gated_delta_rule(
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype; final_state ``[N, H, K, V]``
-        float32, or None when not asked for. NumPy arrays, or torch tensors when q is one.
+        float32, or None when not asked for; of q's kind (torch tensors for torch inputs).
 
     Raises:
         ValueError: bad shapes, dtypes or values (deltakv's message), or a non-CPU tensor.
         NotImplementedError: an FLA argument deltakv does not support.
+
+    Example:
+        >>> import numpy as np, deltakv
+        >>> rng = np.random.default_rng(0)
+        >>> B, T, Hg, H, K, V = 1, 100, 2, 4, 64, 64
+        >>> q = rng.standard_normal((B, T, Hg, K), dtype=np.float32)
+        >>> k = rng.standard_normal((B, T, Hg, K), dtype=np.float32)
+        >>> v = rng.standard_normal((B, T, H, V), dtype=np.float32)
+        >>> g = -rng.random((B, T, H), dtype=np.float32)
+        >>> beta = rng.random((B, T, H), dtype=np.float32)
+        >>> o, state = deltakv.chunk_gated_delta_rule(
+        ...     q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        >>> o.shape, state.shape, o.dtype
+        ((1, 100, 4, 64), (1, 4, 64, 64), dtype('float32'))
     """
     return _prefill("chunk", "chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
                     output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, kwargs)
@@ -171,7 +175,185 @@ def fused_recurrent_gated_delta_rule(
     Same arguments, shapes and results as :func:`chunk_gated_delta_rule`:
     q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; initial_state and
     final_state ``[N, H, K, V]`` float32; cu_seqlens ``[N + 1]``; o ``[B, T, H, V]``.
+
+    Example:
+        >>> import numpy as np, deltakv
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = rng.standard_normal((2, 1, 32, 1, 64), dtype=np.float32)
+        >>> v = rng.standard_normal((1, 32, 2, 64), dtype=np.float32)
+        >>> g = -rng.random((1, 32, 2), dtype=np.float32)
+        >>> beta = rng.random((1, 32, 2), dtype=np.float32)
+        >>> o, _ = deltakv.fused_recurrent_gated_delta_rule(q, k, v, g, beta)
+        >>> o.shape
+        (1, 32, 2, 64)
     """
     return _prefill("recurrent", "fused_recurrent_gated_delta_rule", q, k, v, g, beta, scale,
                     initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
                     kwargs)
+
+
+def gated_delta_rule_decode(
+    q: Any,
+    k: Any,
+    v: Any,
+    state_pool: Any,
+    slot_indices: Any,
+    g: Optional[Any] = None,
+    beta: Optional[Any] = None,
+    *,
+    A_log: Optional[Any] = None,
+    dt_bias: Optional[Any] = None,
+    a: Optional[Any] = None,
+    b: Optional[Any] = None,
+    scale: Optional[float] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    output_intermediate_states: bool = False,
+) -> Tuple[Any, Optional[Any]]:
+    """Gated DeltaNet decode over a state pool, in place, on the CPU.
+
+    Row b advances the state in slot ``slot_indices[b]`` of ``state_pool`` by its T new
+    tokens (the recurrence of :func:`chunk_gated_delta_rule`), reading and writing the
+    caller's pool memory directly; a negative index skips the row (its o is zeros, no slot is
+    touched). Nothing is written when the inputs are invalid (an index out of range, two rows
+    on one slot, T > 16, NaN, g > 0, ...). A bfloat16 pool is widened once, runs all T tokens
+    in float32 and is rounded once.
+
+    Gating: either ``g`` and ``beta``, or fused from the layer's raw projections (Qwen3-Next's
+    ``fused_gdn_gating``): ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``.
+
+    Args:
+        q: ``[B, T, Hg, K]`` float32, float16 or bfloat16, T in 1..=16.
+        k: ``[B, T, Hg, K]``, q's dtype.
+        v: ``[B, T, H, V]``, q's dtype.
+        state_pool: ``[S, H, K, V]`` float32 or bfloat16, C-contiguous and writable; updated
+            in place (never copied).
+        slot_indices: ``[B]`` int32/int64; negative skips the row.
+        g: ``[B, T, H]`` float, the log decay (<= 0); with ``beta``.
+        beta: ``[B, T, H]`` float.
+        A_log: ``[H]`` float (fused gating, with ``dt_bias``, ``a``, ``b``).
+        dt_bias: ``[H]`` float.
+        a: ``[B, T, H]`` float, the raw decay projection.
+        b: ``[B, T, H]`` float, the raw write-strength projection.
+        scale: output scale; None means ``K ** -0.5``.
+        use_qk_l2norm_in_kernel: l2-normalise q and k per head.
+        output_intermediate_states: also return the state after every token.
+
+    Returns:
+        ``(o, intermediate_states)``: o ``[B, T, H, V]`` in v's dtype; intermediate_states
+        ``[B, T, H, K, V]`` float32 (for speculative decoding's rollback) or None; of q's kind.
+
+    Example:
+        >>> import numpy as np, deltakv
+        >>> rng = np.random.default_rng(0)
+        >>> B, T, Hg, H, K, V, S = 3, 1, 2, 4, 64, 64, 8
+        >>> pool = np.zeros((S, H, K, V), dtype=np.float32)   # the engine's state pool
+        >>> q, k = rng.standard_normal((2, B, T, Hg, K), dtype=np.float32)
+        >>> v = rng.standard_normal((B, T, H, V), dtype=np.float32)
+        >>> a, b = rng.standard_normal((2, B, T, H), dtype=np.float32)
+        >>> A_log, dt_bias = np.zeros(H, np.float32), np.zeros(H, np.float32)
+        >>> slots = np.array([5, -1, 2], dtype=np.int32)        # row 1 is padding
+        >>> o, _ = deltakv.gated_delta_rule_decode(q, k, v, pool, slots, A_log=A_log,
+        ...     dt_bias=dt_bias, a=a, b=b, use_qk_l2norm_in_kernel=True)
+        >>> o.shape, bool(pool[5].any()), bool(pool[0].any()), bool(o[1].any())
+        ((3, 1, 4, 64), True, False, False)
+    """
+    o, states = _deltakv.gdn_decode(
+        _input(q),
+        _input(k),
+        _input(v),
+        _input(state_pool),
+        _input(slot_indices),
+        None if g is None else _input(g),
+        None if beta is None else _input(beta),
+        None if a is None else _input(a),
+        None if b is None else _input(b),
+        None if A_log is None else _input(A_log),
+        None if dt_bias is None else _input(dt_bias),
+        None if scale is None else float(scale),
+        bool(use_qk_l2norm_in_kernel),
+        bool(output_intermediate_states),
+    )
+    return _as_kind_of(o, q), None if states is None else _as_kind_of(states, q)
+
+
+class KvCache:
+    """The compressed KV cache of one attention layer, on the CPU.
+
+    Each key and value vector (head dim d, 64..=256) is stored as its norm and ``bits_k`` /
+    ``bits_v``-bit codebook indices of its rotated direction (a seeded randomised Hadamard
+    rotation, Lloyd-Max levels); attention reads the packed codes directly. Sequences of the
+    batch grow independently.
+
+    Args:
+        dim: d, the head dimension (64..=256).
+        kv_heads: Hkv, KV heads.
+        batch: sequences in the cache.
+        bits_k: bits per key coordinate (2, 3, 4 or 8).
+        bits_v: bits per value coordinate (2, 3, 4 or 8).
+        seed: seed of the layer's rotation.
+        norms: ``"f32"`` or ``"f16"`` stored norms.
+        codebook: ``"lloyd-max"`` or ``"aura"``.
+
+    Example:
+        >>> import numpy as np, deltakv
+        >>> rng = np.random.default_rng(0)
+        >>> cache = deltakv.KvCache(dim=128, kv_heads=2, batch=1, bits_k=4, bits_v=2)
+        >>> k, v = rng.standard_normal((2, 100, 2, 128), dtype=np.float32)
+        >>> cache.append(0, k, v)                    # [n, Hkv, d] each
+        >>> q = rng.standard_normal((1, 1, 8, 128), dtype=np.float32)   # [B, Tq, Hq, d]
+        >>> o = cache.attend(q)
+        >>> o.shape, cache.seq_len(0), cache.bytes()  # 104 bytes per token and KV head
+        ((1, 1, 8, 128), 100, 20800)
+    """
+
+    def __init__(self, dim: int, kv_heads: int, batch: int, bits_k: int = 4, bits_v: int = 2,
+                 seed: int = 0, norms: str = "f32", codebook: str = "lloyd-max") -> None:
+        self._cache = _deltakv.KvCache(dim, kv_heads, batch, bits_k, bits_v, seed, norms,
+                                       codebook)
+
+    def append(self, seq: int, k: Any, v: Any) -> None:
+        """Encodes and appends ``n`` tokens to sequence ``seq``: ``k``, ``v``
+        ``[n, kv_heads, dim]`` float32, read in place."""
+        self._cache.append(seq, _input(k), _input(v))
+
+    def attend(self, q: Any, scale: Optional[float] = None) -> Any:
+        """Attention of ``q`` ``[B, Tq, Hq, dim]`` float32 over the cache (Hq a multiple of
+        kv_heads; query head h reads KV head ``h // (Hq // kv_heads)``). Query i of sequence
+        b sits at position ``len_b - Tq + i`` and sees keys ``0..=len_b - Tq + i`` (Tq = 1 is
+        decode). ``scale`` defaults to ``dim ** -0.5``. Returns o ``[B, Tq, Hq, dim]``
+        float32, of q's kind."""
+        return _as_kind_of(self._cache.attend(_input(q), None if scale is None else float(scale)),
+                           q)
+
+    def bytes(self) -> int:
+        """Bytes of codes and norms held (keys and values, every sequence and head)."""
+        return self._cache.bytes()
+
+    def seq_len(self, seq: int) -> int:
+        """Tokens cached for sequence ``seq``."""
+        return self._cache.seq_len(seq)
+
+    @property
+    def dim(self) -> int:
+        """d, the head dimension."""
+        return self._cache.dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, KV heads."""
+        return self._cache.kv_heads
+
+    @property
+    def batch(self) -> int:
+        """Sequences in the cache."""
+        return self._cache.batch
+
+    @property
+    def bits_k(self) -> int:
+        """Bits per key coordinate."""
+        return self._cache.bits_k
+
+    @property
+    def bits_v(self) -> int:
+        """Bits per value coordinate."""
+        return self._cache.bits_v

@@ -1,10 +1,22 @@
-"""Typing stub of deltakv (CPU): FLA-compatible Gated DeltaNet prefill.
+"""Typing stub of deltakv (CPU): FLA-compatible Gated DeltaNet prefill, decode over a state
+pool in place, and the compressed KV cache. Arrays are anything with ``__dlpack__`` on the CPU
+(NumPy, torch, JAX, ...); results are of the caller's kind.
 
-Shapes: q, k [B, T, Hg, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state and the final
-state [N, H, K, V] float32; cu_seqlens [N + 1] int (then B == 1); o [B, T, H, V] (v's dtype).
+Shapes: q, k [B, T, Hg, K]; v [B, T, H, V] (H a multiple of Hg); g, beta [B, T, H];
+initial_state and the final state [N, H, K, V] float32; cu_seqlens [N + 1] int (then B == 1);
+o [B, T, H, V] (v's dtype). Decode: state_pool [S, H, K, V] float32/bfloat16, slot_indices
+[B] int, T <= 16; A_log, dt_bias [H]; a, b [B, T, H]; intermediate states [B, T, H, K, V]
+float32. KV cache: k, v [n, kv_heads, dim] float32; q and o [B, Tq, Hq, dim] float32.
 """
 
 from typing import Any, Optional, Tuple
+
+__all__ = [
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "gated_delta_rule_decode",
+    "KvCache",
+]
 
 def chunk_gated_delta_rule(
     q: Any,
@@ -18,7 +30,12 @@ def chunk_gated_delta_rule(
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
     **kwargs: Any,
-) -> Tuple[Any, Optional[Any]]: ...
+) -> Tuple[Any, Optional[Any]]:
+    """Chunked GDN prefill: q, k [B, T, Hg, K]; v [B, T, H, V]; g, beta [B, T, H];
+    initial_state [N, H, K, V] f32; cu_seqlens [N + 1]. Returns (o [B, T, H, V],
+    final_state [N, H, K, V] f32 or None)."""
+    ...
+
 def fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -31,4 +48,63 @@ def fused_recurrent_gated_delta_rule(
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
     **kwargs: Any,
-) -> Tuple[Any, Optional[Any]]: ...
+) -> Tuple[Any, Optional[Any]]:
+    """Token-by-token GDN prefill; the shapes of :func:`chunk_gated_delta_rule`."""
+    ...
+
+def gated_delta_rule_decode(
+    q: Any,
+    k: Any,
+    v: Any,
+    state_pool: Any,
+    slot_indices: Any,
+    g: Optional[Any] = None,
+    beta: Optional[Any] = None,
+    *,
+    A_log: Optional[Any] = None,
+    dt_bias: Optional[Any] = None,
+    a: Optional[Any] = None,
+    b: Optional[Any] = None,
+    scale: Optional[float] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    output_intermediate_states: bool = False,
+) -> Tuple[Any, Optional[Any]]:
+    """GDN decode in place: q, k [B, T, Hg, K] (T <= 16); v [B, T, H, V]; state_pool
+    [S, H, K, V] f32/bf16 (written in place); slot_indices [B] (negative skips); g, beta
+    [B, T, H], or A_log, dt_bias [H] with a, b [B, T, H]. Returns (o [B, T, H, V],
+    intermediate states [B, T, H, K, V] f32 or None)."""
+    ...
+
+class KvCache:
+    """Compressed KV cache of one attention layer (CPU)."""
+
+    def __init__(
+        self,
+        dim: int,
+        kv_heads: int,
+        batch: int,
+        bits_k: int = 4,
+        bits_v: int = 2,
+        seed: int = 0,
+        norms: str = "f32",
+        codebook: str = "lloyd-max",
+    ) -> None: ...
+    def append(self, seq: int, k: Any, v: Any) -> None:
+        """Appends k, v [n, kv_heads, dim] float32 to sequence ``seq``."""
+        ...
+    def attend(self, q: Any, scale: Optional[float] = None) -> Any:
+        """q [B, Tq, Hq, dim] float32 -> o [B, Tq, Hq, dim] float32 (causal over the last Tq
+        positions)."""
+        ...
+    def bytes(self) -> int: ...
+    def seq_len(self, seq: int) -> int: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def bits_k(self) -> int: ...
+    @property
+    def bits_v(self) -> int: ...

@@ -11,7 +11,8 @@ use crate::gdn::prefill::GdnOptions;
 use crate::gdn::shapes::{
     GdnDims, expect_activation, expect_float, expect_rank, expect_shape, gdn_dims,
 };
-use crate::tensor::{DType, HostTensor, TensorMeta, check_finite};
+use crate::tensor::{DType, TensorMeta, check_finite};
+use crate::view::HostData;
 
 pub use crate::gdn::shapes::resolve_scale;
 
@@ -55,7 +56,7 @@ pub struct DecodeShapes {
 /// bf16, and `slot_indices [B]` in i32 or i64.
 pub fn check_decode_shapes<T: TensorMeta>(
     inputs: &DecodeInputs<'_, T>,
-    pool: &T,
+    pool: &(impl TensorMeta + ?Sized),
 ) -> Result<DecodeShapes> {
     let q = inputs.q;
     let dims = gdn_dims(q, inputs.v)?;
@@ -126,12 +127,16 @@ pub fn check_pool(pool: &(impl TensorMeta + ?Sized), dims: &GdnDims) -> Result<u
 
 /// Reads `slot_indices [B]` (i32 or i64): negative means skip; otherwise each index must be
 /// below `slots` and appear at most once.
-pub fn slot_rows(indices: &HostTensor, batch: usize, slots: usize) -> Result<Vec<Option<usize>>> {
+pub fn slot_rows(
+    indices: &(impl HostData + ?Sized),
+    batch: usize,
+    slots: usize,
+) -> Result<Vec<Option<usize>>> {
     if !matches!(indices.dtype(), DType::I32 | DType::I64) {
         return Err(Error::dtype("slot_indices", indices.dtype(), "i32 or i64"));
     }
     expect_shape("slot_indices", indices, &[batch], "[B] (B from q)")?;
-    let values = indices.to_i64_vec("slot_indices")?;
+    let values = indices.values().to_i64_vec("slot_indices")?;
     let mut rows = Vec::with_capacity(batch);
     for (row, &index) in values.iter().enumerate() {
         if index < 0 {
@@ -161,9 +166,9 @@ pub fn slot_rows(indices: &HostTensor, batch: usize, slots: usize) -> Result<Vec
 
 /// Validates decode inputs against the pool (shape and dtype only; the pool's values are not
 /// read: a serving engine owns it) and reads them as f32.
-pub fn prepare_decode(
-    inputs: &DecodeInputs<'_>,
-    pool: &HostTensor,
+pub fn prepare_decode<T: HostData>(
+    inputs: &DecodeInputs<'_, T>,
+    pool: &(impl TensorMeta + ?Sized),
     options: &GdnOptions,
 ) -> Result<DecodeValues> {
     let shapes = check_decode_shapes(inputs, pool)?;
@@ -173,8 +178,8 @@ pub fn prepare_decode(
 /// The value half of [`prepare_decode`], for inputs whose shapes [`check_decode_shapes`]
 /// accepted (against a pool of dtype `pool_dtype`, wherever it lives): finite activations and
 /// gates (g <= 0), slot indices in range and distinct, a finite scale; reads them as f32.
-pub fn prepare_decode_values(
-    inputs: &DecodeInputs<'_>,
+pub fn prepare_decode_values<T: HostData>(
+    inputs: &DecodeInputs<'_, T>,
     shapes: DecodeShapes,
     pool_dtype: DType,
     options: &GdnOptions,
@@ -239,13 +244,13 @@ pub fn prepare_decode_values(
 /// Reads q/k/v-like activations: shape, dtype (must equal `dtype`) and finiteness.
 fn activation_values(
     name: &str,
-    t: &HostTensor,
+    t: &impl HostData,
     expected: &[usize],
     layout: &str,
     dtype: DType,
 ) -> Result<Vec<f32>> {
     expect_activation(name, t, expected, layout, dtype)?;
-    let values = t.to_f32_vec(name)?;
+    let values = t.values().to_f32_vec(name)?;
     check_finite(name, &values)?;
     Ok(values)
 }

@@ -14,7 +14,8 @@ pub mod validate;
 use crate::tensor::HostTensor;
 
 /// The tensors of one prefill call (see the module docs of [`crate::gdn`] for shapes). `T` is
-/// the tensor type of the backend ([`HostTensor`] on the host).
+/// the tensor type of the backend: [`HostTensor`] on the host (owned), or a
+/// [`crate::view::HostView`] over a caller's memory.
 #[derive(Debug)]
 pub struct GdnInputs<'a, T = HostTensor> {
     pub q: &'a T,

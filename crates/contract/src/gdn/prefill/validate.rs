@@ -10,7 +10,8 @@ use crate::gdn::gating::{gate_values, log_decay_values};
 use crate::gdn::shapes::{
     GdnDims, expect_activation, expect_float, expect_shape, gdn_dims, resolve_scale,
 };
-use crate::tensor::{DType, TensorMeta};
+use crate::tensor::{DType, TensorMeta, non_finite_input};
+use crate::view::HostData;
 
 /// One independent sequence: rows `start..start + len` of the flattened `B * T` token axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +41,12 @@ pub struct PrefillGates {
 /// and v `[B, T, H, V]` in one float dtype, float g and beta `[B, T, H]`, the head rules,
 /// `cu_seqlens` (B == 1, starting at 0, strictly increasing, ending at T), `initial_state`
 /// `[N, H, K, V]` f32, and a finite scale.
-pub fn check_prefill_shapes(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<PrefillShapes> {
+pub fn check_prefill_shapes<T: HostData>(
+    inputs: &GdnInputs<'_, T>,
+    options: &GdnOptions,
+) -> Result<PrefillShapes> {
     let offsets = match inputs.cu_seqlens {
-        Some(cu) => Some(cu.to_i64_vec("cu_seqlens")?),
+        Some(cu) => Some(cu.values().to_i64_vec("cu_seqlens")?),
         None => None,
     };
     check_prefill_meta(inputs, options, offsets.as_deref())
@@ -99,7 +103,10 @@ pub fn check_prefill_meta<T: TensorMeta>(
 
 /// Reads the gates of a call whose shapes passed: g finite and <= 0 (naming the position of a
 /// positive one), beta finite.
-pub fn prefill_gates(inputs: &GdnInputs<'_>, dims: &GdnDims) -> Result<PrefillGates> {
+pub fn prefill_gates<T: HostData>(
+    inputs: &GdnInputs<'_, T>,
+    dims: &GdnDims,
+) -> Result<PrefillGates> {
     let shape = [dims.batch, dims.tokens, dims.value_heads];
     Ok(PrefillGates {
         g: log_decay_values(inputs.g, &shape, "[B, T, H]")?,
@@ -109,19 +116,28 @@ pub fn prefill_gates(inputs: &GdnInputs<'_>, dims: &GdnDims) -> Result<PrefillGa
 
 /// Every rule of a prefill call, scanning values serially: [`check_prefill_shapes`], finite
 /// q, k and v, [`prefill_gates`], a finite initial state.
-pub fn validate_prefill(
-    inputs: &GdnInputs<'_>,
+pub fn validate_prefill<T: HostData>(
+    inputs: &GdnInputs<'_, T>,
     options: &GdnOptions,
 ) -> Result<(PrefillShapes, PrefillGates)> {
     let shapes = check_prefill_shapes(inputs, options)?;
     for (name, t) in [("q", inputs.q), ("k", inputs.k), ("v", inputs.v)] {
-        t.check_finite(name)?;
+        check_values_finite(name, t)?;
     }
     let gates = prefill_gates(inputs, &shapes.dims)?;
     if let Some(s) = inputs.initial_state {
-        s.check_finite("initial_state")?;
+        check_values_finite("initial_state", s)?;
     }
     Ok((shapes, gates))
+}
+
+/// Fails on the first NaN or infinity of `t` (a serial scan), naming it.
+fn check_values_finite(name: &str, t: &impl HostData) -> Result<()> {
+    let values = t.values();
+    match values.first_non_finite_in(0..values.len()) {
+        None => Ok(()),
+        Some((i, x)) => Err(non_finite_input(name, i, x)),
+    }
 }
 
 /// Splits the token axis into sequences from optional `cu_seqlens` (its shape and values).

@@ -10,7 +10,7 @@ use super::pool::PoolElem;
 use crate::gdn::recurrent::{BLOCK, TokenStep, dot, pad_value, step_block};
 use crate::simd::{DisjointWriter, Fused, MulAdd, Unfused, has_avx2_fma};
 use deltakv_contract::gdn::decode::validate::DecodeValues;
-use deltakv_contract::tensor::{DType, HostTensor};
+use deltakv_contract::view::{HostDataMut, TensorSliceMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Columns per block of the AVX-512 multi-token path: K x 64 f32 = 32 KiB at K = 128.
@@ -19,20 +19,14 @@ const MULTI_WIDTH: usize = 64;
 /// Dispatches on the pool's dtype (validated to be f32 or bf16).
 pub(super) fn run_prepared(
     p: &DecodeValues,
-    state_pool: &mut HostTensor,
+    state_pool: &mut (impl HostDataMut + ?Sized),
     o: &mut [f32],
     states: &mut [f32],
 ) {
-    match p.pool_dtype {
-        DType::F32 => {
-            let pool = state_pool.as_f32_mut().expect("checked f32 pool");
-            run_kernel(p, pool, o, states);
-        }
-        DType::BF16 => {
-            let pool = state_pool.as_bf16_mut().expect("checked bf16 pool");
-            run_kernel(p, pool, o, states);
-        }
-        other => unreachable!("pool dtype {other} passed validation"),
+    match state_pool.values_mut() {
+        TensorSliceMut::F32(pool) => run_kernel(p, pool, o, states),
+        TensorSliceMut::BF16(pool) => run_kernel(p, pool, o, states),
+        other => unreachable!("pool dtype {} passed validation", other.as_slice().dtype()),
     }
 }
 

@@ -23,15 +23,16 @@ use deltakv_contract::gdn::decode::validate::{DecodeValues, prepare_decode};
 use deltakv_contract::gdn::{
     DecodeInputs, DecodeOptions, DecodeOutput, GDN_OVERFLOW_CAUSE, GdnDims, GdnOptions,
 };
-use deltakv_contract::tensor::{HostTensor, first_non_finite, overflowed_result};
+use deltakv_contract::tensor::{HostTensor, TensorMeta, first_non_finite, overflowed_result};
+use deltakv_contract::view::{HostData, HostDataMut};
 use deltakv_contract::{Error, Result};
 use kernel::run_prepared;
 
 /// The contract's validation of a decode call (nothing is written before it passes), then the
 /// optional l2 norm of q and k, once per key head.
-fn prepare(
-    inputs: &DecodeInputs<'_>,
-    state_pool: &HostTensor,
+fn prepare<T: HostData>(
+    inputs: &DecodeInputs<'_, T>,
+    state_pool: &(impl TensorMeta + ?Sized),
     options: &GdnOptions,
 ) -> Result<DecodeValues> {
     let mut p = prepare_decode(inputs, state_pool, options)?;
@@ -73,9 +74,13 @@ fn prepare(
 /// assert_eq!(out.o.shape(), &[8, 1, 32, 128]);
 /// # Ok::<(), deltakv_contract::Error>(())
 /// ```
-pub fn gdn_decode(
-    inputs: &DecodeInputs<'_>,
-    state_pool: &mut HostTensor,
+///
+/// The inputs and the pool are read where they are: owned [`HostTensor`]s, or views over a
+/// caller's memory ([`deltakv_contract::view::HostView`] for the inputs,
+/// [`deltakv_contract::view::HostViewMut`] for a pool updated in place).
+pub fn gdn_decode<T: HostData>(
+    inputs: &DecodeInputs<'_, T>,
+    state_pool: &mut (impl HostDataMut + ?Sized),
     options: &DecodeOptions,
 ) -> Result<DecodeOutput> {
     let p = prepare(inputs, state_pool, &options.gdn)?;
@@ -124,9 +129,9 @@ pub fn gdn_decode(
 /// `[B, T, H, K, V]` (then `options.intermediate_states` is ignored). Every element is written
 /// (zeros for skipped rows). Returns the call's sizes. On a validation error nothing has been
 /// written; an `o` that overflowed f32 is an error after the update, as in [`gdn_decode`].
-pub fn gdn_decode_into(
-    inputs: &DecodeInputs<'_>,
-    state_pool: &mut HostTensor,
+pub fn gdn_decode_into<T: HostData>(
+    inputs: &DecodeInputs<'_, T>,
+    state_pool: &mut (impl HostDataMut + ?Sized),
     options: &GdnOptions,
     o: &mut [f32],
     intermediate_states: Option<&mut [f32]>,

@@ -19,6 +19,7 @@ use chunk::{CHUNK, ChunkScratch, chunk_step};
 use deltakv_contract::Result;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 use deltakv_contract::tensor::HostTensor;
+use deltakv_contract::view::HostData;
 use prepare::{PreparedGdn, prepare_prefill};
 use rayon::prelude::*;
 
@@ -28,8 +29,11 @@ use rayon::prelude::*;
 /// head) task runs its next chunk in parallel. All heads of a step read the same few hundred
 /// KiB of token rows, so inputs stream through the cache once instead of once per head at an
 /// 8 KiB stride (a TLB miss per row).
-pub fn gdn_prefill(
-    inputs: &GdnInputs<'_>,
+///
+/// The inputs are read where they are: owned [`HostTensor`]s, or
+/// [`deltakv_contract::view::HostView`]s over a caller's memory.
+pub fn gdn_prefill<T: HostData>(
+    inputs: &GdnInputs<'_, T>,
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {

@@ -8,7 +8,8 @@ use deltakv_contract::gdn::prefill::validate::{
     PrefillGates, PrefillShapes, SeqSpan, check_prefill_shapes, prefill_gates,
 };
 use deltakv_contract::gdn::{GdnDims, GdnInputs, GdnOptions};
-use deltakv_contract::tensor::{DType, TensorData, bf16_widen};
+use deltakv_contract::tensor::{DType, bf16_widen};
+use deltakv_contract::view::{HostData, TensorSlice};
 use deltakv_contract::{Error, Result};
 use half::slice::HalfFloatSliceExt;
 
@@ -19,11 +20,11 @@ pub(crate) struct PreparedGdn<'a> {
     pub dims: GdnDims,
     pub seqs: Vec<SeqSpan>,
     /// `[B*T, Hg, K]`
-    pub q: &'a TensorData,
+    pub q: TensorSlice<'a>,
     /// `[B*T, Hg, K]`
-    pub k: &'a TensorData,
+    pub k: TensorSlice<'a>,
     /// `[B*T, H, V]`
-    pub v: &'a TensorData,
+    pub v: TensorSlice<'a>,
     /// `[B*T, H]`
     pub g: Vec<f32>,
     /// `[B*T, H]`
@@ -51,7 +52,7 @@ impl PreparedGdn<'_> {
     }
 
     #[inline(always)]
-    fn read_key_like(&self, data: &TensorData, row: usize, key_head: usize, dst: &mut [f32]) {
+    fn read_key_like(&self, data: TensorSlice<'_>, row: usize, key_head: usize, dst: &mut [f32]) {
         let kd = self.dims.key_dim;
         widen_into(
             data,
@@ -77,20 +78,20 @@ impl PreparedGdn<'_> {
 
 /// Widens `dst.len()` elements of a float tensor, starting at `offset`, into `dst`.
 #[inline]
-pub(crate) fn widen_into(src: &TensorData, offset: usize, dst: &mut [f32]) {
+pub(crate) fn widen_into(src: TensorSlice<'_>, offset: usize, dst: &mut [f32]) {
     let n = dst.len();
     match src {
-        TensorData::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
+        TensorSlice::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
         // bf16 is the top half of an f32; a plain shift (exact, vectorisable) instead of
         // `half`'s NaN-quieting scalar path. Inputs are validated finite.
-        TensorData::BF16(v) => {
+        TensorSlice::BF16(v) => {
             for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
                 *d = bf16_widen(*s);
             }
         }
-        TensorData::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
+        TensorSlice::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
         // Validation admits only float tensors here.
-        TensorData::I32(_) | TensorData::I64(_) => dst.fill(f32::NAN),
+        TensorSlice::I32(_) | TensorSlice::I64(_) => dst.fill(f32::NAN),
     }
 }
 
@@ -113,29 +114,29 @@ pub(crate) fn l2_normalize_row(row: &mut [f32]) {
 
 /// Validates prefill inputs (the contract's rules, in its order) and prepares them for the
 /// kernels.
-pub(crate) fn prepare_prefill<'a>(
-    inputs: &GdnInputs<'a>,
+pub(crate) fn prepare_prefill<'a, T: HostData>(
+    inputs: &GdnInputs<'a, T>,
     options: &GdnOptions,
 ) -> Result<PreparedGdn<'a>> {
     let PrefillShapes { dims, seqs, scale } = check_prefill_shapes(inputs, options)?;
     for (name, t) in [("q", inputs.q), ("k", inputs.k), ("v", inputs.v)] {
-        check_finite(name, t.data())?;
+        check_finite(name, t.values())?;
     }
     let PrefillGates { g, beta } = prefill_gates(inputs, &dims)?;
     let initial_state = match inputs.initial_state {
         None => None,
         Some(s) => {
-            check_finite("initial_state", s.data())?;
-            let values = s.as_f32();
+            check_finite("initial_state", s.values())?;
+            let values = s.values().as_f32();
             Some(values.ok_or_else(|| Error::dtype("initial_state", s.dtype(), "f32"))?)
         }
     };
     Ok(PreparedGdn {
         dims,
         seqs,
-        q: inputs.q.data(),
-        k: inputs.k.data(),
-        v: inputs.v.data(),
+        q: inputs.q.values(),
+        k: inputs.k.values(),
+        v: inputs.v.values(),
         g,
         beta,
         initial_state,

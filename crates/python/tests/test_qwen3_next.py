@@ -1,0 +1,122 @@
+"""A real model on deltakv: transformers' Qwen3-Next (a tiny config built here, random
+weights, nothing downloaded) with its gated-delta-rule calls replaced by deltakv's, against the
+unpatched model (transformers' own torch path, float32) over a prompt and a few decode steps:
+the logits of every step and the recurrent states in the cache.
+
+Skipped, with the reason on the pytest summary line, where torch or transformers (with
+Qwen3-Next) is not installed."""
+
+import numpy as np
+import pytest
+
+import deltakv
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+modeling = pytest.importorskip(
+    "transformers.models.qwen3_next.modeling_qwen3_next",
+    reason="transformers with Qwen3-Next is not installed",
+)
+from transformers import Qwen3NextConfig  # noqa: E402
+
+# rel_rms bounds: both sides compute in float32 (deltakv's CPU kernels keep f32 intermediates;
+# transformers' torch path is f32 too), so the differences are f32 rounding: measured 1.8e-7
+# on the logits and 4.2e-8, 1.6e-7, 1.8e-7 on the three layers' states.
+LOGITS_TOLERANCE = 1e-4
+STATE_TOLERANCE = 1e-4
+
+
+def rel_rms(x, ref):
+    x, ref = (t.detach().double() for t in (x, ref))
+    return float(((x - ref).pow(2).sum() / ref.pow(2).sum()).sqrt())
+
+
+def tiny_config():
+    # Every 4th layer full attention, the rest Gated DeltaNet; GVA (2 key heads, 4 value
+    # heads), K != V, a small MoE. Prompt length 70 crosses a 64-token chunk.
+    return Qwen3NextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=24, linear_conv_kernel_dim=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        max_position_embeddings=256,
+    )
+
+
+def _fla_args(kwargs):
+    """The FLA arguments of a call (the model also forwards its attention kwargs, which the
+    gated delta rule does not read)."""
+    keep = ("g", "beta", "scale", "initial_state", "output_final_state", "cu_seqlens",
+            "use_qk_l2norm_in_kernel")
+    return {k: v for k, v in kwargs.items() if k in keep}
+
+
+def deltakv_chunk(query, key, value, **kwargs):
+    return deltakv.chunk_gated_delta_rule(query, key, value, **_fla_args(kwargs))
+
+
+def deltakv_recurrent(query, key, value, **kwargs):
+    return deltakv.fused_recurrent_gated_delta_rule(query, key, value, **_fla_args(kwargs))
+
+
+def deltakv_pool_decode(query, key, value, g, beta, initial_state=None, **kwargs):
+    """The decode step as a serving engine runs it: the cached states ``[B, H, K, V]`` are a
+    pool of B slots, advanced in place by deltakv's decode (row b in slot b)."""
+    kwargs = _fla_args(kwargs)
+    pool = initial_state
+    slots = torch.arange(query.shape[0], dtype=torch.int64)
+    o, _ = deltakv.gated_delta_rule_decode(
+        query.contiguous(), key.contiguous(), value.contiguous(), pool, slots, g=g, beta=beta,
+        use_qk_l2norm_in_kernel=kwargs.get("use_qk_l2norm_in_kernel", False))
+    return o, pool
+
+
+def generate(model, prompt, decode_tokens):
+    """Logits of the prompt and of each decode step (fixed tokens, so both runs see the same
+    inputs), and the recurrent state of every linear-attention layer at the end."""
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True)
+        logits, cache = [out.logits], out.past_key_values
+        for step in range(decode_tokens.shape[1]):
+            out = model(input_ids=decode_tokens[:, step:step + 1], past_key_values=cache,
+                        use_cache=True)
+            logits.append(out.logits)
+    layers = [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+    states = [cache.get_recurrent_state(i).clone() for i in layers]
+    return torch.cat(logits, dim=1), states
+
+
+@pytest.mark.parametrize("decode", ["fused_recurrent", "pool_in_place"])
+def test_patched_qwen3_next_matches_the_unpatched_model(monkeypatch, decode):
+    torch.manual_seed(0)
+    model = modeling.Qwen3NextForCausalLM(tiny_config()).eval()
+    prompt = torch.randint(0, 97, (2, 70))
+    decode_tokens = torch.randint(0, 97, (2, 4))
+    ref_logits, ref_states = generate(model, prompt, decode_tokens)
+
+    calls = {"chunk": 0, "recurrent": 0}
+
+    def counted(kind, fn):
+        def call(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule",
+                        counted("chunk", deltakv_chunk))
+    recurrent = deltakv_recurrent if decode == "fused_recurrent" else deltakv_pool_decode
+    monkeypatch.setattr(modeling, "torch_recurrent_gated_delta_rule",
+                        counted("recurrent", recurrent))
+    logits, states = generate(model, prompt, decode_tokens)
+
+    # 3 GDN layers: one prefill call each, then one recurrent call per decode step.
+    assert calls == {"chunk": 3, "recurrent": 12}
+    assert logits.shape == ref_logits.shape == (2, 74, 97)
+    err = rel_rms(logits, ref_logits)
+    per_layer = [rel_rms(s, r) for s, r in zip(states, ref_states)]
+    state_err = max(per_layer)
+    print(f"patched Qwen3-Next ({decode} decode): logits rel_rms {err:.2e}, recurrent states rel_rms "
+          + ", ".join(f"{e:.2e}" for e in per_layer))
+    assert err < LOGITS_TOLERANCE and state_err < STATE_TOLERANCE
+    assert all(s.shape == (2, 4, 16, 24) and s.dtype == torch.float32 for s in states)
+    assert torch.equal(logits.argmax(-1), ref_logits.argmax(-1))

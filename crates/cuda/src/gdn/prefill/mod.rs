@@ -24,6 +24,7 @@ use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
+use deltakv_contract::gdn::prefill::pool::pool_slots;
 use deltakv_contract::gdn::prefill::validate::{
     PrefillShapes, check_prefill_meta, validate_prefill,
 };
@@ -281,26 +282,11 @@ impl PrefillLaunch {
                             .to_string(),
                     ));
                 }
-                let slots = pool.shape().first().copied().unwrap_or(0);
-                let want = [slots, heads, dims.key_dim, dims.value_dim];
-                expect_buffer("state_pool", pool, &want, DType::F32)?;
-                let rows = deltakv_contract::gdn::decode::validate::slot_rows(
-                    &slot_indices.download(cuda)?,
-                    seqs.len(),
-                    slots,
-                )?;
-                let rows: Vec<i64> = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(n, r)| {
-                        r.map(|r| r as i64).ok_or_else(|| {
-                            Error::InvalidValue(format!(
-                                "slot_indices[{n}] is negative: every sequence of a pooled \
-                                 prefill needs a slot"
-                            ))
-                        })
-                    })
-                    .collect::<Result<_>>()?;
+                let rows: Vec<i64> =
+                    pool_slots(&**pool, &slot_indices.download(cuda)?, &dims, seqs.len())?
+                        .into_iter()
+                        .map(|slot| slot as i64)
+                        .collect();
                 let address = pool.device_address_mut(cuda);
                 (address, address, Some(upload_i64(cuda, rows)?))
             }

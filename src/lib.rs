@@ -199,6 +199,43 @@ pub fn gdn_prefill(
     }
 }
 
+/// GDN prefill whose initial states are read from, and final states written to, the slots
+/// `slot_indices [N]` of `state_pool [slots, H, K, V]` f32, so a prompt's states land where the
+/// decode steps read them; returns `o`. `inputs.initial_state` must be `None`; the pool changes
+/// only when the call succeeded. With host tensors on `Device::Cuda` the pool travels to the GPU
+/// and back; a serving loop keeps it there and calls [`cuda::gdn::gdn_prefill`] with
+/// `PrefillStates::Pool`.
+pub fn gdn_prefill_into_pool(
+    device: Device,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+) -> Result<HostTensor> {
+    device.ensure_runs("gdn prefill")?;
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => {
+            if mode == PrefillMode::Recurrent {
+                return Err(Error::Unsupported(
+                    "the CUDA prefill runs the chunked algorithm only (mode chunk)".to_string(),
+                ));
+            }
+            deltakv_cuda::gdn::gdn_prefill_host_into_pool(
+                deltakv_cuda::Cuda::get()?,
+                inputs,
+                options,
+                state_pool,
+                slot_indices,
+            )
+        }
+        _ => {
+            deltakv_cpu::gdn::gdn_prefill_into_pool(inputs, options, mode, state_pool, slot_indices)
+        }
+    }
+}
+
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
 /// 1..=16 tokens per row, in place; see [`gdn::decode`] for the math and layouts.
 ///

@@ -7,4 +7,7 @@ pub use decode::{
     CudaDecodeOutput, DecodeLaunch, OneTokenKernel, UploadedInputs, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,
 };
-pub use prefill::{CudaPrefillOutput, PrefillLaunch, PrefillStates, gdn_prefill, gdn_prefill_host};
+pub use prefill::{
+    CudaPrefillOutput, PrefillLaunch, PrefillStates, gdn_prefill, gdn_prefill_host,
+    gdn_prefill_host_into_pool,
+};

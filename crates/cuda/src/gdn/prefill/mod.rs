@@ -660,3 +660,52 @@ pub fn gdn_prefill_host(
     )?;
     Ok(GdnOutput { o, final_state })
 }
+
+/// Pooled prefill of host tensors on the GPU: the contract's full check on the host, the pool
+/// and inputs uploaded, the kernels (each sequence from and back to its slot), `o` returned and
+/// the pool copied back into `state_pool` (changed only when the call succeeded).
+pub fn gdn_prefill_host_into_pool(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+) -> Result<HostTensor> {
+    validate_prefill(inputs, options)?;
+    let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
+    let (q, k, v, g, beta) = (
+        up(inputs.q)?,
+        up(inputs.k)?,
+        up(inputs.v)?,
+        up(inputs.g)?,
+        up(inputs.beta)?,
+    );
+    let cu_seqlens = inputs.cu_seqlens.map(up).transpose()?;
+    let initial_state = inputs.initial_state.map(up).transpose()?;
+    let device_inputs = GdnInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        initial_state: initial_state.as_ref(),
+        cu_seqlens: cu_seqlens.as_ref(),
+    };
+    let mut pool = up(state_pool)?;
+    let slots = up(slot_indices)?;
+    let out = gdn_prefill(
+        cuda,
+        &device_inputs,
+        options,
+        PrefillStates::Pool {
+            pool: &mut pool,
+            slot_indices: &slots,
+        },
+    )?;
+    let o = out.o.download(cuda)?;
+    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    let pool = pool.download(cuda)?;
+    check_result_finite("state_pool", &pool, "s, h, k, v", GDN_OVERFLOW_CAUSE)?;
+    *state_pool = pool;
+    Ok(o)
+}

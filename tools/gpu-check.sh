@@ -61,7 +61,8 @@ run)
     # GPU tests (the CPU suites run in CI): every executable of the CUDA crate, the CLI's
     # device tests (gdn-decode --device cuda against --device cpu) and the facade's device
     # tensors (a serving loop with the pool on the GPU against the oracle).
-    for t in .carry/tests/deltakv-cuda-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor; do
+    for t in .carry/tests/deltakv-cuda-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor \
+        .carry/tests/deltakv-prefill_pool; do
         name=$(basename "$t")
         if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1; then
             summary+=("PASS $name: $(last 'worst rel_rms' "$logs/$name.log") $(last 'pool rel_rms against' "$logs/$name.log")")

@@ -120,7 +120,11 @@ __device__ void state_impl(const PrefillParams& p) {
     for (int ci = 0; ci < chunks; ++ci) {
         const int chunk = first_chunk + ci;
         const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
-        if (STAGES == 1) issue_stage<KP, MODE>(stage, p, chunk, head, key_head, col0, m_cols);
+        if (STAGES == 1) {
+            // One stage: every warp must be done with the previous chunk's inputs first.
+            __syncthreads();
+            issue_stage<KP, MODE>(stage, p, chunk, head, key_head, col0, m_cols);
+        }
         cp_async_wait_all();
         __syncthreads();
         if (STAGES == 2 && ci + 1 < chunks) {

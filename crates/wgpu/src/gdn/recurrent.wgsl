@@ -1,0 +1,316 @@
+// The gated delta rule, token by token, over states updated in place: GDN decode (T = 1..=16
+// tokens per row, the state a slot of a pool) and the recurrent prefill (a whole sequence per
+// row, the state [N, H, K, V] seeded with the initial state).
+//
+// For row b with state S (K x V, f32) and value head h (key head h / (H / Hg)), for each of
+// its tokens t in order:
+//
+//     (optional) q_t <- q_t / sqrt(|q_t|^2 + 1e-6), k_t likewise
+//     S   <- exp(g_t) * S                       (g_t < -80 is an exact reset: exp = 0)
+//     v'  <- beta_t * (v_t - S^T k_t)
+//     S   <- S + k_t v'^T
+//     o_t <- scale * S^T q_t
+//
+// One workgroup owns one (row, value head, tile of 2 * COL_PAIRS columns). Thread (row group
+// rg = tid / COL_PAIRS, column pair cp) holds rows rg, rg + 8, rg + 16, ... (ROWS of them) of
+// its two columns in registers: the tile's state is read once, kept for every token, and
+// written once. Per token, each thread forms its partial S^T k and S^T q over its rows, the
+// eight row groups' partials meet in workgroup memory, and every thread finishes its columns.
+// The l2 norm is applied to the sums (S^T (k / |k|) = (S^T k) / |k|), and the output uses
+// S_new^T q = exp(g) S^T q + (k . q) v', so one exchange per token serves everything.
+//
+// A negative slot (decode) writes zeros to o and the intermediate states and touches no slot.
+
+const ROW_GROUPS: u32 = 8u;
+const MAX_K: u32 = 256u;
+const MAX_COL_PAIRS: u32 = 32u;
+const RESET_GATE: f32 = -80.0;
+
+// Rows per thread: ceil(K / 8), rounded up to 4, 8, 16 or 32.
+override ROWS: u32 = 16u;
+// Threads per row group; a workgroup covers 2 * COL_PAIRS columns (8 or 32).
+override COL_PAIRS: u32 = 32u;
+// The state is bf16 (V even: a thread's column pair is one word); else f32.
+override STATE_BF16: bool = false;
+
+struct Params {
+    rows: u32,          // B (decode), or sequences N (prefill)
+    tokens: u32,        // T per row (without varlen)
+    key_heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    group: u32,         // H / Hg
+    act_dtype: u32,     // q, k, v
+    out_dtype: u32,     // o
+    gate_a_dtype: u32,  // g, or a (fused)
+    gate_b_dtype: u32,  // beta, or b (fused)
+    a_log_dtype: u32,
+    dt_bias_dtype: u32,
+    row_mode: u32,      // 0: row b is state b, tokens b*T..; 1/2: i32/i64 slot indices; 3: varlen offsets
+    fused: u32,
+    l2norm: u32,
+    intermediate: u32,
+    scale: f32,
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<u32>;
+@group(0) @binding(2) var<storage, read> k: array<u32>;
+@group(0) @binding(3) var<storage, read> v: array<u32>;
+@group(0) @binding(4) var<storage, read> gate_a: array<u32>;
+@group(0) @binding(5) var<storage, read> gate_b: array<u32>;
+@group(0) @binding(6) var<storage, read> a_log: array<u32>;
+@group(0) @binding(7) var<storage, read> dt_bias: array<u32>;
+// Slot indices [B] (i32 or i64), or varlen token offsets [N + 1] (u32).
+@group(0) @binding(8) var<storage, read> row_info: array<u32>;
+@group(0) @binding(9) var<storage, read_write> state: array<u32>;
+// Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
+// may fall in one word (odd V), written by different workgroups.
+@group(0) @binding(10) var<storage, read_write> o: array<atomic<u32>>;
+@group(0) @binding(11) var<storage, read_write> intermediate: array<u32>;
+
+var<workgroup> q_shared: array<f32, MAX_K>;
+var<workgroup> k_shared: array<f32, MAX_K>;
+// Per (row group, column pair): partial S^T k (two columns) and S^T q (two columns).
+var<workgroup> partials: array<vec4<f32>, 256>;
+// Per row group: partial |q|^2, |k|^2, k . q.
+var<workgroup> norms: array<vec4<f32>, ROW_GROUPS>;
+var<workgroup> row_range: vec2<u32>;
+var<workgroup> row_slot: i32;
+
+fn load_act(which: u32, i: u32) -> f32 {
+    let d = p.act_dtype;
+    let w = word_of(i, d);
+    if which == 0u {
+        return widen(q[w], i, d);
+    }
+    if which == 1u {
+        return widen(k[w], i, d);
+    }
+    return widen(v[w], i, d);
+}
+
+// softplus(x) = ln(1 + e^x), = x for x > 20.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        return x;
+    }
+    let e = exp(x);
+    if e < 1e-4 {
+        return e * (1.0 - 0.5 * e);
+    }
+    return log(1.0 + e);
+}
+
+// (g, beta) of one (token, head): given, or Qwen3-Next's fused gating.
+fn gates(token: u32, head: u32) -> vec2<f32> {
+    let i = token * p.value_heads + head;
+    let x = widen(gate_a[word_of(i, p.gate_a_dtype)], i, p.gate_a_dtype);
+    let y = widen(gate_b[word_of(i, p.gate_b_dtype)], i, p.gate_b_dtype);
+    if p.fused == 0u {
+        return vec2<f32>(x, y);
+    }
+    let rate = -exp(widen(a_log[word_of(head, p.a_log_dtype)], head, p.a_log_dtype));
+    let bias = widen(dt_bias[word_of(head, p.dt_bias_dtype)], head, p.dt_bias_dtype);
+    return vec2<f32>(rate * softplus(x + bias), 1.0 / (1.0 + exp(-y)));
+}
+
+// Stores o element i (two consecutive elements starting at i when `pair`).
+fn store_o(i: u32, x: vec2<f32>, pair: bool) {
+    let d = p.out_dtype;
+    if d == DT_F32 {
+        atomicStore(&o[i], bitcast<u32>(x.x));
+        if pair {
+            atomicStore(&o[i + 1u], bitcast<u32>(x.y));
+        }
+        return;
+    }
+    if pair && (i & 1u) == 0u {
+        atomicStore(&o[i >> 1u], half_bits(x.x, d) | (half_bits(x.y, d) << 16u));
+        return;
+    }
+    store_o_half(i, half_bits(x.x, d));
+    if pair {
+        store_o_half(i + 1u, half_bits(x.y, d));
+    }
+}
+
+// One 16-bit element of o, leaving the other half of its word as it is.
+fn store_o_half(i: u32, bits: u32) {
+    let shift = (i & 1u) * 16u;
+    atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
+    atomicOr(&o[i >> 1u], bits << shift);
+}
+
+@compute @workgroup_size(ROW_GROUPS * COL_PAIRS)
+fn gdn_recurrent(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let threads = ROW_GROUPS * COL_PAIRS;
+    let rg = tid / COL_PAIRS;
+    let cp = tid % COL_PAIRS;
+    let head = wid.y;
+    let row = wid.z;
+    let kd = p.key_dim;
+    let vd = p.value_dim;
+    let heads = p.value_heads;
+    let key_head = head / p.group;
+    let col = wid.x * 2u * COL_PAIRS + 2u * cp;
+    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
+
+    // The row's tokens and state, read once and made uniform for the loops below.
+    if tid == 0u {
+        var range = vec2<u32>(row * p.tokens, p.tokens);
+        var slot = i32(row);
+        if p.row_mode == 1u {
+            slot = bitcast<i32>(row_info[row]);
+        } else if p.row_mode == 2u {
+            slot = select(bitcast<i32>(row_info[2u * row]), -1, row_info[2u * row + 1u] != 0u);
+        } else if p.row_mode == 3u {
+            range = vec2<u32>(row_info[row], row_info[row + 1u] - row_info[row]);
+        }
+        row_range = range;
+        row_slot = slot;
+    }
+    let range = workgroupUniformLoad(&row_range);
+    let slot = workgroupUniformLoad(&row_slot);
+
+    if slot < 0 {
+        // A skipped row: zero outputs, no state touched.
+        for (var t = 0u; t < range.y; t++) {
+            let token = range.x + t;
+            if rg == 0u && col_ok.x {
+                store_o((token * heads + head) * vd + col, vec2<f32>(0.0), col_ok.y);
+            }
+            if p.intermediate != 0u {
+                for (var i = 0u; i < ROWS; i++) {
+                    let r = rg + ROW_GROUPS * i;
+                    if r < kd && col_ok.x {
+                        let at = ((token * heads + head) * kd + r) * vd + col;
+                        intermediate[at] = 0u;
+                        if col_ok.y {
+                            intermediate[at + 1u] = 0u;
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // The tile of the state, in registers.
+    let slab = (u32(slot) * heads + head) * kd;
+    var s: array<vec2<f32>, 32>;
+    for (var i = 0u; i < ROWS; i++) {
+        let r = rg + ROW_GROUPS * i;
+        if r < kd && col_ok.x {
+            let at = (slab + r) * vd + col;
+            if STATE_BF16 {
+                let word = state[at >> 1u];
+                s[i] = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+            } else {
+                s[i].x = bitcast<f32>(state[at]);
+                if col_ok.y {
+                    s[i].y = bitcast<f32>(state[at + 1u]);
+                }
+            }
+        }
+    }
+
+    for (var t = 0u; t < range.y; t++) {
+        let token = range.x + t;
+        // q and k of the token into workgroup memory; this thread's v and the gates.
+        let qk_row = (token * p.key_heads + key_head) * kd;
+        for (var j = tid; j < kd; j += threads) {
+            q_shared[j] = load_act(0u, qk_row + j);
+            k_shared[j] = load_act(1u, qk_row + j);
+        }
+        let v_at = (token * heads + head) * vd + col;
+        var v_cols = vec2<f32>(0.0);
+        if col_ok.x {
+            v_cols.x = load_act(2u, v_at);
+        }
+        if col_ok.y {
+            v_cols.y = load_act(2u, v_at + 1u);
+        }
+        let gate = gates(token, head);
+        workgroupBarrier();
+
+        var sk = vec2<f32>(0.0);
+        var sq = vec2<f32>(0.0);
+        var n = vec3<f32>(0.0);
+        for (var i = 0u; i < ROWS; i++) {
+            let r = rg + ROW_GROUPS * i;
+            if r < kd {
+                let kr = k_shared[r];
+                let qr = q_shared[r];
+                sk += s[i] * kr;
+                sq += s[i] * qr;
+                n += vec3<f32>(qr * qr, kr * kr, kr * qr);
+            }
+        }
+        partials[rg * COL_PAIRS + cp] = vec4<f32>(sk, sq);
+        if cp == 0u {
+            norms[rg] = vec4<f32>(n, 0.0);
+        }
+        workgroupBarrier();
+
+        var sums = vec4<f32>(0.0);
+        var nsum = vec4<f32>(0.0);
+        for (var g = 0u; g < ROW_GROUPS; g++) {
+            sums += partials[g * COL_PAIRS + cp];
+            nsum += norms[g];
+        }
+        var inv_q = 1.0;
+        var inv_k = 1.0;
+        if p.l2norm != 0u {
+            inv_q = inverseSqrt(nsum.x + 1e-6);
+            inv_k = inverseSqrt(nsum.y + 1e-6);
+        }
+        let decay = select(exp(gate.x), 0.0, gate.x < RESET_GATE);
+        let beta = gate.y;
+        let v_new = beta * (v_cols - decay * inv_k * sums.xy);
+        let out = p.scale * (decay * inv_q * sums.zw + (nsum.z * inv_q * inv_k) * v_new);
+        for (var i = 0u; i < ROWS; i++) {
+            let r = rg + ROW_GROUPS * i;
+            s[i] = decay * s[i] + (k_shared[r % MAX_K] * inv_k) * v_new;
+        }
+        if col_ok.x {
+            if rg == 0u {
+                store_o(v_at, out, col_ok.y);
+            }
+            if p.intermediate != 0u {
+                for (var i = 0u; i < ROWS; i++) {
+                    let r = rg + ROW_GROUPS * i;
+                    if r < kd {
+                        let at = ((token * heads + head) * kd + r) * vd + col;
+                        intermediate[at] = bitcast<u32>(s[i].x);
+                        if col_ok.y {
+                            intermediate[at + 1u] = bitcast<u32>(s[i].y);
+                        }
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var i = 0u; i < ROWS; i++) {
+        let r = rg + ROW_GROUPS * i;
+        if r < kd && col_ok.x {
+            let at = (slab + r) * vd + col;
+            if STATE_BF16 {
+                state[at >> 1u] = bf16_bits(s[i].x) | (bf16_bits(s[i].y) << 16u);
+            } else {
+                state[at] = bitcast<u32>(s[i].x);
+                if col_ok.y {
+                    state[at + 1u] = bitcast<u32>(s[i].y);
+                }
+            }
+        }
+    }
+}

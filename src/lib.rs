@@ -84,7 +84,7 @@ pub enum Device {
     Cpu,
     /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN decode.
     Cuda,
-    /// Vulkan / Metal through wgpu. Not built yet.
+    /// Vulkan / Metal through wgpu (cargo feature `wgpu`): GDN decode and prefill.
     Wgpu,
 }
 
@@ -112,9 +112,12 @@ impl Device {
                 device: self.name().to_string(),
                 reason: "deltakv was built without CUDA (cargo feature `cuda`)".to_string(),
             }),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => deltakv_wgpu::Wgpu::get().map(drop),
+            #[cfg(not(feature = "wgpu"))]
             Device::Wgpu => Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
-                reason: "deltakv has no wgpu backend yet".to_string(),
+                reason: "deltakv was built without wgpu (cargo feature `wgpu`)".to_string(),
             }),
         }
     }
@@ -122,20 +125,22 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN decode so far; wgpu nothing yet).
+    /// implements the op (CUDA has GDN decode so far; wgpu GDN decode and prefill).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
             Device::Cuda => op == "gdn decode",
-            Device::Wgpu => false,
+            Device::Wgpu => op == "gdn decode" || op == "gdn prefill",
         };
         if implemented {
             Ok(())
         } else {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
-                reason: format!("{op} is not implemented on {self} yet (CUDA has GDN decode)"),
+                reason: format!(
+                    "{op} is not implemented on {self} yet (CUDA has GDN decode; wgpu GDN decode and prefill)"
+                ),
             })
         }
     }
@@ -170,7 +175,13 @@ pub fn gdn_prefill(
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
-    deltakv_cpu::gdn::gdn_prefill(inputs, options, mode)
+    match device {
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => {
+            deltakv_wgpu::gdn::gdn_prefill(deltakv_wgpu::Wgpu::get()?, inputs, options, mode)
+        }
+        _ => deltakv_cpu::gdn::gdn_prefill(inputs, options, mode),
+    }
 }
 
 /// GDN decode on `device`: advances the slots of `state_pool` addressed by the inputs by
@@ -190,6 +201,13 @@ pub fn gdn_decode(
         #[cfg(feature = "cuda")]
         Device::Cuda => deltakv_cuda::gdn::gdn_decode_host(
             deltakv_cuda::Cuda::get()?,
+            inputs,
+            state_pool,
+            options,
+        ),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => deltakv_wgpu::gdn::gdn_decode_host(
+            deltakv_wgpu::Wgpu::get()?,
             inputs,
             state_pool,
             options,
@@ -215,6 +233,10 @@ pub fn gdn_decode_into(
 /// The CUDA backend: device tensors ([`cuda::CudaTensor`]) and the ops that take them.
 #[cfg(feature = "cuda")]
 pub use deltakv_cuda as cuda;
+
+/// The wgpu backend: device tensors ([`wgpu::WgpuTensor`]) and the ops that take them.
+#[cfg(feature = "wgpu")]
+pub use deltakv_wgpu as wgpu;
 
 /// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
 /// [`kv`] for the math and shapes.

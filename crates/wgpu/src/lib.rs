@@ -34,6 +34,7 @@
 pub mod gdn;
 pub mod runtime;
 pub mod tensor;
+pub mod timing;
 
 pub use runtime::{ShaderSource, Wgpu};
 pub use tensor::WgpuTensor;

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct GdnBenchArgs {
-    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
-    /// in this build.
+    /// Where to run: cpu (always built); cuda (with `--features cuda`: decode only); wgpu
+    /// (with `--features wgpu`: prefill and decode).
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Prompt lengths to time (prefill).
@@ -68,6 +68,9 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
     let mut records = Vec::new();
     if device == Device::Cpu {
         prefill(&args, &seq_lens, &mut records)?;
+    } else if device == Device::Wgpu {
+        #[cfg(feature = "wgpu")]
+        super::gdn_prefill_wgpu::run(&seq_lens, &mut records)?;
     } else {
         println!("GDN prefill on {device}: not implemented yet, skipped");
     }

@@ -5,6 +5,10 @@ mod gdn;
 mod gdn_decode;
 #[cfg(feature = "cuda")]
 mod gdn_decode_cuda;
+#[cfg(feature = "wgpu")]
+mod gdn_decode_wgpu;
+#[cfg(feature = "wgpu")]
+mod gdn_prefill_wgpu;
 mod kv;
 
 use clap::{Args, Subcommand};

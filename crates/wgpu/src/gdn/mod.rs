@@ -8,4 +8,4 @@ pub use decode::{
     DecodeLaunch, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,
 };
-pub use prefill::gdn_prefill;
+pub use prefill::{PreparedPrefill, gdn_prefill};

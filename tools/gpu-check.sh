@@ -2,26 +2,35 @@
 # The GPU check, in two halves: build here, run on the GPU machine (which has no Rust).
 #
 #   tools/gpu-check.sh build        # here: release binary + test executables with `--features
-#                                   # cuda`, stripped, gathered in .carry/ (git-ignored); FLA's
-#                                   # wheels in .whl/
+#                                   # cuda,wgpu`, stripped, gathered in .carry/ (git-ignored),
+#                                   # with the Vulkan loader's .deb; FLA's wheels in .whl/
 #   tools/gpu-check.sh run [quick]  # there, from the repo root, carrying .carry and .whl:
 #                                   # the GPU tests, compute-sanitizer (memcheck, racecheck,
 #                                   # initcheck) over them, `deltakv bench gdn --device cuda`,
 #                                   # and FLA in the same call (tools/compare_fla.py); logs
 #                                   # under $OUT (or ./gpu-check-out), a summary printed last.
 #                                   # `quick` skips the sanitizers.
+#   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
+#                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
+#                                   # skipping), then `bench gdn --device wgpu` beside
+#                                   # `--device cuda` and wgpu's own copy rate; summary last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]}
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]|wgpu}
 
 case "$mode" in
 build)
-    cargo build --release --features cuda
-    rm -rf .carry && mkdir -p .carry/tests
+    cargo build --release --features cuda,wgpu
+    rm -rf .carry && mkdir -p .carry/tests .carry/vulkan
     cp target/release/deltakv .carry/deltakv
-    cargo test --release --features cuda --workspace --no-run --message-format=json 2>/dev/null |
+    # The Vulkan loader (the GPU machine has NVIDIA's driver and ICD but maybe no loader).
+    apt_amd64='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    mkdir -p /tmp/amd64/partial
+    # shellcheck disable=SC2086
+    apt-get $apt_amd64 update -qq && (cd .carry/vulkan && apt-get $apt_amd64 download libvulkan1)
+    cargo test --release --features cuda,wgpu --workspace --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
@@ -78,8 +87,54 @@ run)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+wgpu)
+    # Results in $out: vulkan.txt, wgpu-bench.txt, cuda-bench.txt, the JSON records,
+    # summary.txt and every log in logs.tar.gz.
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    for f in .carry/vulkan/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 &&
+        [ -e "$icd" ]; then
+        export VK_DRIVER_FILES="$icd"
+    fi
+    export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+    {
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+        echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
+        ldconfig -p | grep libvulkan || true
+    } | tee "$out/vulkan.txt"
+    # Every wgpu test (CI=true: a test that finds no adapter fails), the CLI's device tests
+    # (gdn, gdn-decode --device wgpu against --device cpu) and the facade's device tensors.
+    for t in .carry/tests/deltakv-wgpu-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor; do
+        name=$(basename "$t")
+        if CI=true DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture \
+            >"$logs/wgpu-$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'device: \|worst rel_rms' "$logs/wgpu-$name.log")")
+        else
+            summary+=("FAIL $name (see wgpu-$name.log)")
+        fi
+    done
+    .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
+        summary+=("PASS demo: $(last 'decode on wgpu' "$logs/demo.txt")") ||
+        summary+=("FAIL demo (see demo.txt)")
+    .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --decode-batches 1,8,32,64,256 \
+        --json "$out/wgpu-gdn.json" 2>&1 | tee "$out/wgpu-bench.txt"
+    .carry/deltakv bench gdn --device cuda --seq-lens 16384 --decode-batches 1,8,32,64,256 \
+        --json "$out/cuda-gdn.json" 2>&1 | tee "$out/cuda-bench.txt"
+    summary+=("wgpu copy: $(last 'copy on wgpu' "$out/wgpu-bench.txt")")
+    summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/wgpu-bench.txt")")
+    summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
+    summary+=("wgpu prefill T=16384: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]" >&2
+    echo "usage: tools/gpu-check.sh build|run [quick]|wgpu" >&2
     exit 2
     ;;
 esac

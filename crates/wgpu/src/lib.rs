@@ -39,14 +39,21 @@ pub mod timing;
 pub use runtime::{ShaderSource, Wgpu};
 pub use tensor::WgpuTensor;
 
-/// Every shader of the backend, with the values of its `override` constants that the
-/// launchers use (each set is one pipeline).
-pub const SHADERS: &[(ShaderSource, &[&[(&str, f64)]])] = &[(
-    gdn::recurrent::SOURCE,
-    &[
-        &[("ROWS", 4.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
-        &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 0.0)],
-        &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 1.0)],
-        &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
-    ],
-)];
+/// The values of a shader's `override` constants for one pipeline.
+pub type Constants = &'static [(&'static str, f64)];
+
+/// The recurrent kernel's constants as its launchers set them (rows per thread, column pairs,
+/// bf16 state): decode's 64-column tiles and narrow prefills' 16-column tiles.
+const RECURRENT_CONSTANTS: &[Constants] = &[
+    &[("ROWS", 4.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
+    &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 0.0)],
+    &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 1.0)],
+    &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
+];
+
+/// Every shader of the backend, with sets of its `override` constants (each set is one
+/// pipeline).
+pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
+    (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
+    (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
+];

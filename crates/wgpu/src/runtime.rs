@@ -16,6 +16,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// The environment variable that names the adapter to use (a substring of its name).
 pub const ADAPTER_ENV: &str = "DELTAKV_WGPU_ADAPTER";
 
+/// Set to `0`, the environment variable that keeps the shaders off subgroup operations (the
+/// workgroup-memory path, as on an adapter without them).
+pub const SUBGROUPS_ENV: &str = "DELTAKV_WGPU_SUBGROUPS";
+
 /// The GPU (or software device) that deltakv's wgpu ops run on.
 pub struct Wgpu {
     device: wgpu::Device,
@@ -100,7 +104,9 @@ impl Wgpu {
         let info = adapter.get_info();
         // The largest buffers the adapter allows (a state pool of B = 256 Qwen3-Next rows is
         // 512 MiB), and subgroup operations where it has them.
-        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8
+            && std::env::var(SUBGROUPS_ENV).map_or(true, |v| v.trim() != "0");
         let required_features = if subgroups {
             wgpu::Features::SUBGROUP
         } else {
@@ -142,19 +148,28 @@ impl Wgpu {
         &self.info.name
     }
 
-    /// The adapter's name, backend and driver in one line.
+    /// The adapter's name, backend, driver and reduction path in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {:?}, driver {} {})",
+            "{} ({:?}, {:?}, driver {} {}; {})",
             self.info.name,
             self.info.backend,
             self.info.device_type,
             self.info.driver,
-            self.info.driver_info
+            self.info.driver_info,
+            if self.subgroups {
+                format!(
+                    "subgroups of {}..={}",
+                    self.info.subgroup_min_size, self.info.subgroup_max_size
+                )
+            } else {
+                "no subgroups: workgroup-memory sums".to_string()
+            }
         )
     }
 
-    /// True when the device has subgroup operations (and the shaders use them).
+    /// True when the shaders use subgroup operations: the adapter has them, in subgroups of at
+    /// least 8 invocations, and `DELTAKV_WGPU_SUBGROUPS` is not `0`.
     pub fn has_subgroups(&self) -> bool {
         self.subgroups
     }

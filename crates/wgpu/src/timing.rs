@@ -27,3 +27,31 @@ pub fn median_dispatch_us(
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
 }
+
+/// The device-to-device copy rate in TB/s (bytes read plus bytes written per second), from
+/// back-to-back buffer copies of `bytes` (capped by the adapter's largest buffer): the ceiling
+/// that a memory-bound kernel's traffic is compared with.
+pub fn copy_tb_per_s(wgpu: &Wgpu, bytes: u64) -> Result<f64> {
+    let size = bytes.min(wgpu.device().limits().max_buffer_size) / 4 * 4;
+    let make = || {
+        wgpu.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("deltakv copy rate"),
+            size,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    };
+    let (src, dst) = (make(), make());
+    wgpu.check("allocating the copy-rate buffers")?;
+    let us = median_dispatch_us(wgpu, 20, 9, |n| {
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        for _ in 0..n {
+            encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("copying buffers")
+    })?;
+    Ok(2.0 * size as f64 / (us * 1e-6) / 1e12)
+}

@@ -6,12 +6,12 @@
 mod common;
 
 use deltakv_contract::gdn::decode::check::{
-    BackendRun, DecodeCheck, check_options, decode_suite, run_decode_check,
+    BackendRun, check_options, decode_suite, run_decode_check,
 };
 use deltakv_contract::gdn::decode::oracle::gdn_decode_reference;
 use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating};
-use deltakv_contract::{DType, HostTensor, Result};
+use deltakv_contract::{HostTensor, Result};
 use deltakv_wgpu::gdn::{gdn_decode, gdn_decode_checked};
 use deltakv_wgpu::{Wgpu, WgpuTensor};
 

@@ -8,7 +8,7 @@
 
 use deltakv::gdn::GdnOptions;
 use deltakv::wgpu::gdn::{UploadedInputs, prepare_decode_launch};
-use deltakv::wgpu::timing::median_dispatch_us;
+use deltakv::wgpu::timing::{copy_tb_per_s, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
 use deltakv::{DType, Result};
 use serde_json::json;
@@ -25,6 +25,11 @@ pub fn run(
         "GDN decode on wgpu ({}), bf16 q/k/v, fused gating, l2 norm, pool of B slots updated in place; median device time per call over batches of back-to-back dispatches",
         wgpu.describe()
     )];
+    let copy = copy_tb_per_s(wgpu, 256 << 20)?;
+    lines.push(format!(
+        "device-to-device copy on wgpu: {copy:.3} TB/s (256 MiB buffers, bytes read + written)"
+    ));
+    records.push(json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_per_s": copy}));
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
         let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;

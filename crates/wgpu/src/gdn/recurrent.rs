@@ -8,10 +8,23 @@ use deltakv_contract::gdn::GdnDims;
 use deltakv_contract::{DType, Error, Result};
 use wgpu::util::DeviceExt;
 
-/// The shader: the dtype helpers, then the kernel.
-pub const SOURCE: ShaderSource = ShaderSource {
-    name: "gdn_recurrent",
+/// The shader for adapters with subgroup operations: the row-group sums by shuffles, the
+/// dtype helpers, then the kernel.
+pub const SOURCE_SUBGROUP: ShaderSource = ShaderSource {
+    name: "gdn_recurrent_subgroup",
     text: concat!(
+        include_str!("reduce_subgroup.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("recurrent.wgsl")
+    ),
+    entry_point: "gdn_recurrent",
+};
+
+/// The shader for adapters without: the row-group sums through workgroup memory.
+pub const SOURCE_SHARED: ShaderSource = ShaderSource {
+    name: "gdn_recurrent_shared",
+    text: concat!(
+        include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("recurrent.wgsl")
     ),
@@ -147,8 +160,13 @@ impl RecurrentLaunch {
                 call.rows, d.value_heads
             )));
         }
+        let source = if wgpu.has_subgroups() {
+            &SOURCE_SUBGROUP
+        } else {
+            &SOURCE_SHARED
+        };
         let pipeline = wgpu.pipeline(
-            &SOURCE,
+            source,
             &[
                 ("ROWS", rows_per_thread),
                 ("COL_PAIRS", call.col_pairs as u32),

@@ -12,12 +12,15 @@
 //     o_t <- scale * S^T q_t
 //
 // One workgroup owns one (row, value head, tile of 2 * COL_PAIRS columns). Thread (row group
-// rg = tid / COL_PAIRS, column pair cp) holds rows rg, rg + 8, rg + 16, ... (ROWS of them) of
-// its two columns in registers: the tile's state is read once, kept for every token, and
-// written once. Per token, each thread forms its partial S^T k and S^T q over its rows, the
-// eight row groups' partials meet in workgroup memory, and every thread finishes its columns.
-// The l2 norm is applied to the sums (S^T (k / |k|) = (S^T k) / |k|), and the output uses
-// S_new^T q = exp(g) S^T q + (k . q) v', so one exchange per token serves everything.
+// rg = tid % 8, column pair cp = tid / 8) holds rows rg, rg + 8, rg + 16, ... (ROWS of them)
+// of its two columns in registers: the tile's state is read once, kept for every token, and
+// written once. Per token, each thread forms its partial S^T k and S^T q over its rows, and
+// `row_group_sums` (the module prepended to this one) adds the eight row groups' partials:
+// through subgroup shuffles where the adapter has subgroups (the eight are neighbouring
+// lanes), else through workgroup memory. The l2 norm is applied to the sums
+// (S^T (k / |k|) = (S^T k) / |k|), and the output uses S_new^T q = exp(g) S^T q + (k . q) v',
+// so one exchange per token serves everything. q and k of a token sit in workgroup memory,
+// double-buffered by token parity, so one barrier per token guards them.
 //
 // A negative slot (decode) writes zeros to o and the intermediate states and touches no slot.
 
@@ -72,12 +75,9 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> o: array<atomic<u32>>;
 @group(0) @binding(11) var<storage, read_write> intermediate: array<u32>;
 
-var<workgroup> q_shared: array<f32, MAX_K>;
-var<workgroup> k_shared: array<f32, MAX_K>;
-// Per (row group, column pair): partial S^T k (two columns) and S^T q (two columns).
-var<workgroup> partials: array<vec4<f32>, 256>;
-// Per row group: partial |q|^2, |k|^2, k . q.
-var<workgroup> norms: array<vec4<f32>, ROW_GROUPS>;
+// q and k of the token, by token parity.
+var<workgroup> q_shared: array<array<f32, MAX_K>, 2>;
+var<workgroup> k_shared: array<array<f32, MAX_K>, 2>;
 var<workgroup> row_range: vec2<u32>;
 var<workgroup> row_slot: i32;
 
@@ -151,8 +151,8 @@ fn gdn_recurrent(
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let threads = ROW_GROUPS * COL_PAIRS;
-    let rg = tid / COL_PAIRS;
-    let cp = tid % COL_PAIRS;
+    let rg = tid % ROW_GROUPS;
+    let cp = tid / ROW_GROUPS;
     let head = wid.y;
     let row = wid.z;
     let kd = p.key_dim;
@@ -224,10 +224,11 @@ fn gdn_recurrent(
     for (var t = 0u; t < range.y; t++) {
         let token = range.x + t;
         // q and k of the token into workgroup memory; this thread's v and the gates.
+        let buf = t & 1u;
         let qk_row = (token * p.key_heads + key_head) * kd;
         for (var j = tid; j < kd; j += threads) {
-            q_shared[j] = load_act(0u, qk_row + j);
-            k_shared[j] = load_act(1u, qk_row + j);
+            q_shared[buf][j] = load_act(0u, qk_row + j);
+            k_shared[buf][j] = load_act(1u, qk_row + j);
         }
         let v_at = (token * heads + head) * vd + col;
         var v_cols = vec2<f32>(0.0);
@@ -246,25 +247,16 @@ fn gdn_recurrent(
         for (var i = 0u; i < ROWS; i++) {
             let r = rg + ROW_GROUPS * i;
             if r < kd {
-                let kr = k_shared[r];
-                let qr = q_shared[r];
+                let kr = k_shared[buf][r];
+                let qr = q_shared[buf][r];
                 sk += s[i] * kr;
                 sq += s[i] * qr;
                 n += vec3<f32>(qr * qr, kr * kr, kr * qr);
             }
         }
-        partials[rg * COL_PAIRS + cp] = vec4<f32>(sk, sq);
-        if cp == 0u {
-            norms[rg] = vec4<f32>(n, 0.0);
-        }
-        workgroupBarrier();
-
-        var sums = vec4<f32>(0.0);
-        var nsum = vec4<f32>(0.0);
-        for (var g = 0u; g < ROW_GROUPS; g++) {
-            sums += partials[g * COL_PAIRS + cp];
-            nsum += norms[g];
-        }
+        let total = row_group_sums(tid, vec4<f32>(sk, sq), vec4<f32>(n, 0.0));
+        let sums = total.columns;
+        let nsum = total.norms;
         var inv_q = 1.0;
         var inv_k = 1.0;
         if p.l2norm != 0u {
@@ -277,7 +269,7 @@ fn gdn_recurrent(
         let out = p.scale * (decay * inv_q * sums.zw + (nsum.z * inv_q * inv_k) * v_new);
         for (var i = 0u; i < ROWS; i++) {
             let r = rg + ROW_GROUPS * i;
-            s[i] = decay * s[i] + (k_shared[r % MAX_K] * inv_k) * v_new;
+            s[i] = decay * s[i] + (k_shared[buf][r % MAX_K] * inv_k) * v_new;
         }
         if col_ok.x {
             if rg == 0u {
@@ -296,7 +288,6 @@ fn gdn_recurrent(
                 }
             }
         }
-        workgroupBarrier();
     }
 
     for (var i = 0u; i < ROWS; i++) {

@@ -145,6 +145,44 @@ fn store_o_half(i: u32, bits: u32) {
     atomicOr(&o[i >> 1u], bits << shift);
 }
 
+// What one token needs besides the state, per thread.
+struct TokenInputs {
+    q: array<f32, 4>,
+    k: array<f32, 4>,
+    v: vec2<f32>,
+    gate: vec2<f32>,
+}
+
+fn load_token(
+    token: u32,
+    tid: u32,
+    threads: u32,
+    key_head: u32,
+    head: u32,
+    col: u32,
+    col_ok: vec2<bool>,
+) -> TokenInputs {
+    var x: TokenInputs;
+    let kd = p.key_dim;
+    let qk_row = (token * p.key_heads + key_head) * kd;
+    for (var e = 0u; e < 4u; e++) {
+        let j = tid + e * threads;
+        if j < kd {
+            x.q[e] = load_act(0u, qk_row + j);
+            x.k[e] = load_act(1u, qk_row + j);
+        }
+    }
+    let v_at = (token * p.value_heads + head) * p.value_dim + col;
+    if col_ok.x {
+        x.v.x = load_act(2u, v_at);
+    }
+    if col_ok.y {
+        x.v.y = load_act(2u, v_at + 1u);
+    }
+    x.gate = gates(token, head);
+    return x;
+}
+
 @compute @workgroup_size(ROW_GROUPS * COL_PAIRS)
 fn gdn_recurrent(
     @builtin(local_invocation_index) tid: u32,
@@ -221,24 +259,30 @@ fn gdn_recurrent(
         }
     }
 
+    // Each token's inputs are loaded one token ahead into registers, so their latency overlaps
+    // the previous token's arithmetic: q and k elements tid, tid + threads, ... (at most four:
+    // K <= 256 and threads >= 64), this thread's v columns, and the gates.
+    var next: TokenInputs;
+    if range.y > 0u {
+        next = load_token(range.x, tid, threads, key_head, head, col, col_ok);
+    }
     for (var t = 0u; t < range.y; t++) {
         let token = range.x + t;
-        // q and k of the token into workgroup memory; this thread's v and the gates.
         let buf = t & 1u;
-        let qk_row = (token * p.key_heads + key_head) * kd;
-        for (var j = tid; j < kd; j += threads) {
-            q_shared[buf][j] = load_act(0u, qk_row + j);
-            k_shared[buf][j] = load_act(1u, qk_row + j);
+        let current = next;
+        for (var e = 0u; e < 4u; e++) {
+            let j = tid + e * threads;
+            if j < kd {
+                q_shared[buf][j] = current.q[e];
+                k_shared[buf][j] = current.k[e];
+            }
         }
+        let v_cols = current.v;
+        let gate = current.gate;
         let v_at = (token * heads + head) * vd + col;
-        var v_cols = vec2<f32>(0.0);
-        if col_ok.x {
-            v_cols.x = load_act(2u, v_at);
+        if t + 1u < range.y {
+            next = load_token(token + 1u, tid, threads, key_head, head, col, col_ok);
         }
-        if col_ok.y {
-            v_cols.y = load_act(2u, v_at + 1u);
-        }
-        let gate = gates(token, head);
         workgroupBarrier();
 
         var sk = vec2<f32>(0.0);

@@ -56,4 +56,5 @@ const RECURRENT_CONSTANTS: &[Constants] = &[
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
+    (tensor::FILL, &[&[]]),
 ];

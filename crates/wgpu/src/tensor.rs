@@ -6,10 +6,17 @@
 //! extension, and none for bf16): a buffer's size is the tensor's bytes rounded up to a whole
 //! number of 4-byte words, and the shaders widen f16 and bf16 halves of words themselves.
 
-use crate::runtime::{Wgpu, backend_error};
+use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use deltakv_contract::tensor::TensorMeta;
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use wgpu::util::DeviceExt;
+
+/// The fill shader, behind [`WgpuTensor::poisoned`].
+pub const FILL: ShaderSource = ShaderSource {
+    name: "fill",
+    text: include_str!("fill.wgsl"),
+    entry_point: "fill",
+};
 
 /// A dense, row-major tensor in a wgpu storage buffer.
 pub struct WgpuTensor {
@@ -92,10 +99,55 @@ impl WgpuTensor {
     /// an element a shader forgets to write shows up.
     pub fn poisoned(wgpu: &Wgpu, shape: Vec<usize>, dtype: DType) -> Result<Self> {
         let t = Self::zeros(wgpu, shape, dtype)?;
-        let ones = vec![0xFFu8; t.buffer.size() as usize];
-        wgpu.queue().write_buffer(&t.buffer, 0, &ones);
-        wgpu.check("filling a device buffer")?;
+        t.fill_words(wgpu, u32::MAX)?;
         Ok(t)
+    }
+
+    /// Sets every 4-byte word of the buffer to `pattern`, on the device (`fill.wgsl`).
+    fn fill_words(&self, wgpu: &Wgpu, pattern: u32) -> Result<()> {
+        let words = self.buffer.size() / 4;
+        let groups = words.div_ceil(256);
+        let row = groups.min(u64::from(
+            wgpu.device().limits().max_compute_workgroups_per_dimension,
+        ));
+        let rows = groups.div_ceil(row.max(1));
+        let pipeline = wgpu.pipeline(&FILL, &[])?;
+        let params: Vec<u8> = [words as u32, pattern, row as u32, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let uniform = wgpu
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("fill params"),
+                contents: &params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("fill"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: uniform.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: self.buffer.as_entire_binding(),
+                },
+            ],
+        });
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(row as u32, rows as u32, 1);
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("filling a device buffer")
     }
 
     /// A copy in a new buffer, made on the device (no host round trip).

@@ -51,10 +51,34 @@ const RECURRENT_CONSTANTS: &[Constants] = &[
     &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
 ];
 
+/// The chunked prefill's constants: decode's tile and the narrow one, K <= 128 and above.
+const CHUNK_CONSTANTS: &[Constants] = &[
+    &[
+        ("ROWS", 16.0),
+        ("COL_PAIRS", 8.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 16.0),
+    ],
+    &[
+        ("ROWS", 16.0),
+        ("COL_PAIRS", 32.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 16.0),
+    ],
+    &[
+        ("ROWS", 32.0),
+        ("COL_PAIRS", 8.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 8.0),
+    ],
+];
+
 /// Every shader of the backend, with sets of its `override` constants (each set is one
 /// pipeline).
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
+    (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
+    (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
     (tensor::FILL, &[&[]]),
 ];

@@ -191,7 +191,13 @@ impl Wgpu {
         }
         let first = errors.remove(0);
         errors.clear();
-        Err(backend_error(what, first.lines().next().unwrap_or("")))
+        // wgpu's messages span lines (an error, then its causes): one line for the user.
+        let message: Vec<&str> = first
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        Err(backend_error(what, message.join(": ")))
     }
 
     /// Waits until the queue is idle; a lost device or a validation error shows up here.

@@ -1,5 +1,5 @@
-//! GDN prefill on wgpu against the f64 oracle on fresh random inputs, with the CPU's
-//! tolerances (o within 2e-3, bf16 rounding; final states within 1e-4): odd lengths around the
+//! GDN prefill on wgpu (the chunked and the token-loop kernels) against the f64 oracle on fresh
+//! random inputs, with the CPU's tolerances (o within 2e-3, bf16 rounding; final states within 1e-4): odd lengths around the
 //! chunk size, varlen with length-1 sequences, GQA ratios, K != V and odd head dims, extreme
 //! gates, every input dtype. Shapes stay modest: CI runs them on lavapipe, a CPU.
 
@@ -20,28 +20,30 @@ const STATE_TOLERANCE: f64 = 1.0e-4;
 
 fn check_case(wgpu: &Wgpu, name: &str, case: &GdnCase, options: &GdnOptions) {
     let reference = gdn_reference(&case.inputs(), options).unwrap();
-    let out = gdn_prefill(wgpu, &case.inputs(), options, PrefillMode::Chunk)
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_eq!(out.o.dtype(), case.v.dtype(), "{name}: o dtype");
-    assert_eq!(out.o.shape(), case.v.shape(), "{name}: o shape");
-    let o = out.o.to_f32_vec("o").unwrap();
-    let state = out.final_state.as_f32().unwrap();
-    let o_err = rel_rms(&o, &reference.o);
-    let s_err = rel_rms(state, &reference.final_state);
-    println!("{name}: o {o_err:.3e}, final_state {s_err:.3e}");
-    let o_bound = if case.v.dtype() == DType::F32 {
-        O_TOLERANCE_F32
-    } else {
-        O_TOLERANCE
-    };
-    assert!(
-        o_err < o_bound,
-        "{name}: o rel_rms {o_err:.3e} (< {o_bound:e})"
-    );
-    assert!(
-        s_err < STATE_TOLERANCE,
-        "{name}: final_state rel_rms {s_err:.3e}"
-    );
+    for mode in [PrefillMode::Chunk, PrefillMode::Recurrent] {
+        let out = gdn_prefill(wgpu, &case.inputs(), options, mode)
+            .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
+        assert_eq!(out.o.dtype(), case.v.dtype(), "{name}: o dtype");
+        assert_eq!(out.o.shape(), case.v.shape(), "{name}: o shape");
+        let o = out.o.to_f32_vec("o").unwrap();
+        let state = out.final_state.as_f32().unwrap();
+        let o_err = rel_rms(&o, &reference.o);
+        let s_err = rel_rms(state, &reference.final_state);
+        println!("{name} {mode:?}: o {o_err:.3e}, final_state {s_err:.3e}");
+        let o_bound = if case.v.dtype() == DType::F32 {
+            O_TOLERANCE_F32
+        } else {
+            O_TOLERANCE
+        };
+        assert!(
+            o_err < o_bound,
+            "{name} {mode:?}: o rel_rms {o_err:.3e} (< {o_bound:e})"
+        );
+        assert!(
+            s_err < STATE_TOLERANCE,
+            "{name} {mode:?}: final_state rel_rms {s_err:.3e}"
+        );
+    }
 }
 
 fn check(wgpu: &Wgpu, name: &str, spec: &GdnSpec, options: &GdnOptions, seed: u64) {

@@ -62,13 +62,17 @@ fn decode_and_prefill_without_subgroups() {
         spec.with_initial_state = true;
         let case = GdnCase::random(&spec, 500 + i as u64).unwrap();
         let reference = gdn_reference(&case.inputs(), &options).unwrap();
-        let out = gdn_prefill(wgpu, &case.inputs(), &options, PrefillMode::Chunk).unwrap();
-        let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
-        let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
-        println!("prefill T={tokens} K={kd} V={vd}: o {o_err:.3e}, final_state {s_err:.3e}");
-        assert!(
-            o_err < 2e-3 && s_err < 1e-4,
-            "o {o_err:.3e}, state {s_err:.3e}"
-        );
+        for mode in [PrefillMode::Chunk, PrefillMode::Recurrent] {
+            let out = gdn_prefill(wgpu, &case.inputs(), &options, mode).unwrap();
+            let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
+            let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
+            println!(
+                "prefill {mode:?} T={tokens} K={kd} V={vd}: o {o_err:.3e}, final_state {s_err:.3e}"
+            );
+            assert!(
+                o_err < 2e-3 && s_err < 1e-4,
+                "{mode:?}: o {o_err:.3e}, state {s_err:.3e}"
+            );
+        }
     }
 }

@@ -70,7 +70,10 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
         prefill(&args, &seq_lens, &mut records)?;
     } else if device == Device::Wgpu {
         #[cfg(feature = "wgpu")]
-        super::gdn_prefill_wgpu::run(&seq_lens, &mut records)?;
+        {
+            let modes: Vec<PrefillMode> = args.modes.iter().map(|&m| m.into()).collect();
+            super::gdn_prefill_wgpu::run(&seq_lens, &modes, &mut records)?;
+        }
     } else {
         println!("GDN prefill on {device}: not implemented yet, skipped");
     }

@@ -131,6 +131,7 @@ fn build_launch(
             // 64 columns per workgroup: each row group's 32 threads read 256 contiguous bytes
             // of an f32 state row.
             col_pairs: 32,
+            chunked: false,
         },
     )?;
     Ok(DecodeLaunch { launch })

@@ -2,10 +2,11 @@
 //! states to the final states, with FLA's semantics (GQA/GVA, any T, varlen `cu_seqlens`, l2
 //! norm, K, V <= 256; see `deltakv_contract::gdn`).
 //!
-//! The kernel is the token-by-token recurrence of `recurrent.wgsl`, one workgroup per
-//! (sequence, value head, tile of columns), the tile's state in registers for the whole
-//! sequence: `final_state` is seeded with the initial state (or zeros) and advanced in place.
-//! Both [`PrefillMode`]s run it; the chunked WY form is not on wgpu yet.
+//! One workgroup per (sequence, value head, tile of columns), the tile's state in registers for
+//! the whole sequence: `final_state` is seeded with the initial state (or zeros) and advanced
+//! in place. [`PrefillMode::Chunk`] runs `chunk.wgsl` (the recurrence unrolled over chunks of
+//! 16 tokens, 8 for K > 128: a triangular solve per column from the chunk's Gram matrices),
+//! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 
 use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
@@ -32,7 +33,12 @@ pub struct PreparedPrefill {
 impl PreparedPrefill {
     /// Checks the call (the contract's rules, on the host), copies the inputs to the device and
     /// seeds the final states with the initial states (or zeros).
-    pub fn new(wgpu: &Wgpu, inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<Self> {
+    pub fn new(
+        wgpu: &Wgpu,
+        inputs: &GdnInputs<'_>,
+        options: &GdnOptions,
+        mode: PrefillMode,
+    ) -> Result<Self> {
         let (shapes, _) = validate_prefill(inputs, options)?;
         let d = shapes.dims;
         let sequences = shapes.seqs.len();
@@ -91,6 +97,7 @@ impl PreparedPrefill {
                 } else {
                     32
                 },
+                chunked: mode == PrefillMode::Chunk,
             },
         )?;
         Ok(Self {
@@ -128,9 +135,9 @@ pub fn gdn_prefill(
     wgpu: &Wgpu,
     inputs: &GdnInputs<'_>,
     options: &GdnOptions,
-    _mode: PrefillMode,
+    mode: PrefillMode,
 ) -> Result<GdnOutput> {
-    let prepared = PreparedPrefill::new(wgpu, inputs, options)?;
+    let prepared = PreparedPrefill::new(wgpu, inputs, options, mode)?;
     prepared.submit(wgpu, 1)?;
     prepared.outputs(wgpu)
 }

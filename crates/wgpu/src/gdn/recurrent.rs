@@ -1,6 +1,7 @@
-//! The launcher of `recurrent.wgsl`, the token-by-token kernel behind GDN decode (a slot of a
-//! pool per row) and the recurrent prefill (a sequence per row): its parameters, bindings and
-//! grid. Callers validate first; this only encodes the dispatch.
+//! The launcher of the GDN kernels, which share their parameters and bindings
+//! (`gdn_common.wgsl`): `recurrent.wgsl`, the token loop behind GDN decode (a slot of a pool
+//! per row) and the recurrent prefill (a sequence per row), and `chunk.wgsl`, the chunked
+//! prefill. Callers validate first; this only encodes the dispatch.
 
 use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
@@ -15,6 +16,7 @@ pub const SOURCE_SUBGROUP: ShaderSource = ShaderSource {
     text: concat!(
         include_str!("reduce_subgroup.wgsl"),
         include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
         include_str!("recurrent.wgsl")
     ),
     entry_point: "gdn_recurrent",
@@ -26,9 +28,34 @@ pub const SOURCE_SHARED: ShaderSource = ShaderSource {
     text: concat!(
         include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
         include_str!("recurrent.wgsl")
     ),
     entry_point: "gdn_recurrent",
+};
+
+/// The chunked prefill (`chunk.wgsl`) for adapters with subgroup operations.
+pub const CHUNK_SUBGROUP: ShaderSource = ShaderSource {
+    name: "gdn_chunk_subgroup",
+    text: concat!(
+        include_str!("reduce_subgroup.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("chunk.wgsl")
+    ),
+    entry_point: "gdn_chunk",
+};
+
+/// The chunked prefill for adapters without.
+pub const CHUNK_SHARED: ShaderSource = ShaderSource {
+    name: "gdn_chunk_shared",
+    text: concat!(
+        include_str!("reduce_shared.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("chunk.wgsl")
+    ),
+    entry_point: "gdn_chunk",
 };
 
 const ROW_GROUPS: usize = 8;
@@ -126,6 +153,8 @@ pub struct RecurrentCall<'a> {
     pub l2norm: bool,
     /// Threads per row group: 32 (64 columns per workgroup) or 8 (16 columns).
     pub col_pairs: usize,
+    /// The chunked kernel (`chunk.wgsl`, prefill only) instead of the token loop.
+    pub chunked: bool,
 }
 
 /// A prepared dispatch: pipeline, bindings and grid, to encode any number of times.
@@ -160,19 +189,32 @@ impl RecurrentLaunch {
                 call.rows, d.value_heads
             )));
         }
-        let source = if wgpu.has_subgroups() {
-            &SOURCE_SUBGROUP
-        } else {
-            &SOURCE_SHARED
+        let mut constants = vec![
+            ("ROWS", rows_per_thread),
+            ("COL_PAIRS", call.col_pairs as u32),
+            ("STATE_BF16", u32::from(state_bf16)),
+        ];
+        let source = match (call.chunked, wgpu.has_subgroups()) {
+            (false, true) => &SOURCE_SUBGROUP,
+            (false, false) => &SOURCE_SHARED,
+            (true, subgroups) => {
+                if call.intermediate.is_some()
+                    || !matches!(call.row_source, Rows::Dense | Rows::Offsets(_))
+                {
+                    return Err(Error::InvalidValue(
+                        "the chunked kernel runs prefills only (no slots, no intermediate states)"
+                            .to_string(),
+                    ));
+                }
+                constants.push(("CHUNK_TOKENS", if d.key_dim <= 128 { 16 } else { 8 }));
+                if subgroups {
+                    &CHUNK_SUBGROUP
+                } else {
+                    &CHUNK_SHARED
+                }
+            }
         };
-        let pipeline = wgpu.pipeline(
-            source,
-            &[
-                ("ROWS", rows_per_thread),
-                ("COL_PAIRS", call.col_pairs as u32),
-                ("STATE_BF16", u32::from(state_bf16)),
-            ],
-        )?;
+        let pipeline = wgpu.pipeline(source, &constants)?;
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
             [g, beta] => (false, *g, *beta, *g, *g),
@@ -240,7 +282,9 @@ impl RecurrentLaunch {
             call.o.buffer(),
             intermediate,
         ];
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
+        // The chunked kernel writes no intermediate states: its layout ends at `o`.
+        let used = if call.chunked { 11 } else { 12 };
+        let entries: Vec<wgpu::BindGroupEntry> = buffers[..used]
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
@@ -253,7 +297,7 @@ impl RecurrentLaunch {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        wgpu.check("binding gdn_recurrent's buffers")?;
+        wgpu.check("binding the GDN kernel's buffers")?;
         Ok(Self {
             pipeline,
             bind_group,

@@ -14,9 +14,10 @@ var<workgroup> partials: array<vec4<f32>, 256>;
 var<workgroup> norm_partials: array<vec4<f32>, 8>;
 
 // The sums over the eight row groups of the partials of thread `tid`'s column pair. Every
-// thread of the workgroup calls it (it holds a barrier); the caller's next call comes after
-// another barrier, so one buffer serves every token.
+// thread of the workgroup calls it (it holds barriers: the first keeps this call's writes
+// from overtaking the previous call's reads).
 fn row_group_sums(tid: u32, columns: vec4<f32>, norms: vec4<f32>) -> RowGroupSums {
+    workgroupBarrier();
     partials[tid] = columns;
     if tid < 8u {
         norm_partials[tid] = norms;

@@ -133,7 +133,8 @@ wgpu)
     summary+=("wgpu copy: $(last 'copy on wgpu' "$out/wgpu-bench.txt")")
     summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/wgpu-bench.txt")")
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
-    summary+=("wgpu prefill T=16384: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
+    summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
+    summary+=("wgpu prefill: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

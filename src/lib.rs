@@ -63,7 +63,8 @@ pub mod kv {
     pub use deltakv_contract::kv::*;
     pub use deltakv_cpu::kv::{
         AttnOptions, DenseKvCache, HeadStore, KvCache, KvOptions, KvOutput, MAX_BLOCK_TOKENS,
-        Norms, attend_compressed, attend_dense, attention, cache, kv_attention,
+        Norms, PagedKvCache, attend_compressed, attend_dense, attend_paged, attention, cache,
+        kv_attention,
     };
 }
 
@@ -71,6 +72,8 @@ use gdn::PrefillMode;
 use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
 
 mod device_tensor;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 mod on_device;
 
 pub use device_tensor::Tensor;
@@ -82,7 +85,7 @@ pub enum Device {
     /// The portable CPU backend (rayon + runtime-dispatched SIMD). Always available.
     #[default]
     Cpu,
-    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN decode.
+    /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN prefill and decode.
     Cuda,
     /// Vulkan / Metal through wgpu (cargo feature `wgpu`): GDN decode and prefill.
     Wgpu,
@@ -125,12 +128,15 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN decode so far; wgpu GDN decode and prefill).
+    /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
+    /// GDN prefill and decode).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
-            Device::Cuda => op == "gdn decode",
+            Device::Cuda => {
+                op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
+            }
             Device::Wgpu => op == "gdn decode" || op == "gdn prefill",
         };
         if implemented {
@@ -139,7 +145,7 @@ impl Device {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
                 reason: format!(
-                    "{op} is not implemented on {self} yet (CUDA has GDN decode; wgpu GDN decode and prefill)"
+                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention; wgpu GDN prefill and decode)"
                 ),
             })
         }
@@ -176,6 +182,20 @@ pub fn gdn_prefill(
 ) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
     match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => match mode {
+            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host(
+                deltakv_cuda::Cuda::get()?,
+                inputs,
+                options,
+                None,
+            ),
+            PrefillMode::Recurrent => Err(Error::Unsupported(
+                "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent \
+                 mode is the CPU's cross-check"
+                    .to_string(),
+            )),
+        },
         #[cfg(feature = "wgpu")]
         Device::Wgpu => {
             deltakv_wgpu::gdn::gdn_prefill(deltakv_wgpu::Wgpu::get()?, inputs, options, mode)
@@ -246,5 +266,9 @@ pub fn kv_attention(
     options: &kv::KvOptions,
 ) -> Result<kv::KvOutput> {
     device.ensure_runs("compressed-KV attention")?;
-    deltakv_cpu::kv::kv_attention(inputs, options)
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => kv_cuda::kv_attention_cuda(inputs, options),
+        _ => deltakv_cpu::kv::kv_attention(inputs, options),
+    }
 }

@@ -1,7 +1,8 @@
 //! `--device` end to end. Where a device cannot run an op (built without its backend, no GPU
 //! on this machine, or an op the backend does not have yet), every command exits non-zero with
 //! one `error:` line that says why, and writes no output. Where CUDA is present, `gdn-decode
-//! --device cuda` writes what the CPU writes, to the tolerances of the decode suite.
+//! --device cuda` writes what the CPU writes, to the tolerances of the decode suite, and so
+//! does `kv --device cuda` (within f32 rounding).
 
 use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::io::TensorFile;
@@ -105,15 +106,9 @@ fn an_unavailable_device_gets_one_line_and_no_output() {
         cases.push(("gdn-decode", "cuda", cuda_expected));
         cases.push(("gdn", "cuda", cuda_expected));
         cases.push(("kv", "cuda", cuda_expected));
-    } else {
-        // CUDA runs here: the ops it does not have yet say so.
-        cases.push(("gdn", "cuda", "gdn prefill is not implemented on cuda yet"));
-        cases.push((
-            "kv",
-            "cuda",
-            "compressed-KV attention is not implemented on cuda yet",
-        ));
     }
+    // Where CUDA runs, every command runs on it (gdn, gdn-decode, kv); where wgpu runs, kv is
+    // refused there.
     for (command, device, expected) in cases {
         let (ok, stderr, written, files) = run("unavailable", command, device, &decode);
         assert!(!ok, "{command} --device {device} succeeded");
@@ -213,4 +208,53 @@ fn gdn_and_gdn_decode_on_wgpu_write_what_the_cpu_writes() {
         let err = deltakv::metrics::rel_rms(&a, &b);
         assert!(err < tolerance, "gdn {name}: rel_rms {err:.3e}");
     }
+}
+
+/// A ragged compressed-KV input: q [3, 2, 8, 128] bf16, k and v [3, 300, 2, 128] bf16, seq_lens.
+fn kv_file() -> TensorFile {
+    use deltakv::HostTensor;
+    let mut rng = deltakv::rng::Rng::new(5);
+    let (b, tq, hq, t, hkv, d) = (3, 2, 8, 300, 2, 128);
+    let tensor = |shape: Vec<usize>, n: usize, rng: &mut deltakv::rng::Rng| {
+        HostTensor::from_f32_as(shape, &rng.normal_vec(n, 1.0), DType::BF16).unwrap()
+    };
+    let mut file = TensorFile::new();
+    file.insert("q", tensor(vec![b, tq, hq, d], b * tq * hq * d, &mut rng));
+    file.insert("k", tensor(vec![b, t, hkv, d], b * t * hkv * d, &mut rng));
+    file.insert("v", tensor(vec![b, t, hkv, d], b * t * hkv * d, &mut rng));
+    file.insert(
+        "seq_lens",
+        HostTensor::from_i32(vec![b], vec![300, 2, 65]).unwrap(),
+    );
+    file
+}
+
+#[test]
+fn kv_on_cuda_writes_what_the_cpu_writes() {
+    if let Some(reason) = cuda_unavailable() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "kv --device cuda: skipped (no CUDA device): {reason}"
+        );
+        return;
+    }
+    let file = kv_file();
+    let (ok, stderr, cpu, _) = run("kv-cpu", "kv", "cpu", &file);
+    assert!(ok, "{stderr}");
+    let (ok, stderr, gpu, _) = run("kv-gpu", "kv", "cuda", &file);
+    assert!(ok, "{stderr}");
+    let (cpu, gpu) = (cpu.unwrap(), gpu.unwrap());
+    let a = gpu.get("o").unwrap().to_f32_vec("o").unwrap();
+    let b = cpu.get("o").unwrap().to_f64_vec("o").unwrap();
+    let err = deltakv::metrics::rel_rms(&a, &b);
+    assert!(
+        err < 1e-5,
+        "kv --device cuda against --device cpu: rel_rms {err:.3e}"
+    );
+    println!("kv --device cuda against --device cpu: rel_rms {err:.2e}");
+    assert_eq!(
+        gpu.metadata.get("cache_bytes"),
+        cpu.metadata.get("cache_bytes")
+    );
 }

@@ -4,12 +4,26 @@
 #   tools/gpu-check.sh build        # here: release binary + test executables with `--features
 #                                   # cuda,wgpu`, stripped, gathered in .carry/ (git-ignored),
 #                                   # with the Vulkan loader's .deb; FLA's wheels in .whl/
+#   tools/gpu-check.sh prefill      # there: the prefill's GPU tests, compute-sanitizer memcheck
+#                                   # over the prefill suite, `bench gdn --device cuda` (prefill)
+#                                   # and FLA's chunk_gated_delta_rule beside it
+#                                   # (tools/compare_fla_prefill.py: speed and accuracy)
 #   tools/gpu-check.sh run [quick]  # there, from the repo root, carrying .carry and .whl:
 #                                   # the GPU tests, compute-sanitizer (memcheck, racecheck,
 #                                   # initcheck) over them, `deltakv bench gdn --device cuda`,
 #                                   # and FLA in the same call (tools/compare_fla.py); logs
 #                                   # under $OUT (or ./gpu-check-out), a summary printed last.
 #                                   # `quick` skips the sanitizers.
+#   tools/gpu-check.sh run-kv [quick|sanitize]  # there: compressed KV on CUDA: the KV tests (CUDA pool
+#                                   # against the CPU's word for word, attention against the
+#                                   # oracle and the CPU at every bits pair; `kv --device cuda`
+#                                   # against cpu), compute-sanitizer (memcheck, racecheck,
+#                                   # initcheck, synccheck) over the CUDA KV tests, the demo's
+#                                   # KV step on the GPU, `deltakv bench kv --device cuda` and
+#                                   # torch SDPA over bf16 at the same shapes in the same call
+#                                   # (tools/compare_sdpa.py); logs in $OUT/logs.tar.gz.
+#                                   # `quick` skips the sanitizers, `sanitize` runs only them
+#                                   # (the two halves fit the GPU machine's 10-minute calls).
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping), then `bench gdn --device wgpu` beside
@@ -18,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]|wgpu}
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|wgpu}
 
 case "$mode" in
 build)
@@ -42,7 +56,8 @@ for line in sys.stdin:
         name = m["target"]["name"]
         crate = m["package_id"].split("#")[1].split("@")[0]
         # Only what the GPU modes run (the CPU suites run in CI): the carried tree is capped.
-        if crate in ("deltakv-cuda", "deltakv-wgpu") or name in ("cli_device", "device_tensor"):
+        if crate in ("deltakv-cuda", "deltakv-wgpu") or f"{crate}-{name}" in (
+            "deltakv-cli_device", "deltakv-device_tensor", "deltakv-cpu-kv_paged"):
             shutil.copy(exe, f".carry/tests/{crate}-{name}")
 '
     strip .carry/deltakv .carry/tests/*
@@ -78,15 +93,111 @@ run)
                 summary+=("FAIL compute-sanitizer $tool: $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
             fi
         done
+        # The prefill suite (small shapes, every kernel of the prefill) under memcheck and
+        # racecheck, each bounded so the whole check fits one GPU call.
+        for tool in memcheck racecheck; do
+            if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+                .carry/tests/deltakv-cuda-gdn_prefill --test-threads=1 the_prefill_suite \
+                >"$logs/sanitizer-prefill-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-prefill-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool (prefill suite, exit $?): $(last 'SUMMARY' "$logs/sanitizer-prefill-$tool.log")")
+            fi
+        done
     fi
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'decode on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
-    .carry/deltakv bench gdn --device cuda --decode-batches 1,2,4,8,16,32,64,256 --json "$out/deltakv-decode.json" |
+    .carry/deltakv bench gdn --device cuda --seq-lens 1024,4096,16384,65536 \
+        --decode-batches 1,2,4,8,16,32,64,256 --json "$out/deltakv-decode.json" |
         tee "$out/bench.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
     PYTHONPATH=/tmp/fla-site python3 tools/compare_fla.py --deltakv-json "$out/deltakv-decode.json" \
         --csv "$out/decode-vs-fla.csv" 2>&1 | tee "$out/compare.txt"
+    PYTHONPATH=/tmp/fla-site python3 tools/compare_fla_prefill.py --deltakv-json "$out/deltakv-decode.json" \
+        --deltakv-bin .carry/deltakv --csv "$logs/prefill-vs-fla.csv" --plot "$logs/prefill-vs-fla.png" \
+        2>&1 | tee "$logs/compare-prefill.txt"
+    cat "$logs/compare-prefill.txt" >>"$out/compare.txt"
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
+run-kv)
+    # Results in $out: gpu.txt, bench-kv.txt, compare-kv.txt, kv-vs-sdpa.csv, summary.txt and
+    # every log (with deltakv's JSON records) in logs.tar.gz.
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    tests=(.carry/tests/deltakv-cuda-kv_paged .carry/tests/deltakv-cuda-kernels_compile
+        .carry/tests/deltakv-cpu-kv_paged .carry/tests/deltakv-cli_device)
+    [ "${2:-}" = sanitize ] && tests=()
+    for t in ${tests[@]+"${tests[@]}"}; do
+        name=$(basename "$t")
+        if DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'worst rel_rms' "$logs/$name.log") $(last 'against --device cpu' "$logs/$name.log") $(last 'test result' "$logs/$name.log")")
+        else
+            summary+=("FAIL $name (see $name.log): $(last 'panicked' "$logs/$name.log")")
+        fi
+    done
+    if [ "${2:-}" != quick ]; then
+        for tool in memcheck racecheck initcheck synccheck; do
+            if compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/tests/deltakv-cuda-kv_paged \
+                --test-threads=1 >"$logs/sanitizer-kv-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool (kv): $(last 'SUMMARY' "$logs/sanitizer-kv-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool (kv): $(last 'SUMMARY' "$logs/sanitizer-kv-$tool.log")")
+            fi
+        done
+    fi
+    if [ "${2:-}" = sanitize ]; then
+        tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+        printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+        exit 0
+    fi
+    .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
+        summary+=("PASS demo: $(last 'compressed KV on cuda' "$logs/demo.txt")") ||
+        summary+=("FAIL demo (see demo.txt): $(last 'compressed KV on cuda' "$logs/demo.txt")")
+    { .carry/deltakv bench kv --device cuda --batch 8 --contexts 4096,32768 --json "$logs/bench-kv-b8.json" &&
+        .carry/deltakv bench kv --device cuda --batch 1 --contexts 32768,131072 --json "$logs/bench-kv-b1.json"; } 2>&1 |
+        tee "$out/bench-kv.txt" || summary+=("FAIL bench kv --device cuda (see bench-kv.txt)")
+    python3 tools/compare_sdpa.py --deltakv .carry/deltakv --json-dir "$logs" \
+        --csv "$out/kv-vs-sdpa.csv" 2>&1 | tee "$out/compare-kv.txt" || summary+=("FAIL compare_sdpa.py")
+    summary+=("$(grep -h 'PASS\|FAIL' "$out/compare-kv.txt" 2>/dev/null | tr '\n' ';' || true)")
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
+prefill)
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    t=.carry/tests/deltakv-cuda-gdn_prefill
+    if "$t" --test-threads=1 --nocapture >"$logs/prefill-tests.log" 2>&1; then
+        summary+=("PASS gdn_prefill tests")
+    else
+        summary+=("FAIL gdn_prefill tests: $(grep -h 'panicked\|FAILED\|failed' "$logs/prefill-tests.log" | head -n 3 | tr '\n' ' ')")
+    fi
+    grep -h "rel_rms\|: o \|drift" "$logs/prefill-tests.log" | tail -n 80 >"$out/prefill-errors.txt" || true
+    if [ "${2:-}" != quick ]; then
+        for tool in memcheck racecheck; do
+            if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
+                the_prefill_suite >"$logs/sanitizer-$tool.log" 2>&1; then
+                summary+=("PASS compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            else
+                summary+=("FAIL compute-sanitizer $tool (prefill suite): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            fi
+        done
+    fi
+    .carry/deltakv bench gdn --device cuda --seq-lens 1024,4096,16384,65536 --decode-batches 1 \
+        --json "$out/deltakv-prefill.json" 2>&1 | tee "$out/bench.txt"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null
+    PYTHONPATH=/tmp/fla-site python3 tools/compare_fla_prefill.py --deltakv-json "$out/deltakv-prefill.json" \
+        --deltakv-bin .carry/deltakv --csv "$out/prefill-vs-fla.csv" --plot "$out/prefill-vs-fla.png" \
+        ${PREFILL_COMPARE_FLAGS:-} 2>&1 | tee "$out/compare.txt"
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
@@ -140,7 +251,7 @@ wgpu)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]|wgpu" >&2
+    echo "usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|wgpu" >&2
     exit 2
     ;;
 esac

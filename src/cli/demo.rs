@@ -110,6 +110,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     println!("  recurrent: o rel_rms {rec_o_err:.2e}, final_state {rec_s_err:.2e}");
     let ok = chunk_o_err < 2e-3 && chunk_s_err < 1e-4 && rec_o_err < 2e-3 && rec_s_err < 1e-4;
+    #[cfg(feature = "cuda")]
+    let ok = super::demo_prefill_cuda::run(&case, &options, &pick, &pick_state, &reference)? && ok;
     println!();
     println!(
         "summary: {} — {:.0} tokens/s chunked prefill, {:.1}x the recurrent path",

@@ -110,6 +110,16 @@ pub fn run(seed: u64) -> Result<()> {
         dense.bytes() as f64 / wide.bytes() as f64
     );
     let ok = err_e < KERNEL_RULE && err_kernel < KERNEL_RULE && out.iter().all(|v| v.is_finite());
+    #[cfg(feature = "cuda")]
+    let ok = super::demo_kv_cuda::run(
+        case.keys(0),
+        case.values(0),
+        &case.q,
+        (context, hq, hkv, d),
+        *cache.scheme(),
+        &ideal,
+        KERNEL_RULE,
+    )? && ok;
     println!(
         "summary (compressed KV): {} (both kernel checks) — {ratio:.1}x smaller cache, {:.2}x the exact path's speed",
         if ok { "PASS" } else { "FAIL" },

@@ -4,6 +4,10 @@ mod bench;
 mod demo;
 mod demo_decode;
 mod demo_kv;
+#[cfg(feature = "cuda")]
+mod demo_kv_cuda;
+#[cfg(feature = "cuda")]
+mod demo_prefill_cuda;
 mod files;
 mod gdn;
 mod gdn_decode;

@@ -50,13 +50,6 @@ struct DecodeParams {
     float scale;
 };
 
-// Shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    unsigned address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-    return address;
-}
-
 // Asynchronous copy of BYTES (4, 8 or 16; 2 is copied synchronously) from global to shared
 // memory.
 template <int BYTES>

@@ -18,7 +18,12 @@ pub struct KernelSource {
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// Every kernel source of the CUDA backend (CI compiles each one for `sm_90a`).
-pub const SOURCES: &[KernelSource] = &[crate::gdn::decode::SOURCE];
+pub const SOURCES: &[KernelSource] = &[
+    crate::gdn::decode::SOURCE,
+    crate::gdn::prefill::SOURCE,
+    crate::kv::SOURCE_ENCODE,
+    crate::kv::SOURCE_ATTEND,
+];
 
 /// A compiled kernel image and what the compiler reported (ptxas register and spill lines).
 #[derive(Clone, Debug)]

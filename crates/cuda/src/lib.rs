@@ -5,6 +5,7 @@
 //!   without the driver, a GPU or NVRTC gets a one-line `DeviceUnavailable` error.
 //! * [`CudaTensor`]: tensors in GPU memory; explicit upload and download.
 //! * [`gdn`]: GDN decode over a state pool that stays on the GPU.
+//! * [`kv`]: the paged compressed KV cache on the GPU, its encode and flash-decoding over it.
 //!
 //! A serving loop keeps the pool on the GPU and launches one validated call per step:
 //!
@@ -32,6 +33,7 @@
 
 pub mod compile;
 pub mod gdn;
+pub mod kv;
 pub mod runtime;
 pub mod tensor;
 pub mod timing;

@@ -127,6 +127,30 @@ impl CudaTensor {
         Ok(copy)
     }
 
+    /// Overwrites the tensor's memory with `host` (same shape and dtype), in place: device
+    /// addresses captured earlier (a prepared launch, a CUDA graph) see the new values. Waits
+    /// for the copy.
+    pub fn copy_from_host(&mut self, cuda: &Cuda, host: &HostTensor) -> Result<()> {
+        if host.shape() != self.shape.as_slice() || host.dtype() != self.dtype {
+            return Err(Error::InvalidValue(format!(
+                "copying a {:?} {} host tensor into a {:?} {} device tensor",
+                host.shape(),
+                host.dtype(),
+                self.shape,
+                self.dtype
+            )));
+        }
+        let bytes = host.to_le_bytes();
+        let address = self.device_address_mut(cuda);
+        // SAFETY: the tensor's memory holds `byte_len` = `bytes.len()` bytes; the copy is
+        // ordered on deltakv's stream and `bytes` lives until the synchronize below.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(address, &bytes, cuda.stream().cu_stream())
+        }
+        .map_err(|e| driver_error("copying a tensor to the GPU", e))?;
+        cuda.synchronize()
+    }
+
     /// Copies the tensor back to the host (waits for the GPU).
     pub fn download(&self, cuda: &Cuda) -> Result<HostTensor> {
         let mut bytes = vec![0u8; self.byte_len()];

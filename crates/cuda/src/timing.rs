@@ -65,3 +65,23 @@ pub fn median_graph_us(
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
 }
+
+/// Median GPU microseconds of a device-to-device copy of `bytes` bytes (graph replays, as
+/// [`median_graph_us`]): the memory-bandwidth floor benchmarks compare against.
+pub fn median_copy_us(cuda: &Cuda, bytes: usize) -> Result<f64> {
+    let stream = cuda.stream();
+    let alloc = || {
+        stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| driver_error(&format!("allocating {bytes} bytes on the GPU"), e))
+    };
+    let (src, mut dst) = (alloc()?, alloc()?);
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let from = src.device_ptr(stream).0;
+    let to = dst.device_ptr_mut(stream).0;
+    median_graph_us(cuda, 5, 20, || {
+        // SAFETY: both buffers hold `bytes` bytes, do not overlap, and outlive the graph.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, bytes, stream.cu_stream()) }
+            .map_err(|e| driver_error("copying on the GPU", e))
+    })
+}

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct GdnBenchArgs {
-    /// Where to run: cpu (always built); cuda (with `--features cuda`: decode only); wgpu
-    /// (with `--features wgpu`: prefill and decode).
+    /// Where to run: cpu (always built), cuda (built with the `cuda` feature: the prefill at
+    /// the serving shapes, then at --seq-lens), wgpu (built with the `wgpu` feature: the
+    /// prefill in each of --modes at --seq-lens).
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Prompt lengths to time (prefill).
@@ -66,16 +67,28 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
     super::gdn_decode::check_batches(&args.decode_batches)?;
     args.json.check()?;
     let mut records = Vec::new();
-    if device == Device::Cpu {
-        prefill(&args, &seq_lens, &mut records)?;
-    } else if device == Device::Wgpu {
+    match device {
+        Device::Cpu => prefill(&args, &seq_lens, &mut records)?,
+        #[cfg(feature = "cuda")]
+        Device::Cuda => {
+            // The serving shapes, then Qwen3-Next's shape at each --seq-lens length.
+            let mut shapes = super::gdn_prefill_cuda::SERVING_SHAPES.to_vec();
+            shapes.extend(
+                seq_lens
+                    .iter()
+                    .map(|&t| ("qwen3-next", 1, t, 16, 32, 128, 128)),
+            );
+            for line in super::gdn_prefill_cuda::run(&shapes, &mut records)? {
+                println!("{line}");
+            }
+        }
         #[cfg(feature = "wgpu")]
-        {
+        Device::Wgpu => {
             let modes: Vec<PrefillMode> = args.modes.iter().map(|&m| m.into()).collect();
             super::gdn_prefill_wgpu::run(&seq_lens, &modes, &mut records)?;
         }
-    } else {
-        println!("GDN prefill on {device}: not implemented yet, skipped");
+        #[allow(unreachable_patterns)] // with both GPU features every device is matched above
+        _ => println!("GDN prefill on {device}: not implemented yet, skipped"),
     }
     super::gdn_decode::run(device, &args.decode_batches, &mut records)?;
     if let Some(path) = &args.json.json {

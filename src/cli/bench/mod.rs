@@ -7,9 +7,13 @@ mod gdn_decode;
 mod gdn_decode_cuda;
 #[cfg(feature = "wgpu")]
 mod gdn_decode_wgpu;
+#[cfg(feature = "cuda")]
+mod gdn_prefill_cuda;
 #[cfg(feature = "wgpu")]
 mod gdn_prefill_wgpu;
 mod kv;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};

@@ -125,10 +125,7 @@ pub fn check_heads(
 
 /// The sizes of a call from q `[B, T, Hg, K]` and v `[B, T, H, V]`: ranks, a float q,
 /// B, T >= 1 and the head rules. The other tensors are checked against the result.
-pub(crate) fn gdn_dims(
-    q: &(impl TensorMeta + ?Sized),
-    v: &(impl TensorMeta + ?Sized),
-) -> Result<GdnDims> {
+pub fn gdn_dims(q: &(impl TensorMeta + ?Sized), v: &(impl TensorMeta + ?Sized)) -> Result<GdnDims> {
     expect_rank("q", q, 4, "[B, T, Hg, K]")?;
     expect_float("q", q)?;
     let (batch, tokens, key_heads, key_dim) =

@@ -28,14 +28,18 @@
 //! * [`codec`]: encode / decode / bit packing, and the padding after each code stream.
 //! * [`merge`]: the split-K softmax merge.
 //! * [`inputs`]: the file-level op's inputs and their validation.
+//! * [`paged`]: the paged cache layout (pages, block table) every backend stores.
+//! * [`case`]: random paged cases and the oracle over a cache's decoded rows (for tests).
 //! * [`oracle`]: exact causal attention in f64; [`random`]: seeded keys like real ones.
 
 pub mod aura;
+pub mod case;
 pub mod codebook;
 pub mod codec;
 pub mod inputs;
 pub mod merge;
 pub mod oracle;
+pub mod paged;
 pub mod random;
 pub mod rotation;
 
@@ -43,6 +47,7 @@ pub use codebook::{Codebook, CodebookKind};
 pub use codec::{CODE_PAD, Quantizer};
 pub use inputs::{KvDims, KvInputs, KvMode};
 pub use merge::{merge_partial, normalize_partial};
+pub use paged::PagedLayout;
 
 use crate::error::{Error, Result};
 

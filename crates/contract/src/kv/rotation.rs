@@ -122,6 +122,23 @@ impl Rotation {
         self.dim
     }
 
+    /// The signs `s` of the Hadamard form (`None` for the dense form): what a GPU kernel needs
+    /// to apply the same rotation.
+    pub fn hadamard_signs(&self) -> Option<&[f32]> {
+        match &self.kind {
+            Kind::Hadamard { signs } => Some(signs),
+            Kind::Dense { .. } => None,
+        }
+    }
+
+    /// The row-major d x d matrix of the dense form (`None` for the Hadamard form).
+    pub fn dense_matrix(&self) -> Option<&[f32]> {
+        match &self.kind {
+            Kind::Dense { matrix } => Some(matrix),
+            Kind::Hadamard { .. } => None,
+        }
+    }
+
     /// True for the fast Walsh-Hadamard form.
     pub fn is_hadamard(&self) -> bool {
         matches!(self.kind, Kind::Hadamard { .. })

@@ -17,7 +17,7 @@
 //! [`merge_partial`], whose docs give the math and why it is exact.
 
 use super::cache::{DenseKvCache, KvCache};
-use super::kernel::{HeadSource, MAX_ROWS, Rows, Scratch, attend_block, rows_per_call};
+use super::kernel::{CodeStream, HeadSource, MAX_ROWS, Rows, Scratch, attend_block, rows_per_call};
 use deltakv_contract::kv::merge::{merge_partial, normalize_partial};
 use deltakv_contract::tensor::check_finite;
 use deltakv_contract::{Error, Result};
@@ -50,15 +50,15 @@ impl Default for AttnOptions {
 
 /// Sizes of one attention call.
 #[derive(Clone, Copy, Debug)]
-struct Plan {
-    batch: usize,
-    tq: usize,
-    hq: usize,
-    hkv: usize,
-    d: usize,
+pub(super) struct Plan {
+    pub batch: usize,
+    pub tq: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
     /// Working row length (d rounded up to 8 for codes).
-    dim: usize,
-    group: usize,
+    pub dim: usize,
+    pub group: usize,
 }
 
 impl Plan {
@@ -68,7 +68,7 @@ impl Plan {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_call(
+pub(super) fn check_call(
     q: &[f32],
     lens: &[usize],
     tq: usize,
@@ -128,13 +128,13 @@ struct Partial {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<'a>(
+pub(super) fn run<'a>(
     plan: Plan,
     lens: &[usize],
     q: &[f32],
     scale: f32,
     opts: &AttnOptions,
-    source: impl Fn(usize, usize) -> HeadSource<'a> + Sync,
+    source: impl Fn(usize, usize, usize) -> (HeadSource<'a>, usize) + Sync,
     prepare: impl Fn(&[f32], &mut [f32]) -> Result<()> + Sync,
     finish: impl Fn(&[f32], &mut [f32]) -> Result<()> + Sync,
 ) -> Result<Vec<f32>> {
@@ -185,7 +185,6 @@ fn run<'a>(
     let partials: Vec<Partial> = tasks
         .par_iter()
         .map(|&(seq, head, start, end)| {
-            let src = source(seq, head);
             let len = lens[seq];
             let qs = &qw[(seq * hkv + head) * rows * dim..][..rows * dim];
             let mut scratch = Scratch::new(dim, block);
@@ -213,7 +212,9 @@ fn run<'a>(
                 .collect();
             let mut t0 = start;
             while t0 < end {
-                let t1 = (t0 + block).min(end);
+                // The source holding token t0 (a page of a paged cache) and where it ends.
+                let (src, segment_end) = source(seq, head, t0);
+                let t1 = (t0 + block).min(end).min(segment_end);
                 for (r0, limits) in &chunks {
                     let (r0, nr) = (*r0, limits.len());
                     let reach = t1.min(*limits.iter().max().expect("rows"));
@@ -320,10 +321,17 @@ pub fn attend_compressed(
         q,
         scale,
         opts,
-        |seq, head| HeadSource::Compressed {
-            store: cache.store(seq, head),
-            kq: cache.key_quantizer(),
-            vq: cache.value_quantizer(),
+        |seq, head, _| {
+            let store = cache.store(seq, head);
+            let (kq, vq) = (cache.key_quantizer(), cache.value_quantizer());
+            let source = HeadSource::Compressed {
+                k: CodeStream::of(&store.k_codes, &store.k_norms, kq),
+                v: CodeStream::of(&store.v_codes, &store.v_norms, vq),
+                kq,
+                vq,
+                origin: 0,
+            };
+            (source, usize::MAX)
         },
         |x, y| {
             rotation.forward(x, y)?;
@@ -361,9 +369,9 @@ pub fn attend_dense(
         q,
         scale,
         opts,
-        |seq, head| {
+        |seq, head, _| {
             let (k, v) = cache.store(seq, head);
-            HeadSource::Dense { k, v }
+            (HeadSource::Dense { k, v }, usize::MAX)
         },
         |x, y| {
             y.copy_from_slice(x);

@@ -73,19 +73,6 @@ impl Norms {
             Norms::F16(n) => n.truncate(len),
         }
     }
-
-    /// Copies norms `t0..t0 + out.len()` into `out` as f32 (crate-internal, as [`Self::get`]).
-    #[inline]
-    pub(crate) fn copy_to(&self, t0: usize, out: &mut [f32]) {
-        match self {
-            Norms::F32(n) => out.copy_from_slice(&n[t0..t0 + out.len()]),
-            Norms::F16(n) => {
-                for (o, v) in out.iter_mut().zip(&n[t0..]) {
-                    *o = v.to_f32();
-                }
-            }
-        }
-    }
 }
 
 /// One sequence and KV head of the compressed cache.
@@ -109,8 +96,8 @@ pub struct KvCache {
 }
 
 /// Validates an append of `k`, `v` chunks to sequence `seq` of a batch of `batch`; returns the
-/// token count. Shared by the compressed and the dense cache.
-fn check_append(
+/// token count. Shared by the compressed (contiguous and paged) and the dense cache.
+pub(crate) fn check_append(
     seq: usize,
     batch: usize,
     k: &[f32],

@@ -5,6 +5,8 @@
 //! * [`cache`]: the compressed ([`KvCache`]) and dense f32 ([`DenseKvCache`], the exact
 //!   baseline) caches for a batch of sequences.
 //! * [`attention`]: decode (Tq = 1) and causal-chunk (Tq > 1) attention over either.
+//! * [`paged`]: the paged cache (the contract's page layout and block table) and attention
+//!   over it.
 //! * [`op`]: the file-level operation behind `deltakv kv` (validate, encode, attend).
 //! * `kernel`: pass 1 of flash-decoding on one block of tokens (portable, AVX2, AVX-512).
 
@@ -12,7 +14,9 @@ pub mod attention;
 pub mod cache;
 mod kernel;
 pub mod op;
+pub mod paged;
 
 pub use attention::{AttnOptions, MAX_BLOCK_TOKENS, attend_compressed, attend_dense};
 pub use cache::{DenseKvCache, HeadStore, KvCache, Norms};
 pub use op::{KvOptions, KvOutput, kv_attention};
+pub use paged::{PagedKvCache, attend_paged};

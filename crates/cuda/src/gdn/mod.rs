@@ -1,8 +1,10 @@
 //! Gated DeltaNet on CUDA. The math and layouts are the contract's, in `deltakv_contract::gdn`.
 
 pub mod decode;
+pub mod prefill;
 
 pub use decode::{
     CudaDecodeOutput, DecodeLaunch, OneTokenKernel, UploadedInputs, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,
 };
+pub use prefill::{CudaPrefillOutput, PrefillLaunch, PrefillStates, gdn_prefill, gdn_prefill_host};

@@ -11,17 +11,26 @@ pub mod validate;
 
 use crate::tensor::HostTensor;
 
-/// The tensors of one prefill call (see the module docs of [`crate::gdn`] for shapes).
-#[derive(Clone, Copy, Debug)]
-pub struct GdnInputs<'a> {
-    pub q: &'a HostTensor,
-    pub k: &'a HostTensor,
-    pub v: &'a HostTensor,
-    pub g: &'a HostTensor,
-    pub beta: &'a HostTensor,
-    pub initial_state: Option<&'a HostTensor>,
-    pub cu_seqlens: Option<&'a HostTensor>,
+/// The tensors of one prefill call (see the module docs of [`crate::gdn`] for shapes). `T` is
+/// the tensor type of the backend ([`HostTensor`] on the host).
+#[derive(Debug)]
+pub struct GdnInputs<'a, T = HostTensor> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub v: &'a T,
+    pub g: &'a T,
+    pub beta: &'a T,
+    pub initial_state: Option<&'a T>,
+    pub cu_seqlens: Option<&'a T>,
 }
+
+impl<T> Clone for GdnInputs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for GdnInputs<'_, T> {}
 
 /// Scalar options shared by prefill and decode.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use crate::gdn::gating::{gate_values, log_decay_values};
 use crate::gdn::shapes::{
     GdnDims, expect_activation, expect_float, expect_shape, gdn_dims, resolve_scale,
 };
-use crate::tensor::{DType, HostTensor};
+use crate::tensor::{DType, TensorMeta};
 
 /// One independent sequence: rows `start..start + len` of the flattened `B * T` token axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +41,21 @@ pub struct PrefillGates {
 /// `cu_seqlens` (B == 1, starting at 0, strictly increasing, ending at T), `initial_state`
 /// `[N, H, K, V]` f32, and a finite scale.
 pub fn check_prefill_shapes(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Result<PrefillShapes> {
+    let offsets = match inputs.cu_seqlens {
+        Some(cu) => Some(cu.to_i64_vec("cu_seqlens")?),
+        None => None,
+    };
+    check_prefill_meta(inputs, options, offsets.as_deref())
+}
+
+/// [`check_prefill_shapes`] for tensors of any backend: the values of `cu_seqlens` come
+/// separately (`cu_offsets`, read by the caller from wherever the tensor lives), and only the
+/// shape and dtype of each tensor are read.
+pub fn check_prefill_meta<T: TensorMeta>(
+    inputs: &GdnInputs<'_, T>,
+    options: &GdnOptions,
+    cu_offsets: Option<&[i64]>,
+) -> Result<PrefillShapes> {
     let q = inputs.q;
     let dims = gdn_dims(q, inputs.v)?;
     let dtype = q.dtype();
@@ -58,7 +73,15 @@ pub fn check_prefill_shapes(inputs: &GdnInputs<'_>, options: &GdnOptions) -> Res
         expect_float(name, gate)?;
         expect_shape(name, gate, &[batch, tokens, heads], "[B, T, H]")?;
     }
-    let seqs = sequence_spans(inputs.cu_seqlens, batch, tokens)?;
+    let seqs = match (inputs.cu_seqlens, cu_offsets) {
+        (Some(cu), Some(offsets)) => sequence_spans(Some((cu.shape(), offsets)), batch, tokens)?,
+        (None, _) => sequence_spans(None, batch, tokens)?,
+        (Some(_), None) => {
+            return Err(Error::InvalidValue(
+                "cu_seqlens given without its values (a backend bug)".to_string(),
+            ));
+        }
+    };
     if let Some(s) = inputs.initial_state {
         if s.dtype() != DType::F32 {
             return Err(Error::dtype("initial_state", s.dtype(), "f32"));
@@ -101,13 +124,13 @@ pub fn validate_prefill(
     Ok((shapes, gates))
 }
 
-/// Splits the token axis into sequences from optional `cu_seqlens`.
+/// Splits the token axis into sequences from optional `cu_seqlens` (its shape and values).
 fn sequence_spans(
-    cu_seqlens: Option<&HostTensor>,
+    cu_seqlens: Option<(&[usize], &[i64])>,
     batch: usize,
     tokens: usize,
 ) -> Result<Vec<SeqSpan>> {
-    let Some(cu) = cu_seqlens else {
+    let Some((cu_shape, offsets)) = cu_seqlens else {
         return Ok((0..batch)
             .map(|b| SeqSpan {
                 start: b * tokens,
@@ -115,14 +138,10 @@ fn sequence_spans(
             })
             .collect());
     };
-    let offsets = cu.to_i64_vec("cu_seqlens")?;
-    if cu.shape().len() != 1 || offsets.len() < 2 {
+    if cu_shape.len() != 1 || offsets.len() < 2 {
         return Err(Error::shape(
             "cu_seqlens",
-            format!(
-                "expected 1 dim [N+1] with N >= 1, got shape {:?}",
-                cu.shape()
-            ),
+            format!("expected 1 dim [N+1] with N >= 1, got shape {cu_shape:?}"),
         ));
     }
     if batch != 1 {

@@ -20,9 +20,10 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-use super::cache::HeadStore;
+use super::cache::Norms;
 use crate::simd::{Fused, MulAdd, Unfused, has_avx2_fma, has_avx512};
 use deltakv_contract::kv::Quantizer;
+use half::f16;
 
 /// Tokens decoded per tile.
 pub(crate) const SUB: usize = 128;
@@ -36,12 +37,75 @@ pub(crate) fn rows_per_call(allow_simd: bool) -> usize {
     if allow_simd && has_avx512() { 8 } else { 4 }
 }
 
+/// Stored norms as a kernel reads them.
+#[derive(Clone, Copy)]
+pub(crate) enum NormSlice<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    /// f32 norms as their bits (the paged layout).
+    F32Words(&'a [u32]),
+    /// f16 norms two per u32 word, low half first (the paged layout).
+    F16Words(&'a [u32]),
+}
+
+impl NormSlice<'_> {
+    /// Norms `t0..t0 + out.len()` as f32.
+    #[inline]
+    pub(crate) fn copy_to(&self, t0: usize, out: &mut [f32]) {
+        match self {
+            NormSlice::F32(n) => out.copy_from_slice(&n[t0..t0 + out.len()]),
+            NormSlice::F16(n) => {
+                for (o, v) in out.iter_mut().zip(&n[t0..]) {
+                    *o = v.to_f32();
+                }
+            }
+            NormSlice::F32Words(w) => {
+                for (o, &bits) in out.iter_mut().zip(&w[t0..]) {
+                    *o = f32::from_bits(bits);
+                }
+            }
+            NormSlice::F16Words(w) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let t = t0 + i;
+                    *o = f16::from_bits((w[t / 2] >> (16 * (t % 2))) as u16).to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// The packed rows (stride `stride` u32 words, one vector each) and norms of one stream,
+/// starting at the source's first token.
+#[derive(Clone, Copy)]
+pub(crate) struct CodeStream<'a> {
+    pub codes: &'a [u32],
+    pub stride: usize,
+    pub norms: NormSlice<'a>,
+}
+
+impl<'a> CodeStream<'a> {
+    /// The K or V stream of a contiguous store.
+    pub(crate) fn of(codes: &'a [u32], norms: &'a Norms, q: &Quantizer) -> Self {
+        Self {
+            codes,
+            stride: q.words(),
+            norms: match norms {
+                Norms::F32(n) => NormSlice::F32(n),
+                Norms::F16(n) => NormSlice::F16(n),
+            },
+        }
+    }
+}
+
 /// Where the keys and values of one (sequence, KV head) come from.
 pub(crate) enum HeadSource<'a> {
+    /// Packed codes; row 0 of each stream is token `origin` (a page starts past 0).
     Compressed {
-        store: &'a HeadStore,
+        k: CodeStream<'a>,
+        v: CodeStream<'a>,
         kq: &'a Quantizer,
         vq: &'a Quantizer,
+        origin: usize,
     },
     /// `[tokens, d]` keys and values.
     Dense { k: &'a [f32], v: &'a [f32] },
@@ -249,10 +313,10 @@ fn block_generic<M: MulAdd, const AVX: bool, const W512: bool, const R: usize>(
     while t < t1 {
         let n = SUB.min(t1 - t);
         match src {
-            HeadSource::Compressed { store, kq, .. } => {
-                let w = kq.words();
-                store.k_norms.copy_to(t, &mut norms[..n]);
-                let codes = &store.k_codes[t * w..];
+            HeadSource::Compressed { k, kq, origin, .. } => {
+                let (w, local) = (k.stride, t - origin);
+                k.norms.copy_to(local, &mut norms[..n]);
+                let codes = &k.codes[local * w..];
                 #[cfg(target_arch = "x86_64")]
                 if AVX {
                     // SAFETY: AVX (W512) is only true inside the avx2+fma (avx512f) wrapper;
@@ -338,16 +402,16 @@ fn block_generic<M: MulAdd, const AVX: bool, const W512: bool, const R: usize>(
         let n = SUB.min(t1 - t);
         let off = t - t0;
         let values: &[f32] = match src {
-            HeadSource::Compressed { store, vq, .. } => {
-                let w = vq.words();
-                store.v_norms.copy_to(t, &mut norms[..n]);
+            HeadSource::Compressed { v, vq, origin, .. } => {
+                let (w, local) = (v.stride, t - origin);
+                v.norms.copy_to(local, &mut norms[..n]);
                 for r in 0..R {
                     let wr = &mut s[r * bs + off..r * bs + off + n];
                     for (x, &nv) in wr.iter_mut().zip(&norms[..n]) {
                         *x *= nv;
                     }
                 }
-                let codes = &store.v_codes[t * w..];
+                let codes = &v.codes[local * w..];
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX is only true inside the avx2+fma wrapper; codes carry CODE_PAD
                 // words after the last vector.

@@ -1,0 +1,350 @@
+//! The paged compressed KV cache on the CPU: the contract's layout
+//! (`deltakv_contract::kv::paged`: a pool of fixed-size pages of packed codes and norms, a
+//! block table `[B, max_pages]` i32 and per-sequence lengths), the same bytes the CUDA cache
+//! keeps on the GPU, and flash-decoding attention over it with the contiguous cache's kernels.
+//!
+//! Pages are assigned when a sequence grows into them: an entry of the block table that names
+//! a page (set by an engine's allocator through [`PagedKvCache::set_block_table`]) is used as
+//! is, and a `-1` entry takes the lowest free page of the pool.
+//!
+//! Attention is [`super::attention`]'s split-K flash-decoding with each block cut at page
+//! boundaries: a block reads one page's rows of one KV head, through the same pass-1 kernels.
+
+use super::attention::{AttnOptions, Plan, check_call, run};
+use super::cache::check_append;
+use super::kernel::{CodeStream, HeadSource, NormSlice};
+use deltakv_contract::kv::codebook::codebook;
+use deltakv_contract::kv::paged::{self, PagedLayout, PagedView};
+use deltakv_contract::kv::rotation::Rotation;
+use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::{Error, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// The paged compressed KV cache of one layer for a batch of sequences.
+#[derive(Clone, Debug)]
+pub struct PagedKvCache {
+    layout: PagedLayout,
+    k: Quantizer,
+    v: Quantizer,
+    /// `[num_pages, page_words]`.
+    pool: Vec<u32>,
+    num_pages: usize,
+    max_pages: usize,
+    /// `[batch, max_pages]`, -1 where no page is assigned.
+    table: Vec<i32>,
+    lens: Vec<usize>,
+}
+
+/// One KV head's encoded new tokens: codes `[n, words]` and norms, for K and V.
+struct Encoded {
+    k_codes: Vec<u32>,
+    k_norms: Vec<f32>,
+    v_codes: Vec<u32>,
+    v_norms: Vec<f32>,
+}
+
+impl PagedKvCache {
+    /// An empty cache for `batch` sequences of up to `max_pages` pages each, over a pool of
+    /// `num_pages` pages (every block table entry -1).
+    pub fn new(
+        layout: PagedLayout,
+        batch: usize,
+        max_pages: usize,
+        num_pages: usize,
+    ) -> Result<Self> {
+        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
+        let s = layout.scheme;
+        let words = num_pages
+            .checked_mul(layout.page_words())
+            .filter(|&w| w <= isize::MAX as usize / 4)
+            .ok_or_else(|| {
+                Error::InvalidValue(format!("a pool of {num_pages} pages is too large"))
+            })?;
+        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
+        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
+        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
+        Ok(Self {
+            layout,
+            k,
+            v,
+            pool: vec![0; words],
+            num_pages,
+            max_pages,
+            table: vec![-1; batch * max_pages],
+            lens: vec![0; batch],
+        })
+    }
+
+    pub fn layout(&self) -> &PagedLayout {
+        &self.layout
+    }
+
+    pub fn key_quantizer(&self) -> &Quantizer {
+        &self.k
+    }
+
+    pub fn value_quantizer(&self) -> &Quantizer {
+        &self.v
+    }
+
+    pub fn rotation(&self) -> &Rotation {
+        &self.k.rotation
+    }
+
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Tokens held by each sequence.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    /// The block table `[batch, max_pages]`.
+    pub fn block_table(&self) -> &[i32] {
+        &self.table
+    }
+
+    /// The page pool `[num_pages, page_words]`.
+    pub fn pool(&self) -> &[u32] {
+        &self.pool
+    }
+
+    /// Replaces the block table (an engine's allocator choosing the pages); checked against
+    /// the tokens each sequence holds. The pages' contents are the caller's to have moved.
+    pub fn set_block_table(&mut self, table: &[i32]) -> Result<()> {
+        paged::validate_block_table(
+            &self.layout,
+            table,
+            self.max_pages,
+            &self.lens,
+            self.num_pages,
+        )?;
+        self.table.copy_from_slice(table);
+        Ok(())
+    }
+
+    /// Appends `n` tokens to sequence `seq`: `k`, `v` are `[n, kv_heads, d]` f32. A failed
+    /// append (non-finite input, a norm beyond its storage, no free page) changes nothing.
+    pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let s = self.layout.scheme;
+        let (heads, d) = (s.kv_heads, s.dim);
+        let n = check_append(seq, self.batch(), k, v, heads, d)?;
+        let old = self.lens[seq];
+        let new_len = paged::check_append(&self.layout, seq, self.batch(), old, n, self.max_pages)?;
+        let (kq, vq) = (&self.k, &self.v);
+        let encoded: Vec<Encoded> = (0..heads)
+            .into_par_iter()
+            .map(|h| -> Result<Encoded> {
+                let mut scratch = vec![0.0f32; d];
+                let mut codes = vec![0u32; d];
+                let mut out = Encoded {
+                    k_codes: vec![0; n * kq.words()],
+                    k_norms: Vec::with_capacity(n),
+                    v_codes: vec![0; n * vq.words()],
+                    v_norms: Vec::with_capacity(n),
+                };
+                let (first, stride) = (h * d, heads * d);
+                let norms = &mut out.k_norms;
+                kq.encode_rows(
+                    k,
+                    first,
+                    stride,
+                    n,
+                    &mut out.k_codes,
+                    &mut scratch,
+                    &mut codes,
+                    |x| norms.push(x),
+                )?;
+                let norms = &mut out.v_norms;
+                vq.encode_rows(
+                    v,
+                    first,
+                    stride,
+                    n,
+                    &mut out.v_codes,
+                    &mut scratch,
+                    &mut codes,
+                    |x| norms.push(x),
+                )?;
+                Ok(out)
+            })
+            .collect::<Result<_>>()?;
+        self.check_norms(&encoded)?;
+        let mut new_lens = self.lens.clone();
+        new_lens[seq] = new_len;
+        self.table = paged::assign_pages(
+            &self.layout,
+            &self.table,
+            self.max_pages,
+            &self.lens,
+            &new_lens,
+            self.num_pages,
+        )?;
+        let (l, pw) = (self.layout, self.layout.page_words());
+        let (rwk, rwv) = (l.row_words_k(), l.row_words_v());
+        let (wk, wv) = (kq.words(), vq.words());
+        for (h, e) in encoded.iter().enumerate() {
+            for i in 0..n {
+                let t = old + i;
+                let page = self.table[seq * self.max_pages + t / l.page_tokens] as usize;
+                let (base, slot) = (page * pw, t % l.page_tokens);
+                let row = &mut self.pool[base + l.k_codes_offset(h) + slot * rwk..][..rwk];
+                row[..wk].copy_from_slice(&e.k_codes[i * wk..][..wk]);
+                row[wk..].fill(0);
+                let row = &mut self.pool[base + l.v_codes_offset(h) + slot * rwv..][..rwv];
+                row[..wv].copy_from_slice(&e.v_codes[i * wv..][..wv]);
+                row[wv..].fill(0);
+                let dtype = s.norm_dtype;
+                store_norm(
+                    &mut self.pool[base + l.k_norms_offset(h)..],
+                    slot,
+                    e.k_norms[i],
+                    dtype,
+                );
+                store_norm(
+                    &mut self.pool[base + l.v_norms_offset(h)..],
+                    slot,
+                    e.v_norms[i],
+                    dtype,
+                );
+            }
+        }
+        self.lens[seq] = new_len;
+        Ok(())
+    }
+
+    /// Refuses norms beyond their storage (infinity would turn scores into NaN).
+    fn check_norms(&self, encoded: &[Encoded]) -> Result<()> {
+        let f16_storage = self.layout.scheme.norm_dtype == NormDType::F16;
+        let fits = |x: f32| {
+            if f16_storage {
+                f16::from_f32(x).is_finite()
+            } else {
+                x.is_finite()
+            }
+        };
+        for (h, e) in encoded.iter().enumerate() {
+            for (name, norms) in [("k", &e.k_norms), ("v", &e.v_norms)] {
+                if let Some(t) = norms.iter().position(|&x| !fits(x)) {
+                    let limit = if f16_storage {
+                        "the f16 norm storage (at most 65504); use f32 norms"
+                    } else {
+                        "the f32 norm storage"
+                    };
+                    return Err(Error::InvalidValue(format!(
+                        "tensor `{name}`: the vector at token {t}, head {h} has a norm beyond {limit}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of codes plus norms, K and V together, of the tokens held (rows unpadded).
+    pub fn bytes(&self) -> usize {
+        let s = self.layout.scheme;
+        self.lens.iter().sum::<usize>() * s.kv_heads * s.bytes_per_token_head()
+    }
+
+    /// The cache's pool, block table and lengths, to read rows with
+    /// ([`PagedView::row`]).
+    pub fn view(&self) -> PagedView<'_> {
+        PagedView {
+            layout: &self.layout,
+            pool: &self.pool,
+            table: &self.table,
+            max_pages: self.max_pages,
+            lens: &self.lens,
+        }
+    }
+}
+
+fn store_norm(section: &mut [u32], slot: usize, norm: f32, dtype: NormDType) {
+    match dtype {
+        NormDType::F32 => section[slot] = norm.to_bits(),
+        NormDType::F16 => {
+            let (word, shift) = (slot / 2, 16 * (slot % 2));
+            let bits = u32::from(f16::from_f32(norm).to_bits());
+            section[word] = (section[word] & !(0xFFFF << shift)) | bits << shift;
+        }
+    }
+}
+
+fn norm_slice(words: &[u32], dtype: NormDType) -> NormSlice<'_> {
+    match dtype {
+        NormDType::F32 => NormSlice::F32Words(words),
+        NormDType::F16 => NormSlice::F16Words(words),
+    }
+}
+
+/// Attention over the paged cache: `q [B, Tq, Hq, D]` f32 → `o [B, Tq, Hq, D]` f32, the
+/// same math and kernels as [`super::attend_compressed`].
+pub fn attend_paged(
+    cache: &PagedKvCache,
+    q: &[f32],
+    tq: usize,
+    hq: usize,
+    scale: f32,
+    opts: &AttnOptions,
+) -> Result<Vec<f32>> {
+    let l = cache.layout;
+    let s = l.scheme;
+    let lens = cache.lens.clone();
+    check_call(q, &lens, tq, hq, s.kv_heads, s.dim, scale, opts)?;
+    let plan = Plan {
+        batch: lens.len(),
+        tq,
+        hq,
+        hkv: s.kv_heads,
+        d: s.dim,
+        dim: s.dim.div_ceil(8) * 8,
+        group: hq / s.kv_heads,
+    };
+    let rotation = cache.rotation();
+    let pw = l.page_words();
+    let dtype = s.norm_dtype;
+    run(
+        plan,
+        &lens,
+        q,
+        scale,
+        opts,
+        |seq, head, t0| {
+            let p = t0 / l.page_tokens;
+            let page = &cache.pool[cache.table[seq * cache.max_pages + p] as usize * pw..][..pw];
+            let source = HeadSource::Compressed {
+                k: CodeStream {
+                    codes: &page[l.k_codes_offset(head)..],
+                    stride: l.row_words_k(),
+                    norms: norm_slice(&page[l.k_norms_offset(head)..], dtype),
+                },
+                v: CodeStream {
+                    codes: &page[l.v_codes_offset(head)..],
+                    stride: l.row_words_v(),
+                    norms: norm_slice(&page[l.v_norms_offset(head)..], dtype),
+                },
+                kq: &cache.k,
+                vq: &cache.v,
+                origin: p * l.page_tokens,
+            };
+            (source, (p + 1) * l.page_tokens)
+        },
+        |x, y| {
+            rotation.forward(x, y)?;
+            y[plan.d..].iter_mut().for_each(|v| *v = 0.0);
+            Ok(())
+        },
+        |y, x| rotation.inverse(&y[..plan.d], x),
+    )
+}

@@ -1,0 +1,615 @@
+// GDN chunked prefill on tensor cores (bf16 operands, f32 accumulation).
+//
+// For one (sequence, value head) and a chunk of c <= 64 tokens entered with state S (K x V),
+// G the within-chunk cumsum of g (restarting at a reset gate), D_ij = exp(G_i - G_j) for
+// j <= i in the same reset segment (else 0), d_i = exp(G_i) while no reset came before i,
+// e_i = exp(G_last - G_i) for tokens in the last reset segment:
+//
+//   A  = strictly_lower( diag(beta) K K^T o D )          T = (I + A)^-1
+//   W  = T diag(beta d) K                                U = T diag(beta) V
+//   V' = U - W S                                         (the delta-rule values)
+//   O  = scale * ( diag(d) Q S + (Q K^T o D) V' )
+//   S <- exp(G_last) S + K^T diag(e) V'                  (exp(G_last) = 0 after a reset)
+//
+// Three kernels run a call:
+//   gdn_prefill_prepare_*: every (chunk, head) in parallel: A, T (blockwise forward
+//     substitution in f32: 16 x 16 diagonal blocks, then the blocks below them), W and U (T
+//     split into two bf16 halves so the products keep ~16 bits), stored bf16.
+//   gdn_prefill_state_*: one block per (segment of chunks, head, 64 value columns) walks its
+//     chunks in order with S in registers (f32), computing V', O and the next S. In transition
+//     mode it runs without outputs from a zero state (the segment's own contribution D) or
+//     from the identity on K extra columns (the segment's linear map M on entry states).
+//   gdn_prefill_combine: per (sequence, head, 16 columns), the entry state of each segment:
+//     S_{s+1} = M_s S_s + D_s in f32, so long sequences with few heads use every SM.
+//
+// Rows past a sequence end are zero in Q, K, V and W/U and are masked before any exp.
+//
+// The kernels read q, k and v as bf16 with K and V padded to the compiled sizes KP and VP
+// ([rows, heads, KP]; q and k already l2-normalised when asked) and g as f32: the caller's
+// tensors when they already are, else copies made by gdn_prefill_convert.
+
+#define PF_CHUNK 64
+#define PF_TILE 64   // value columns per state block
+#define PF_PAD 8     // bf16 elements of padding per shared-memory row (bank spread)
+#define PF_LDC (PF_CHUNK + PF_PAD)
+
+// Fields of one segment record (i32): the sequence, its first chunk and chunk count, the
+// segment's position in its sequence and the sequence's segment count.
+#define SEG_SEQ 0
+#define SEG_FIRST_CHUNK 1
+#define SEG_CHUNKS 2
+#define SEG_INDEX 3
+#define SEG_COUNT 4
+#define SEG_FIELDS 5
+
+struct PrefillParams {
+    u64 q, k, v;          // bf16 [rows, Hg, KP], [rows, Hg, KP], [rows, H, VP]
+    u64 g;                // f32 [rows, H]
+    u64 beta;             // [rows, H] in beta_dtype
+    u64 o;                // [rows, H, V] in out_dtype
+    u64 w, u;             // bf16 [chunks, H, 64, KP] and [chunks, H, 64, VP]
+    u64 chunk_first_row;  // i64 [chunks]
+    u64 chunk_len;        // i32 [chunks]
+    u64 segments;         // i32 [segments, SEG_FIELDS]
+    u64 seq_first_segment;// i32 [N + 1]
+    u64 initial_state;    // f32 [*, H, K, V] or 0 (zero initial state)
+    u64 final_state;      // f32 [*, H, K, V] or 0 (not written)
+    u64 state_rows;       // i64 [N]: the row of initial/final state of each sequence, or 0 (= n)
+    u64 segment_states;   // f32 [segments, H, KP, VP]: entry state of each segment
+    u64 transition_d;     // f32 [segments, H, KP, VP]
+    u64 transition_m;     // f32 [segments, H, KP, KP]
+    u64 gates;            // [chunks, H] ChunkGates records (PF_GATES_BYTES each), from prepare
+    int key_heads, value_heads, key_dim, value_dim;
+    int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
+    int out_dtype, beta_dtype;
+    int use_segment_states;  // entry states come from segment_states (set when any sequence
+                             // has several segments)
+    float scale;
+    float reset_gate;
+};
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
+                                               const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The A operand (16 x 16) at (row0, col0) of a row-major bf16 matrix with leading dimension ld.
+__device__ __forceinline__ void frag_a(unsigned (&a)[4], const unsigned short* x, int ld,
+                                       int row0, int col0, int lane) {
+    const unsigned short* p = x + (row0 + (lane >> 2)) * ld + col0 + 2 * (lane & 3);
+    a[0] = *(const unsigned*)p;
+    a[1] = *(const unsigned*)(p + 8 * ld);
+    a[2] = *(const unsigned*)(p + 8);
+    a[3] = *(const unsigned*)(p + 8 * ld + 8);
+}
+
+// The B operand (16 x 8) at (k0, n0) of B[k][n] = z[n][k], z row-major with leading dimension
+// ld (so B's columns are z's rows).
+__device__ __forceinline__ void frag_b(unsigned (&b)[2], const unsigned short* z, int ld, int k0,
+                                       int n0, int lane) {
+    const unsigned short* p = z + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+    b[0] = *(const unsigned*)p;
+    b[1] = *(const unsigned*)(p + 8);
+}
+
+// Two floats rounded to bf16 (nearest even) in one register, `lo` in the low half: one
+// conversion instruction for the pair.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+// The chunk's gates in shared memory: within-chunk cumsum `g_cum` restarting after a reset
+// gate, the reset segment `seg` of each token, and the per-token decays. Rows >= len get
+// seg = -1 so every mask drops them. Needs `threads >= 64`; ends with a barrier.
+struct ChunkGates {
+    float g_cum[PF_CHUNK];
+    int seg[PF_CHUNK];
+    float start_decay[PF_CHUNK];  // d_i
+    float end_decay[PF_CHUNK];    // e_i
+    float beta[PF_CHUNK];
+    float up[PF_CHUNK];           // exp(G_i) and exp(-G_i), used when `factored`
+    float down[PF_CHUNK];
+    float state_decay;            // exp(G_last), 0 after a reset in the chunk
+    int factored;                 // no reset and |G| < 40: D_ij = up_i down_j
+};
+
+// Bytes the gates take at the start of dynamic shared memory (a multiple of 128, so the bf16
+// arrays after them keep the alignment of 16-byte copies).
+#define PF_GATES_BYTES ((sizeof(ChunkGates) + 127) / 128 * 128)
+
+// The gates of a chunk from its log decays (g[2 lane], g[2 lane + 1]; 0 past `len`), by warp
+// 0 alone: a segmented inclusive scan across the warp (a reset token restarts the sum at 0),
+// then the decays. The caller puts a block barrier between this and any reader.
+__device__ void scan_chunk_gates(ChunkGates& s, float g_even, float g_odd, int len,
+                                 float reset_gate) {
+    const int lane = threadIdx.x & 31;
+    const int t0 = 2 * lane, t1 = t0 + 1;
+    const int reset0 = t0 < len && g_even < reset_gate, reset1 = t1 < len && g_odd < reset_gate;
+    const float x0 = reset0 ? 0.0f : g_even, x1 = reset1 ? 0.0f : g_odd;
+    // This lane's pair as one element of the scan: (has a reset, sum since the last reset,
+    // resets).
+    float sum = reset1 ? x1 : x0 + x1;
+    int restarts = reset0 | reset1, resets = reset0 + reset1;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        float sum_up = __shfl_up_sync(0xffffffffu, sum, offset);
+        int restarts_up = __shfl_up_sync(0xffffffffu, restarts, offset);
+        int resets_up = __shfl_up_sync(0xffffffffu, resets, offset);
+        if (lane >= offset) {
+            sum = restarts ? sum : sum_up + sum;
+            restarts |= restarts_up;
+            resets += resets_up;
+        }
+    }
+    float before = __shfl_up_sync(0xffffffffu, sum, 1);
+    int resets_before = __shfl_up_sync(0xffffffffu, resets, 1);
+    if (lane == 0) {
+        before = 0.0f;
+        resets_before = 0;
+    }
+    const float cum0 = reset0 ? 0.0f : before + x0;
+    const float cum1 = reset1 ? 0.0f : cum0 + x1;
+    const int seg0 = resets_before + reset0, seg1 = seg0 + reset1;
+    s.g_cum[t0] = cum0;
+    s.g_cum[t1] = cum1;
+    s.seg[t0] = t0 < len ? seg0 : -1;
+    s.seg[t1] = t1 < len ? seg1 : -1;
+    __syncwarp();
+    const float last = s.g_cum[len - 1];
+    const int last_seg = s.seg[len - 1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int t = t0 + h;
+        s.start_decay[t] = s.seg[t] == 0 ? expf(s.g_cum[t]) : 0.0f;
+        s.end_decay[t] = s.seg[t] == last_seg ? expf(last - s.g_cum[t]) : 0.0f;
+    }
+    if (lane == 0) s.state_decay = last_seg == 0 ? expf(last) : 0.0f;
+    // Within +-40 the pairwise decays factor without overflow (exp(40) ~ 2e17) and without the
+    // cancellation of large cumsums; otherwise pair_decay takes each difference exactly.
+    const bool in_range = (t0 >= len || fabsf(cum0) < 40.0f) && (t1 >= len || fabsf(cum1) < 40.0f);
+    const int factored = __all_sync(0xffffffffu, in_range) && last_seg == 0;
+    s.up[t0] = expf(cum0);
+    s.up[t1] = expf(cum1);
+    s.down[t0] = expf(-cum0);
+    s.down[t1] = expf(-cum1);
+    if (lane == 0) s.factored = factored;
+}
+
+// Asynchronous 16- and 4-byte copies into shared memory; `valid == false` writes zeros and
+// reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+// Four 8 x 8 bf16 matrices from shared memory, transposed (ldmatrix .trans): lane l gives the
+// row address of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+
+// B operands of the two n8 tiles at n0 and n0 + 8, k rows k0..k0+15, of a row-major x[k][n].
+__device__ __forceinline__ void frag_b2_rowmajor(unsigned (&b0)[2], unsigned (&b1)[2],
+                                                 const unsigned short* x, int ld, int k0, int n0,
+                                                 int lane) {
+    const int m = lane >> 3, i = lane & 7;
+    unsigned r[4];
+    ldsm_x4_trans(r, x + (k0 + i + 8 * (m & 1)) * ld + n0 + 8 * (m >> 1));
+    b0[0] = r[0];
+    b0[1] = r[1];
+    b1[0] = r[2];
+    b1[1] = r[3];
+}
+
+// The A operand (16 x 16 at row m0, column k0) of A = x^T for a row-major x[k][m].
+__device__ __forceinline__ void frag_a_transposed(unsigned (&a)[4], const unsigned short* x,
+                                                  int ld, int m0, int k0, int lane) {
+    const int m = lane >> 3, i = lane & 7;
+    ldsm_x4_trans(a, x + (k0 + i + 8 * (m >> 1)) * ld + m0 + 8 * (m & 1));
+}
+
+// Copies 64 rows of KP bf16 (row r of the chunk at src + r * row_stride; zeros from row `len`)
+// into x[64][ld] with 16-byte asynchronous copies.
+template <int KP>
+__device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const unsigned short* src,
+                                                long long row_stride, int len) {
+    constexpr int PIECES = KP / 8;
+    for (int idx = threadIdx.x; idx < PF_CHUNK * PIECES; idx += blockDim.x) {
+        const int r = idx / PIECES, piece = idx % PIECES;
+        const bool valid = r < len;
+        cp_async16(x + r * ld + 8 * piece, src + (valid ? r : 0) * row_stride + 8 * piece, valid);
+    }
+}
+
+// D_ij of the chunk (0 outside j <= i within one reset segment).
+__device__ __forceinline__ float pair_decay(const ChunkGates& s, int i, int j) {
+    if (j > i || s.seg[i] < 0) return 0.0f;
+    if (s.factored) return s.up[i] * s.down[j];
+    return s.seg[i] == s.seg[j] ? expf(s.g_cum[i] - s.g_cum[j]) : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------
+// Convert: rows of `dim` floats of any dtype into rows of `pad` bf16 (or f32), zero-padded,
+// l2-normalised when asked (row / sqrt(|row|^2 + 1e-6), the contract's rule, in f32 from the
+// input values). One warp per row.
+
+struct ConvertParams {
+    u64 src, dst;
+    long long rows;
+    int dim, pad, src_dtype, to_f32, normalize;
+};
+
+// The fast path of a bf16 row whose length is the padded length: PER contiguous elements per
+// lane, read and written as one vector, normalised in registers.
+template <int PER>
+__device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsigned short* dst,
+                                                 bool normalize, int lane) {
+    constexpr int WORDS = PER / 2;
+    unsigned bits[WORDS];
+    const unsigned* from = (const unsigned*)src + lane * WORDS;
+    unsigned* to = (unsigned*)dst + lane * WORDS;
+    if constexpr (WORDS == 4) {
+        uint4 x = *(const uint4*)from;
+        bits[0] = x.x, bits[1] = x.y, bits[2] = x.z, bits[3] = x.w;
+    } else if constexpr (WORDS == 2) {
+        uint2 x = *(const uint2*)from;
+        bits[0] = x.x, bits[1] = x.y;
+    } else {
+        bits[0] = *from;
+    }
+    if (!normalize) {
+#pragma unroll
+        for (int j = 0; j < WORDS; ++j) to[j] = bits[j];
+        return;
+    }
+    float lo[WORDS], hi[WORDS], sum_sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < WORDS; ++j) {
+        lo[j] = bf16_to_f32((unsigned short)(bits[j] & 0xffffu));
+        hi[j] = bf16_to_f32((unsigned short)(bits[j] >> 16));
+        sum_sq += lo[j] * lo[j] + hi[j] * hi[j];
+    }
+    const float factor = 1.0f / sqrtf(warp_sum(sum_sq) + 1e-6f);
+#pragma unroll
+    for (int j = 0; j < WORDS; ++j) bits[j] = pack_bf16(lo[j] * factor, hi[j] * factor);
+    if constexpr (WORDS == 4) {
+        *(uint4*)to = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    } else if constexpr (WORDS == 2) {
+        *(uint2*)to = make_uint2(bits[0], bits[1]);
+    } else {
+        *to = bits[0];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertParams p) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * 8;
+    const bool fast = p.src_dtype == DT_BF16 && !p.to_f32 && p.dim == p.pad &&
+                      (p.pad == 64 || p.pad == 128 || p.pad == 256);
+    for (long long r = blockIdx.x * 8LL + (threadIdx.x >> 5); r < p.rows; r += warps) {
+        if (fast) {
+            const unsigned short* src = (const unsigned short*)p.src + r * p.pad;
+            unsigned short* dst = (unsigned short*)p.dst + r * p.pad;
+            if (p.pad == 64) convert_bf16_row<2>(src, dst, p.normalize != 0, lane);
+            else if (p.pad == 128) convert_bf16_row<4>(src, dst, p.normalize != 0, lane);
+            else convert_bf16_row<8>(src, dst, p.normalize != 0, lane);
+            continue;
+        }
+        float factor = 1.0f;
+        if (p.normalize) {
+            float sum_sq = 0.0f;
+            for (int c = lane; c < p.dim; c += 32) {
+                const float x = load_float((const void*)p.src, r * p.dim + c, p.src_dtype);
+                sum_sq += x * x;
+            }
+            factor = 1.0f / sqrtf(warp_sum(sum_sq) + 1e-6f);
+        }
+        for (int c = lane; c < p.pad; c += 32) {
+            const float x =
+                c < p.dim ? load_float((const void*)p.src, r * p.dim + c, p.src_dtype) * factor : 0.0f;
+            if (p.to_f32) {
+                ((float*)p.dst)[r * p.pad + c] = x;
+            } else {
+                ((unsigned short*)p.dst)[r * p.pad + c] = f32_to_bf16(x);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prepare: A, T, W, U for one (chunk, head). 4 warps.
+
+template <int KP, int VP>
+__device__ void prepare_impl(const PrefillParams& p) {
+    constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
+    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    ChunkGates& gates = *(ChunkGates*)smem_raw;
+    unsigned short* keys = (unsigned short*)(smem_raw + PF_GATES_BYTES);  // [64][LDK]
+    unsigned short* values = keys + PF_CHUNK * LDK;                      // [64][LDV]
+    float* a_mat = (float*)(values + PF_CHUNK * LDV);                   // [64][LDF]
+    float* blocks = a_mat + PF_CHUNK * LDF;                             // [3][16][17]
+    float* t_mat = blocks + 3 * 16 * 17;                                // [64][LDF]
+    // The bf16 halves of T reuse A's and the blocks' space once T is complete.
+    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
+    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
+
+    const int chunk = blockIdx.x, head = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+    const int len = ((const int*)p.chunk_len)[chunk];
+    const int key_head = head / (p.value_heads / p.key_heads);
+
+    copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + (first_row * p.key_heads + key_head) * KP,
+                        (long long)p.key_heads * KP, len);
+    copy_rows_async<VP>(values, LDV, (const unsigned short*)p.v + (first_row * p.value_heads + head) * VP,
+                        (long long)p.value_heads * VP, len);
+    cp_async_commit();
+    if (warp == 0) {
+        const float* g = (const float*)p.g + first_row * p.value_heads + head;
+        const int t0 = 2 * lane;
+        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
+        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
+        scan_chunk_gates(gates, g_even, g_odd, len, p.reset_gate);
+    }
+    if (threadIdx.x < PF_CHUNK) {
+        const int t = threadIdx.x;
+        gates.beta[t] = t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head,
+                                             p.beta_dtype)
+                                : 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK; idx += blockDim.x) {
+        t_mat[(idx / PF_CHUNK) * LDF + idx % PF_CHUNK] = 0.0f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    {
+        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
+        const unsigned* from = (const unsigned*)&gates;
+        unsigned* to = (unsigned*)((unsigned char*)p.gates +
+                                   ((long long)chunk * p.value_heads + head) * PF_GATES_BYTES);
+        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
+    }
+
+    // A = strictly_lower(diag(beta) K K^T o D): warp w owns rows 16w..16w+15.
+    {
+        float acc[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4];
+            frag_a(a, keys, LDK, 16 * warp, k0, lane);
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                unsigned b[2];
+                frag_b(b, keys, LDK, k0, 8 * n, lane);
+                mma_bf16_16816(acc[n], a, b);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int i = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+                int j = 8 * n + 2 * (lane & 3) + (e & 1);
+                a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][e] * pair_decay(gates, i, j) : 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution (thread j
+    // owns column j), then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
+    if (threadIdx.x < PF_CHUNK) {
+        const int j = threadIdx.x, block_end = (j & ~15) + 16;
+        for (int i = j; i < block_end; ++i) {
+            float t = i == j ? 1.0f : 0.0f;
+            for (int m = j; m < i; ++m) t -= a_mat[i * LDF + m] * t_mat[m * LDF + j];
+            t_mat[i * LDF + j] = t;
+        }
+    }
+    __syncthreads();
+    // Each thread computes a 2 x 2 micro-tile (rows ii, ii + 8; columns jj, jj + 8 of a block),
+    // so every value it loads feeds two multiply-adds.
+    for (int bi = 1; bi < 4; ++bi) {
+        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
+            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
+            const float* a0 = a_mat + (16 * bi + ii) * LDF;
+            const float* a8 = a0 + 8 * LDF;
+            const float* t = t_mat + 16 * bj + jj;
+            float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
+            for (int m = 16 * bj; m < 16 * bi; ++m) {
+                const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
+                x00 += p0 * q0;
+                x08 += p0 * q8;
+                x80 += p8 * q0;
+                x88 += p8 * q8;
+            }
+            float* x = blocks + (bj * 16 + ii) * 17 + jj;
+            x[0] = x00;
+            x[8] = x08;
+            x[8 * 17] = x80;
+            x[8 * 17 + 8] = x88;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
+            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
+            // T_II is lower triangular with zeros above its diagonal, so both rows run to ii + 8.
+            const float* t0 = t_mat + (16 * bi + ii) * LDF + 16 * bi;
+            const float* t8 = t0 + 8 * LDF;
+            const float* x = blocks + bj * 16 * 17 + jj;
+            float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
+            for (int mm = 0; mm <= ii + 8; ++mm) {
+                const float p0 = t0[mm], p8 = t8[mm], q0 = x[mm * 17], q8 = x[mm * 17 + 8];
+                y00 -= p0 * q0;
+                y08 -= p0 * q8;
+                y80 -= p8 * q0;
+                y88 -= p8 * q8;
+            }
+            float* out = t_mat + (16 * bi + ii) * LDF + 16 * bj + jj;
+            out[0] = y00;
+            out[8] = y08;
+            out[8 * LDF] = y80;
+            out[8 * LDF + 8] = y88;
+        }
+        __syncthreads();
+    }
+
+    // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
+    // scaled T times the bf16 operand.
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
+            const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
+            const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
+            const float x1 =
+                t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
+            const unsigned hi = pack_bf16(x0, x1);
+            *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
+            *(unsigned*)(t_lo + i * PF_LDC + m) =
+                pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
+                          x1 - bf16_to_f32((unsigned short)(hi >> 16)));
+        }
+        __syncthreads();
+        const unsigned short* operand = pass == 0 ? keys : values;
+        const int ld = pass == 0 ? LDK : LDV;
+        const int cols = pass == 0 ? KP : VP;
+        unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
+        const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
+        unsigned a_hi[4][4], a_lo[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            frag_a(a_hi[kk], t_hi, PF_LDC, 16 * warp, 16 * kk, lane);
+            frag_a(a_lo[kk], t_lo, PF_LDC, 16 * warp, 16 * kk, lane);
+        }
+        for (int n0 = 0; n0 < cols; n0 += 16) {
+            float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned b0[2], b1[2];
+                frag_b2_rowmajor(b0, b1, operand, ld, 16 * kk, n0, lane);
+                mma_bf16_16816(acc0, a_hi[kk], b0);
+                mma_bf16_16816(acc0, a_lo[kk], b0);
+                mma_bf16_16816(acc1, a_hi[kk], b1);
+                mma_bf16_16816(acc1, a_lo[kk], b1);
+            }
+            const int r = 16 * warp + (lane >> 2), c = n0 + 2 * (lane & 3);
+            unsigned short* row0 = out + out_base + (long long)r * cols;
+            unsigned short* row8 = row0 + 8LL * cols;
+            *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
+            *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
+            *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
+            *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine: the entry state of every segment of one sequence, for one head and 16 columns:
+// S_0 = the initial state (or 0), S_{s+1} = M_s S_s + D_s. 256 threads; M is read through
+// shared memory 16 columns at a time.
+
+#define COMBINE_COLS 16
+#define COMBINE_M_COLS 16
+
+template <int KP>
+__device__ void combine_impl(const PrefillParams& p) {
+    constexpr int ROWS_PER_PASS = 256 / COMBINE_COLS;  // each thread: one column, KP/16 rows
+    constexpr int ROWS_PER_THREAD = KP / ROWS_PER_PASS;
+    __shared__ float entry[KP][COMBINE_COLS];
+    __shared__ float m_block[KP][COMBINE_M_COLS + 1];
+    const int seq = blockIdx.x, head = blockIdx.y, col0 = blockIdx.z * COMBINE_COLS;
+    const int col = threadIdx.x % COMBINE_COLS, row_group = threadIdx.x / COMBINE_COLS;
+    const int first = ((const int*)p.seq_first_segment)[seq];
+    const int count = ((const int*)p.seq_first_segment)[seq + 1] - first;
+    const long long state_row =
+        p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+    float* seg_states = (float*)p.segment_states;
+
+    for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+        int r = row_group + ROWS_PER_PASS * i, c = col0 + col;
+        float x = 0.0f;
+        if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+            x = ((const float*)p.initial_state)
+                [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+        }
+        entry[r][col] = x;
+        seg_states[(((long long)first * p.value_heads + head) * KP + r) * p.value_pad + c] = x;
+    }
+    __syncthreads();
+    for (int s = 0; s + 1 < count; ++s) {
+        const long long seg_head = (long long)(first + s) * p.value_heads + head;
+        const float* m = (const float*)p.transition_m + seg_head * KP * KP;
+        const float* d = (const float*)p.transition_d + seg_head * KP * p.value_pad;
+        float acc[ROWS_PER_THREAD];
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) acc[i] = 0.0f;
+        for (int m0 = 0; m0 < KP; m0 += COMBINE_M_COLS) {
+            for (int idx = threadIdx.x; idx < KP * COMBINE_M_COLS; idx += blockDim.x) {
+                int r = idx / COMBINE_M_COLS, mm = idx % COMBINE_M_COLS;
+                m_block[r][mm] = m[(long long)r * KP + m0 + mm];
+            }
+            __syncthreads();
+            for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+                int r = row_group + ROWS_PER_PASS * i;
+                float a = acc[i];
+#pragma unroll
+                for (int mm = 0; mm < COMBINE_M_COLS; ++mm) a += m_block[r][mm] * entry[m0 + mm][col];
+                acc[i] = a;
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+            int r = row_group + ROWS_PER_PASS * i, c = col0 + col;
+            float x = acc[i] + d[(long long)r * p.value_pad + c];
+            entry[r][col] = x;
+            seg_states[((seg_head + p.value_heads) * KP + r) * p.value_pad + c] = x;
+        }
+        __syncthreads();
+    }
+}
+
+#define PF_ENTRY_POINTS(KP, VP)                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                        \
+        gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
+        prepare_impl<KP, VP>(p);                                                              \
+    }
+
+PF_ENTRY_POINTS(64, 64)
+PF_ENTRY_POINTS(64, 128)
+PF_ENTRY_POINTS(64, 256)
+PF_ENTRY_POINTS(128, 64)
+PF_ENTRY_POINTS(128, 128)
+PF_ENTRY_POINTS(128, 256)
+PF_ENTRY_POINTS(256, 64)
+PF_ENTRY_POINTS(256, 128)
+PF_ENTRY_POINTS(256, 256)
+
+#define PF_COMBINE_ENTRY_POINT(KP)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) gdn_prefill_combine_k##KP(PrefillParams p) { \
+        combine_impl<KP>(p);                                                                  \
+    }
+
+PF_COMBINE_ENTRY_POINT(64)
+PF_COMBINE_ENTRY_POINT(128)
+PF_COMBINE_ENTRY_POINT(256)

@@ -1,0 +1,314 @@
+// ---------------------------------------------------------------------------------------
+// The state pass. Block = KP / 16 warps; warp w owns state rows 16w..16w+15 over the block's
+// 64 columns (8 mma tiles, 32 f32 per thread). Products over the chunk (64 x 64 outputs: X,
+// scores, O) are split as 4 row tiles x (32 / warps) column tiles per warp.
+//
+// The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through
+// asynchronous copies while chunk c computes (two stages; one for KP = 256, where two do not
+// fit). Shared memory: per stage the chunk's gates (computed by the prepare kernel), q, k, W
+// [64][KP + PAD], U [64][64 + PAD];
+// then the state [KP][64 + PAD], V', diag(e) V' and the scores [64][64 + PAD], all bf16
+// row-major (the transposed operands are read with ldmatrix .trans). The host mirrors this in
+// `state_smem`.
+
+// Where a block's entry state comes from and where its end state goes.
+#define MODE_OUTPUT 0      // outputs and (last segment) the final state
+#define MODE_TRANSITION 1  // no outputs; D (zero entry, U) or M (identity entry, no U)
+
+template <int KP>
+struct StateStage {
+    static constexpr int LDK = KP + PF_PAD;
+    static constexpr int HALFS = 3 * PF_CHUNK * LDK + PF_CHUNK * PF_LDC;  // q, k, w, u
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
+    ChunkGates* gates;
+    unsigned short* q;
+    unsigned short* k;
+    unsigned short* w;
+    unsigned short* u;
+    __device__ StateStage(unsigned char* base) {
+        gates = (ChunkGates*)base;
+        q = (unsigned short*)(base + PF_GATES_BYTES);
+        k = q + PF_CHUNK * LDK;
+        w = k + PF_CHUNK * LDK;
+        u = w + PF_CHUNK * LDK;
+    }
+};
+
+// Queues the copies of chunk `chunk`'s inputs into `stage`.
+template <int KP, int MODE>
+__device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
+                                            int chunk, int head, int key_head, int col0,
+                                            bool m_cols) {
+    constexpr int LDK = KP + PF_PAD;
+    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+    const int len = ((const int*)p.chunk_len)[chunk];
+    if (MODE == MODE_OUTPUT) {
+        copy_rows_async<KP>(stage.q, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
+                            (long long)p.key_heads * KP, len);
+    }
+    copy_rows_async<KP>(stage.k, LDK, (const unsigned short*)p.k + (first_row * p.key_heads + key_head) * KP,
+                        (long long)p.key_heads * KP, len);
+    const long long chunk_head = (long long)chunk * p.value_heads + head;
+    copy_rows_async<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK);
+    if (!m_cols) {
+        copy_rows_async<PF_TILE>(stage.u, PF_LDC,
+                                 (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                                 p.value_pad, PF_CHUNK);
+    }
+    {
+        const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
+        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 16); i += blockDim.x) {
+            cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
+        }
+    }
+    cp_async_commit();
+}
+
+template <int KP, int MODE>
+__device__ void state_impl(const PrefillParams& p) {
+    constexpr int WARPS = KP / 16;
+    constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
+    constexpr int LDK = KP + PF_PAD;
+    constexpr int STAGES = KP == 256 ? 1 : 2;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned short* state_s = (unsigned short*)(stage_base + STAGES * StateStage<KP>::BYTES);  // [KP][LDC]
+    unsigned short* new_values = state_s + KP * PF_LDC;                 // [64][LDC]
+    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // [64][LDC]
+    unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;        // [64][LDC]
+
+    const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int seg_index = seg[SEG_INDEX], seg_count = seg[SEG_COUNT];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int tiles_v = p.value_pad / PF_TILE;
+    if (MODE == MODE_TRANSITION && seg_index == seg_count - 1) return;  // nothing needs it
+    // Columns of this block: value columns, or (transition mode, tile >= tiles_v) columns of
+    // the K x K map M.
+    const bool m_cols = MODE == MODE_TRANSITION && tile >= tiles_v;
+    const int col0 = (m_cols ? tile - tiles_v : tile) * PF_TILE;
+    const long long state_row =
+        p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+
+    // Entry state into registers: rows 16 warp + lane/4 (+8), columns 8n + 2(lane%4) (+1).
+    float state[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+            float x = 0.0f;
+            if (MODE == MODE_TRANSITION) {
+                x = (m_cols && r == c) ? 1.0f : 0.0f;
+            } else if (p.use_segment_states) {
+                x = ((const float*)p.segment_states)
+                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
+            } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+                x = ((const float*)p.initial_state)
+                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+            }
+            state[n][e] = x;
+        }
+    }
+
+    const int row_tile = 16 * (warp & 3);
+    const int n_first = (warp >> 2) * NT;
+    if (STAGES == 2) issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, head, key_head, col0, m_cols);
+    for (int ci = 0; ci < chunks; ++ci) {
+        const int chunk = first_chunk + ci;
+        const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
+        if (STAGES == 1) issue_stage<KP, MODE>(stage, p, chunk, head, key_head, col0, m_cols);
+        cp_async_wait_all();
+        __syncthreads();
+        if (STAGES == 2 && ci + 1 < chunks) {
+            issue_stage<KP, MODE>(StateStage<KP>(stage_base + ((ci + 1) & 1) * StateStage<KP>::BYTES), p,
+                                  chunk + 1, head, key_head, col0, m_cols);
+        }
+        const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+        const int len = ((const int*)p.chunk_len)[chunk];
+
+        // Stage 1: the entry state as bf16.
+        const ChunkGates& gates = *stage.gates;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int r = 16 * warp + (lane >> 2) + 8 * h;
+                int c = 8 * n + 2 * (lane & 3);
+                *(unsigned*)(state_s + r * PF_LDC + c) = pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
+            }
+        }
+        __syncthreads();
+
+        // Stage 2: V' = U - W S (and its end-decayed copy), the scores, O = diag(d) Q S.
+        float out[NT][4];
+        {
+            float x[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
+#pragma unroll 8
+            for (int k0 = 0; k0 < KP; k0 += 16) {
+                unsigned a[4];
+                frag_a(a, stage.w, LDK, row_tile, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(x[n], a, b0);
+                    mma_bf16_16816(x[n + 1], a, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = row_tile + (lane >> 2) + 8 * h;
+                    int c = 8 * (n_first + n) + 2 * (lane & 3);
+                    float u0 = 0.0f, u1 = 0.0f;
+                    if (!m_cols) {
+                        unsigned bits = *(const unsigned*)(stage.u + r * PF_LDC + c);
+                        u0 = bf16_to_f32((unsigned short)(bits & 0xffffu));
+                        u1 = bf16_to_f32((unsigned short)(bits >> 16));
+                    }
+                    float v0 = u0 - x[n][2 * h], v1 = u1 - x[n][2 * h + 1];
+                    if (MODE == MODE_OUTPUT) {
+                        *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
+                    }
+                    float e = gates.end_decay[r];
+                    *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
+                }
+            }
+        }
+        if (MODE == MODE_OUTPUT) {
+            float sc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+            }
+#pragma unroll 8
+            for (int k0 = 0; k0 < KP; k0 += 16) {
+                unsigned a[4];
+                frag_a(a, stage.q, LDK, row_tile, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b[2], b0[2], b1[2];
+                    frag_b(b, stage.k, LDK, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(sc[n], a, b);
+                    frag_b(b, stage.k, LDK, k0, 8 * (n_first + n + 1), lane);
+                    mma_bf16_16816(sc[n + 1], a, b);
+                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(out[n], a, b0);
+                    mma_bf16_16816(out[n + 1], a, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int i = row_tile + (lane >> 2) + 8 * h;
+                    int j = 8 * (n_first + n) + 2 * (lane & 3);
+                    *(unsigned*)(scores + i * PF_LDC + j) =
+                        pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
+                                  sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
+                    out[n][2 * h] *= gates.start_decay[i];
+                    out[n][2 * h + 1] *= gates.start_decay[i];
+                }
+            }
+        }
+        __syncthreads();
+
+        // Stage 3: O += scores V' (then stored), S <- exp(G_last) S + K^T diag(e) V'.
+        if (MODE == MODE_OUTPUT) {
+#pragma unroll
+            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+                unsigned a[4];
+                frag_a(a, scores, PF_LDC, row_tile, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, new_values, PF_LDC, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(out[n], a, b0);
+                    mma_bf16_16816(out[n + 1], a, b1);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = row_tile + (lane >> 2) + 8 * h;
+                if (i >= len) continue;
+                const long long row = ((first_row + i) * p.value_heads + head) * (long long)p.value_dim;
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int c = col0 + 8 * (n_first + n) + 2 * (lane & 3);
+                    const float o0 = out[n][2 * h] * p.scale, o1 = out[n][2 * h + 1] * p.scale;
+                    if (p.out_dtype == DT_BF16 && c + 1 < p.value_dim && ((row + c) & 1) == 0) {
+                        *(unsigned*)((unsigned short*)p.o + row + c) = pack_bf16(o0, o1);
+                    } else {
+                        if (c < p.value_dim) store_float((void*)p.o, row + c, p.out_dtype, o0);
+                        if (c + 1 < p.value_dim) store_float((void*)p.o, row + c + 1, p.out_dtype, o1);
+                    }
+                }
+            }
+        }
+        {
+            const float decay = gates.state_decay;
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) state[n][e] *= decay;
+            }
+#pragma unroll
+            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+                unsigned a[4];
+                frag_a_transposed(a, stage.k, LDK, 16 * warp, k0, lane);
+#pragma unroll
+                for (int n = 0; n < 8; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
+                    mma_bf16_16816(state[n], a, b0);
+                    mma_bf16_16816(state[n + 1], a, b1);
+                }
+            }
+        }
+    }
+
+    // End state.
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+            if (MODE == MODE_TRANSITION) {
+                if (m_cols) {
+                    ((float*)p.transition_m)
+                        [(((long long)segment * p.value_heads + head) * KP + r) * KP + c] = state[n][e];
+                } else {
+                    ((float*)p.transition_d)
+                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
+                }
+            } else if (p.final_state && seg_index == seg_count - 1 && r < p.key_dim &&
+                       c < p.value_dim) {
+                ((float*)p.final_state)
+                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[n][e];
+            }
+        }
+    }
+}
+
+#define PF_STATE_ENTRY_POINTS(KP)                                                             \
+    extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
+        gdn_prefill_state_k##KP(PrefillParams p) {                                            \
+        state_impl<KP, MODE_OUTPUT>(p);                                                       \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
+        gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
+        state_impl<KP, MODE_TRANSITION>(p);                                                   \
+    }
+
+PF_STATE_ENTRY_POINTS(64)
+PF_STATE_ENTRY_POINTS(128)
+PF_STATE_ENTRY_POINTS(256)

@@ -1,0 +1,394 @@
+// Compressed-KV encode: new keys and values appended into the paged cache through the block
+// table (layout: deltakv_contract::kv::paged), codes and norms bit for bit those of the CPU
+// codec (deltakv_contract::kv::codec::Quantizer::encode):
+//
+//   r = |x|   (f32 squares in 8 partial sums, acc[i % 8] in index order, then acc0 + .. + acc7;
+//              when that overflows or underflows below 1e-30: the f64 sum in index order)
+//   y = Pi x  (Hadamard: x * s, the butterflies h = 1, 2, 4, ... each one f32 add or subtract,
+//              then * (1 / sqrt(d)) as f32; dense: 16 partial sums per row, as `dot_lanes`)
+//   u = y * (float)(1 / r),  idx = #{boundaries < u},  packed LSB first
+//   norm = (float)(r / sqrt((double) sum_squares(levels[idx])))      (0 for a zero vector)
+//
+// Every product and sum is an explicit round-to-nearest intrinsic, so the compiler cannot
+// contract a multiply and an add into an FMA the CPU does not do. A flag word reports a
+// non-finite input (bit 0) or a norm beyond its storage (bit 1); the host refuses the append.
+
+#define KV_FULL 0xffffffffu
+#define KV_ENC_WARPS 4
+
+struct KvEncodeParams {
+    const void* k;           // [B, Tn, Hkv, d]
+    const void* v;
+    unsigned* pool;          // [num_pages, page_words]
+    const int* block_table;  // [B, max_pages]
+    const int* seq_lens;     // [B] tokens held before this append
+    const int* new_lens;     // [B] tokens appended (each <= Tn)
+    const float* consts;     // see KV_C_* below
+    int* flags;
+    int batch, tokens, kv_heads, dim, in_dtype, norm_f16;
+    int bits_k, bits_v, words_k, words_v;
+    int page_tokens, max_pages, page_words, head_words, row_words_k, row_words_v, norm_words;
+    float hadamard_norm;     // 1 / sqrt(d) as the CPU computes it (f32 sqrt, f32 divide)
+};
+
+// Offsets (in floats) into `consts`: levels and boundaries of K and V (256 each, boundaries
+// padded with +inf), then the Hadamard signs (d) or the dense matrix transposed (d x d).
+#define KV_C_LEVELS_K 0
+#define KV_C_BOUNDS_K 256
+#define KV_C_LEVELS_V 512
+#define KV_C_BOUNDS_V 768
+#define KV_C_ROTATION 1024
+
+__device__ __forceinline__ bool kv_finite(float x) {
+    return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// Index of the nearest level: the number of boundaries below u (sorted, so a binary search).
+__device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, float u) {
+    unsigned idx = 0;
+    for (unsigned step = 1u << (bits - 1); step > 0; step >>= 1) {
+        if (u > bounds[idx + step - 1]) idx += step;
+    }
+    return idx;
+}
+
+// Stores the stored norm of a vector (f32, or f16 in its half of a word).
+__device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float norm, int f16,
+                                              int* flags) {
+    if (f16) {
+        unsigned short h = f32_to_f16(norm);
+        if ((h & 0x7c00u) == 0x7c00u) atomicOr(flags, 2);
+        ((unsigned short*)section)[slot] = h;
+    } else {
+        if (!kv_finite(norm)) atomicOr(flags, 2);
+        section[slot] = __float_as_uint(norm);
+    }
+}
+
+// The destination of vector (b, t, h) of stream `kv`: the row's first word and the norm
+// section, in the pool.
+__device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, int b, int t,
+                                               int h, unsigned** row, unsigned** norms,
+                                               int* slot) {
+    int at = p.seq_lens[b] + t;
+    long long page = p.block_table[(long long)b * p.max_pages + at / p.page_tokens];
+    *slot = at % p.page_tokens;
+    unsigned* head = p.pool + page * p.page_words + (long long)h * p.head_words;
+    int kcodes = p.page_tokens * p.row_words_k;
+    int vcodes = p.page_tokens * p.row_words_v;
+    if (kv == 0) {
+        *row = head + (long long)(*slot) * p.row_words_k;
+        *norms = head + kcodes + vcodes;
+    } else {
+        *row = head + kcodes + (long long)(*slot) * p.row_words_v;
+        *norms = head + kcodes + vcodes + p.norm_words;
+    }
+}
+
+// OR reduce-scatter over the 8 lanes of a vector: lane l starts with v[j] (its code of group
+// j, shifted into place) and ends with v[8m] = the whole group 8m + l. Each step pairs slots j
+// and j + off, keeps the one whose bit `off` matches the lane's, and ORs in the partner's.
+template <typename T, int E>
+__device__ __forceinline__ void kv_or_scatter(T (&v)[E], int l) {
+#pragma unroll
+    for (int off = 4; off >= 1; off >>= 1) {
+        const bool up = (l & off) != 0;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if ((j & (7 & ~(off - 1))) == 0) {
+                const T lo = v[j], hi = v[j + off];
+                v[j] = (up ? hi : lo) | __shfl_xor_sync(KV_FULL, up ? lo : hi, off);
+            }
+        }
+    }
+}
+
+// Hadamard d = 8 * E: eight lanes per vector, four vectors per warp. Lane l of a vector holds
+// elements i = 8 j + l (j < E): exactly the elements of the CPU's partial sum acc[l], and
+// the butterflies h < 8 are lane exchanges, h >= 8 register pairs.
+template <int E>
+__device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
+    __shared__ float levels[256];
+    __shared__ float bounds[256];
+    const int kv = blockIdx.y;
+    const int bits = kv == 0 ? p.bits_k : p.bits_v;
+    const int words = kv == 0 ? p.words_k : p.words_v;
+    const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
+    const float* src_levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
+    const float* src_bounds = p.consts + (kv == 0 ? KV_C_BOUNDS_K : KV_C_BOUNDS_V);
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        levels[i] = src_levels[i];
+        bounds[i] = src_bounds[i];
+    }
+    __syncthreads();
+    const void* src = kv == 0 ? p.k : p.v;
+    const int lane = threadIdx.x & 31, l = lane & 7, gbase = lane & 24;
+    float sign[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) sign[j] = p.consts[KV_C_ROTATION + 8 * j + l];
+    const long long total = (long long)p.batch * p.tokens * p.kv_heads;
+    const long long warps = (long long)gridDim.x * KV_ENC_WARPS;
+    // Every lane of a warp runs every iteration (the shuffles need the whole warp); a lane
+    // whose vector does not exist computes on zeros and stores nothing.
+    for (long long w = (long long)blockIdx.x * KV_ENC_WARPS + (threadIdx.x >> 5); w * 4 < total;
+         w += warps) {
+        const long long vec = w * 4 + (lane >> 3);
+        bool valid = vec < total;
+        int b = 0, t = 0, h = 0;
+        if (valid) {
+            h = (int)(vec % p.kv_heads);
+            long long bt = vec / p.kv_heads;
+            t = (int)(bt % p.tokens);
+            b = (int)(bt / p.tokens);
+            valid = t < p.new_lens[b];
+        }
+        float x[E];
+        bool bad = false;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            x[j] = valid ? load_float(src, vec * p.dim + 8 * j + l, p.in_dtype) : 0.0f;
+            bad |= !kv_finite(x[j]);
+            acc = __fadd_rn(acc, __fmul_rn(x[j], x[j]));
+        }
+        if (bad) atomicOr(p.flags, 1);
+        float fast = __shfl_sync(KV_FULL, acc, gbase);
+#pragma unroll
+        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, __shfl_sync(KV_FULL, acc, gbase + k));
+        const bool slow = !(kv_finite(fast) && fast >= 1e-30f);
+        double r = __dsqrt_rn((double)fast);
+        if (__any_sync(KV_FULL, slow && valid)) {
+            double s = 0.0;
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    double e = (double)__shfl_sync(KV_FULL, x[j], gbase + k);
+                    s = __dadd_rn(s, __dmul_rn(e, e));
+                }
+            }
+            if (slow) r = __dsqrt_rn(s);
+        }
+        // y = H diag(s) x / sqrt(d), butterflies in the CPU's order.
+#pragma unroll
+        for (int j = 0; j < E; ++j) x[j] = __fmul_rn(x[j], sign[j]);
+        // Lane exchanges: the lower lane of a pair keeps x + other, the upper other - x, both
+        // as one fma with +-1 (exact product, one rounding: the CPU's add or subtract).
+#pragma unroll
+        for (int hb = 1; hb < 8; hb <<= 1) {
+            const float sgn = (l & hb) ? -1.0f : 1.0f;
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                float other = __shfl_xor_sync(KV_FULL, x[j], hb);
+                x[j] = __fmaf_rn(sgn, x[j], other);
+            }
+        }
+#pragma unroll
+        for (int hj = 1; hj < E; hj <<= 1) {
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                if ((j & hj) == 0) {
+                    float a = x[j], c = x[j + hj];
+                    x[j] = __fadd_rn(a, c);
+                    x[j + hj] = __fsub_rn(a, c);
+                }
+            }
+        }
+        const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
+        unsigned code[E];
+        float cacc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
+            code[j] = kv_nearest(bounds, bits, u);
+            float c = levels[code[j]];
+            cacc = __fadd_rn(cacc, __fmul_rn(c, c));
+        }
+        float code_sq = __shfl_sync(KV_FULL, cacc, gbase);
+#pragma unroll
+        for (int k = 1; k < 8; ++k)
+            code_sq = __fadd_rn(code_sq, __shfl_sync(KV_FULL, cacc, gbase + k));
+        const double code_norm = __dsqrt_rn((double)code_sq);
+        const float norm =
+            (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
+        unsigned* row = 0;
+        unsigned* norms = 0;
+        int slot = 0;
+        if (valid) kv_destination(p, kv, b, t, h, &row, &norms, &slot);
+        // Group j (codes 8j .. 8j+7, one per lane) is 8 * bits bits starting at byte j * bits;
+        // lane l gathers groups l, l + 8, .. by an OR reduce-scatter and stores them.
+        unsigned char* bytes = (unsigned char*)row;
+        if (bits == 8) {
+            u64 g[E];
+#pragma unroll
+            for (int j = 0; j < E; ++j) g[j] = (u64)code[j] << (8 * l);
+            kv_or_scatter<u64, E>(g, l);
+#pragma unroll
+            for (int m = 0; m < E / 8; ++m)
+                if (valid) ((u64*)bytes)[8 * m + l] = g[8 * m];
+        } else {
+            unsigned g[E];
+#pragma unroll
+            for (int j = 0; j < E; ++j) g[j] = code[j] << (bits * l);
+            kv_or_scatter<unsigned, E>(g, l);
+#pragma unroll
+            for (int m = 0; m < E / 8; ++m) {
+                const int j = 8 * m + l;
+                if (!valid) continue;
+                if (bits == 4) {
+                    ((unsigned*)bytes)[j] = g[8 * m];
+                } else if (bits == 2) {
+                    ((unsigned short*)bytes)[j] = (unsigned short)g[8 * m];
+                } else {
+                    bytes[3 * j] = (unsigned char)g[8 * m];
+                    bytes[3 * j + 1] = (unsigned char)(g[8 * m] >> 8);
+                    bytes[3 * j + 2] = (unsigned char)(g[8 * m] >> 16);
+                }
+            }
+        }
+        if (valid) {
+            for (int pad = words + l; pad < row_words; pad += 8) row[pad] = 0u;
+            if (l == 0) kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard64(KvEncodeParams p) {
+    kv_encode_hadamard<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard128(KvEncodeParams p) {
+    kv_encode_hadamard<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard256(KvEncodeParams p) {
+    kv_encode_hadamard<32>(p);
+}
+
+// Any d (the dense rotation): one warp per vector, the vector staged in shared memory, each
+// sum in the CPU's order by the lanes that own it.
+extern "C" __global__ void __launch_bounds__(128) kv_encode_dense(KvEncodeParams p) {
+    __shared__ float levels[256];
+    __shared__ float bounds[256];
+    __shared__ float xs[KV_ENC_WARPS][256];
+    __shared__ unsigned char cs[KV_ENC_WARPS][256];
+    const int kv = blockIdx.y;
+    const int bits = kv == 0 ? p.bits_k : p.bits_v;
+    const int words = kv == 0 ? p.words_k : p.words_v;
+    const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
+    const float* src_levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
+    const float* src_bounds = p.consts + (kv == 0 ? KV_C_BOUNDS_K : KV_C_BOUNDS_V);
+    const float* matrix_t = p.consts + KV_C_ROTATION;  // [c][i] = M[i][c]
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        levels[i] = src_levels[i];
+        bounds[i] = src_bounds[i];
+    }
+    __syncthreads();
+    const void* src = kv == 0 ? p.k : p.v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = p.dim;
+    float* x = xs[warp];
+    unsigned char* codes = cs[warp];
+    const long long total = (long long)p.batch * p.tokens * p.kv_heads;
+    for (long long vec = (long long)blockIdx.x * KV_ENC_WARPS + warp; vec < total;
+         vec += (long long)gridDim.x * KV_ENC_WARPS) {
+        const int h = (int)(vec % p.kv_heads);
+        const long long bt = vec / p.kv_heads;
+        const int t = (int)(bt % p.tokens), b = (int)(bt / p.tokens);
+        if (t >= p.new_lens[b]) continue;  // uniform over the warp
+        bool bad = false;
+        for (int i = lane; i < d; i += 32) {
+            x[i] = load_float(src, vec * d + i, p.in_dtype);
+            bad |= !kv_finite(x[i]);
+        }
+        if (bad) atomicOr(p.flags, 1);
+        __syncwarp();
+        // |x|: acc[l] over indices 8j + l, then the tail d - d % 8 .. d.
+        float acc = 0.0f;
+        if (lane < 8) {
+            for (int j = 0; j < d / 8; ++j) {
+                float e = x[8 * j + lane];
+                acc = __fadd_rn(acc, __fmul_rn(e, e));
+            }
+        }
+        float fast = __shfl_sync(KV_FULL, acc, 0);
+        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, __shfl_sync(KV_FULL, acc, k));
+        float tail = 0.0f;
+        for (int i = d / 8 * 8; i < d; ++i) tail = __fadd_rn(tail, __fmul_rn(x[i], x[i]));
+        fast = __fadd_rn(fast, tail);
+        double r;
+        if (kv_finite(fast) && fast >= 1e-30f) {
+            r = __dsqrt_rn((double)fast);
+        } else {
+            double s = 0.0;
+            for (int i = 0; i < d; ++i) {
+                double e = (double)x[i];
+                s = __dadd_rn(s, __dmul_rn(e, e));
+            }
+            r = __dsqrt_rn(s);
+        }
+        const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
+        // y_i = M[i] . x with sixteen partial sums, then the tail (as `dot_lanes`).
+        for (int i = lane; i < d; i += 32) {
+            float part[16];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) part[k] = 0.0f;
+            for (int j = 0; j < d / 16; ++j) {
+#pragma unroll
+                for (int k = 0; k < 16; ++k) {
+                    int c = 16 * j + k;
+                    part[k] = __fadd_rn(part[k], __fmul_rn(matrix_t[(long long)c * d + i], x[c]));
+                }
+            }
+            float tl = 0.0f;
+            for (int c = d / 16 * 16; c < d; ++c)
+                tl = __fadd_rn(tl, __fmul_rn(matrix_t[(long long)c * d + i], x[c]));
+            float y = part[0];
+#pragma unroll
+            for (int k = 1; k < 16; ++k) y = __fadd_rn(y, part[k]);
+            y = __fadd_rn(y, tl);
+            codes[i] = (unsigned char)kv_nearest(bounds, bits, __fmul_rn(y, inv));
+        }
+        __syncwarp();
+        float cacc = 0.0f;
+        if (lane < 8) {
+            for (int j = 0; j < d / 8; ++j) {
+                float c = levels[codes[8 * j + lane]];
+                cacc = __fadd_rn(cacc, __fmul_rn(c, c));
+            }
+        }
+        float code_sq = __shfl_sync(KV_FULL, cacc, 0);
+        for (int k = 1; k < 8; ++k) code_sq = __fadd_rn(code_sq, __shfl_sync(KV_FULL, cacc, k));
+        float ctail = 0.0f;
+        for (int i = d / 8 * 8; i < d; ++i) {
+            float c = levels[codes[i]];
+            ctail = __fadd_rn(ctail, __fmul_rn(c, c));
+        }
+        code_sq = __fadd_rn(code_sq, ctail);
+        const double code_norm = __dsqrt_rn((double)code_sq);
+        const float norm =
+            (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
+        unsigned* row;
+        unsigned* norms;
+        int slot;
+        kv_destination(p, kv, b, t, h, &row, &norms, &slot);
+        // Word w holds the bits 32w .. 32w + 31 of the LSB-first stream.
+        for (int w = lane; w < row_words; w += 32) {
+            unsigned word = 0u;
+            if (w < words) {
+                int first = 32 * w / bits, last = min((32 * w + 31) / bits, d - 1);
+                for (int i = first; i <= last; ++i) {
+                    int shift = i * bits - 32 * w;
+                    unsigned c = codes[i];
+                    word |= shift >= 0 ? c << shift : c >> (-shift);
+                }
+            }
+            row[w] = word;
+        }
+        if (lane == 0) kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
+        __syncwarp();
+    }
+}
+
+// After an append: seq_lens[b] += new_lens[b].
+extern "C" __global__ void kv_advance_lens(int* seq_lens, const int* new_lens, int batch) {
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < batch) seq_lens[b] += new_lens[b];
+}

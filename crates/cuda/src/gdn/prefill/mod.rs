@@ -1,0 +1,676 @@
+//! GDN chunked prefill on CUDA tensor cores: a whole prompt through the recurrence, from
+//! optional initial states to the final states, with the contract's semantics (see
+//! `deltakv_contract::gdn`): GQA/GVA, any T, varlen `cu_seqlens`, l2 norm, scale, bf16/f16/f32
+//! inputs, K and V up to 256.
+//!
+//! The algorithm and its kernels are described at the top of `kernels/gdn_prefill.cu`: a
+//! parallel pass per chunk (A, its inverse, W and U), an optional two-level scan over segments
+//! of chunks (each segment's linear map and contribution, then the entry state of every
+//! segment), and the state pass that writes the outputs.
+//!
+//! Precision: the products take bf16 operands with f32 accumulation (q, k and v are rounded to
+//! bf16 after the l2 norm, W and U are stored in bf16, the state enters the products in bf16);
+//! the state, the decays, the triangular inverse and the segment combine stay f32.
+//!
+//! Validation before launch: shapes and dtypes (the contract's check) and `cu_seqlens` (copied
+//! to the host). Values on the device are not scanned (NaN, g > 0): [`gdn_prefill_host`] runs
+//! the contract's full check on host inputs.
+
+mod plan;
+
+use crate::compile::KernelSource;
+use crate::gdn::decode::dtype_code;
+use crate::runtime::{Cuda, driver_error};
+use crate::tensor::CudaTensor;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::gdn::gating::RESET_GATE;
+use deltakv_contract::gdn::prefill::validate::{
+    PrefillShapes, check_prefill_meta, validate_prefill,
+};
+use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput};
+use deltakv_contract::tensor::check_result_finite;
+use deltakv_contract::{DType, Error, HostTensor, Result};
+use plan::{CHUNK, PrefillPlan, TILE, padded_dim};
+
+/// The prefill kernels' source.
+pub const SOURCE: KernelSource = KernelSource {
+    name: "gdn_prefill",
+    text: concat!(
+        include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_state.cu")
+    ),
+};
+
+/// Mirrors `struct PrefillParams` in the kernel, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PrefillParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    beta: u64,
+    o: u64,
+    w: u64,
+    u: u64,
+    chunk_first_row: u64,
+    chunk_len: u64,
+    segments: u64,
+    seq_first_segment: u64,
+    initial_state: u64,
+    final_state: u64,
+    state_rows: u64,
+    segment_states: u64,
+    transition_d: u64,
+    transition_m: u64,
+    gates: u64,
+    key_heads: i32,
+    value_heads: i32,
+    key_dim: i32,
+    value_dim: i32,
+    key_pad: i32,
+    value_pad: i32,
+    out_dtype: i32,
+    beta_dtype: i32,
+    use_segment_states: i32,
+    scale: f32,
+    reset_gate: f32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for PrefillParams {}
+
+/// Mirrors `struct ConvertParams` in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ConvertParams {
+    src: u64,
+    dst: u64,
+    rows: i64,
+    dim: i32,
+    pad: i32,
+    src_dtype: i32,
+    to_f32: i32,
+    normalize: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for ConvertParams {}
+
+/// A copy of one input in the form the kernels read (bf16 padded rows, or f32 gates), made on
+/// every launch.
+struct Conversion {
+    params: ConvertParams,
+    blocks: u32,
+}
+
+/// How one input becomes what the kernels read.
+#[derive(Clone, Copy)]
+struct OperandForm {
+    /// Elements per row of the input.
+    dim: usize,
+    /// Elements per row the kernels read (zero-padded).
+    pad: usize,
+    dtype: DType,
+    /// l2-normalise each row.
+    normalize: bool,
+}
+
+/// The input `t` as the kernels read it: itself when it already has `form`, else a scratch
+/// buffer filled by a conversion at every launch.
+fn kernel_operand(
+    cuda: &Cuda,
+    t: &CudaTensor,
+    form: OperandForm,
+    conversions: &mut Vec<Conversion>,
+    buffers: &mut Vec<CudaTensor>,
+) -> Result<u64> {
+    let OperandForm {
+        dim,
+        pad,
+        dtype,
+        normalize,
+    } = form;
+    let rows = t.shape().iter().product::<usize>() / dim.max(1);
+    if t.dtype() == dtype && dim == pad && !normalize {
+        return Ok(t.device_address(cuda));
+    }
+    let scratch = CudaTensor::zeros(cuda, vec![rows, pad], dtype)?;
+    let params = ConvertParams {
+        src: t.device_address(cuda),
+        dst: scratch.device_address(cuda),
+        rows: rows as i64,
+        dim: dim as i32,
+        pad: pad as i32,
+        src_dtype: dtype_code(t.dtype()),
+        to_f32: i32::from(dtype == DType::F32),
+        normalize: i32::from(normalize),
+    };
+    // One warp per row, eight per block.
+    let blocks = rows.div_ceil(8).clamp(1, 65535) as u32;
+    conversions.push(Conversion { params, blocks });
+    let address = params.dst;
+    buffers.push(scratch);
+    Ok(address)
+}
+
+/// Prefill results on the GPU.
+#[derive(Debug)]
+pub struct CudaPrefillOutput {
+    /// `[B, T, H, V]` in v's dtype.
+    pub o: CudaTensor,
+    /// `[N, H, K, V]` f32, when asked.
+    pub final_state: Option<CudaTensor>,
+}
+
+/// Where the states of a call come from and go.
+pub enum PrefillStates<'a> {
+    /// `inputs.initial_state` (or zeros) in; a new final state out when `output_final_state`.
+    Separate { output_final_state: bool },
+    /// A pool `[slots, H, K, V]` f32: sequence `n` starts from slot `slot_indices[n]` and its
+    /// final state is written back there, in place (no gather or scatter).
+    Pool {
+        pool: &'a mut CudaTensor,
+        slot_indices: &'a CudaTensor,
+    },
+}
+
+/// A validated prefill call with its scratch buffers, ready to launch any number of times (a
+/// CUDA graph captures [`PrefillLaunch::launch`]).
+pub struct PrefillLaunch {
+    params: PrefillParams,
+    plan: PrefillPlan,
+    value_heads: u32,
+    sequences: u32,
+    prepare: (cudarc::driver::CudaFunction, u32),
+    state: (cudarc::driver::CudaFunction, u32),
+    transition: cudarc::driver::CudaFunction,
+    combine: cudarc::driver::CudaFunction,
+    convert: cudarc::driver::CudaFunction,
+    conversions: Vec<Conversion>,
+    tiles_v: u32,
+    tiles_k: u32,
+    key_pad: u32,
+    value_pad: u32,
+    _buffers: Vec<CudaTensor>,
+}
+
+/// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`).
+fn prepare_smem(kp: usize, vp: usize) -> usize {
+    let ldc = CHUNK + 8;
+    // T's bf16 halves reuse the space of A and the blocks.
+    debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17));
+    gates_bytes()
+        + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
+        + 4 * (2 * CHUNK * (CHUNK + 1) + 3 * 16 * 17)
+}
+
+/// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
+/// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
+/// operands.
+fn state_smem(kp: usize) -> usize {
+    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
+    let stages = if kp == 256 { 1 } else { 2 };
+    stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
+}
+
+/// `ChunkGates` rounded up to 128 bytes: seven `[64]` arrays of 4 bytes and two scalars.
+fn gates_bytes() -> usize {
+    (7 * CHUNK * 4 + 8).next_multiple_of(128)
+}
+
+impl PrefillLaunch {
+    /// Validates a call on device tensors and prepares its launch, writing `o` (`[B, T, H, V]`,
+    /// v's dtype) and the final states as `states` says. `segment_chunks` forces the segment
+    /// length of the two-level scan (`None`: chosen from the GPU's size).
+    pub fn new(
+        cuda: &Cuda,
+        inputs: &GdnInputs<'_, CudaTensor>,
+        options: &GdnOptions,
+        states: &mut PrefillStates<'_>,
+        o: &mut CudaTensor,
+        final_state: Option<&mut CudaTensor>,
+        segment_chunks: Option<usize>,
+    ) -> Result<Self> {
+        let offsets = match inputs.cu_seqlens {
+            Some(cu) => Some(cu.download(cuda)?.to_i64_vec("cu_seqlens")?),
+            None => None,
+        };
+        let PrefillShapes { dims, seqs, scale } =
+            check_prefill_meta(inputs, options, offsets.as_deref())?;
+        let (o_shape, state_shape) = (
+            [dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
+            [seqs.len(), dims.value_heads, dims.key_dim, dims.value_dim],
+        );
+        expect_buffer("o", o, &o_shape, inputs.v.dtype())?;
+        if dims.tokens == 0 {
+            return Err(Error::InvalidValue(
+                "prefill needs at least one token (T = 0)".to_string(),
+            ));
+        }
+        let (kp, vp) = (padded_dim(dims.key_dim), padded_dim(dims.value_dim));
+        let (tiles_v, tiles_k) = (vp / TILE, kp / TILE);
+        let plan = PrefillPlan::new(
+            &seqs,
+            dims.value_heads * tiles_v,
+            cuda.multiprocessors(),
+            segment_chunks.or_else(segment_chunks_from_env),
+        );
+        let heads = dims.value_heads;
+        let (initial, final_address, state_rows_buffer) = match states {
+            PrefillStates::Separate { .. } => {
+                let final_address = match final_state {
+                    Some(f) => {
+                        expect_buffer("final_state", f, &state_shape, DType::F32)?;
+                        f.device_address_mut(cuda)
+                    }
+                    None => 0,
+                };
+                (
+                    inputs.initial_state.map_or(0, |s| s.device_address(cuda)),
+                    final_address,
+                    None,
+                )
+            }
+            PrefillStates::Pool { pool, slot_indices } => {
+                if inputs.initial_state.is_some() {
+                    return Err(Error::InvalidValue(
+                        "initial_state and a state pool were both given: a pooled prefill reads \
+                         each sequence's initial state from its slot"
+                            .to_string(),
+                    ));
+                }
+                let slots = pool.shape().first().copied().unwrap_or(0);
+                let want = [slots, heads, dims.key_dim, dims.value_dim];
+                expect_buffer("state_pool", pool, &want, DType::F32)?;
+                let rows = deltakv_contract::gdn::decode::validate::slot_rows(
+                    &slot_indices.download(cuda)?,
+                    seqs.len(),
+                    slots,
+                )?;
+                let rows: Vec<i64> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(n, r)| {
+                        r.map(|r| r as i64).ok_or_else(|| {
+                            Error::InvalidValue(format!(
+                                "slot_indices[{n}] is negative: every sequence of a pooled \
+                                 prefill needs a slot"
+                            ))
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                let address = pool.device_address_mut(cuda);
+                (address, address, Some(upload_i64(cuda, rows)?))
+            }
+        };
+
+        let chunks = plan.chunks();
+        let segments = plan.segment_count();
+        let scratch = |shape: Vec<usize>, dtype| CudaTensor::zeros(cuda, shape, dtype);
+        let w = scratch(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
+        let u = scratch(vec![chunks, heads, CHUNK, vp], DType::BF16)?;
+        let gates = scratch(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
+        let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
+        let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
+        let segment_table = upload_i32(cuda, plan.segments.clone())?;
+        let seq_first_segment = upload_i32(cuda, plan.seq_first_segment.clone())?;
+        let (segment_states, transition_d, transition_m) = if plan.segmented {
+            (
+                scratch(vec![segments, heads, kp, vp], DType::F32)?,
+                scratch(vec![segments, heads, kp, vp], DType::F32)?,
+                scratch(vec![segments, heads, kp, kp], DType::F32)?,
+            )
+        } else {
+            let empty = || scratch(vec![0], DType::F32);
+            (empty()?, empty()?, empty()?)
+        };
+        let beta_dtype = inputs.beta.dtype();
+        let mut conversions = Vec::new();
+        let mut operands = Vec::new();
+        let mut operand =
+            |t: &CudaTensor, form| kernel_operand(cuda, t, form, &mut conversions, &mut operands);
+        let query_key = OperandForm {
+            dim: dims.key_dim,
+            pad: kp,
+            dtype: DType::BF16,
+            normalize: options.use_qk_l2norm,
+        };
+        let value = OperandForm {
+            dim: dims.value_dim,
+            pad: vp,
+            dtype: DType::BF16,
+            normalize: false,
+        };
+        // g as one column of B * T * H rows: only its dtype may change.
+        let gate = OperandForm {
+            dim: 1,
+            pad: 1,
+            dtype: DType::F32,
+            normalize: false,
+        };
+        let (q, k, v, g) = (
+            operand(inputs.q, query_key)?,
+            operand(inputs.k, query_key)?,
+            operand(inputs.v, value)?,
+            operand(inputs.g, gate)?,
+        );
+        let params = PrefillParams {
+            q,
+            k,
+            v,
+            g,
+            beta: inputs.beta.device_address(cuda),
+            o: o.device_address_mut(cuda),
+            w: w.device_address(cuda),
+            u: u.device_address(cuda),
+            chunk_first_row: chunk_first_row.device_address(cuda),
+            chunk_len: chunk_len.device_address(cuda),
+            segments: segment_table.device_address(cuda),
+            seq_first_segment: seq_first_segment.device_address(cuda),
+            initial_state: initial,
+            final_state: final_address,
+            state_rows: state_rows_buffer
+                .as_ref()
+                .map_or(0, |t| t.device_address(cuda)),
+            segment_states: segment_states.device_address(cuda),
+            transition_d: transition_d.device_address(cuda),
+            transition_m: transition_m.device_address(cuda),
+            gates: gates.device_address(cuda),
+            key_heads: dims.key_heads as i32,
+            value_heads: heads as i32,
+            key_dim: dims.key_dim as i32,
+            value_dim: dims.value_dim as i32,
+            key_pad: kp as i32,
+            value_pad: vp as i32,
+            out_dtype: dtype_code(inputs.v.dtype()),
+            beta_dtype: dtype_code(beta_dtype),
+            use_segment_states: i32::from(plan.segmented),
+            scale,
+            reset_gate: RESET_GATE,
+        };
+        if heads > 65535 || chunks > i32::MAX as usize {
+            return Err(Error::Unsupported(format!(
+                "CUDA prefill takes at most 65535 value heads and 2^31 chunks, got H = {heads}, \
+                 {chunks} chunks"
+            )));
+        }
+        let prepare = cuda.function(&SOURCE, prepare_name(kp, vp))?;
+        let (state, transition, combine) = state_names(kp);
+        let mut buffers = vec![
+            w,
+            u,
+            gates,
+            chunk_first_row,
+            chunk_len,
+            segment_table,
+            seq_first_segment,
+            segment_states,
+            transition_d,
+            transition_m,
+        ];
+        buffers.extend(state_rows_buffer);
+        buffers.extend(operands);
+        Ok(Self {
+            convert: cuda.function(&SOURCE, "gdn_prefill_convert")?,
+            conversions,
+            params,
+            value_heads: heads as u32,
+            sequences: seqs.len() as u32,
+            prepare: (prepare, prepare_smem(kp, vp) as u32),
+            state: (cuda.function(&SOURCE, state)?, state_smem(kp) as u32),
+            transition: cuda.function(&SOURCE, transition)?,
+            combine: cuda.function(&SOURCE, combine)?,
+            tiles_v: tiles_v as u32,
+            tiles_k: tiles_k as u32,
+            key_pad: kp as u32,
+            value_pad: vp as u32,
+            plan,
+            _buffers: buffers,
+        })
+    }
+
+    /// Queues the call's kernels on deltakv's stream.
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+        let heads = self.value_heads;
+        let segments = self.plan.segment_count() as u32;
+        let state_threads = 2 * self.key_pad;
+        for conversion in &self.conversions {
+            let mut builder = cuda.stream().launch_builder(&self.convert);
+            builder.arg(&conversion.params);
+            let config = LaunchConfig {
+                grid_dim: (conversion.blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: source and scratch hold `rows * dim` and `rows * pad` elements of their
+            // dtypes (the scratch was allocated from the source's shape).
+            unsafe { builder.launch(config) }
+                .map_err(|e| driver_error("launching gdn_prefill_convert", e))?;
+        }
+        let run = |f: &cudarc::driver::CudaFunction, grid, block, smem, what: &str| {
+            let mut builder = cuda.stream().launch_builder(f);
+            builder.arg(&self.params);
+            let config = LaunchConfig {
+                grid_dim: grid,
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            // SAFETY: the parameters point at live buffers of the sizes the kernels index: the
+            // inputs and outputs passed the contract's shape check, and the scratch buffers and
+            // tables were sized from the same plan the kernels walk.
+            unsafe { builder.launch(config) }
+                .map(|_| ())
+                .map_err(|e| driver_error(&format!("launching {what}"), e))
+        };
+        run(
+            &self.prepare.0,
+            (self.plan.chunks() as u32, heads, 1),
+            128,
+            self.prepare.1,
+            "gdn_prefill_prepare",
+        )?;
+        if self.plan.segmented {
+            run(
+                &self.transition,
+                (segments, heads, self.tiles_v + self.tiles_k),
+                state_threads,
+                self.state.1,
+                "gdn_prefill_transition",
+            )?;
+            run(
+                &self.combine,
+                (self.sequences, heads, self.value_pad / 16),
+                256,
+                0,
+                "gdn_prefill_combine",
+            )?;
+        }
+        run(
+            &self.state.0,
+            (segments, heads, self.tiles_v),
+            state_threads,
+            self.state.1,
+            "gdn_prefill_state",
+        )
+    }
+
+    /// Segments the state pass walks in parallel (one per sequence unless segmented).
+    pub fn segments(&self) -> usize {
+        self.plan.segment_count()
+    }
+}
+
+/// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
+fn segment_chunks_from_env() -> Option<usize> {
+    std::env::var("DELTAKV_PREFILL_SEGMENT_CHUNKS")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&n: &usize| n > 0)
+}
+
+fn prepare_name(kp: usize, vp: usize) -> &'static str {
+    match (kp, vp) {
+        (64, 64) => "gdn_prefill_prepare_k64_v64",
+        (64, 128) => "gdn_prefill_prepare_k64_v128",
+        (64, _) => "gdn_prefill_prepare_k64_v256",
+        (128, 64) => "gdn_prefill_prepare_k128_v64",
+        (128, 128) => "gdn_prefill_prepare_k128_v128",
+        (128, _) => "gdn_prefill_prepare_k128_v256",
+        (_, 64) => "gdn_prefill_prepare_k256_v64",
+        (_, 128) => "gdn_prefill_prepare_k256_v128",
+        _ => "gdn_prefill_prepare_k256_v256",
+    }
+}
+
+fn state_names(kp: usize) -> (&'static str, &'static str, &'static str) {
+    match kp {
+        64 => (
+            "gdn_prefill_state_k64",
+            "gdn_prefill_transition_k64",
+            "gdn_prefill_combine_k64",
+        ),
+        128 => (
+            "gdn_prefill_state_k128",
+            "gdn_prefill_transition_k128",
+            "gdn_prefill_combine_k128",
+        ),
+        _ => (
+            "gdn_prefill_state_k256",
+            "gdn_prefill_transition_k256",
+            "gdn_prefill_combine_k256",
+        ),
+    }
+}
+
+fn expect_buffer(name: &str, t: &CudaTensor, shape: &[usize], dtype: DType) -> Result<()> {
+    if t.shape() != shape || t.dtype() != dtype {
+        return Err(Error::InvalidValue(format!(
+            "buffer `{name}` is {:?} {}, expected {shape:?} {dtype}",
+            t.shape(),
+            t.dtype()
+        )));
+    }
+    Ok(())
+}
+
+fn upload_i64(cuda: &Cuda, values: Vec<i64>) -> Result<CudaTensor> {
+    CudaTensor::upload(cuda, &HostTensor::from_i64(vec![values.len()], values)?)
+}
+
+fn upload_i32(cuda: &Cuda, values: Vec<i32>) -> Result<CudaTensor> {
+    CudaTensor::upload(cuda, &HostTensor::from_i32(vec![values.len()], values)?)
+}
+
+/// Prefill on device tensors: validates shapes (see the module docs), runs the kernels on
+/// deltakv's stream and returns `o` and, when `states` asks, the final state.
+pub fn gdn_prefill(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_, CudaTensor>,
+    options: &GdnOptions,
+    mut states: PrefillStates<'_>,
+) -> Result<CudaPrefillOutput> {
+    let dims = deltakv_contract::gdn::shapes::gdn_dims(inputs.q, inputs.v)?;
+    let mut o = CudaTensor::poisoned(
+        cuda,
+        vec![dims.batch, dims.tokens, dims.value_heads, dims.value_dim],
+        inputs.v.dtype(),
+    )?;
+    let mut final_state = match &states {
+        PrefillStates::Separate {
+            output_final_state: true,
+        } => {
+            let sequences = match inputs.cu_seqlens {
+                Some(cu) => cu.shape().first().copied().unwrap_or(1).saturating_sub(1),
+                None => dims.batch,
+            };
+            Some(CudaTensor::poisoned(
+                cuda,
+                vec![sequences, dims.value_heads, dims.key_dim, dims.value_dim],
+                DType::F32,
+            )?)
+        }
+        _ => None,
+    };
+    let launch = PrefillLaunch::new(
+        cuda,
+        inputs,
+        options,
+        &mut states,
+        &mut o,
+        final_state.as_mut(),
+        None,
+    )?;
+    launch.launch(cuda)?;
+    Ok(CudaPrefillOutput { o, final_state })
+}
+
+/// Prefill of host tensors on the GPU: the contract's full check (values included) on the
+/// host, upload, the kernels, and the results copied back. `segment_chunks` forces the segment
+/// length of the two-level scan (`None`: chosen from the GPU's size).
+pub fn gdn_prefill_host(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    segment_chunks: Option<usize>,
+) -> Result<GdnOutput> {
+    validate_prefill(inputs, options)?;
+    let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
+    let (q, k, v, g, beta) = (
+        up(inputs.q)?,
+        up(inputs.k)?,
+        up(inputs.v)?,
+        up(inputs.g)?,
+        up(inputs.beta)?,
+    );
+    let initial_state = inputs.initial_state.map(up).transpose()?;
+    let cu_seqlens = inputs.cu_seqlens.map(up).transpose()?;
+    let device_inputs = GdnInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        initial_state: initial_state.as_ref(),
+        cu_seqlens: cu_seqlens.as_ref(),
+    };
+    let mut o = CudaTensor::poisoned(cuda, inputs.v.shape().to_vec(), inputs.v.dtype())?;
+    let sequences = match inputs.cu_seqlens {
+        Some(cu) => cu.len().saturating_sub(1),
+        None => inputs.q.shape()[0],
+    };
+    let mut final_state = CudaTensor::poisoned(
+        cuda,
+        vec![
+            sequences,
+            inputs.v.shape()[2],
+            inputs.q.shape()[3],
+            inputs.v.shape()[3],
+        ],
+        DType::F32,
+    )?;
+    let launch = PrefillLaunch::new(
+        cuda,
+        &device_inputs,
+        options,
+        &mut PrefillStates::Separate {
+            output_final_state: true,
+        },
+        &mut o,
+        Some(&mut final_state),
+        segment_chunks,
+    )?;
+    launch.launch(cuda)?;
+    let o = o.download(cuda)?;
+    let final_state = final_state.download(cuda)?;
+    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    check_result_finite(
+        "final_state",
+        &final_state,
+        "n, h, k, v",
+        GDN_OVERFLOW_CAUSE,
+    )?;
+    Ok(GdnOutput { o, final_state })
+}

@@ -1,0 +1,286 @@
+//! Flash-decoding over the GPU's paged compressed cache (`kernels/kv_attend.cu`): pass 1 per
+//! (split, KV head x row chunk, sequence) over the packed codes, pass 2 merging the splits and
+//! rotating back. Decode (Tq = 1) and the causal-chunk form (Tq > 1: query i of sequence b at
+//! position `len_b - Tq + i`) are one kernel: the rows of a block are (query, head of the GQA
+//! group) pairs, each with its causal limit.
+//!
+//! Splits: one full wave of resident blocks (the occupancy the driver reports for the launch:
+//! three per SM on the H100 at d = 128, so 396 blocks over 132 SMs: 49 splits at B = 1 with 8
+//! KV heads, 6 at B = 8), never more than the longest sequence has tiles. Sequences of different lengths
+//! share a launch: a block reads its sequence's length on the GPU and takes its share of that
+//! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
+//! grows, as long as no sequence outgrows `max_tokens` given at preparation.
+
+use super::SOURCE_ATTEND;
+use super::cache::CudaPagedKvCache;
+use crate::runtime::{Cuda, driver_error};
+use crate::tensor::CudaTensor;
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::kv::NormDType;
+use deltakv_contract::{DType, Error, Result};
+
+/// Mirrors `struct KvAttnParams` in `kernels/kv_attend.cu`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct AttnParams {
+    q: u64,
+    pool: u64,
+    block_table: u64,
+    seq_lens: u64,
+    consts: u64,
+    part_ml: u64,
+    part_acc: u64,
+    o: u64,
+    batch: i32,
+    tq: i32,
+    hq: i32,
+    kv_heads: i32,
+    dim: i32,
+    dim_pad: i32,
+    group: i32,
+    rows: i32,
+    row_chunks: i32,
+    q_dtype: i32,
+    bits_k: i32,
+    bits_v: i32,
+    norm_f16: i32,
+    hadamard: i32,
+    page_tokens: i32,
+    max_pages: i32,
+    page_words: i32,
+    head_words: i32,
+    row_words_k: i32,
+    row_words_v: i32,
+    norm_words: i32,
+    splits: i32,
+    tile: i32,
+    stages: i32,
+    stage_words: i32,
+    lanes_per_token: i32,
+    scale: f32,
+    hadamard_norm: f32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for AttnParams {}
+
+/// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaAttnOptions {
+    /// Splits of each sequence's tokens; `None`: one full wave of resident blocks.
+    pub splits: Option<usize>,
+    /// The longest sequence the launch must serve (splits are planned for it); `None`: the
+    /// cache's longest sequence now.
+    pub max_tokens: Option<usize>,
+}
+
+/// A validated attention call over a cache, ready to launch any number of times (a CUDA
+/// graph captures [`AttendLaunch::launch`]); its output stays on the GPU.
+pub struct AttendLaunch {
+    params: AttnParams,
+    pass1: CudaFunction,
+    pass1_config: LaunchConfig,
+    merge: CudaFunction,
+    merge_config: LaunchConfig,
+    // The partial buffers the parameters point into, kept alive with the launch.
+    _part_ml: CudaTensor,
+    _part_acc: CudaTensor,
+    o: CudaTensor,
+    splits: usize,
+}
+
+impl AttendLaunch {
+    /// Queues both passes on deltakv's stream.
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+        let mut builder = cuda.stream().launch_builder(&self.pass1);
+        builder.arg(&self.params);
+        // SAFETY: the parameters were built from live buffers of the sizes the kernels index
+        // (checked at preparation); the cache outlives the launch by the caller's borrow rules
+        // documented on `prepare_attend`.
+        unsafe { builder.launch(self.pass1_config) }
+            .map_err(|e| driver_error("launching kv_attend (pass 1)", e))?;
+        let mut builder = cuda.stream().launch_builder(&self.merge);
+        builder.arg(&self.params);
+        // SAFETY: as above.
+        unsafe { builder.launch(self.merge_config) }
+            .map_err(|e| driver_error("launching kv_attend_merge", e))?;
+        Ok(())
+    }
+
+    /// `o [B, Tq, Hq, D]` f32, written by each launch.
+    pub fn output(&self) -> &CudaTensor {
+        &self.o
+    }
+
+    /// Splits of each sequence's tokens.
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+}
+
+/// Validates `q [B, Tq, Hq, D]` (f32, f16 or bf16, on the GPU) against the cache and prepares
+/// the attention launch (`scale` defaults to D^-0.5). Every sequence must hold at least Tq
+/// tokens. The launch reads the cache's buffers at their current addresses: launch it only
+/// while the cache lives (appends keep the addresses). q's values are not scanned for NaN.
+pub fn prepare_attend(
+    cuda: &Cuda,
+    cache: &CudaPagedKvCache,
+    q: &CudaTensor,
+    scale: Option<f32>,
+    options: &CudaAttnOptions,
+) -> Result<AttendLaunch> {
+    let l = *cache.layout();
+    let s = l.scheme;
+    let shape = q.shape().to_vec();
+    let batch = cache.batch();
+    if shape.len() != 4 || shape[0] != batch || shape[3] != s.dim {
+        return Err(Error::shape(
+            "q",
+            format!("expected [B={batch}, Tq, Hq, D={}], got {shape:?}", s.dim),
+        ));
+    }
+    if !q.dtype().is_float() {
+        return Err(Error::dtype("q", q.dtype(), "f32, f16 or bf16"));
+    }
+    let (tq, hq) = (shape[1], shape[2]);
+    if tq == 0 || hq == 0 || !hq.is_multiple_of(s.kv_heads) {
+        return Err(Error::shape(
+            "q",
+            format!(
+                "Tq >= 1 and Hq = {hq} a multiple of Hkv = {} needed",
+                s.kv_heads
+            ),
+        ));
+    }
+    if let Some((b, &len)) = cache.lens().iter().enumerate().find(|&(_, &len)| len < tq) {
+        return Err(Error::shape(
+            "q",
+            format!("Tq = {tq} new queries but sequence {b} holds only {len} tokens"),
+        ));
+    }
+    let scale = scale.unwrap_or(1.0 / (s.dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidValue(format!("scale {scale} is not finite")));
+    }
+    let group = hq / s.kv_heads;
+    let rows = tq * group;
+    let (row_block, per_lane) = if rows <= 4 { (4, 16) } else { (8, 8) };
+    let row_chunks = rows.div_ceil(row_block);
+    let dim_pad = s.dim.next_power_of_two().max(64);
+    let tile = l.page_tokens.min(64);
+    let norm_words = tile * s.norm_dtype.bytes() / 4;
+    let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
+    let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
+    let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
+    let smem_floats = 2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
+    let smem_bytes = 4 * (smem_floats + ring_words);
+    let longest = options
+        .max_tokens
+        .unwrap_or(0)
+        .max(cache.lens().iter().copied().max().unwrap_or(0));
+    let max_tiles = longest.div_ceil(tile).max(1);
+    let name = if row_block == 4 {
+        "kv_attend_rows4"
+    } else {
+        "kv_attend_rows8"
+    };
+    let pass1 = cuda.function(&SOURCE_ATTEND, name)?;
+    // One full wave: as many splits as the resident blocks allow (a second, partial wave
+    // would leave SMs idle at its end).
+    let per_sm = pass1
+        .occupancy_max_active_blocks_per_multiprocessor(128, smem_bytes, None)
+        .map_err(|e| driver_error("reading the attention kernel's occupancy", e))?
+        .max(1) as usize;
+    let blocks_per_split = batch * s.kv_heads * row_chunks;
+    let splits = options
+        .splits
+        .unwrap_or_else(|| (per_sm * cuda.multiprocessors() / blocks_per_split).max(1))
+        .clamp(1, max_tiles);
+    if batch > 65535 || s.kv_heads * row_chunks > 65535 {
+        return Err(Error::Unsupported(format!(
+            "CUDA attention takes at most 65535 sequences and 65535 head x row chunks, got B = {batch}, {}",
+            s.kv_heads * row_chunks
+        )));
+    }
+    let out_rows = batch * tq * hq;
+    let mut part_ml = CudaTensor::zeros(cuda, vec![out_rows * splits * 2], DType::F32)?;
+    let mut part_acc = CudaTensor::zeros(cuda, vec![out_rows * splits * dim_pad], DType::F32)?;
+    let mut o = CudaTensor::poisoned(cuda, vec![batch, tq, hq, s.dim], DType::F32)?;
+    let narrow = |what: &str, x: usize| {
+        i32::try_from(x)
+            .map_err(|_| Error::Unsupported(format!("{what} = {x} exceeds i32 on CUDA")))
+    };
+    let params = AttnParams {
+        q: q.device_address(cuda),
+        pool: cache.pool().device_address(cuda),
+        block_table: cache.device_table().device_address(cuda),
+        seq_lens: cache.device_lens().device_address(cuda),
+        consts: cache.device_consts().device_address(cuda),
+        part_ml: part_ml.device_address_mut(cuda),
+        part_acc: part_acc.device_address_mut(cuda),
+        o: o.device_address_mut(cuda),
+        batch: batch as i32,
+        tq: narrow("Tq", tq)?,
+        hq: narrow("Hq", hq)?,
+        kv_heads: s.kv_heads as i32,
+        dim: s.dim as i32,
+        dim_pad: dim_pad as i32,
+        group: group as i32,
+        rows: narrow("rows", rows)?,
+        row_chunks: row_chunks as i32,
+        q_dtype: crate::gdn::decode::dtype_code(q.dtype()),
+        bits_k: s.bits_k as i32,
+        bits_v: s.bits_v as i32,
+        norm_f16: i32::from(s.norm_dtype == NormDType::F16),
+        hadamard: i32::from(cache.key_quantizer().rotation.is_hadamard()),
+        page_tokens: l.page_tokens as i32,
+        max_pages: cache.max_pages() as i32,
+        page_words: narrow("page_words", l.page_words())?,
+        head_words: l.head_words() as i32,
+        row_words_k: l.row_words_k() as i32,
+        row_words_v: l.row_words_v() as i32,
+        norm_words: l.norm_words() as i32,
+        splits: splits as i32,
+        tile: tile as i32,
+        stages: stages as i32,
+        stage_words: stage_words as i32,
+        lanes_per_token: (dim_pad / per_lane) as i32,
+        scale,
+        hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
+    };
+    Ok(AttendLaunch {
+        params,
+        pass1,
+        pass1_config: LaunchConfig {
+            grid_dim: (
+                splits as u32,
+                (s.kv_heads * row_chunks) as u32,
+                batch as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem_bytes as u32,
+        },
+        merge: cuda.function(&SOURCE_ATTEND, "kv_attend_merge")?,
+        merge_config: LaunchConfig {
+            grid_dim: (out_rows as u32, 1, 1),
+            block_dim: (dim_pad as u32, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        _part_ml: part_ml,
+        _part_acc: part_acc,
+        o,
+        splits,
+    })
+}
+
+/// Attention over the cache: `o [B, Tq, Hq, D]` f32 on the GPU (see [`prepare_attend`]).
+pub fn attend(
+    cuda: &Cuda,
+    cache: &CudaPagedKvCache,
+    q: &CudaTensor,
+    scale: Option<f32>,
+) -> Result<CudaTensor> {
+    let launch = prepare_attend(cuda, cache, q, scale, &CudaAttnOptions::default())?;
+    launch.launch(cuda)?;
+    Ok(launch.o)
+}

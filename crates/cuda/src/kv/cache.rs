@@ -1,0 +1,465 @@
+//! The paged compressed KV cache resident on the GPU, and the encode that appends to it.
+//!
+//! The pool, block table and lengths are the contract's paged layout
+//! (`deltakv_contract::kv::paged`), byte for byte the CPU's `PagedKvCache`. The host keeps a
+//! mirror of the block table and the lengths (B integers each), so every append is checked
+//! (page assignment, capacity) before a kernel runs; the codes and norms never leave the GPU.
+//!
+//! Encode (`kernels/kv_encode.cu`): one launch appends a chunk `k, v [B, Tn, Hkv, d]` (f32,
+//! f16 or bf16; `new_lens[b] <= Tn` tokens of sequence b), encoding each vector (norm,
+//! rotation, nearest level, packing, corrected norm) straight into its page row, codes and
+//! norms bit for bit those of the CPU codec. [`CudaPagedKvCache::append`] then reads one flag
+//! word and refuses (and undoes) an append with a non-finite input or a norm beyond its
+//! storage, as the CPU cache does; [`CudaPagedKvCache::append_unchecked`] skips that wait (for
+//! a serving loop that checks its inputs upstream, and for timing).
+
+use super::{SOURCE_ENCODE, consts};
+use crate::runtime::{Cuda, driver_error};
+use crate::tensor::CudaTensor;
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::kv::codebook::codebook;
+use deltakv_contract::kv::codec::words_for;
+use deltakv_contract::kv::paged::{self, PagedLayout};
+use deltakv_contract::kv::rotation::Rotation;
+use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::{DType, Error, HostTensor, Result};
+use std::sync::Arc;
+
+/// Mirrors `struct KvEncodeParams` in `kernels/kv_encode.cu`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EncodeParams {
+    k: u64,
+    v: u64,
+    pool: u64,
+    block_table: u64,
+    seq_lens: u64,
+    new_lens: u64,
+    consts: u64,
+    flags: u64,
+    batch: i32,
+    tokens: i32,
+    kv_heads: i32,
+    dim: i32,
+    in_dtype: i32,
+    norm_f16: i32,
+    bits_k: i32,
+    bits_v: i32,
+    words_k: i32,
+    words_v: i32,
+    page_tokens: i32,
+    max_pages: i32,
+    page_words: i32,
+    head_words: i32,
+    row_words_k: i32,
+    row_words_v: i32,
+    norm_words: i32,
+    hadamard_norm: f32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for EncodeParams {}
+
+/// A prepared encode launch (see [`CudaPagedKvCache::prepare_append`]); a CUDA graph captures
+/// [`EncodeLaunch::launch`].
+pub struct EncodeLaunch {
+    params: EncodeParams,
+    function: CudaFunction,
+    config: LaunchConfig,
+}
+
+impl EncodeLaunch {
+    /// Queues the encode kernel on deltakv's stream.
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+        let mut builder = cuda.stream().launch_builder(&self.function);
+        builder.arg(&self.params);
+        // SAFETY: the parameters describe live buffers of the sizes the kernel indexes: the
+        // chunk's shape was checked, and every page a new token lands in was assigned and
+        // checked against the pool (assign_pages) before the table was written.
+        unsafe { builder.launch(self.config) }
+            .map_err(|e| driver_error("launching kv_encode", e))?;
+        Ok(())
+    }
+}
+
+/// The paged compressed KV cache of one layer, on the GPU.
+pub struct CudaPagedKvCache {
+    layout: PagedLayout,
+    k: Quantizer,
+    v: Quantizer,
+    /// `[num_pages, page_words]` (u32 words, typed i32).
+    pool: CudaTensor,
+    /// `[batch, max_pages]` i32.
+    table: CudaTensor,
+    /// `[batch]` i32.
+    lens: CudaTensor,
+    /// Codebooks and rotation (`kv::consts`).
+    consts: CudaTensor,
+    /// `[1]` i32 error bits of the last append.
+    flags: CudaTensor,
+    /// `[batch]` i32 tokens appended by the current launch.
+    new_lens: CudaTensor,
+    host_table: Vec<i32>,
+    host_lens: Vec<usize>,
+    num_pages: usize,
+    max_pages: usize,
+}
+
+impl std::fmt::Debug for CudaPagedKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPagedKvCache")
+            .field("layout", &self.layout)
+            .field("lens", &self.host_lens)
+            .field("num_pages", &self.num_pages)
+            .finish()
+    }
+}
+
+fn i32_of(what: &str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| Error::Unsupported(format!("{what} = {x} exceeds i32 on CUDA")))
+}
+
+impl CudaPagedKvCache {
+    /// An empty cache on the GPU for `batch` sequences of up to `max_pages` pages each, over a
+    /// pool of `num_pages` zeroed pages (every block table entry -1).
+    pub fn new(
+        cuda: &Cuda,
+        layout: PagedLayout,
+        batch: usize,
+        max_pages: usize,
+        num_pages: usize,
+    ) -> Result<Self> {
+        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
+        let s = layout.scheme;
+        if batch == 0 || max_pages == 0 || num_pages == 0 {
+            return Err(Error::InvalidValue(
+                "a cache needs batch, max_pages and num_pages of at least 1".into(),
+            ));
+        }
+        i32_of("num_pages", num_pages)?;
+        i32_of("max_pages x page_tokens", max_pages * layout.page_tokens)?;
+        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
+        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
+        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
+        let host_table = vec![-1i32; batch * max_pages];
+        let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
+        Ok(Self {
+            pool: CudaTensor::zeros(cuda, vec![num_pages, layout.page_words()], DType::I32)?,
+            table: CudaTensor::upload(cuda, &table)?,
+            lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
+            consts: CudaTensor::upload(cuda, &consts(&k, &v)?)?,
+            flags: CudaTensor::zeros(cuda, vec![1], DType::I32)?,
+            new_lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
+            layout,
+            k,
+            v,
+            host_table,
+            host_lens: vec![0; batch],
+            num_pages,
+            max_pages,
+        })
+    }
+
+    pub fn layout(&self) -> &PagedLayout {
+        &self.layout
+    }
+
+    pub fn key_quantizer(&self) -> &Quantizer {
+        &self.k
+    }
+
+    pub fn value_quantizer(&self) -> &Quantizer {
+        &self.v
+    }
+
+    pub fn batch(&self) -> usize {
+        self.host_lens.len()
+    }
+
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Tokens held by each sequence (the host's mirror).
+    pub fn lens(&self) -> &[usize] {
+        &self.host_lens
+    }
+
+    /// The block table (the host's mirror).
+    pub fn block_table(&self) -> &[i32] {
+        &self.host_table
+    }
+
+    /// The page pool on the GPU.
+    pub fn pool(&self) -> &CudaTensor {
+        &self.pool
+    }
+
+    pub(crate) fn device_table(&self) -> &CudaTensor {
+        &self.table
+    }
+
+    pub(crate) fn device_lens(&self) -> &CudaTensor {
+        &self.lens
+    }
+
+    pub(crate) fn device_consts(&self) -> &CudaTensor {
+        &self.consts
+    }
+
+    /// The pool copied to the host (u32 words), for tests and checks.
+    pub fn download_pool(&self, cuda: &Cuda) -> Result<Vec<u32>> {
+        let host = self.pool.download(cuda)?;
+        Ok(host
+            .to_i64_vec("pool")?
+            .into_iter()
+            .map(|w| w as u32)
+            .collect())
+    }
+
+    /// Replaces the block table (an engine's allocator choosing the pages), checked against
+    /// the tokens each sequence holds.
+    pub fn set_block_table(&mut self, cuda: &Cuda, table: &[i32]) -> Result<()> {
+        paged::validate_block_table(
+            &self.layout,
+            table,
+            self.max_pages,
+            &self.host_lens,
+            self.num_pages,
+        )?;
+        self.write_table(cuda, table.to_vec())
+    }
+
+    fn write_table(&mut self, cuda: &Cuda, table: Vec<i32>) -> Result<()> {
+        if table != self.host_table {
+            let host = HostTensor::from_i32(vec![self.batch(), self.max_pages], table.clone())?;
+            self.table.copy_from_host(cuda, &host)?;
+            self.host_table = table;
+        }
+        Ok(())
+    }
+
+    /// Appends `new_lens[b]` tokens of `k, v [B, Tn, Hkv, d]` (f32, f16 or bf16, on the GPU)
+    /// to sequence b, for every b; refuses, changing nothing, an append whose input holds a
+    /// non-finite value or whose norm exceeds its storage (waits for the GPU to know).
+    pub fn append(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<()> {
+        let (old_table, old_lens) = (self.host_table.clone(), self.host_lens.clone());
+        self.flags
+            .copy_from_host(cuda, &HostTensor::from_i32(vec![1], vec![0])?)?;
+        if !self.launch_append(cuda, k, v, new_lens, false)? {
+            return Ok(());
+        }
+        let flags = self.flags.download(cuda)?.to_i64_vec("flags")?[0];
+        if flags == 0 {
+            return self.advance(cuda);
+        }
+        self.host_lens = old_lens;
+        self.write_table(cuda, old_table)?;
+        Err(Error::InvalidValue(if flags & 1 != 0 {
+            "tensor `k` or `v` holds a non-finite value; nothing was appended".to_string()
+        } else if self.layout.scheme.norm_dtype == NormDType::F16 {
+            "a vector's norm is beyond the f16 norm storage (at most 65504); use f32 norms; nothing was appended".to_string()
+        } else {
+            "a vector's norm is beyond the f32 norm storage; nothing was appended".to_string()
+        }))
+    }
+
+    /// [`Self::append`] without waiting for the input check: the launches are queued and the
+    /// lengths advance on the GPU. For inputs checked upstream, and for timing.
+    pub fn append_unchecked(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<()> {
+        self.launch_append(cuda, k, v, new_lens, true).map(|_| ())
+    }
+
+    /// Checks the chunk, assigns pages, queues the encode (and, when `advance`, the length
+    /// update) and moves the host's lengths forward; false when there was nothing to append.
+    fn launch_append(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+        advance: bool,
+    ) -> Result<bool> {
+        let Some((launch, grown)) = self.prepare_encode(cuda, k, v, new_lens)? else {
+            return Ok(false);
+        };
+        launch.launch(cuda)?;
+        self.host_lens = grown;
+        if advance {
+            self.advance(cuda)?;
+        }
+        Ok(true)
+    }
+
+    /// Checks a chunk, assigns the pages it lands in (the block table on the GPU is updated)
+    /// and prepares its encode launch, without moving any length: each launch encodes the
+    /// chunk into the same rows after the tokens held now (for timing the encode alone; an
+    /// append is [`Self::append`]). `None` when every count is zero.
+    pub fn prepare_append(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<EncodeLaunch>> {
+        Ok(self
+            .prepare_encode(cuda, k, v, new_lens)?
+            .map(|(launch, _)| launch))
+    }
+
+    /// [`Self::prepare_append`], also returning the lengths after the append.
+    fn prepare_encode(
+        &mut self,
+        cuda: &Cuda,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
+        let s = self.layout.scheme;
+        let batch = self.batch();
+        let shape = k.shape().to_vec();
+        if shape.len() != 4 || shape[0] != batch || shape[2] != s.kv_heads || shape[3] != s.dim {
+            return Err(Error::shape(
+                "k",
+                format!(
+                    "expected [B={batch}, Tn, Hkv={}, D={}], got {shape:?}",
+                    s.kv_heads, s.dim
+                ),
+            ));
+        }
+        if v.shape() != k.shape() || v.dtype() != k.dtype() {
+            return Err(Error::shape(
+                "v",
+                format!("{:?} {} differs from k's", v.shape(), v.dtype()),
+            ));
+        }
+        if !k.dtype().is_float() {
+            return Err(Error::dtype("k", k.dtype(), "f32, f16 or bf16"));
+        }
+        let tokens = shape[1];
+        if new_lens.len() != batch || new_lens.iter().any(|&n| n > tokens) {
+            return Err(Error::InvalidValue(format!(
+                "new_lens must hold B = {batch} counts, each at most Tn = {tokens}"
+            )));
+        }
+        let mut grown = Vec::with_capacity(batch);
+        for (b, (&len, &n)) in self.host_lens.iter().zip(new_lens).enumerate() {
+            grown.push(paged::check_append(
+                &self.layout,
+                b,
+                batch,
+                len,
+                n,
+                self.max_pages,
+            )?);
+        }
+        if new_lens.iter().all(|&n| n == 0) {
+            return Ok(None);
+        }
+        let table = paged::assign_pages(
+            &self.layout,
+            &self.host_table,
+            self.max_pages,
+            &self.host_lens,
+            &grown,
+            self.num_pages,
+        )?;
+        self.write_table(cuda, table)?;
+        let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
+        self.new_lens
+            .copy_from_host(cuda, &HostTensor::from_i32(vec![batch], counts)?)?;
+        let l = &self.layout;
+        let params = EncodeParams {
+            k: k.device_address(cuda),
+            v: v.device_address(cuda),
+            pool: self.pool.device_address_mut(cuda),
+            block_table: self.table.device_address(cuda),
+            seq_lens: self.lens.device_address(cuda),
+            new_lens: self.new_lens.device_address(cuda),
+            consts: self.consts.device_address(cuda),
+            flags: self.flags.device_address_mut(cuda),
+            batch: i32_of("B", batch)?,
+            tokens: i32_of("Tn", tokens)?,
+            kv_heads: s.kv_heads as i32,
+            dim: s.dim as i32,
+            in_dtype: crate::gdn::decode::dtype_code(k.dtype()),
+            norm_f16: i32::from(s.norm_dtype == NormDType::F16),
+            bits_k: s.bits_k as i32,
+            bits_v: s.bits_v as i32,
+            words_k: words_for(s.dim, s.bits_k) as i32,
+            words_v: words_for(s.dim, s.bits_v) as i32,
+            page_tokens: l.page_tokens as i32,
+            max_pages: self.max_pages as i32,
+            page_words: i32_of("page_words", l.page_words())?,
+            head_words: l.head_words() as i32,
+            row_words_k: l.row_words_k() as i32,
+            row_words_v: l.row_words_v() as i32,
+            norm_words: l.norm_words() as i32,
+            hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
+        };
+        let name = match (self.k.rotation.is_hadamard(), s.dim) {
+            (true, 64) => "kv_encode_hadamard64",
+            (true, 128) => "kv_encode_hadamard128",
+            (true, 256) => "kv_encode_hadamard256",
+            _ => "kv_encode_dense",
+        };
+        let vectors = batch * tokens * s.kv_heads;
+        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. Enough blocks to fill
+        // the GPU several times over; the kernels loop over the rest.
+        let per_block = if name == "kv_encode_dense" { 4 } else { 16 };
+        let blocks = vectors
+            .div_ceil(per_block)
+            .clamp(1, 64 * cuda.multiprocessors());
+        let function = cuda.function(&SOURCE_ENCODE, name)?;
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 2, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok(Some((
+            EncodeLaunch {
+                params,
+                function,
+                config,
+            },
+            grown,
+        )))
+    }
+
+    /// Queues `seq_lens += new_lens` on the GPU.
+    fn advance(&mut self, cuda: &Cuda) -> Result<()> {
+        let function = cuda.function(&SOURCE_ENCODE, "kv_advance_lens")?;
+        let batch = self.batch() as i32;
+        let (lens, new_lens) = (
+            self.lens.device_address_mut(cuda),
+            self.new_lens.device_address(cuda),
+        );
+        let mut builder = cuda.stream().launch_builder(&function);
+        builder.arg(&lens).arg(&new_lens).arg(&batch);
+        let config = LaunchConfig {
+            grid_dim: ((batch as u32).div_ceil(128), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: both buffers hold `batch` i32.
+        unsafe { builder.launch(config) }
+            .map_err(|e| driver_error("launching kv_advance_lens", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! GDN prefill on the GPU against the f64 oracle: the shapes of the CPU suite (odd T, varlen
+//! with length-1 sequences, GQA ratios, K != V, strong and zero decay, beta 0 and 1, resets,
+//! f32/f16 inputs), every case run whole and split into forced segments (the two-level scan),
+//! plus the pooled prefill followed by decode. On a machine without a CUDA device every test
+//! prints one "skipped (no CUDA device)" line and passes.
+//!
+//! Tolerances: the tensor-core products take bf16 operands, so o (stored in bf16) and the
+//! f32 final state carry bf16-level error; FLA measures 2.9e-3 to 4.5e-3 on o with bf16 inputs.
+
+use deltakv_contract::gdn::oracle::gdn_reference;
+use deltakv_contract::gdn::random::{BetaFill, GdnCase, GdnSpec};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, Gating, GdnInputs, GdnOptions};
+use deltakv_contract::metrics::rel_rms;
+use deltakv_contract::{DType, HostTensor};
+use deltakv_cuda::gdn::{PrefillStates, gdn_decode, gdn_prefill, gdn_prefill_host};
+use deltakv_cuda::{Cuda, CudaTensor};
+use std::io::Write;
+
+const O_TOLERANCE: f64 = 4.0e-3;
+const STATE_TOLERANCE: f64 = 4.0e-3;
+
+fn device(test: &str) -> Option<&'static Cuda> {
+    match Cuda::get() {
+        Ok(cuda) => Some(cuda),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "{test}: skipped (no CUDA device): {e}");
+            None
+        }
+    }
+}
+
+fn options(l2: bool) -> GdnOptions {
+    GdnOptions {
+        scale: None,
+        use_qk_l2norm: l2,
+    }
+}
+
+/// Runs `case` whole and with forced segments of 1 and 3 chunks; returns the worst errors.
+fn check(cuda: &Cuda, name: &str, case: &GdnCase, options: &GdnOptions) -> (f64, f64) {
+    let reference = gdn_reference(&case.inputs(), options).unwrap();
+    let mut worst = (0.0f64, 0.0f64);
+    for segment_chunks in [None, Some(1), Some(3)] {
+        let out = gdn_prefill_host(cuda, &case.inputs(), options, segment_chunks)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(out.o.dtype(), case.v.dtype());
+        let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
+        let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
+        eprintln!("{name} segments {segment_chunks:?}: o {o_err:.3e}, final_state {s_err:.3e}");
+        assert!(
+            o_err < O_TOLERANCE,
+            "{name} {segment_chunks:?}: o rel_rms {o_err:.3e}"
+        );
+        assert!(
+            s_err < STATE_TOLERANCE,
+            "{name} {segment_chunks:?}: final_state rel_rms {s_err:.3e}"
+        );
+        worst = (worst.0.max(o_err), worst.1.max(s_err));
+    }
+    worst
+}
+
+fn check_spec(cuda: &Cuda, name: &str, spec: &GdnSpec, options: &GdnOptions, seed: u64) {
+    let case = GdnCase::random(spec, seed).unwrap();
+    check(cuda, name, &case, options);
+}
+
+#[test]
+fn the_prefill_suite_against_the_oracle_on_the_gpu() {
+    let Some(cuda) = device("the_prefill_suite_against_the_oracle_on_the_gpu") else {
+        return;
+    };
+    for (i, tokens) in [1, 63, 64, 65, 1000].into_iter().enumerate() {
+        let spec = GdnSpec::new(tokens, 2, 4, 64, 64);
+        check_spec(
+            cuda,
+            &format!("T={tokens}"),
+            &spec,
+            &options(false),
+            100 + i as u64,
+        );
+    }
+    let mut spec = GdnSpec::new(130, 2, 4, 64, 48);
+    spec.batch = 2;
+    spec.with_initial_state = true;
+    spec.raw_qk = true;
+    check_spec(cuda, "B=2 init l2", &spec, &options(true), 7);
+
+    let mut spec = GdnSpec::new(1 + 70 + 1 + 129, 1, 2, 64, 64);
+    spec.seq_lens = Some(vec![1, 70, 1, 129]);
+    spec.with_initial_state = true;
+    check_spec(cuda, "varlen", &spec, &options(false), 8);
+    spec.with_initial_state = false;
+    spec.raw_qk = true;
+    check_spec(cuda, "varlen l2", &spec, &options(true), 9);
+
+    for ratio in [1, 2, 3, 4] {
+        let spec = GdnSpec::new(97, 2, 2 * ratio, 32, 40);
+        check_spec(
+            cuda,
+            &format!("GQA {ratio}"),
+            &spec,
+            &options(false),
+            20 + ratio as u64,
+        );
+    }
+
+    let spec = GdnSpec::new(150, 1, 2, 64, 256);
+    check_spec(cuda, "K=64 V=256", &spec, &options(false), 30);
+    let mut spec = GdnSpec::new(150, 1, 2, 100, 100);
+    spec.raw_qk = true;
+    spec.with_initial_state = true;
+    check_spec(cuda, "K=V=100", &spec, &options(true), 31);
+    let spec = GdnSpec::new(70, 1, 1, 256, 96);
+    check_spec(cuda, "K=256 V=96", &spec, &options(false), 32);
+    let mut spec = GdnSpec::new(300, 2, 4, 128, 128);
+    spec.raw_qk = true;
+    spec.with_initial_state = true;
+    check_spec(cuda, "K=V=128 l2 init", &spec, &options(true), 33);
+}
+
+#[test]
+fn gate_extremes_and_resets_on_the_gpu() {
+    let Some(cuda) = device("gate_extremes_and_resets_on_the_gpu") else {
+        return;
+    };
+    let mut spec = GdnSpec::new(200, 1, 2, 64, 64);
+    spec.gate_scale = 10.0;
+    check_spec(cuda, "strong decay", &spec, &options(false), 40);
+    spec.gate_scale = 0.0;
+    check_spec(cuda, "no decay", &spec, &options(false), 41);
+    spec.gate_scale = 1.0;
+    spec.beta = BetaFill::Constant(0.0);
+    spec.with_initial_state = true;
+    check_spec(cuda, "beta 0", &spec, &options(false), 42);
+    spec.beta = BetaFill::Constant(1.0);
+    check_spec(cuda, "beta 1", &spec, &options(false), 43);
+
+    let spec = GdnSpec::new(130, 1, 1, 32, 32);
+    let mut case = GdnCase::random(&spec, 50).unwrap();
+    let mut g = case.g.to_f32_vec("g").unwrap();
+    g[3] = -1.0e4;
+    g[100] = -3.0e38;
+    case.g = HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
+    check(cuda, "resets", &case, &options(false));
+}
+
+#[test]
+fn f32_and_f16_inputs_and_a_custom_scale_on_the_gpu() {
+    let Some(cuda) = device("f32_and_f16_inputs_and_a_custom_scale_on_the_gpu") else {
+        return;
+    };
+    let mut spec = GdnSpec::new(65, 2, 2, 64, 64);
+    spec.dtype = DType::F32;
+    let opts = GdnOptions {
+        scale: Some(0.3),
+        use_qk_l2norm: false,
+    };
+    check_spec(cuda, "f32", &spec, &opts, 60);
+    spec.dtype = DType::F16;
+    check_spec(cuda, "f16", &spec, &opts, 61);
+}
+
+#[test]
+fn long_sequences_do_not_drift() {
+    let Some(cuda) = device("long_sequences_do_not_drift") else {
+        return;
+    };
+    let mut errors = Vec::new();
+    for tokens in [4096, 32768] {
+        let mut spec = GdnSpec::new(tokens, 1, 2, 128, 128);
+        spec.raw_qk = true;
+        spec.with_initial_state = true;
+        let case = GdnCase::random(&spec, 70).unwrap();
+        errors.push(check(cuda, &format!("T={tokens}"), &case, &options(true)));
+    }
+    let (short, long) = (errors[0], errors[1]);
+    eprintln!(
+        "drift: o {:.3e} -> {:.3e}, state {:.3e} -> {:.3e}",
+        short.0, long.0, short.1, long.1
+    );
+    assert!(long.0 <= 1.5 * short.0 && long.1 <= 1.5 * short.1 + 1e-4);
+}
+
+#[test]
+fn pooled_prefill_then_decode_equals_the_longer_prefill() {
+    let Some(cuda) = device("pooled_prefill_then_decode_equals_the_longer_prefill") else {
+        return;
+    };
+    // Three sequences of 200 + 1 tokens (the last token decoded), pool of 5 slots.
+    let (heads, key_heads, dim, prompt) = (4, 2, 128, 200);
+    let mut spec = GdnSpec::new(prompt + 1, key_heads, heads, dim, dim);
+    spec.batch = 3;
+    spec.raw_qk = true;
+    let case = GdnCase::random(&spec, 80).unwrap();
+    let opts = options(true);
+    let reference = gdn_reference(&case.inputs(), &opts).unwrap();
+
+    // The first `prompt` tokens of each row, and the last one, as separate tensors.
+    let split = |t: &HostTensor, keep_first: bool| -> HostTensor {
+        let shape = t.shape();
+        let per_token: usize = shape[2..].iter().product();
+        let values = t.to_f32_vec("t").unwrap();
+        let mut out = Vec::new();
+        for b in 0..shape[0] {
+            let row = &values[b * (prompt + 1) * per_token..][..(prompt + 1) * per_token];
+            if keep_first {
+                out.extend_from_slice(&row[..prompt * per_token]);
+            } else {
+                out.extend_from_slice(&row[prompt * per_token..]);
+            }
+        }
+        let mut new_shape = shape.to_vec();
+        new_shape[1] = if keep_first { prompt } else { 1 };
+        HostTensor::from_f32_as(new_shape, &out, t.dtype()).unwrap()
+    };
+    let up = |t: &HostTensor| CudaTensor::upload(cuda, t).unwrap();
+    let head = [&case.q, &case.k, &case.v, &case.g, &case.beta].map(|t| up(&split(t, true)));
+    let tail = [&case.q, &case.k, &case.v, &case.g, &case.beta].map(|t| up(&split(t, false)));
+    let slots = [4i64, 0, 2];
+    let slot_tensor = up(&HostTensor::from_i64(vec![3], slots.to_vec()).unwrap());
+    // Slots start as zero states (the prefill reads them as its initial states).
+    let mut pool = CudaTensor::zeros(cuda, vec![5, heads, dim, dim], DType::F32).unwrap();
+    let inputs = GdnInputs {
+        q: &head[0],
+        k: &head[1],
+        v: &head[2],
+        g: &head[3],
+        beta: &head[4],
+        initial_state: None,
+        cu_seqlens: None,
+    };
+    gdn_prefill(
+        cuda,
+        &inputs,
+        &opts,
+        PrefillStates::Pool {
+            pool: &mut pool,
+            slot_indices: &slot_tensor,
+        },
+    )
+    .unwrap();
+    let decode_inputs = DecodeInputs {
+        q: &tail[0],
+        k: &tail[1],
+        v: &tail[2],
+        gating: Gating::Direct {
+            g: &tail[3],
+            beta: &tail[4],
+        },
+        slot_indices: &slot_tensor,
+    };
+    let decode_options = DecodeOptions {
+        gdn: opts.clone(),
+        ..DecodeOptions::default()
+    };
+    let out = gdn_decode(cuda, &decode_inputs, &mut pool, &decode_options).unwrap();
+    // The decoded token's output against the oracle's last token of the longer prefill.
+    let o = out.o.download(cuda).unwrap().to_f32_vec("o").unwrap();
+    let per_row = heads * dim;
+    let expected_o: Vec<f64> = (0..3)
+        .flat_map(|b| reference.o[(b * (prompt + 1) + prompt) * per_row..][..per_row].to_vec())
+        .collect();
+    let o_err = rel_rms(&o, &expected_o);
+    // Each slot against the oracle's final state of its sequence.
+    let pool = pool.download(cuda).unwrap();
+    let pool = pool.as_f32().unwrap();
+    let per_state = heads * dim * dim;
+    let mut got = Vec::new();
+    let mut expected = Vec::new();
+    for (n, &slot) in slots.iter().enumerate() {
+        got.extend_from_slice(&pool[slot as usize * per_state..][..per_state]);
+        expected.extend_from_slice(&reference.final_state[n * per_state..][..per_state]);
+    }
+    let s_err = rel_rms(&got, &expected);
+    eprintln!("pooled prefill + decode: o {o_err:.3e}, pool {s_err:.3e}");
+    assert!(o_err < O_TOLERANCE && s_err < STATE_TOLERANCE);
+}
+
+#[test]
+fn bad_calls_are_refused_before_launch() {
+    let Some(cuda) = device("bad_calls_are_refused_before_launch") else {
+        return;
+    };
+    let spec = GdnSpec::new(10, 1, 2, 64, 64);
+    let mut case = GdnCase::random(&spec, 90).unwrap();
+    let mut g = case.g.to_f32_vec("g").unwrap();
+    g[4] = f32::NAN;
+    case.g = HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
+    let err = gdn_prefill_host(cuda, &case.inputs(), &options(false), None).unwrap_err();
+    assert!(err.to_string().contains("g"), "{err}");
+}

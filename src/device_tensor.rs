@@ -1,6 +1,7 @@
 //! Tensors that live on a device. A [`Tensor`] holds its storage in host memory (a
 //! [`HostTensor`]) or, with the cargo feature `cuda`, in GPU memory (a
-//! [`deltakv_cuda::CudaTensor`]). Data moves between devices only when the caller asks:
+//! [`deltakv_cuda::CudaTensor`]), or with the feature `wgpu` in a wgpu buffer (a
+//! [`deltakv_wgpu::WgpuTensor`]). Data moves between devices only when the caller asks:
 //! [`Tensor::copy_from_host`], [`Tensor::to_device`], [`Tensor::to_host`] and
 //! [`Tensor::into_host`] are the copies; ops that take `Tensor`s run on the device their
 //! tensors are on and return their results there.
@@ -16,6 +17,9 @@ pub enum Tensor {
     /// In GPU memory; ops run on the CUDA backend.
     #[cfg(feature = "cuda")]
     Cuda(deltakv_cuda::CudaTensor),
+    /// In a wgpu storage buffer; ops run on the wgpu backend.
+    #[cfg(feature = "wgpu")]
+    Wgpu(deltakv_wgpu::WgpuTensor),
 }
 
 impl From<HostTensor> for Tensor {
@@ -28,6 +32,13 @@ impl From<HostTensor> for Tensor {
 impl From<deltakv_cuda::CudaTensor> for Tensor {
     fn from(gpu: deltakv_cuda::CudaTensor) -> Self {
         Tensor::Cuda(gpu)
+    }
+}
+
+#[cfg(feature = "wgpu")]
+impl From<deltakv_wgpu::WgpuTensor> for Tensor {
+    fn from(t: deltakv_wgpu::WgpuTensor) -> Self {
+        Tensor::Wgpu(t)
     }
 }
 
@@ -47,6 +58,12 @@ impl Tensor {
                 let cuda = deltakv_cuda::Cuda::get()?;
                 Ok(Tensor::Cuda(deltakv_cuda::CudaTensor::upload(cuda, host)?))
             }
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => {
+                let wgpu = deltakv_wgpu::Wgpu::get()?;
+                Ok(Tensor::Wgpu(deltakv_wgpu::WgpuTensor::upload(wgpu, host)?))
+            }
+            #[allow(unreachable_patterns)]
             other => Err(no_tensors_on(other)),
         }
     }
@@ -57,6 +74,8 @@ impl Tensor {
             Tensor::Host(_) => Device::Cpu,
             #[cfg(feature = "cuda")]
             Tensor::Cuda(_) => Device::Cuda,
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(_) => Device::Wgpu,
         }
     }
 
@@ -65,6 +84,8 @@ impl Tensor {
             Tensor::Host(t) => t.shape(),
             #[cfg(feature = "cuda")]
             Tensor::Cuda(t) => t.shape(),
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(t) => t.shape(),
         }
     }
 
@@ -73,6 +94,8 @@ impl Tensor {
             Tensor::Host(t) => t.dtype(),
             #[cfg(feature = "cuda")]
             Tensor::Cuda(t) => t.dtype(),
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(t) => t.dtype(),
         }
     }
 
@@ -87,6 +110,12 @@ impl Tensor {
                 Device::Cuda => Ok(Tensor::Cuda(gpu.copy(deltakv_cuda::Cuda::get()?)?)),
                 other => Err(no_tensors_on(other)),
             },
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(t) => match device {
+                Device::Cpu => Ok(Tensor::Host(t.download(deltakv_wgpu::Wgpu::get()?)?)),
+                Device::Wgpu => Ok(Tensor::Wgpu(t.copy(deltakv_wgpu::Wgpu::get()?)?)),
+                other => Err(no_tensors_on(other)),
+            },
         }
     }
 
@@ -96,6 +125,8 @@ impl Tensor {
             Tensor::Host(host) => Ok(host.clone()),
             #[cfg(feature = "cuda")]
             Tensor::Cuda(gpu) => gpu.download(deltakv_cuda::Cuda::get()?),
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(t) => t.download(deltakv_wgpu::Wgpu::get()?),
         }
     }
 
@@ -105,6 +136,8 @@ impl Tensor {
             Tensor::Host(host) => Ok(host),
             #[cfg(feature = "cuda")]
             Tensor::Cuda(gpu) => gpu.download(deltakv_cuda::Cuda::get()?),
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(t) => t.download(deltakv_wgpu::Wgpu::get()?),
         }
     }
 
@@ -114,6 +147,8 @@ impl Tensor {
             Tensor::Host(host) => Some(host),
             #[cfg(feature = "cuda")]
             Tensor::Cuda(_) => None,
+            #[cfg(feature = "wgpu")]
+            Tensor::Wgpu(_) => None,
         }
     }
 
@@ -121,8 +156,17 @@ impl Tensor {
     #[cfg(feature = "cuda")]
     pub fn as_cuda(&self) -> Option<&deltakv_cuda::CudaTensor> {
         match self {
-            Tensor::Host(_) => None,
             Tensor::Cuda(gpu) => Some(gpu),
+            _ => None,
+        }
+    }
+
+    /// The wgpu storage, when the tensor is on the wgpu device.
+    #[cfg(feature = "wgpu")]
+    pub fn as_wgpu(&self) -> Option<&deltakv_wgpu::WgpuTensor> {
+        match self {
+            Tensor::Wgpu(t) => Some(t),
+            _ => None,
         }
     }
 }

@@ -88,7 +88,7 @@ pub enum Device {
     Cpu,
     /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN prefill and decode.
     Cuda,
-    /// Vulkan / Metal through wgpu. Not built yet.
+    /// Vulkan / Metal through wgpu (cargo feature `wgpu`): GDN decode and prefill.
     Wgpu,
 }
 
@@ -116,9 +116,12 @@ impl Device {
                 device: self.name().to_string(),
                 reason: "deltakv was built without CUDA (cargo feature `cuda`)".to_string(),
             }),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => deltakv_wgpu::Wgpu::get().map(drop),
+            #[cfg(not(feature = "wgpu"))]
             Device::Wgpu => Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
-                reason: "deltakv has no wgpu backend yet".to_string(),
+                reason: "deltakv was built without wgpu (cargo feature `wgpu`)".to_string(),
             }),
         }
     }
@@ -127,7 +130,7 @@ impl Device {
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
     /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
-    /// nothing yet).
+    /// GDN prefill and decode).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
@@ -135,7 +138,7 @@ impl Device {
             Device::Cuda => {
                 op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
             }
-            Device::Wgpu => false,
+            Device::Wgpu => op == "gdn decode" || op == "gdn prefill",
         };
         if implemented {
             Ok(())
@@ -143,7 +146,7 @@ impl Device {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
                 reason: format!(
-                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention)"
+                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention; wgpu GDN prefill and decode)"
                 ),
             })
         }
@@ -195,6 +198,10 @@ pub fn gdn_prefill(
                     .to_string(),
             )),
         },
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => {
+            deltakv_wgpu::gdn::gdn_prefill(deltakv_wgpu::Wgpu::get()?, inputs, options, mode)
+        }
         _ => deltakv_cpu::gdn::gdn_prefill(inputs, options, mode),
     }
 }
@@ -257,6 +264,13 @@ pub fn gdn_decode(
             state_pool,
             options,
         ),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => deltakv_wgpu::gdn::gdn_decode_host(
+            deltakv_wgpu::Wgpu::get()?,
+            inputs,
+            state_pool,
+            options,
+        ),
         _ => deltakv_cpu::gdn::gdn_decode(inputs, state_pool, options),
     }
 }
@@ -278,6 +292,10 @@ pub fn gdn_decode_into(
 /// The CUDA backend: device tensors ([`cuda::CudaTensor`]) and the ops that take them.
 #[cfg(feature = "cuda")]
 pub use deltakv_cuda as cuda;
+
+/// The wgpu backend: device tensors ([`wgpu::WgpuTensor`]) and the ops that take them.
+#[cfg(feature = "wgpu")]
+pub use deltakv_wgpu as wgpu;
 
 /// Compressed-KV (or exact) attention over a safetensors-style input on `device`; see
 /// [`kv`] for the math and shapes.

@@ -24,7 +24,8 @@ pub struct DeviceDecodeOutput {
 /// On the CPU this is [`crate::gdn::gdn_decode`], which checks every value of the inputs. On
 /// CUDA it is [`crate::cuda::gdn::gdn_decode`]: the pool stays on the GPU, shapes, dtypes and
 /// slot indices are checked before launch (the B slot indices are copied to the host for
-/// that), device values are not scanned for NaN, and nothing else crosses to the host.
+/// that), device values are not scanned for NaN, and nothing else crosses to the host. On
+/// wgpu it is `wgpu::gdn::gdn_decode`, with the same rules.
 pub fn gdn_decode_on_device(
     inputs: &DecodeInputs<'_, Tensor>,
     state_pool: &mut Tensor,
@@ -58,6 +59,18 @@ pub fn gdn_decode_on_device(
             Ok(DeviceDecodeOutput {
                 o: Tensor::Cuda(out.o),
                 intermediate_states: out.intermediate_states.map(Tensor::Cuda),
+            })
+        }
+        #[cfg(feature = "wgpu")]
+        Tensor::Wgpu(pool) => {
+            let device_inputs = backend_inputs(inputs, |name, t| {
+                t.as_wgpu().ok_or_else(|| wrong_device(name, t))
+            })?;
+            let wgpu = deltakv_wgpu::Wgpu::get()?;
+            let out = deltakv_wgpu::gdn::gdn_decode(wgpu, &device_inputs, pool, options)?;
+            Ok(DeviceDecodeOutput {
+                o: Tensor::Wgpu(out.o),
+                intermediate_states: out.intermediate_states.map(Tensor::Wgpu),
             })
         }
     }

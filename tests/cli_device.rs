@@ -51,7 +51,12 @@ fn run(
     let input = dir.join("in.safetensors");
     let output = dir.join("out.safetensors");
     file.save(&input).unwrap();
-    let result = Command::new(binary())
+    let mut deltakv = Command::new(binary());
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // Mesa's lavapipe loads libwayland, which prints a line to stderr when this is unset.
+        deltakv.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    let result = deltakv
         .args([command, "--device", device, "--input"])
         .arg(&input)
         .arg("--output")
@@ -73,7 +78,24 @@ fn cuda_unavailable() -> Option<String> {
 #[test]
 fn an_unavailable_device_gets_one_line_and_no_output() {
     let (_, decode) = decode_file(DType::F32);
-    let mut cases = vec![("gdn-decode", "wgpu", "deltakv has no wgpu backend yet")];
+    let mut cases = Vec::new();
+    match Device::Wgpu.ensure_available() {
+        Err(_) => {
+            let wgpu_expected = if cfg!(feature = "wgpu") {
+                "no wgpu adapter"
+            } else {
+                "deltakv was built without wgpu (cargo feature `wgpu`)"
+            };
+            for command in ["gdn-decode", "gdn", "kv"] {
+                cases.push((command, "wgpu", wgpu_expected));
+            }
+        }
+        Ok(()) => cases.push((
+            "kv",
+            "wgpu",
+            "compressed-KV attention is not implemented on wgpu yet",
+        )),
+    }
     let cuda_reason = cuda_unavailable();
     let cuda_expected = if cfg!(feature = "cuda") {
         "no CUDA device"
@@ -85,7 +107,8 @@ fn an_unavailable_device_gets_one_line_and_no_output() {
         cases.push(("gdn", "cuda", cuda_expected));
         cases.push(("kv", "cuda", cuda_expected));
     }
-    // Where CUDA runs, every command runs on it (gdn, gdn-decode, kv): only wgpu is refused.
+    // Where CUDA runs, every command runs on it (gdn, gdn-decode, kv); where wgpu runs, kv is
+    // refused there.
     for (command, device, expected) in cases {
         let (ok, stderr, written, files) = run("unavailable", command, device, &decode);
         assert!(!ok, "{command} --device {device} succeeded");
@@ -126,6 +149,64 @@ fn gdn_decode_on_cuda_writes_what_the_cpu_writes() {
                 "{name} ({pool_dtype} pool): rel_rms {err:.3e}"
             );
         }
+    }
+}
+
+/// `gdn-decode` and `gdn` on wgpu write what the CPU writes, to the decode suite's and the
+/// prefill tests' tolerances.
+#[test]
+fn gdn_and_gdn_decode_on_wgpu_write_what_the_cpu_writes() {
+    if let Err(e) = Device::Wgpu.ensure_available() {
+        if cfg!(feature = "wgpu") && std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("no wgpu adapter in CI, where lavapipe is installed: {e}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "--device wgpu: skipped: {e}");
+        return;
+    }
+    for pool_dtype in [DType::F32, DType::BF16] {
+        let (_, file) = decode_file(pool_dtype);
+        let (ok, stderr, cpu, _) = run("cpu", "gdn-decode", "cpu", &file);
+        assert!(ok, "{stderr}");
+        let (ok, stderr, on_wgpu, _) = run("wgpu", "gdn-decode", "wgpu", &file);
+        assert!(ok, "{stderr}");
+        let (cpu, on_wgpu) = (cpu.unwrap(), on_wgpu.unwrap());
+        for (name, tolerance) in [("o", 2e-3), ("state_pool", 4e-3)] {
+            let a = on_wgpu.get(name).unwrap().to_f32_vec(name).unwrap();
+            let b = cpu.get(name).unwrap().to_f64_vec(name).unwrap();
+            let err = deltakv::metrics::rel_rms(&a, &b);
+            assert!(
+                err < tolerance,
+                "{name} ({pool_dtype} pool): rel_rms {err:.3e}"
+            );
+        }
+    }
+    let mut spec = deltakv::gdn::random::GdnSpec::new(70, 1, 2, 64, 48);
+    spec.seq_lens = Some(vec![1, 40, 29]);
+    spec.with_initial_state = true;
+    let case = deltakv::gdn::random::GdnCase::random(&spec, 12).unwrap();
+    let mut file = TensorFile::new();
+    for (name, t) in [
+        ("q", &case.q),
+        ("k", &case.k),
+        ("v", &case.v),
+        ("g", &case.g),
+        ("beta", &case.beta),
+    ] {
+        file.insert(name, t.clone());
+    }
+    file.insert("initial_state", case.initial_state.clone().unwrap());
+    file.insert("cu_seqlens", case.cu_seqlens.clone().unwrap());
+    let (ok, stderr, cpu, _) = run("gdn-cpu", "gdn", "cpu", &file);
+    assert!(ok, "{stderr}");
+    let (ok, stderr, on_wgpu, _) = run("gdn-wgpu", "gdn", "wgpu", &file);
+    assert!(ok, "{stderr}");
+    let (cpu, on_wgpu) = (cpu.unwrap(), on_wgpu.unwrap());
+    for (name, tolerance) in [("o", 2e-3), ("final_state", 1e-4)] {
+        let a = on_wgpu.get(name).unwrap().to_f32_vec(name).unwrap();
+        let b = cpu.get(name).unwrap().to_f64_vec(name).unwrap();
+        let err = deltakv::metrics::rel_rms(&a, &b);
+        assert!(err < tolerance, "gdn {name}: rel_rms {err:.3e}");
     }
 }
 

@@ -80,8 +80,11 @@ pub fn run(
         o.extend(out.o.to_f32_vec("o")?);
     }
     times.sort_by(f64::total_cmp);
-    #[cfg(feature = "cuda")]
-    let gpu = gpu_steps(&step_tokens, final_state, &decode_options)?;
+    let mut on_devices = Vec::new();
+    for device in gpu_devices() {
+        let steps = device_steps(device, &step_tokens, final_state, &decode_options)?;
+        on_devices.push((device, steps));
+    }
 
     // The oracle: the f64 recurrence over the same 64 tokens from the same starting state.
     next.initial_state = Some(final_state.clone());
@@ -113,51 +116,76 @@ pub fn run(
             "FAIL: error above tolerance".to_string()
         }
     );
-    #[cfg(feature = "cuda")]
-    let ok = ok && report_gpu(gpu, &reference)?;
+    let mut ok = ok;
+    for (device, steps) in on_devices {
+        ok = report_device(device, steps, &reference)? && ok;
+    }
     Ok(ok)
 }
 
-/// The GPU run: (o of every step, the final pool, per-step wall times), or the reason CUDA is
-/// unavailable.
-#[cfg(feature = "cuda")]
-type GpuSteps = std::result::Result<(Vec<f32>, HostTensor, Vec<f64>), String>;
+/// A device's run: (o of every step, the final pool, per-step wall times), or the reason the
+/// device is unavailable.
+type DeviceSteps = std::result::Result<(Vec<f32>, HostTensor, Vec<f64>), String>;
 
-/// The same 64 steps on CUDA when a GPU is present: the pool uploaded once and updated in
-/// place on the GPU, each step's q, k, v, g, beta uploaded and its o copied back.
-#[cfg(feature = "cuda")]
-fn gpu_steps(
+/// The GPU backends built into this binary.
+fn gpu_devices() -> Vec<Device> {
+    [
+        (Device::Cuda, cfg!(feature = "cuda")),
+        (Device::Wgpu, cfg!(feature = "wgpu")),
+    ]
+    .into_iter()
+    .filter_map(|(device, built)| built.then_some(device))
+    .collect()
+}
+
+/// The same 64 steps on a GPU backend when its device is present: the pool copied there once
+/// and updated in place, each step's q, k, v, g, beta copied there and its o copied back.
+fn device_steps(
+    device: Device,
     step_tokens: &dyn Fn(usize) -> Result<[HostTensor; 5]>,
     final_state: &HostTensor,
     options: &DecodeOptions,
-) -> Result<GpuSteps> {
-    use deltakv::cuda::gdn::UploadedInputs;
-    use deltakv::cuda::{Cuda, CudaTensor};
-    let cuda = match Cuda::get() {
-        Ok(cuda) => cuda,
-        Err(e) => return Ok(Err(e.to_string())),
-    };
-    let mut pool = CudaTensor::upload(cuda, final_state)?;
-    let slots = HostTensor::from_i32(vec![1], vec![0])?;
+) -> Result<DeviceSteps> {
+    use deltakv::{Tensor, gdn_decode_on_device};
+    if let Err(e) = device.ensure_available() {
+        return Ok(Err(e.to_string()));
+    }
+    let mut pool = Tensor::copy_from_host(final_state, device)?;
+    let slots = Tensor::copy_from_host(&HostTensor::from_i32(vec![1], vec![0])?, device)?;
     let (mut o, mut times) = (Vec::new(), Vec::new());
     for t in 0..STEPS {
         let started = Instant::now();
-        let tokens = step_tokens(t)?;
-        let uploaded = UploadedInputs::new(cuda, &step_inputs(&tokens, &slots))?;
-        let out = deltakv::cuda::gdn::gdn_decode(cuda, &uploaded.inputs()?, &mut pool, options)?;
-        o.extend(out.o.download(cuda)?.to_f32_vec("o")?);
+        let tokens = step_tokens(t)?
+            .iter()
+            .map(|x| Tensor::copy_from_host(x, device))
+            .collect::<Result<Vec<_>>>()?;
+        let [q, k, v, g, beta] = &tokens[..] else {
+            unreachable!("five tensors")
+        };
+        let inputs = DecodeInputs {
+            q,
+            k,
+            v,
+            gating: Gating::Direct { g, beta },
+            slot_indices: &slots,
+        };
+        let out = gdn_decode_on_device(&inputs, &mut pool, options)?;
+        o.extend(out.o.into_host()?.to_f32_vec("o")?);
         times.push(started.elapsed().as_secs_f64() * 1e6);
     }
     times.sort_by(f64::total_cmp);
-    Ok(Ok((o, pool.download(cuda)?, times)))
+    Ok(Ok((o, pool.into_host()?, times)))
 }
 
-/// Prints the GPU run's lines; returns whether it is within the CPU's tolerances.
-#[cfg(feature = "cuda")]
-fn report_gpu(gpu: GpuSteps, reference: &deltakv::gdn::oracle::GdnReference) -> Result<bool> {
-    match gpu {
+/// Prints a device run's line; returns whether it is within the CPU's tolerances.
+fn report_device(
+    device: Device,
+    steps: DeviceSteps,
+    reference: &deltakv::gdn::oracle::GdnReference,
+) -> Result<bool> {
+    match steps {
         Err(reason) => {
-            println!("  decode on cuda: skipped ({reason})");
+            println!("  decode on {device}: skipped ({reason})");
             Ok(true)
         }
         Ok((o, pool, times)) => {
@@ -165,7 +193,7 @@ fn report_gpu(gpu: GpuSteps, reference: &deltakv::gdn::oracle::GdnReference) -> 
             let state_err = rel_rms(&pool.to_f32_vec("pool")?, &reference.final_state);
             let ok = within_tolerance(o_err, state_err);
             println!(
-                "  decode on cuda (pool resident on the GPU): per step, with the copies of its inputs and o, median {:.1} us; o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}: {}",
+                "  decode on {device} (pool resident on the device): per step, with the copies of its inputs and o, median {:.1} us; o rel_rms {o_err:.2e}, state rel_rms {state_err:.2e}: {}",
                 times[STEPS / 2],
                 if ok {
                     "PASS"

@@ -36,8 +36,8 @@ pub struct GdnArgs {
     /// the input file; written through a temporary file, so a failed run leaves nothing.
     #[arg(long)]
     pub output: PathBuf,
-    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
-    /// in this build.
+    /// Where to run: cpu (always built); wgpu (with `--features wgpu`); cuda answers that
+    /// prefill is not implemented there yet.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Prefill algorithm: chunk (the fast WY path) or recurrent (token by token).

@@ -23,8 +23,8 @@ pub struct GdnDecodeArgs {
     /// not be the input file.
     #[arg(long)]
     pub output: PathBuf,
-    /// Where to run: cpu (always built); cuda and wgpu answer that they are not available
-    /// in this build.
+    /// Where to run: cpu (always built); cuda (with `--features cuda`) or wgpu (with
+    /// `--features wgpu`).
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
 }

@@ -35,7 +35,8 @@ pub enum DeviceArg {
     Cpu,
     /// NVIDIA GPUs through CUDA (not built into this version: answers "not available").
     Cuda,
-    /// Vulkan / Metal through wgpu (not built into this version: answers "not available").
+    /// Vulkan / Metal through wgpu (with `--features wgpu`; otherwise answers "not
+    /// available").
     Wgpu,
 }
 

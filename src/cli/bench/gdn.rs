@@ -17,7 +17,8 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct GdnBenchArgs {
     /// Where to run: cpu (always built), cuda (built with the `cuda` feature: the prefill at
-    /// the serving shapes, then at --seq-lens); wgpu answers that it is not available.
+    /// the serving shapes, then at --seq-lens), wgpu (built with the `wgpu` feature: the
+    /// prefill in each of --modes at --seq-lens).
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Prompt lengths to time (prefill).
@@ -81,6 +82,12 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
                 println!("{line}");
             }
         }
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => {
+            let modes: Vec<PrefillMode> = args.modes.iter().map(|&m| m.into()).collect();
+            super::gdn_prefill_wgpu::run(&seq_lens, &modes, &mut records)?;
+        }
+        #[allow(unreachable_patterns)] // with both GPU features every device is matched above
         _ => println!("GDN prefill on {device}: not implemented yet, skipped"),
     }
     super::gdn_decode::run(device, &args.decode_batches, &mut records)?;

@@ -51,13 +51,20 @@ pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Valu
     if let Some(&smallest) = batches.iter().min() {
         cases.push((smallest, 4, DType::F32, true));
     }
-    if device == Device::Cuda && batches.contains(&64) && batches.iter().min() != Some(&64) {
+    if device != Device::Cpu && batches.contains(&64) && batches.iter().min() != Some(&64) {
         // The GPU also reports speculative decoding at B = 64: T = 4 with intermediate states.
         cases.push((64, 4, DType::F32, true));
     }
     if device == Device::Cuda {
         #[cfg(feature = "cuda")]
         for line in super::gdn_decode_cuda::run(SHAPE, &cases, records)? {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    if device == Device::Wgpu {
+        #[cfg(feature = "wgpu")]
+        for line in super::gdn_decode_wgpu::run(SHAPE, &cases, records)? {
             println!("{line}");
         }
         return Ok(());

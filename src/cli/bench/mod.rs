@@ -5,8 +5,12 @@ mod gdn;
 mod gdn_decode;
 #[cfg(feature = "cuda")]
 mod gdn_decode_cuda;
+#[cfg(feature = "wgpu")]
+mod gdn_decode_wgpu;
 #[cfg(feature = "cuda")]
 mod gdn_prefill_cuda;
+#[cfg(feature = "wgpu")]
+mod gdn_prefill_wgpu;
 mod kv;
 #[cfg(feature = "cuda")]
 mod kv_cuda;

@@ -1,0 +1,287 @@
+//! GDN decode on wgpu: T = 1..=16 new tokens per sequence over a state pool that stays on the
+//! device and is updated in place, in one dispatch per call.
+//!
+//! The math, layouts and rules are the contract's (see `deltakv_contract::gdn::decode`): row `b`
+//! reads and writes slot `slot_indices[b]`, a negative index skips the row (zero output, no slot
+//! touched), f32 or bf16 pool (bf16 with an even V) with f32 arithmetic, optional fused gating,
+//! l2 norm and intermediate states. The shader is `recurrent.wgsl`.
+//!
+//! Validation before dispatch: every shape and dtype (the contract's own check), and the slot
+//! indices, which are copied to the host (B integers) to reject out-of-range and duplicate
+//! slots before the pool is touched. Values on the device are not scanned for NaN;
+//! [`gdn_decode_checked`] does it, and [`gdn_decode_host`] runs host tensors with it.
+
+use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
+use crate::runtime::Wgpu;
+use crate::tensor::WgpuTensor;
+use deltakv_contract::gdn::decode::validate::{
+    DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
+};
+use deltakv_contract::gdn::{
+    DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims, GdnOptions,
+};
+use deltakv_contract::{DType, Error, HostTensor, Result};
+
+/// Decode results on the device (the pool itself is updated in place).
+#[derive(Debug)]
+pub struct WgpuDecodeOutput {
+    /// `[B, T, H, V]` in v's dtype; zeros for skipped rows.
+    pub o: WgpuTensor,
+    /// `[B, T, H, K, V]` f32 when asked; zeros for skipped rows.
+    pub intermediate_states: Option<WgpuTensor>,
+}
+
+/// A validated decode call, ready to submit any number of times (each submission advances the
+/// addressed slots again).
+pub struct DecodeLaunch {
+    launch: RecurrentLaunch,
+}
+
+impl DecodeLaunch {
+    /// Queues `repeat` back-to-back dispatches in one submission.
+    pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        self.launch.submit(wgpu, repeat)
+    }
+}
+
+/// The shapes of `o` (`[B, T, H, V]`) and of the intermediate states (`[B, T, H, K, V]`).
+fn output_shapes(dims: &GdnDims) -> (Vec<usize>, Vec<usize>) {
+    let rows = [dims.batch, dims.tokens, dims.value_heads];
+    (
+        [&rows[..], &[dims.value_dim]].concat(),
+        [&rows[..], &[dims.key_dim, dims.value_dim]].concat(),
+    )
+}
+
+/// Shapes and dtypes (the contract's check) and slot indices of a call on device tensors.
+fn validate_on_device(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &WgpuTensor,
+) -> Result<DecodeShapes> {
+    let shapes = check_decode_shapes(inputs, state_pool)?;
+    let indices = inputs.slot_indices.download(wgpu)?;
+    slot_rows(&indices, shapes.dims.batch, shapes.slots)?;
+    Ok(shapes)
+}
+
+/// Validates a decode call and prepares its dispatch, writing into `o` (`[B, T, H, V]`, v's
+/// dtype) and, when given, `intermediate_states` (`[B, T, H, K, V]` f32).
+pub fn prepare_decode_launch(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &mut WgpuTensor,
+    options: &GdnOptions,
+    o: &mut WgpuTensor,
+    intermediate_states: Option<&mut WgpuTensor>,
+) -> Result<DecodeLaunch> {
+    let DecodeShapes { dims, .. } = validate_on_device(wgpu, inputs, state_pool)?;
+    build_launch(
+        wgpu,
+        inputs,
+        state_pool,
+        options,
+        dims,
+        o,
+        intermediate_states.map(|t| &*t),
+    )
+}
+
+fn build_launch(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &WgpuTensor,
+    options: &GdnOptions,
+    dims: GdnDims,
+    o: &WgpuTensor,
+    intermediate_states: Option<&WgpuTensor>,
+) -> Result<DecodeLaunch> {
+    let scale = resolve_scale(options, dims.key_dim)?;
+    let expect = |name: &str, t: &WgpuTensor, shape: &[usize], dtype: DType| -> Result<()> {
+        if t.shape() != shape || t.dtype() != dtype {
+            return Err(Error::InvalidValue(format!(
+                "output buffer `{name}` is {:?} {}, expected {shape:?} {dtype}",
+                t.shape(),
+                t.dtype()
+            )));
+        }
+        Ok(())
+    };
+    let (o_shape, states_shape) = output_shapes(&dims);
+    expect("o", o, &o_shape, inputs.v.dtype())?;
+    if let Some(t) = intermediate_states {
+        expect("intermediate_states", t, &states_shape, DType::F32)?;
+    }
+    let gates = inputs.gating.tensors();
+    let launch = RecurrentLaunch::new(
+        wgpu,
+        &RecurrentCall {
+            dims,
+            rows: dims.batch,
+            q: inputs.q,
+            k: inputs.k,
+            v: inputs.v,
+            gates: &gates,
+            row_source: Rows::Slots(inputs.slot_indices),
+            state: state_pool,
+            o,
+            intermediate: intermediate_states,
+            scale,
+            l2norm: options.use_qk_l2norm,
+            // 64 columns per workgroup: each row group's 32 threads read 256 contiguous bytes
+            // of an f32 state row.
+            col_pairs: 32,
+            chunked: false,
+        },
+    )?;
+    Ok(DecodeLaunch { launch })
+}
+
+/// Allocates poisoned outputs and runs a validated call.
+fn run_validated(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &mut WgpuTensor,
+    options: &DecodeOptions,
+    dims: GdnDims,
+) -> Result<WgpuDecodeOutput> {
+    let (o_shape, states_shape) = output_shapes(&dims);
+    let o = WgpuTensor::poisoned(wgpu, o_shape, inputs.v.dtype())?;
+    let intermediate_states = if options.intermediate_states {
+        Some(WgpuTensor::poisoned(wgpu, states_shape, DType::F32)?)
+    } else {
+        None
+    };
+    build_launch(
+        wgpu,
+        inputs,
+        state_pool,
+        &options.gdn,
+        dims,
+        &o,
+        intermediate_states.as_ref(),
+    )?
+    .submit(wgpu, 1)?;
+    Ok(WgpuDecodeOutput {
+        o,
+        intermediate_states,
+    })
+}
+
+/// Runs GDN decode on the device, updating the addressed slots of `state_pool` in place;
+/// returns `o` and, when asked, the intermediate states, both on the device. On a validation
+/// error nothing has been dispatched.
+pub fn gdn_decode(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &mut WgpuTensor,
+    options: &DecodeOptions,
+) -> Result<WgpuDecodeOutput> {
+    let DecodeShapes { dims, .. } = validate_on_device(wgpu, inputs, state_pool)?;
+    run_validated(wgpu, inputs, state_pool, options, dims)
+}
+
+/// [`gdn_decode`] after the contract's full check of the inputs' values (finite activations
+/// and gates, slot indices), which copies them to the host first: for command-line use and
+/// tests, where a wait per call does not matter.
+pub fn gdn_decode_checked(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &mut WgpuTensor,
+    options: &DecodeOptions,
+) -> Result<WgpuDecodeOutput> {
+    let shapes = check_decode_shapes(inputs, state_pool)?;
+    let host = |t: &WgpuTensor| t.download(wgpu);
+    let gates = (inputs.gating.tensors().into_iter())
+        .map(host)
+        .collect::<Result<Vec<_>>>()?;
+    let (q, k, v) = (host(inputs.q)?, host(inputs.k)?, host(inputs.v)?);
+    let slot_indices = host(inputs.slot_indices)?;
+    let host_inputs = DecodeInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        gating: inputs.gating.with_tensors(&gates)?,
+        slot_indices: &slot_indices,
+    };
+    prepare_decode_values(&host_inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    run_validated(wgpu, inputs, state_pool, options, shapes.dims)
+}
+
+/// GDN decode of host tensors on the device: the contract's full check on the host, the inputs
+/// and the pool copied to the device, the results and the updated pool copied back (for files
+/// and one-off calls). As on the CPU, a result that overflowed f32 is an error.
+pub fn gdn_decode_host(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, HostTensor>,
+    state_pool: &mut HostTensor,
+    options: &DecodeOptions,
+) -> Result<DecodeOutput> {
+    let shapes = check_decode_shapes(inputs, state_pool)?;
+    prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    let uploaded = UploadedInputs::new(wgpu, inputs)?;
+    let mut pool = WgpuTensor::upload(wgpu, state_pool)?;
+    let out = run_validated(wgpu, &uploaded.inputs()?, &mut pool, options, shapes.dims)?;
+    let output = DecodeOutput {
+        o: out.o.download(wgpu)?,
+        intermediate_states: out
+            .intermediate_states
+            .map(|t| t.download(wgpu))
+            .transpose()?,
+    };
+    *state_pool = pool.download(wgpu)?;
+    output.check_finite()?;
+    Ok(output)
+}
+
+/// The tensors of a decode call copied to the device (the pool is kept apart, as the caller's).
+pub struct UploadedInputs {
+    q: WgpuTensor,
+    k: WgpuTensor,
+    v: WgpuTensor,
+    /// In the order of `Gating::tensors`.
+    gates: Vec<WgpuTensor>,
+    slot_indices: WgpuTensor,
+}
+
+impl UploadedInputs {
+    /// Copies q, k, v, the gating tensors and the slot indices to the device.
+    pub fn new(wgpu: &Wgpu, inputs: &DecodeInputs<'_, HostTensor>) -> Result<Self> {
+        let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
+        Ok(Self {
+            q: up(inputs.q)?,
+            k: up(inputs.k)?,
+            v: up(inputs.v)?,
+            gates: (inputs.gating.tensors().into_iter())
+                .map(up)
+                .collect::<Result<_>>()?,
+            slot_indices: up(inputs.slot_indices)?,
+        })
+    }
+
+    /// The call's inputs over the device copies.
+    pub fn inputs(&self) -> Result<DecodeInputs<'_, WgpuTensor>> {
+        let gating = match self.gates.as_slice() {
+            [g, beta] => Gating::Direct { g, beta },
+            [a, b, a_log, dt_bias] => Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            },
+            other => {
+                return Err(Error::InvalidValue(format!(
+                    "gating needs 2 or 4 tensors, got {}",
+                    other.len()
+                )));
+            }
+        };
+        Ok(DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            gating,
+            slot_indices: &self.slot_indices,
+        })
+    }
+}

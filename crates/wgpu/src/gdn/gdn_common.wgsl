@@ -1,0 +1,150 @@
+// What the GDN kernels share: their tile shape, parameters, bindings, input loads, gating
+// and output stores. `recurrent.wgsl` (token by token) and `chunk.wgsl` (chunks of tokens)
+// follow it.
+
+const ROW_GROUPS: u32 = 8u;
+const MAX_K: u32 = 256u;
+const MAX_COL_PAIRS: u32 = 32u;
+const RESET_GATE: f32 = -80.0;
+
+// Rows per thread: ceil(K / 8), rounded up to 4, 8, 16 or 32.
+override ROWS: u32 = 16u;
+// Threads per row group; a workgroup covers 2 * COL_PAIRS columns (8 or 32).
+override COL_PAIRS: u32 = 32u;
+// The state is bf16 (V even: a thread's column pair is one word); else f32.
+override STATE_BF16: bool = false;
+
+struct Params {
+    rows: u32,          // B (decode), or sequences N (prefill)
+    tokens: u32,        // T per row (without varlen)
+    key_heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    group: u32,         // H / Hg
+    act_dtype: u32,     // q, k, v
+    out_dtype: u32,     // o
+    gate_a_dtype: u32,  // g, or a (fused)
+    gate_b_dtype: u32,  // beta, or b (fused)
+    a_log_dtype: u32,
+    dt_bias_dtype: u32,
+    row_mode: u32,      // 0: row b is state b, tokens b*T..; 1/2: i32/i64 slot indices; 3: varlen offsets
+    fused: u32,
+    l2norm: u32,
+    intermediate: u32,
+    scale: f32,
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<u32>;
+@group(0) @binding(2) var<storage, read> k: array<u32>;
+@group(0) @binding(3) var<storage, read> v: array<u32>;
+@group(0) @binding(4) var<storage, read> gate_a: array<u32>;
+@group(0) @binding(5) var<storage, read> gate_b: array<u32>;
+@group(0) @binding(6) var<storage, read> a_log: array<u32>;
+@group(0) @binding(7) var<storage, read> dt_bias: array<u32>;
+// Slot indices [B] (i32 or i64), or varlen token offsets [N + 1] (u32).
+@group(0) @binding(8) var<storage, read> row_info: array<u32>;
+@group(0) @binding(9) var<storage, read_write> state: array<u32>;
+// Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
+// may fall in one word (odd V), written by different workgroups.
+@group(0) @binding(10) var<storage, read_write> o: array<atomic<u32>>;
+@group(0) @binding(11) var<storage, read_write> intermediate: array<u32>;
+
+var<workgroup> row_range: vec2<u32>;
+var<workgroup> row_slot: i32;
+
+fn load_act(which: u32, i: u32) -> f32 {
+    let d = p.act_dtype;
+    let w = word_of(i, d);
+    if which == 0u {
+        return widen(q[w], i, d);
+    }
+    if which == 1u {
+        return widen(k[w], i, d);
+    }
+    return widen(v[w], i, d);
+}
+
+// softplus(x) = ln(1 + e^x), = x for x > 20.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        return x;
+    }
+    let e = exp(x);
+    if e < 1e-4 {
+        return e * (1.0 - 0.5 * e);
+    }
+    return log(1.0 + e);
+}
+
+// (g, beta) of one (token, head): given, or Qwen3-Next's fused gating.
+fn gates(token: u32, head: u32) -> vec2<f32> {
+    let i = token * p.value_heads + head;
+    let x = widen(gate_a[word_of(i, p.gate_a_dtype)], i, p.gate_a_dtype);
+    let y = widen(gate_b[word_of(i, p.gate_b_dtype)], i, p.gate_b_dtype);
+    if p.fused == 0u {
+        return vec2<f32>(x, y);
+    }
+    let rate = -exp(widen(a_log[word_of(head, p.a_log_dtype)], head, p.a_log_dtype));
+    let bias = widen(dt_bias[word_of(head, p.dt_bias_dtype)], head, p.dt_bias_dtype);
+    return vec2<f32>(rate * softplus(x + bias), 1.0 / (1.0 + exp(-y)));
+}
+
+// Stores o element i (two consecutive elements starting at i when `pair`).
+fn store_o(i: u32, x: vec2<f32>, pair: bool) {
+    let d = p.out_dtype;
+    if d == DT_F32 {
+        atomicStore(&o[i], bitcast<u32>(x.x));
+        if pair {
+            atomicStore(&o[i + 1u], bitcast<u32>(x.y));
+        }
+        return;
+    }
+    if pair && (i & 1u) == 0u {
+        atomicStore(&o[i >> 1u], half_bits(x.x, d) | (half_bits(x.y, d) << 16u));
+        return;
+    }
+    store_o_half(i, half_bits(x.x, d));
+    if pair {
+        store_o_half(i + 1u, half_bits(x.y, d));
+    }
+}
+
+// One 16-bit element of o, leaving the other half of its word as it is.
+fn store_o_half(i: u32, bits: u32) {
+    let shift = (i & 1u) * 16u;
+    atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
+    atomicOr(&o[i >> 1u], bits << shift);
+}
+
+// Two state elements (columns col, col + 1 of row r of the slab starting at row `slab`),
+// widened to f32; `col_ok` says which exist.
+fn load_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
+    var x = vec2<f32>(0.0);
+    let at = (slab + r) * p.value_dim + col;
+    if STATE_BF16 {
+        let word = state[at >> 1u];
+        x = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+    } else {
+        x.x = bitcast<f32>(state[at]);
+        if col_ok.y {
+            x.y = bitcast<f32>(state[at + 1u]);
+        }
+    }
+    return x;
+}
+
+fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
+    let at = (slab + r) * p.value_dim + col;
+    if STATE_BF16 {
+        state[at >> 1u] = bf16_bits(x.x) | (bf16_bits(x.y) << 16u);
+    } else {
+        state[at] = bitcast<u32>(x.x);
+        if col_ok.y {
+            state[at + 1u] = bitcast<u32>(x.y);
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! GDN prefill on wgpu: a whole prompt through the gated delta rule, from optional initial
+//! states to the final states, with FLA's semantics (GQA/GVA, any T, varlen `cu_seqlens`, l2
+//! norm, K, V <= 256; see `deltakv_contract::gdn`).
+//!
+//! One workgroup per (sequence, value head, tile of columns), the tile's state in registers for
+//! the whole sequence: `final_state` is seeded with the initial state (or zeros) and advanced
+//! in place. [`PrefillMode::Chunk`] runs `chunk.wgsl` (the recurrence unrolled over chunks of
+//! 16 tokens, 8 for K > 128: a triangular solve per column from the chunk's Gram matrices),
+//! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
+
+use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
+use crate::runtime::Wgpu;
+use crate::tensor::WgpuTensor;
+use deltakv_contract::gdn::prefill::validate::validate_prefill;
+use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
+use deltakv_contract::tensor::check_result_finite;
+use deltakv_contract::{DType, HostTensor, Result};
+
+/// Workgroups below which a call uses 16-column tiles instead of 64-column ones (four times the
+/// workgroups, for the few long sequences of a prefill).
+const NARROW_TILES_BELOW: usize = 1024;
+
+/// A validated prefill with its inputs on the device: submitted once by [`gdn_prefill`], any
+/// number of times by a benchmark (each submission advances the final states again).
+pub struct PreparedPrefill {
+    launch: RecurrentLaunch,
+    o: WgpuTensor,
+    state: WgpuTensor,
+    /// Kept alive for the bindings.
+    _inputs: Vec<WgpuTensor>,
+}
+
+impl PreparedPrefill {
+    /// Checks the call (the contract's rules, on the host), copies the inputs to the device and
+    /// seeds the final states with the initial states (or zeros).
+    pub fn new(
+        wgpu: &Wgpu,
+        inputs: &GdnInputs<'_>,
+        options: &GdnOptions,
+        mode: PrefillMode,
+    ) -> Result<Self> {
+        let (shapes, _) = validate_prefill(inputs, options)?;
+        let d = shapes.dims;
+        let sequences = shapes.seqs.len();
+        let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
+        let (q, k, v, g, beta) = (
+            up(inputs.q)?,
+            up(inputs.k)?,
+            up(inputs.v)?,
+            up(inputs.g)?,
+            up(inputs.beta)?,
+        );
+        let state = match inputs.initial_state {
+            Some(s) => up(s)?,
+            None => WgpuTensor::zeros(
+                wgpu,
+                vec![sequences, d.value_heads, d.key_dim, d.value_dim],
+                DType::F32,
+            )?,
+        };
+        let o_shape = vec![d.batch, d.tokens, d.value_heads, d.value_dim];
+        let o = WgpuTensor::poisoned(wgpu, o_shape, inputs.v.dtype())?;
+        let offsets = match inputs.cu_seqlens {
+            Some(_) => {
+                let mut bytes: Vec<u8> = Vec::with_capacity(4 * (sequences + 1));
+                for s in &shapes.seqs {
+                    bytes.extend_from_slice(&(s.start as u32).to_le_bytes());
+                }
+                bytes.extend_from_slice(&(d.tokens as u32).to_le_bytes());
+                let offsets = HostTensor::from_le_bytes(vec![sequences + 1], DType::I32, &bytes)?;
+                Some(up(&offsets)?)
+            }
+            None => None,
+        };
+        let row_source = match &offsets {
+            Some(t) => Rows::Offsets(t),
+            None => Rows::Dense,
+        };
+        let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
+        let launch = RecurrentLaunch::new(
+            wgpu,
+            &RecurrentCall {
+                dims: d,
+                rows: sequences,
+                q: &q,
+                k: &k,
+                v: &v,
+                gates: &[&g, &beta],
+                row_source,
+                state: &state,
+                o: &o,
+                intermediate: None,
+                scale: shapes.scale,
+                l2norm: options.use_qk_l2norm,
+                col_pairs: if wide_groups < NARROW_TILES_BELOW {
+                    8
+                } else {
+                    32
+                },
+                chunked: mode == PrefillMode::Chunk,
+            },
+        )?;
+        Ok(Self {
+            launch,
+            o,
+            state,
+            _inputs: [q, k, v, g, beta].into_iter().chain(offsets).collect(),
+        })
+    }
+
+    /// Queues `repeat` back-to-back dispatches in one submission.
+    pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        self.launch.submit(wgpu, repeat)
+    }
+
+    /// Copies `o` and the final states back, refusing a result that overflowed f32.
+    pub fn outputs(&self, wgpu: &Wgpu) -> Result<GdnOutput> {
+        let o = self.o.download(wgpu)?;
+        let final_state = self.state.download(wgpu)?;
+        check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+        check_result_finite(
+            "final_state",
+            &final_state,
+            "n, h, k, v",
+            GDN_OVERFLOW_CAUSE,
+        )?;
+        Ok(GdnOutput { o, final_state })
+    }
+}
+
+/// Runs GDN prefill of host tensors on the device: the contract's checks on the host, the
+/// inputs copied to the device, `o` (v's dtype) and `final_state` (`[N, H, K, V]` f32) copied
+/// back. A result that overflowed f32 from finite inputs is an error, as on the CPU.
+pub fn gdn_prefill(
+    wgpu: &Wgpu,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+) -> Result<GdnOutput> {
+    let prepared = PreparedPrefill::new(wgpu, inputs, options, mode)?;
+    prepared.submit(wgpu, 1)?;
+    prepared.outputs(wgpu)
+}

@@ -1,0 +1,329 @@
+//! The launcher of the GDN kernels, which share their parameters and bindings
+//! (`gdn_common.wgsl`): `recurrent.wgsl`, the token loop behind GDN decode (a slot of a pool
+//! per row) and the recurrent prefill (a sequence per row), and `chunk.wgsl`, the chunked
+//! prefill. Callers validate first; this only encodes the dispatch.
+
+use crate::runtime::{ShaderSource, Wgpu};
+use crate::tensor::WgpuTensor;
+use deltakv_contract::gdn::GdnDims;
+use deltakv_contract::{DType, Error, Result};
+use wgpu::util::DeviceExt;
+
+/// The shader for adapters with subgroup operations: the row-group sums by shuffles, the
+/// dtype helpers, then the kernel.
+pub const SOURCE_SUBGROUP: ShaderSource = ShaderSource {
+    name: "gdn_recurrent_subgroup",
+    text: concat!(
+        include_str!("reduce_subgroup.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("recurrent.wgsl")
+    ),
+    entry_point: "gdn_recurrent",
+};
+
+/// The shader for adapters without: the row-group sums through workgroup memory.
+pub const SOURCE_SHARED: ShaderSource = ShaderSource {
+    name: "gdn_recurrent_shared",
+    text: concat!(
+        include_str!("reduce_shared.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("recurrent.wgsl")
+    ),
+    entry_point: "gdn_recurrent",
+};
+
+/// The chunked prefill (`chunk.wgsl`) for adapters with subgroup operations.
+pub const CHUNK_SUBGROUP: ShaderSource = ShaderSource {
+    name: "gdn_chunk_subgroup",
+    text: concat!(
+        include_str!("reduce_subgroup.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("chunk.wgsl")
+    ),
+    entry_point: "gdn_chunk",
+};
+
+/// The chunked prefill for adapters without.
+pub const CHUNK_SHARED: ShaderSource = ShaderSource {
+    name: "gdn_chunk_shared",
+    text: concat!(
+        include_str!("reduce_shared.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("gdn_common.wgsl"),
+        include_str!("chunk.wgsl")
+    ),
+    entry_point: "gdn_chunk",
+};
+
+const ROW_GROUPS: usize = 8;
+
+/// The dtype code the shaders use (`DT_*` in `dtype.wgsl`).
+pub(crate) fn dtype_code(dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::I32 => 3,
+        DType::I64 => 4,
+    }
+}
+
+/// Mirrors `struct Params` in the shader, field for field.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+struct Params {
+    rows: u32,
+    tokens: u32,
+    key_heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    group: u32,
+    act_dtype: u32,
+    out_dtype: u32,
+    gate_a_dtype: u32,
+    gate_b_dtype: u32,
+    a_log_dtype: u32,
+    dt_bias_dtype: u32,
+    row_mode: u32,
+    fused: u32,
+    l2norm: u32,
+    intermediate: u32,
+    scale: f32,
+    pad: [u32; 2],
+}
+
+impl Params {
+    fn to_bytes(self) -> Vec<u8> {
+        let words = [
+            self.rows,
+            self.tokens,
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+            self.group,
+            self.act_dtype,
+            self.out_dtype,
+            self.gate_a_dtype,
+            self.gate_b_dtype,
+            self.a_log_dtype,
+            self.dt_bias_dtype,
+            self.row_mode,
+            self.fused,
+            self.l2norm,
+            self.intermediate,
+            self.scale.to_bits(),
+            self.pad[0],
+            self.pad[1],
+        ];
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}
+
+/// How a row of the grid finds its tokens and its state.
+pub enum Rows<'a> {
+    /// Row b runs tokens b*T..(b+1)*T on state b (prefill without varlen).
+    Dense,
+    /// Row b runs tokens b*T..(b+1)*T on slot `slot_indices[b]` (i32 or i64; negative skips).
+    Slots(&'a WgpuTensor),
+    /// Row n runs tokens `offsets[n]..offsets[n+1]` (u32 `[N + 1]`) on state n (varlen prefill).
+    Offsets(&'a WgpuTensor),
+}
+
+/// Everything one dispatch reads and writes.
+pub struct RecurrentCall<'a> {
+    pub dims: GdnDims,
+    /// Rows of the grid: B for decode, N for prefill.
+    pub rows: usize,
+    pub q: &'a WgpuTensor,
+    pub k: &'a WgpuTensor,
+    pub v: &'a WgpuTensor,
+    /// `g` and `beta`, or `a`, `b`, `A_log`, `dt_bias` (fused gating).
+    pub gates: &'a [&'a WgpuTensor],
+    pub row_source: Rows<'a>,
+    /// `[S, H, K, V]` f32 or bf16, updated in place.
+    pub state: &'a WgpuTensor,
+    pub o: &'a WgpuTensor,
+    pub intermediate: Option<&'a WgpuTensor>,
+    pub scale: f32,
+    pub l2norm: bool,
+    /// Threads per row group: 32 (64 columns per workgroup) or 8 (16 columns).
+    pub col_pairs: usize,
+    /// The chunked kernel (`chunk.wgsl`, prefill only) instead of the token loop.
+    pub chunked: bool,
+}
+
+/// A prepared dispatch: pipeline, bindings and grid, to encode any number of times.
+pub struct RecurrentLaunch {
+    pipeline: wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    grid: (u32, u32, u32),
+}
+
+impl RecurrentLaunch {
+    /// Validates the grid against the device's limits and builds the bindings.
+    pub fn new(wgpu: &Wgpu, call: &RecurrentCall<'_>) -> Result<Self> {
+        let d = &call.dims;
+        let state_bf16 = call.state.dtype() == DType::BF16;
+        if state_bf16 && !d.value_dim.is_multiple_of(2) {
+            return Err(Error::Unsupported(format!(
+                "a bf16 state pool on wgpu needs an even V (a column pair is one word), got V = {}",
+                d.value_dim
+            )));
+        }
+        let rows_per_thread = match d.key_dim.div_ceil(ROW_GROUPS) {
+            0..=4 => 4,
+            5..=8 => 8,
+            9..=16 => 16,
+            _ => 32,
+        };
+        let tiles = d.value_dim.div_ceil(2 * call.col_pairs);
+        let max = wgpu.device().limits().max_compute_workgroups_per_dimension as usize;
+        if call.rows > max || d.value_heads > max || tiles > max {
+            return Err(Error::Unsupported(format!(
+                "wgpu runs at most {max} rows and heads per call, got {} rows and H = {}",
+                call.rows, d.value_heads
+            )));
+        }
+        let mut constants = vec![
+            ("ROWS", rows_per_thread),
+            ("COL_PAIRS", call.col_pairs as u32),
+            ("STATE_BF16", u32::from(state_bf16)),
+        ];
+        let source = match (call.chunked, wgpu.has_subgroups()) {
+            (false, true) => &SOURCE_SUBGROUP,
+            (false, false) => &SOURCE_SHARED,
+            (true, subgroups) => {
+                if call.intermediate.is_some()
+                    || !matches!(call.row_source, Rows::Dense | Rows::Offsets(_))
+                {
+                    return Err(Error::InvalidValue(
+                        "the chunked kernel runs prefills only (no slots, no intermediate states)"
+                            .to_string(),
+                    ));
+                }
+                constants.push(("CHUNK_TOKENS", if d.key_dim <= 128 { 16 } else { 8 }));
+                if subgroups {
+                    &CHUNK_SUBGROUP
+                } else {
+                    &CHUNK_SHARED
+                }
+            }
+        };
+        let pipeline = wgpu.pipeline(source, &constants)?;
+        let code = |t: &WgpuTensor| dtype_code(t.dtype());
+        let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
+            [g, beta] => (false, *g, *beta, *g, *g),
+            [a, b, a_log, dt_bias] => (true, *a, *b, *a_log, *dt_bias),
+            other => {
+                return Err(Error::InvalidValue(format!(
+                    "gating needs 2 or 4 tensors, got {}",
+                    other.len()
+                )));
+            }
+        };
+        let (row_mode, row_info) = match call.row_source {
+            Rows::Dense => (0, call.gates[0]),
+            Rows::Slots(slots) => (if slots.dtype() == DType::I64 { 2 } else { 1 }, slots),
+            Rows::Offsets(offsets) => (3, offsets),
+        };
+        let params = Params {
+            rows: call.rows as u32,
+            tokens: d.tokens as u32,
+            key_heads: d.key_heads as u32,
+            value_heads: d.value_heads as u32,
+            key_dim: d.key_dim as u32,
+            value_dim: d.value_dim as u32,
+            group: (d.value_heads / d.key_heads) as u32,
+            act_dtype: code(call.q),
+            out_dtype: code(call.o),
+            gate_a_dtype: code(gate_a),
+            gate_b_dtype: code(gate_b),
+            a_log_dtype: code(a_log),
+            dt_bias_dtype: code(dt_bias),
+            row_mode,
+            fused: u32::from(fused),
+            l2norm: u32::from(call.l2norm),
+            intermediate: u32::from(call.intermediate.is_some()),
+            scale: call.scale,
+            pad: [0; 2],
+        };
+        let uniform = wgpu
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("gdn_recurrent params"),
+                contents: &params.to_bytes(),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        // A write-only binding nothing reads, when no intermediate states are asked for.
+        let no_intermediate;
+        let intermediate = match call.intermediate {
+            Some(t) => t.buffer(),
+            None => {
+                no_intermediate = WgpuTensor::zeros(wgpu, vec![1], DType::F32)?;
+                no_intermediate.buffer()
+            }
+        };
+        let buffers = [
+            &uniform,
+            call.q.buffer(),
+            call.k.buffer(),
+            call.v.buffer(),
+            gate_a.buffer(),
+            gate_b.buffer(),
+            a_log.buffer(),
+            dt_bias.buffer(),
+            row_info.buffer(),
+            call.state.buffer(),
+            call.o.buffer(),
+            intermediate,
+        ];
+        // The chunked kernel writes no intermediate states: its layout ends at `o`.
+        let used = if call.chunked { 11 } else { 12 };
+        let entries: Vec<wgpu::BindGroupEntry> = buffers[..used]
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("gdn_recurrent"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        wgpu.check("binding the GDN kernel's buffers")?;
+        Ok(Self {
+            pipeline,
+            bind_group,
+            grid: (tiles as u32, d.value_heads as u32, call.rows as u32),
+        })
+    }
+
+    /// Records the dispatch into `pass`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+    }
+
+    /// Submits `repeat` back-to-back dispatches in one command buffer (without waiting).
+    pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for _ in 0..repeat {
+                self.encode(&mut pass);
+            }
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("running gdn_recurrent")
+    }
+}

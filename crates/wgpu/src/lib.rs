@@ -1,0 +1,84 @@
+//! deltakv-wgpu: the wgpu backend of deltakv, WGSL compute shaders on Vulkan (Linux, Windows,
+//! Android; Mesa's lavapipe in CI) and Metal (Apple).
+//!
+//! * [`Wgpu`]: the process's adapter, device and queue, and the pipelines, built at first use.
+//!   The high-performance adapter by default; `DELTAKV_WGPU_ADAPTER` names another. Opening it
+//!   never panics: a machine without one gets a one-line `DeviceUnavailable` error.
+//! * [`WgpuTensor`]: tensors in wgpu storage buffers; explicit upload and download.
+//! * [`gdn`]: GDN decode over a state pool that stays on the device, and the GDN prefill.
+//!
+//! A serving loop keeps the pool on the device and runs one validated call per step:
+//!
+//! ```no_run
+//! use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
+//! use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, Gating};
+//! use deltakv_wgpu::{Wgpu, WgpuTensor, gdn::gdn_decode};
+//!
+//! let wgpu = Wgpu::get()?; // "no wgpu adapter: ..." on a machine without one
+//! // 8 sequences, one new token each, Qwen3-Next's shape; a pool of 10 slots.
+//! let case = DecodeCase::random(&DecodeSpec::new(8, 1, 16, 32, 128, 128), 1)?;
+//! let up = |t: &deltakv_contract::HostTensor| WgpuTensor::upload(wgpu, t);
+//! let mut pool = up(&case.state_pool)?; // stays on the device, updated in place
+//! let (q, k, v, slots) = (up(&case.q)?, up(&case.k)?, up(&case.v)?, up(&case.slot_indices)?);
+//! let (g, beta) = (up(case.gate("g").unwrap())?, up(case.gate("beta").unwrap())?);
+//! let inputs = DecodeInputs { q: &q, k: &k, v: &v, gating: Gating::Direct { g: &g, beta: &beta }, slot_indices: &slots };
+//! let out = gdn_decode(wgpu, &inputs, &mut pool, &DecodeOptions::default())?;
+//! let o = out.o.download(wgpu)?; // [8, 1, 32, 128], only when the caller asks
+//! assert_eq!(o.shape(), &[8, 1, 32, 128]);
+//! # Ok::<(), deltakv_contract::Error>(())
+//! ```
+//!
+//! The `.wgsl` sources sit beside the Rust that launches them; [`SHADERS`] lists them, and a
+//! test translates each one to Metal Shading Language with naga on every commit.
+
+pub mod gdn;
+pub mod runtime;
+pub mod tensor;
+pub mod timing;
+
+pub use runtime::{ShaderSource, Wgpu};
+pub use tensor::WgpuTensor;
+
+/// The values of a shader's `override` constants for one pipeline.
+pub type Constants = &'static [(&'static str, f64)];
+
+/// The recurrent kernel's constants as its launchers set them (rows per thread, column pairs,
+/// bf16 state): decode's 64-column tiles and narrow prefills' 16-column tiles.
+const RECURRENT_CONSTANTS: &[Constants] = &[
+    &[("ROWS", 4.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
+    &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 0.0)],
+    &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 1.0)],
+    &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
+];
+
+/// The chunked prefill's constants: decode's tile and the narrow one, K <= 128 and above.
+const CHUNK_CONSTANTS: &[Constants] = &[
+    &[
+        ("ROWS", 16.0),
+        ("COL_PAIRS", 8.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 16.0),
+    ],
+    &[
+        ("ROWS", 16.0),
+        ("COL_PAIRS", 32.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 16.0),
+    ],
+    &[
+        ("ROWS", 32.0),
+        ("COL_PAIRS", 8.0),
+        ("STATE_BF16", 0.0),
+        ("CHUNK_TOKENS", 8.0),
+    ],
+];
+
+/// Every shader of the backend, with sets of its `override` constants (each set is one
+/// pipeline).
+pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
+    (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
+    (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
+    (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
+    (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
+    (tensor::FILL, &[&[]]),
+];

@@ -1,0 +1,281 @@
+//! The wgpu runtime of deltakv: one adapter, device and queue per process, and the compute
+//! pipelines built from the WGSL shaders at first use.
+//!
+//! The adapter is the high-performance one wgpu offers (a discrete GPU before an integrated one
+//! before a software rasteriser), or the first whose name contains `DELTAKV_WGPU_ADAPTER`
+//! (case-insensitive; `lavapipe` and `llvmpipe` both pick Mesa's software Vulkan). Opening it
+//! never panics: a machine without a Vulkan or Metal driver gets a one-line
+//! `DeviceUnavailable` error ("no wgpu adapter: ..."). wgpu reports validation errors and lost
+//! devices through callbacks; both are collected here and returned as `Err` by the call that
+//! caused them.
+
+use deltakv_contract::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The environment variable that names the adapter to use (a substring of its name).
+pub const ADAPTER_ENV: &str = "DELTAKV_WGPU_ADAPTER";
+
+/// Set to `0`, the environment variable that keeps the shaders off subgroup operations (the
+/// workgroup-memory path, as on an adapter without them).
+pub const SUBGROUPS_ENV: &str = "DELTAKV_WGPU_SUBGROUPS";
+
+/// The GPU (or software device) that deltakv's wgpu ops run on.
+pub struct Wgpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    subgroups: bool,
+    errors: Arc<Mutex<Vec<String>>>,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+}
+
+/// The backends deltakv uses: Vulkan (Linux, Windows, Android) and Metal (Apple).
+const BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::METAL);
+
+type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
+
+impl std::fmt::Debug for Wgpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wgpu")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .finish()
+    }
+}
+
+fn unavailable(reason: impl Into<String>) -> Error {
+    Error::DeviceUnavailable {
+        device: "wgpu".to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A failure of the wgpu device, naming what was being done.
+pub fn backend_error(what: &str, message: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        device: "wgpu".to_string(),
+        message: format!("{what} failed: {message}"),
+    }
+}
+
+/// One compute shader: its WGSL text (preludes included) and its entry point.
+#[derive(Clone, Copy, Debug)]
+pub struct ShaderSource {
+    pub name: &'static str,
+    pub text: &'static str,
+    pub entry_point: &'static str,
+}
+
+impl Wgpu {
+    /// The process's wgpu device, opened on first use. A machine without an adapter gets
+    /// `DeviceUnavailable` with the reason, every time it asks.
+    pub fn get() -> Result<&'static Wgpu> {
+        static DEVICE: OnceLock<std::result::Result<Wgpu, String>> = OnceLock::new();
+        DEVICE
+            .get_or_init(|| Wgpu::open().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|message| {
+                let prefix = "device `wgpu` is not available: ";
+                unavailable(message.strip_prefix(prefix).unwrap_or(message))
+            })
+    }
+
+    fn open() -> Result<Wgpu> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: BACKENDS,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let wanted = std::env::var(ADAPTER_ENV)
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let adapter = match wanted {
+            Some(name) => pick_named(&instance, name.trim())?,
+            None => pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            }))
+            .map_err(|e| {
+                unavailable(format!(
+                    "no wgpu adapter: {e} (no Vulkan or Metal driver found; on Linux install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers)"
+                ))
+            })?,
+        };
+        let info = adapter.get_info();
+        // The largest buffers the adapter allows (a state pool of B = 256 Qwen3-Next rows is
+        // 512 MiB), and subgroup operations where it has them.
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8
+            && std::env::var(SUBGROUPS_ENV).map_or(true, |v| v.trim() != "0");
+        let required_features = if subgroups {
+            wgpu::Features::SUBGROUP
+        } else {
+            wgpu::Features::empty()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("deltakv"),
+            required_features,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .map_err(|e| {
+            unavailable(format!(
+                "no wgpu adapter: {} refused a device: {e}",
+                info.name
+            ))
+        })?;
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).push(e.to_string());
+        }));
+        let sink = errors.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            lock(&sink).push(format!("device lost ({reason:?}): {message}"));
+        });
+        Ok(Wgpu {
+            device,
+            queue,
+            info,
+            subgroups,
+            errors,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter's name, e.g. "NVIDIA H100 80GB HBM3" or "llvmpipe (LLVM 15.0.6, 256 bits)".
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The adapter's name, backend, driver and reduction path in one line.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, driver {} {}; {})",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            if self.subgroups {
+                format!(
+                    "subgroups of {}..={}",
+                    self.info.subgroup_min_size, self.info.subgroup_max_size
+                )
+            } else {
+                "no subgroups: workgroup-memory sums".to_string()
+            }
+        )
+    }
+
+    /// True when the shaders use subgroup operations: the adapter has them, in subgroups of at
+    /// least 8 invocations, and `DELTAKV_WGPU_SUBGROUPS` is not `0`.
+    pub fn has_subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// `Err` with the first error wgpu reported since the last check (validation, out of
+    /// memory, a lost device), naming `what` was being done.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let mut errors = lock(&self.errors);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let first = errors.remove(0);
+        errors.clear();
+        // wgpu's messages span lines (an error, then its causes): one line for the user.
+        let message: Vec<&str> = first
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        Err(backend_error(what, message.join(": ")))
+    }
+
+    /// Waits until the queue is idle; a lost device or a validation error shows up here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| backend_error("waiting for the device", e))?;
+        self.check("waiting for the device")
+    }
+
+    /// The compute pipeline of `source` with its `override` constants set to `constants`,
+    /// built on first use.
+    pub fn pipeline(
+        &self,
+        source: &ShaderSource,
+        constants: &[(&'static str, u32)],
+    ) -> Result<wgpu::ComputePipeline> {
+        let key: PipelineKey = (
+            source.name,
+            constants.iter().map(|&(n, v)| (n, u64::from(v))).collect(),
+        );
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        self.check("before building a pipeline")?;
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(source.name),
+                source: wgpu::ShaderSource::Wgsl(source.text.into()),
+            });
+        self.check(&format!("compiling shader `{}`", source.name))?;
+        let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(source.name),
+                layout: None,
+                module: &module,
+                entry_point: Some(source.entry_point),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &values,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        self.check(&format!("building pipeline `{}`", source.name))?;
+        lock(&self.pipelines).insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+}
+
+/// The first adapter whose name contains `name` (case-insensitive; `lavapipe` also matches
+/// Mesa's `llvmpipe`), else an error listing the adapters there are.
+fn pick_named(instance: &wgpu::Instance, name: &str) -> Result<wgpu::Adapter> {
+    let adapters = pollster::block_on(instance.enumerate_adapters(BACKENDS));
+    let needle = name.to_lowercase();
+    let matches = |adapter_name: &str| {
+        let adapter_name = adapter_name.to_lowercase();
+        adapter_name.contains(&needle)
+            || (needle == "lavapipe" && adapter_name.contains("llvmpipe"))
+    };
+    let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+    adapters
+        .into_iter()
+        .find(|a| matches(&a.get_info().name))
+        .ok_or_else(|| {
+            unavailable(format!(
+                "no wgpu adapter: none is named like {ADAPTER_ENV}={name} (adapters here: {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ))
+        })
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,225 @@
+//! GDN decode on wgpu against the f64 oracle: the same suite and tolerances as the CPU
+//! (`deltakv_contract::gdn::decode::check`), plus the device's own rules (validation before
+//! dispatch, the pool staying on the device across steps). On a machine without an adapter
+//! every test prints one "skipped (no wgpu adapter)" line and passes, except in CI.
+
+mod common;
+
+use deltakv_contract::gdn::decode::check::{
+    BackendRun, check_options, decode_suite, run_decode_check,
+};
+use deltakv_contract::gdn::decode::oracle::gdn_decode_reference;
+use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating};
+use deltakv_contract::{HostTensor, Result};
+use deltakv_wgpu::gdn::{gdn_decode, gdn_decode_checked};
+use deltakv_wgpu::{Wgpu, WgpuTensor};
+
+/// The oracle's f64 pool as a host tensor of `like`'s shape and dtype (rounded to it), the
+/// input of the oracle's next step.
+fn f64_pool(like: &HostTensor, values: &[f64]) -> HostTensor {
+    let values: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+    HostTensor::from_f32_as(like.shape().to_vec(), &values, like.dtype()).unwrap()
+}
+
+/// A case's tensors on the device.
+struct DeviceCase {
+    q: WgpuTensor,
+    k: WgpuTensor,
+    v: WgpuTensor,
+    gates: Vec<(String, WgpuTensor)>,
+    slots: WgpuTensor,
+    pool: WgpuTensor,
+}
+
+impl DeviceCase {
+    fn upload(wgpu: &Wgpu, case: &DecodeCase) -> Result<Self> {
+        let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
+        Ok(Self {
+            q: up(&case.q)?,
+            k: up(&case.k)?,
+            v: up(&case.v)?,
+            gates: case
+                .gates
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), up(t)?)))
+                .collect::<Result<_>>()?,
+            slots: up(&case.slot_indices)?,
+            pool: up(&case.state_pool)?,
+        })
+    }
+
+    /// Runs one decode call; the pool is updated in place on the device.
+    fn run(&mut self, wgpu: &Wgpu, opts: &DecodeOptions, checked: bool) -> Result<DecodeOutput> {
+        let gates = &self.gates;
+        let gating =
+            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
+        let inputs = DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            gating,
+            slot_indices: &self.slots,
+        };
+        let out = if checked {
+            gdn_decode_checked(wgpu, &inputs, &mut self.pool, opts)?
+        } else {
+            gdn_decode(wgpu, &inputs, &mut self.pool, opts)?
+        };
+        Ok(DecodeOutput {
+            o: out.o.download(wgpu)?,
+            intermediate_states: match out.intermediate_states {
+                Some(t) => Some(t.download(wgpu)?),
+                None => None,
+            },
+        })
+    }
+}
+
+fn device_backend(
+    wgpu: &'static Wgpu,
+) -> impl Fn(&DecodeCase, &DecodeOptions) -> Result<BackendRun> {
+    move |case, opts| {
+        let mut dev = DeviceCase::upload(wgpu, case)?;
+        let output = dev.run(wgpu, opts, false)?;
+        Ok(BackendRun {
+            output,
+            pool: dev.pool.download(wgpu)?,
+        })
+    }
+}
+
+#[test]
+fn the_decode_suite_against_the_oracle_on_wgpu() {
+    let Some(wgpu) = common::device("decode suite") else {
+        return;
+    };
+    println!("device: {}", wgpu.describe());
+    let backend = device_backend(wgpu);
+    let mut worst = [0f64; 3];
+    for case in decode_suite() {
+        let e = run_decode_check(&case, &backend).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{}: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+            case.name, e.o, e.intermediate_states, e.pool
+        );
+        for (w, x) in worst.iter_mut().zip([e.o, e.intermediate_states, e.pool]) {
+            if x.is_finite() {
+                *w = w.max(x);
+            }
+        }
+        // Without intermediate states: the same o and pool as with them.
+        let c = DecodeCase::random(&case.spec, case.seed).unwrap();
+        let with = backend(&c, &check_options(&case, true)).unwrap();
+        let without = backend(&c, &check_options(&case, false)).unwrap();
+        assert!(without.output.intermediate_states.is_none());
+        assert_eq!(without.output.o, with.output.o, "{}: o", case.name);
+        assert_eq!(without.pool, with.pool, "{}: pool", case.name);
+    }
+    println!(
+        "worst rel_rms: o {:.3e}, intermediate {:.3e}, pool {:.3e}",
+        worst[0], worst[1], worst[2]
+    );
+}
+
+#[test]
+fn steps_on_the_device_pool_match_oracle_steps() {
+    let Some(wgpu) = common::device("serving loop") else {
+        return;
+    };
+    // Qwen3-Next's shape, fused gating, l2 norm: eight steps with the pool left on the device.
+    let mut spec = DecodeSpec::new(5, 1, 16, 32, 128, 128);
+    spec.fused_gating = true;
+    spec.raw_qk = true;
+    spec.skipped_rows = vec![2];
+    let opts = DecodeOptions {
+        gdn: deltakv_contract::gdn::GdnOptions {
+            scale: None,
+            use_qk_l2norm: true,
+        },
+        intermediate_states: false,
+    };
+    let first = DecodeCase::random(&spec, 7000).unwrap();
+    // The oracle's pool after each step, carried in f64.
+    let mut reference_pool = first.state_pool.to_f64_vec("pool").unwrap();
+    let mut device_pool = WgpuTensor::upload(wgpu, &first.state_pool).unwrap();
+    for step in 0..8u64 {
+        let case = DecodeCase::random(&spec, 7000 + step).unwrap();
+        let pool_before = f64_pool(&first.state_pool, &reference_pool);
+        let reference =
+            gdn_decode_reference(&case.inputs().unwrap(), &pool_before, &opts.gdn).unwrap();
+        reference_pool = reference.state_pool;
+        let mut dev = DeviceCase::upload(wgpu, &case).unwrap();
+        std::mem::swap(&mut dev.pool, &mut device_pool);
+        let on_device = dev.run(wgpu, &opts, true).unwrap();
+        std::mem::swap(&mut dev.pool, &mut device_pool);
+        let err =
+            deltakv_contract::metrics::rel_rms(&on_device.o.to_f32_vec("o").unwrap(), &reference.o);
+        assert!(
+            err < 2e-3,
+            "step {step}: o differs from the oracle by {err:.3e}"
+        );
+    }
+    let device_pool = device_pool.download(wgpu).unwrap();
+    let err = deltakv_contract::metrics::rel_rms(
+        &device_pool.to_f32_vec("pool").unwrap(),
+        &reference_pool,
+    );
+    println!("8 steps on the device pool: pool rel_rms against the oracle {err:.3e}");
+    assert!(
+        err < 1e-5,
+        "pool after 8 steps differs from the oracle by {err:.3e}"
+    );
+}
+
+#[test]
+fn bad_calls_are_refused_before_launch_and_leave_the_pool_alone() {
+    let Some(wgpu) = common::device("bad calls") else {
+        return;
+    };
+    let spec = DecodeSpec::new(3, 2, 1, 2, 32, 32);
+    let case = DecodeCase::random(&spec, 8000).unwrap();
+    let attempt = |edit: &dyn Fn(&mut DecodeCase), checked: bool| -> (String, HostTensor) {
+        let mut c = case.clone();
+        edit(&mut c);
+        let mut dev = DeviceCase::upload(wgpu, &c).unwrap();
+        let opts = DecodeOptions::default();
+        let err = dev.run(wgpu, &opts, checked).unwrap_err().to_string();
+        (err, dev.pool.download(wgpu).unwrap())
+    };
+    let set_slots = |values: Vec<i32>| {
+        move |c: &mut DecodeCase| {
+            c.slot_indices = HostTensor::from_i32(vec![3], values.clone()).unwrap()
+        }
+    };
+    for (slots, needle) in [
+        (vec![0, 9, 1], "slot_indices[1] = 9 is out of range"),
+        (vec![0, 1, 0], "both address slot 0"),
+    ] {
+        let (err, pool) = attempt(&set_slots(slots), false);
+        assert!(err.contains(needle), "{err}");
+        assert_eq!(pool, case.state_pool, "pool touched by a refused call");
+    }
+    let (err, pool) = attempt(
+        &|c: &mut DecodeCase| {
+            c.v = HostTensor::from_f32(vec![3, 2, 2, 16], vec![0.5; 192]).unwrap()
+        },
+        false,
+    );
+    assert!(err.contains("tensor `v`"), "{err}");
+    assert_eq!(pool, case.state_pool);
+    let (err, pool) = attempt(
+        &|c: &mut DecodeCase| {
+            let mut q = c.q.to_f32_vec("q").unwrap();
+            q[5] = f32::NAN;
+            c.q = HostTensor::from_f32_as(c.q.shape().to_vec(), &q, c.q.dtype()).unwrap();
+        },
+        true,
+    );
+    assert!(err.contains("`q`") || err.contains("q"), "{err}");
+    assert!(
+        err.to_lowercase().contains("nan") || err.contains("finite"),
+        "{err}"
+    );
+    assert_eq!(pool, case.state_pool);
+}

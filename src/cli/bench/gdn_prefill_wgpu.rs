@@ -1,0 +1,57 @@
+//! `deltakv bench gdn --device wgpu` (prefill part): device time of one prefill at the model
+//! shapes, inputs resident on the device (copies not counted): the median over samples of a
+//! dispatch timed from submission to idle, for each of `--modes` (chunk: `chunk.wgsl`;
+//! recurrent: the token loop).
+
+use super::gdn::{SHAPES, prefill_flops};
+use deltakv::Result;
+use deltakv::gdn::random::{GdnCase, GdnSpec};
+use deltakv::gdn::{GdnOptions, PrefillMode};
+use deltakv::wgpu::Wgpu;
+use deltakv::wgpu::gdn::PreparedPrefill;
+use deltakv::wgpu::timing::median_dispatch_us;
+use serde_json::json;
+
+/// Times the prefill at every shape and length; prints a table and appends records.
+pub fn run(
+    seq_lens: &[usize],
+    modes: &[PrefillMode],
+    records: &mut Vec<serde_json::Value>,
+) -> Result<()> {
+    let wgpu = Wgpu::get()?;
+    println!(
+        "GDN prefill on wgpu ({}), bf16 inputs, inputs resident, median device time",
+        wgpu.describe()
+    );
+    for (shape, key_heads, value_heads, key_dim, value_dim) in SHAPES {
+        for &tokens in seq_lens {
+            let case = GdnCase::random(
+                &GdnSpec::new(tokens, key_heads, value_heads, key_dim, value_dim),
+                42,
+            )?;
+            for &mode in modes {
+                let name = format!("{mode:?}").to_lowercase();
+                let prepared =
+                    PreparedPrefill::new(wgpu, &case.inputs(), &GdnOptions::default(), mode)?;
+                let us = median_dispatch_us(wgpu, 1, 3, |n| prepared.submit(wgpu, n))?;
+                let ms = us / 1e3;
+                let tokens_per_s = tokens as f64 / (ms / 1e3);
+                let gflops = prefill_flops(mode, tokens, key_dim, value_dim) * value_heads as f64
+                    / (ms / 1e3)
+                    / 1e9;
+                println!(
+                    "{shape:<12} {name:<9} T={tokens:<6} {ms:>10.2} ms {tokens_per_s:>12.0} tok/s {gflops:>7.1} GFLOP/s"
+                );
+                // Read back once: a device fault shows here rather than passing unseen.
+                prepared.outputs(wgpu)?;
+                records.push(json!({
+                    "op": "gdn_prefill", "device": "wgpu", "adapter": wgpu.name(),
+                    "mode": name, "shape": shape, "B": 1, "T": tokens, "Hg": key_heads,
+                    "H": value_heads, "K": key_dim, "V": value_dim, "dtype": "bf16",
+                    "median_ms": ms, "tokens_per_s": tokens_per_s, "gflop_per_s": gflops,
+                }));
+            }
+        }
+    }
+    Ok(())
+}

@@ -59,10 +59,26 @@ struct AttnParams {
     lanes_per_token: i32,
     scale: f32,
     hadamard_norm: f32,
+    level_scale_k: f32,
+    level_scale_v: f32,
+    ml_log2: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for AttnParams {}
+
+/// Which pass 1 runs (results agree to f32 rounding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// Tensor cores for 2-, 4- and 8-bit codes, the scalar kernel otherwise; the environment
+    /// variable `DELTAKV_KV_ATTEND=scalar` picks the scalar kernel everywhere (comparisons).
+    #[default]
+    Auto,
+    /// `kv_attend_rows4` / `kv_attend_rows8`: f32 FMAs on CUDA cores, any bit width.
+    Scalar,
+    /// `kv_attend_mma_*`: `mma.sync` with f16 hi/lo pairs (2-, 4- or 8-bit codes only).
+    Mma,
+}
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,6 +88,18 @@ pub struct CudaAttnOptions {
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.
     pub max_tokens: Option<usize>,
+    /// The pass-1 kernel.
+    pub kernel: AttnKernel,
+}
+
+/// The power of two that brings the largest |level| into [1, 2) (1 for an all-zero table).
+fn level_scale(levels: &[f32]) -> f32 {
+    let largest = levels.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    if !(largest.is_normal()) {
+        return 1.0;
+    }
+    let exponent = ((largest.to_bits() >> 23) & 0xff) as i32 - 127;
+    2.0f32.powi(-exponent)
 }
 
 /// A validated attention call over a cache, ready to launch any number of times (a CUDA
@@ -87,6 +115,7 @@ pub struct AttendLaunch {
     _part_acc: CudaTensor,
     o: CudaTensor,
     splits: usize,
+    kernel_name: &'static str,
 }
 
 impl AttendLaunch {
@@ -115,6 +144,11 @@ impl AttendLaunch {
     /// Splits of each sequence's tokens.
     pub fn splits(&self) -> usize {
         self.splits
+    }
+
+    /// The pass-1 kernel's name.
+    pub fn kernel_name(&self) -> &'static str {
+        self.kernel_name
     }
 }
 
@@ -164,22 +198,50 @@ pub fn prepare_attend(
     }
     let group = hq / s.kv_heads;
     let rows = tq * group;
-    let (row_block, per_lane) = if rows <= 4 { (4, 16) } else { (8, 8) };
-    let row_chunks = rows.div_ceil(row_block);
     let dim_pad = s.dim.next_power_of_two().max(64);
-    let tile = l.page_tokens.min(64);
-    let norm_words = tile * s.norm_dtype.bytes() / 4;
-    let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
-    let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
-    let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
-    let smem_floats = 2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
-    let smem_bytes = 4 * (smem_floats + ring_words);
+    let mma_bits = |b: u32| matches!(b, 2 | 4 | 8);
+    let scalar_env = std::env::var("DELTAKV_KV_ATTEND").is_ok_and(|v| v == "scalar");
+    let use_mma = match options.kernel {
+        AttnKernel::Auto => !scalar_env && mma_bits(s.bits_k) && mma_bits(s.bits_v),
+        AttnKernel::Scalar => false,
+        AttnKernel::Mma => {
+            if !(mma_bits(s.bits_k) && mma_bits(s.bits_v)) {
+                return Err(Error::Unsupported(format!(
+                    "the tensor-core attention takes 2-, 4- or 8-bit codes, not {}/{}",
+                    s.bits_k, s.bits_v
+                )));
+            }
+            true
+        }
+    };
+    let (row_block, per_lane) = if use_mma || rows <= 4 {
+        (4, 16)
+    } else {
+        (8, 8)
+    };
+    let row_chunks = rows.div_ceil(row_block);
+    let (tile, stages, stage_words, smem_bytes) = if use_mma {
+        // q and its rotation scratch, the warps' partial outputs, the q fragments (8 bytes
+        // per lane and 8 dimensions): 128 bytes per padded dimension.
+        (16, 0, 0, 128 * dim_pad)
+    } else {
+        let tile = l.page_tokens.min(64);
+        let norm_words = tile * s.norm_dtype.bytes() / 4;
+        let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
+        let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
+        let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
+        let smem_floats =
+            2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
+        (tile, stages, stage_words, 4 * (smem_floats + ring_words))
+    };
     let longest = options
         .max_tokens
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
     let max_tiles = longest.div_ceil(tile).max(1);
-    let name = if row_block == 4 {
+    let name = if use_mma {
+        mma_kernel_name(s.bits_k, s.bits_v, dim_pad)
+    } else if row_block == 4 {
         "kv_attend_rows4"
     } else {
         "kv_attend_rows8"
@@ -247,6 +309,9 @@ pub fn prepare_attend(
         lanes_per_token: (dim_pad / per_lane) as i32,
         scale,
         hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
+        level_scale_k: level_scale(&cache.key_quantizer().codebook.levels),
+        level_scale_v: level_scale(&cache.value_quantizer().codebook.levels),
+        ml_log2: i32::from(use_mma),
     };
     Ok(AttendLaunch {
         params,
@@ -270,7 +335,40 @@ pub fn prepare_attend(
         _part_acc: part_acc,
         o,
         splits,
+        kernel_name: name,
     })
+}
+
+/// The tensor-core pass 1 for these bit widths and padded dimension.
+fn mma_kernel_name(bits_k: u32, bits_v: u32, dim_pad: usize) -> &'static str {
+    const NAMES: [[[&str; 3]; 3]; 3] = [
+        [
+            ["kv_attend_mma_k2v2_d64", "kv_attend_mma_k2v2_d128", "kv_attend_mma_k2v2_d256"],
+            ["kv_attend_mma_k2v4_d64", "kv_attend_mma_k2v4_d128", "kv_attend_mma_k2v4_d256"],
+            ["kv_attend_mma_k2v8_d64", "kv_attend_mma_k2v8_d128", "kv_attend_mma_k2v8_d256"],
+        ],
+        [
+            ["kv_attend_mma_k4v2_d64", "kv_attend_mma_k4v2_d128", "kv_attend_mma_k4v2_d256"],
+            ["kv_attend_mma_k4v4_d64", "kv_attend_mma_k4v4_d128", "kv_attend_mma_k4v4_d256"],
+            ["kv_attend_mma_k4v8_d64", "kv_attend_mma_k4v8_d128", "kv_attend_mma_k4v8_d256"],
+        ],
+        [
+            ["kv_attend_mma_k8v2_d64", "kv_attend_mma_k8v2_d128", "kv_attend_mma_k8v2_d256"],
+            ["kv_attend_mma_k8v4_d64", "kv_attend_mma_k8v4_d128", "kv_attend_mma_k8v4_d256"],
+            ["kv_attend_mma_k8v8_d64", "kv_attend_mma_k8v8_d128", "kv_attend_mma_k8v8_d256"],
+        ],
+    ];
+    let bits = |b: u32| match b {
+        2 => 0,
+        4 => 1,
+        _ => 2,
+    };
+    let d = match dim_pad {
+        64 => 0,
+        128 => 1,
+        _ => 2,
+    };
+    NAMES[bits(bits_k)][bits(bits_v)][d]
 }
 
 /// Attention over the cache: `o [B, Tq, Hq, D]` f32 on the GPU (see [`prepare_attend`]).

@@ -25,7 +25,7 @@
 pub mod attend;
 pub mod cache;
 
-pub use attend::{AttendLaunch, CudaAttnOptions, attend, prepare_attend};
+pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, attend, prepare_attend};
 pub use cache::{CudaPagedKvCache, EncodeLaunch};
 
 use crate::compile::KernelSource;
@@ -38,10 +38,15 @@ pub const SOURCE_ENCODE: KernelSource = KernelSource {
     text: include_str!("../../kernels/kv_encode.cu"),
 };
 
-/// The attention kernels (`kernels/kv_attend.cu`).
+/// The attention kernels (`kernels/kv_attend.cu`, then the tensor-core pass 1 of
+/// `kernels/kv_attend_mma.cu`, which shares its parameters, query rotation and merge).
 pub const SOURCE_ATTEND: KernelSource = KernelSource {
     name: "kv_attend",
-    text: include_str!("../../kernels/kv_attend.cu"),
+    text: concat!(
+        include_str!("../../kernels/kv_attend.cu"),
+        "\n",
+        include_str!("../../kernels/kv_attend_mma.cu")
+    ),
 };
 
 /// The constants the kernels read (f32): key levels and boundaries, value levels and

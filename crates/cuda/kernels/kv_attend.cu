@@ -432,12 +432,15 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
     }
 }
 
+// The scalar pass 1 lives in the module without KVM_BK (the tensor-core modules define it).
+#ifndef KVM_BK
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows4(KvAttnParams p) {
     kv_attend_pass1<4, 16>(p);
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows8(KvAttnParams p) {
     kv_attend_pass1<8, 8>(p);
 }
+#endif
 
 // Pass 2: one block of dim_pad threads per output row (b, i, head).
 extern "C" __global__ void kv_attend_merge(KvAttnParams p) {

@@ -74,6 +74,12 @@ __device__ __forceinline__ unsigned kvm_table(const unsigned* table, unsigned of
     return *(const unsigned*)((const char*)table + off);
 }
 
+// The pair-table entry of nibble c (compile-time after unrolling) of word w.
+__device__ __forceinline__ uint2 kvm_pair(const uint2* table, unsigned w, int c) {
+    const unsigned off = (c == 0 ? w << 3 : w >> (4 * c - 3)) & 0x78u;
+    return *(const uint2*)((const char*)table + off);
+}
+
 // N words of a row starting at word `first` (a multiple of min(N, 4)), zero at or past
 // `avail` (a multiple of 4: rows are whole 16-byte chunks).
 template <int N>
@@ -158,6 +164,7 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
     constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
     __shared__ unsigned table_k[256];
     __shared__ unsigned table_v[256];
+    __shared__ uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
     __shared__ float w_s[KVM_WARPS][KVM_TILE][ROWS];
     __shared__ float ml_s[KVM_WARPS][ROWS][2];
     __shared__ float row_scale_s[ROWS];  // q's power of two per row
@@ -174,6 +181,9 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
         table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
     for (int i = threadIdx.x; i < (1 << BV); i += KV_THREADS)
         table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
+    if (BV == 2 && threadIdx.x < 16)
+        table_v2[threadIdx.x] = make_uint2(kvm_split(p.consts[512 + (threadIdx.x & 3)] * p.level_scale_v),
+                                           kvm_split(p.consts[512 + (threadIdx.x >> 2)] * p.level_scale_v));
     kv_rotate_queries<ROWS>(p, sm, b, h, chunk);
     // Row r's q scaled by 2^-e (e = the exponent of its largest |q|): f16 hi/lo keep it whole.
     {
@@ -181,7 +191,7 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
         for (int c = lane; c < DP; c += 32) mx = fmaxf(mx, fabsf(sm.q[warp * DP + c]));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULLMASK, mx, o));
-        if (lane == 0) row_scale_s[warp] = mx > 0.0f ? ldexpf(1.0f, -ilogbf(mx)) : 1.0f;
+        if (lane == 0) row_scale_s[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
     }
     __syncthreads();
     // Score B words, per lane (the same for every warp): step m, dimensions DP/4 tig + 2m (x)
@@ -308,11 +318,18 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
-                const unsigned a0 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c));
-                const unsigned a1 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c + 1));
-                const unsigned a2 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c));
-                const unsigned a3 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c + 1));
-                kvm_mma(d, a0, a1, a2, a3, bw[2 * st], bw[2 * st + 1]);
+                if (BV == 2) {
+                    // Dimensions 2c and 2c + 1 are nibble c of the word: one 8-byte load.
+                    const uint2 x = kvm_pair(table_v2, cur.v[2 * st][0], c);
+                    const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][0], c);
+                    kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * st], bw[2 * st + 1]);
+                } else {
+                    const unsigned a0 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c));
+                    const unsigned a1 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c + 1));
+                    const unsigned a2 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c));
+                    const unsigned a3 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c + 1));
+                    kvm_mma(d, a0, a1, a2, a3, bw[2 * st], bw[2 * st + 1]);
+                }
             }
             acc[c][0] = fmaf(acc[c][0], fa, d[0]);
             acc[c][1] = fmaf(acc[c][1], fb, d[1]);
@@ -374,21 +391,16 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
     }
 }
 
-#define KVM_KERNEL(BK, BV, DP, MIN_BLOCKS)                                              \
+// One module per bit-width pair (KVM_BK, KVM_BV defined ahead of kv_attend.cu), so a process
+// compiles only the kernels it launches.
+#define KVM_KERNEL(BK, BV, DP, MIN_BLOCKS)                                                 \
     extern "C" __global__ void __launch_bounds__(KV_THREADS, MIN_BLOCKS)                  \
         kv_attend_mma_k##BK##v##BV##_d##DP(KvAttnParams p) {                              \
         kvm_pass1<BK, BV, DP>(p);                                                          \
     }
-#define KVM_KERNELS(BK, BV)        \
-    KVM_KERNEL(BK, BV, 64, 4)      \
-    KVM_KERNEL(BK, BV, 128, 4)     \
+#define KVM_KERNELS(BK, BV)    \
+    KVM_KERNEL(BK, BV, 64, 4)  \
+    KVM_KERNEL(BK, BV, 128, 4) \
     KVM_KERNEL(BK, BV, 256, 2)
-KVM_KERNELS(2, 2)
-KVM_KERNELS(2, 4)
-KVM_KERNELS(2, 8)
-KVM_KERNELS(4, 2)
-KVM_KERNELS(4, 4)
-KVM_KERNELS(4, 8)
-KVM_KERNELS(8, 2)
-KVM_KERNELS(8, 4)
-KVM_KERNELS(8, 8)
+#define KVM_KERNELS_OF(BK, BV) KVM_KERNELS(BK, BV)
+KVM_KERNELS_OF(KVM_BK, KVM_BV)

@@ -11,7 +11,8 @@
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
 
-use super::SOURCE_ATTEND;
+use super::{SOURCE_ATTEND, SOURCES_ATTEND_MMA};
+use crate::compile::KernelSource;
 use super::cache::CudaPagedKvCache;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
@@ -239,14 +240,14 @@ pub fn prepare_attend(
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
     let max_tiles = longest.div_ceil(tile).max(1);
-    let name = if use_mma {
-        mma_kernel_name(s.bits_k, s.bits_v, dim_pad)
+    let (source, name) = if use_mma {
+        mma_kernel(s.bits_k, s.bits_v, dim_pad)
     } else if row_block == 4 {
-        "kv_attend_rows4"
+        (SOURCE_ATTEND, "kv_attend_rows4")
     } else {
-        "kv_attend_rows8"
+        (SOURCE_ATTEND, "kv_attend_rows8")
     };
-    let pass1 = cuda.function(&SOURCE_ATTEND, name)?;
+    let pass1 = cuda.function(&source, name)?;
     // One full wave: as many splits as the resident blocks allow (a second, partial wave
     // would leave SMs idle at its end).
     let per_sm = pass1
@@ -325,7 +326,7 @@ pub fn prepare_attend(
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem_bytes as u32,
         },
-        merge: cuda.function(&SOURCE_ATTEND, "kv_attend_merge")?,
+        merge: cuda.function(&source, "kv_attend_merge")?,
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
             block_dim: (dim_pad as u32, 1, 1),
@@ -339,24 +340,30 @@ pub fn prepare_attend(
     })
 }
 
-/// The tensor-core pass 1 for these bit widths and padded dimension.
-fn mma_kernel_name(bits_k: u32, bits_v: u32, dim_pad: usize) -> &'static str {
-    const NAMES: [[[&str; 3]; 3]; 3] = [
-        [
-            ["kv_attend_mma_k2v2_d64", "kv_attend_mma_k2v2_d128", "kv_attend_mma_k2v2_d256"],
-            ["kv_attend_mma_k2v4_d64", "kv_attend_mma_k2v4_d128", "kv_attend_mma_k2v4_d256"],
-            ["kv_attend_mma_k2v8_d64", "kv_attend_mma_k2v8_d128", "kv_attend_mma_k2v8_d256"],
-        ],
-        [
-            ["kv_attend_mma_k4v2_d64", "kv_attend_mma_k4v2_d128", "kv_attend_mma_k4v2_d256"],
-            ["kv_attend_mma_k4v4_d64", "kv_attend_mma_k4v4_d128", "kv_attend_mma_k4v4_d256"],
-            ["kv_attend_mma_k4v8_d64", "kv_attend_mma_k4v8_d128", "kv_attend_mma_k4v8_d256"],
-        ],
-        [
-            ["kv_attend_mma_k8v2_d64", "kv_attend_mma_k8v2_d128", "kv_attend_mma_k8v2_d256"],
-            ["kv_attend_mma_k8v4_d64", "kv_attend_mma_k8v4_d128", "kv_attend_mma_k8v4_d256"],
-            ["kv_attend_mma_k8v8_d64", "kv_attend_mma_k8v8_d128", "kv_attend_mma_k8v8_d256"],
-        ],
+/// Attention over the cache: `o [B, Tq, Hq, D]` f32 on the GPU (see [`prepare_attend`]).
+pub fn attend(
+    cuda: &Cuda,
+    cache: &CudaPagedKvCache,
+    q: &CudaTensor,
+    scale: Option<f32>,
+) -> Result<CudaTensor> {
+    let launch = prepare_attend(cuda, cache, q, scale, &CudaAttnOptions::default())?;
+    launch.launch(cuda)?;
+    Ok(launch.o)
+}
+
+/// The tensor-core module and pass 1 for these bit widths and padded dimension.
+fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'static str) {
+    const NAMES: [[&str; 3]; 9] = [
+        ["kv_attend_mma_k2v2_d64", "kv_attend_mma_k2v2_d128", "kv_attend_mma_k2v2_d256"],
+        ["kv_attend_mma_k2v4_d64", "kv_attend_mma_k2v4_d128", "kv_attend_mma_k2v4_d256"],
+        ["kv_attend_mma_k2v8_d64", "kv_attend_mma_k2v8_d128", "kv_attend_mma_k2v8_d256"],
+        ["kv_attend_mma_k4v2_d64", "kv_attend_mma_k4v2_d128", "kv_attend_mma_k4v2_d256"],
+        ["kv_attend_mma_k4v4_d64", "kv_attend_mma_k4v4_d128", "kv_attend_mma_k4v4_d256"],
+        ["kv_attend_mma_k4v8_d64", "kv_attend_mma_k4v8_d128", "kv_attend_mma_k4v8_d256"],
+        ["kv_attend_mma_k8v2_d64", "kv_attend_mma_k8v2_d128", "kv_attend_mma_k8v2_d256"],
+        ["kv_attend_mma_k8v4_d64", "kv_attend_mma_k8v4_d128", "kv_attend_mma_k8v4_d256"],
+        ["kv_attend_mma_k8v8_d64", "kv_attend_mma_k8v8_d128", "kv_attend_mma_k8v8_d256"],
     ];
     let bits = |b: u32| match b {
         2 => 0,
@@ -368,17 +375,6 @@ fn mma_kernel_name(bits_k: u32, bits_v: u32, dim_pad: usize) -> &'static str {
         128 => 1,
         _ => 2,
     };
-    NAMES[bits(bits_k)][bits(bits_v)][d]
-}
-
-/// Attention over the cache: `o [B, Tq, Hq, D]` f32 on the GPU (see [`prepare_attend`]).
-pub fn attend(
-    cuda: &Cuda,
-    cache: &CudaPagedKvCache,
-    q: &CudaTensor,
-    scale: Option<f32>,
-) -> Result<CudaTensor> {
-    let launch = prepare_attend(cuda, cache, q, scale, &CudaAttnOptions::default())?;
-    launch.launch(cuda)?;
-    Ok(launch.o)
+    let module = 3 * bits(bits_k) + bits(bits_v);
+    (SOURCES_ATTEND_MMA[module], NAMES[module][d])
 }

@@ -11,9 +11,9 @@
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
 
+use super::cache::CudaPagedKvCache;
 use super::{SOURCE_ATTEND, SOURCES_ATTEND_MMA};
 use crate::compile::KernelSource;
-use super::cache::CudaPagedKvCache;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -355,15 +355,51 @@ pub fn attend(
 /// The tensor-core module and pass 1 for these bit widths and padded dimension.
 fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'static str) {
     const NAMES: [[&str; 3]; 9] = [
-        ["kv_attend_mma_k2v2_d64", "kv_attend_mma_k2v2_d128", "kv_attend_mma_k2v2_d256"],
-        ["kv_attend_mma_k2v4_d64", "kv_attend_mma_k2v4_d128", "kv_attend_mma_k2v4_d256"],
-        ["kv_attend_mma_k2v8_d64", "kv_attend_mma_k2v8_d128", "kv_attend_mma_k2v8_d256"],
-        ["kv_attend_mma_k4v2_d64", "kv_attend_mma_k4v2_d128", "kv_attend_mma_k4v2_d256"],
-        ["kv_attend_mma_k4v4_d64", "kv_attend_mma_k4v4_d128", "kv_attend_mma_k4v4_d256"],
-        ["kv_attend_mma_k4v8_d64", "kv_attend_mma_k4v8_d128", "kv_attend_mma_k4v8_d256"],
-        ["kv_attend_mma_k8v2_d64", "kv_attend_mma_k8v2_d128", "kv_attend_mma_k8v2_d256"],
-        ["kv_attend_mma_k8v4_d64", "kv_attend_mma_k8v4_d128", "kv_attend_mma_k8v4_d256"],
-        ["kv_attend_mma_k8v8_d64", "kv_attend_mma_k8v8_d128", "kv_attend_mma_k8v8_d256"],
+        [
+            "kv_attend_mma_k2v2_d64",
+            "kv_attend_mma_k2v2_d128",
+            "kv_attend_mma_k2v2_d256",
+        ],
+        [
+            "kv_attend_mma_k2v4_d64",
+            "kv_attend_mma_k2v4_d128",
+            "kv_attend_mma_k2v4_d256",
+        ],
+        [
+            "kv_attend_mma_k2v8_d64",
+            "kv_attend_mma_k2v8_d128",
+            "kv_attend_mma_k2v8_d256",
+        ],
+        [
+            "kv_attend_mma_k4v2_d64",
+            "kv_attend_mma_k4v2_d128",
+            "kv_attend_mma_k4v2_d256",
+        ],
+        [
+            "kv_attend_mma_k4v4_d64",
+            "kv_attend_mma_k4v4_d128",
+            "kv_attend_mma_k4v4_d256",
+        ],
+        [
+            "kv_attend_mma_k4v8_d64",
+            "kv_attend_mma_k4v8_d128",
+            "kv_attend_mma_k4v8_d256",
+        ],
+        [
+            "kv_attend_mma_k8v2_d64",
+            "kv_attend_mma_k8v2_d128",
+            "kv_attend_mma_k8v2_d256",
+        ],
+        [
+            "kv_attend_mma_k8v4_d64",
+            "kv_attend_mma_k8v4_d128",
+            "kv_attend_mma_k8v4_d256",
+        ],
+        [
+            "kv_attend_mma_k8v8_d64",
+            "kv_attend_mma_k8v8_d128",
+            "kv_attend_mma_k8v8_d256",
+        ],
     ];
     let bits = |b: u32| match b {
         2 => 0,

@@ -414,3 +414,39 @@ fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'stat
     let module = 3 * bits(bits_k) + bits(bits_v);
     (SOURCES_ATTEND_MMA[module], NAMES[module][d])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bits_pair_and_dimension_names_a_kernel_of_its_module() {
+        for (bits_k, bits_v) in [2u32, 4, 8]
+            .into_iter()
+            .flat_map(|k| [2u32, 4, 8].map(|v| (k, v)))
+        {
+            for dim_pad in [64usize, 128, 256] {
+                let (source, name) = mma_kernel(bits_k, bits_v, dim_pad);
+                assert_eq!(source.name, format!("kv_attend_mma_k{bits_k}v{bits_v}"));
+                assert_eq!(name, format!("{}_d{dim_pad}", source.name));
+                assert!(source.text.contains(&format!("#define KVM_BK {bits_k}\n")));
+                assert!(source.text.contains(&format!("#define KVM_BV {bits_v}\n")));
+            }
+        }
+    }
+
+    #[test]
+    fn level_scales_are_powers_of_two_that_bring_the_largest_level_into_one_to_two() {
+        for levels in [vec![-0.3f32, 0.1, 0.25], vec![-2.7, 2.7], vec![1e-3, -5e-4]] {
+            let scale = level_scale(&levels);
+            assert_eq!(
+                scale.to_bits() & 0x7f_ffff,
+                0,
+                "{scale} is not a power of two"
+            );
+            let largest = levels.iter().fold(0.0f32, |m, &x| m.max(x.abs())) * scale;
+            assert!((1.0..2.0).contains(&largest), "{levels:?}: {largest}");
+        }
+        assert_eq!(level_scale(&[0.0, 0.0]), 1.0);
+    }
+}

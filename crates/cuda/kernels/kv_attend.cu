@@ -38,6 +38,8 @@ struct KvAttnParams {
     int page_tokens, max_pages, page_words, head_words, row_words_k, row_words_v, norm_words;
     int splits, tile, stages, stage_words, lanes_per_token;
     float scale, hadamard_norm;
+    float level_scale_k, level_scale_v;  // powers of two for the f16 level tables (mma kernels)
+    int ml_log2;                         // part_ml's m in base 2 (mma kernels) or base e
 };
 
 __device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem) {
@@ -430,12 +432,15 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
     }
 }
 
+// The scalar pass 1 lives in the module without KVM_BK (the tensor-core modules define it).
+#ifndef KVM_BK
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows4(KvAttnParams p) {
     kv_attend_pass1<4, 16>(p);
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows8(KvAttnParams p) {
     kv_attend_pass1<8, 8>(p);
 }
+#endif
 
 // Pass 2: one block of dim_pad threads per output row (b, i, head).
 extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
@@ -449,7 +454,7 @@ extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
     for (int s = 0; s < p.splits; ++s) {
         const float ms = ml[2 * s];
         if (ms == KV_NEG_INF) continue;
-        const float e = expf(ms - m);
+        const float e = p.ml_log2 ? exp2f(ms - m) : expf(ms - m);
         l = fmaf(ml[2 * s + 1], e, l);
         a = fmaf(p.part_acc[(row * p.splits + s) * p.dim_pad + c], e, a);
     }

@@ -253,10 +253,11 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard64(KvEncodeParams p) {
+// Latency-bound (long chains of ordered sums per vector): as many warps as fit without spills.
+extern "C" __global__ void __launch_bounds__(128, 8) kv_encode_hadamard64(KvEncodeParams p) {
     kv_encode_hadamard<8>(p);
 }
-extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard128(KvEncodeParams p) {
+extern "C" __global__ void __launch_bounds__(128, 7) kv_encode_hadamard128(KvEncodeParams p) {
     kv_encode_hadamard<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard256(KvEncodeParams p) {

@@ -23,6 +23,15 @@ pub const SOURCES: &[KernelSource] = &[
     crate::gdn::prefill::SOURCE,
     crate::kv::SOURCE_ENCODE,
     crate::kv::SOURCE_ATTEND,
+    crate::kv::SOURCES_ATTEND_MMA[0],
+    crate::kv::SOURCES_ATTEND_MMA[1],
+    crate::kv::SOURCES_ATTEND_MMA[2],
+    crate::kv::SOURCES_ATTEND_MMA[3],
+    crate::kv::SOURCES_ATTEND_MMA[4],
+    crate::kv::SOURCES_ATTEND_MMA[5],
+    crate::kv::SOURCES_ATTEND_MMA[6],
+    crate::kv::SOURCES_ATTEND_MMA[7],
+    crate::kv::SOURCES_ATTEND_MMA[8],
 ];
 
 /// A compiled kernel image and what the compiler reported (ptxas register and spill lines).

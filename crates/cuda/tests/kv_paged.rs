@@ -11,7 +11,7 @@ use deltakv_contract::kv::{KvScheme, NormDType, PagedLayout};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, HostTensor};
 use deltakv_cpu::kv::{AttnOptions, PagedKvCache, attend_paged};
-use deltakv_cuda::kv::{CudaAttnOptions, CudaPagedKvCache, prepare_attend};
+use deltakv_cuda::kv::{AttnKernel, CudaAttnOptions, CudaPagedKvCache, prepare_attend};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
 
@@ -137,7 +137,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
     let Some(cuda) = device("attention_equals_the_oracle_and_the_cpu_path") else {
         return;
     };
-    let shapes: [Shape; 7] = [
+    let shapes: [Shape; 8] = [
         // (lens, Tq, Hq, Hkv, d, page)
         (LENS, 1, 8, 2, 128, 64),
         (&[700], 1, 32, 8, 128, 16),
@@ -146,8 +146,11 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
         (&[90, 1], 1, 8, 1, 256, 64),
         (&[150, 33], 1, 6, 3, 96, 16),
         (&[65, 200], 4, 16, 2, 100, 128),
+        // Long enough for hundreds of tiles per split.
+        (&[6000, 2500], 1, 8, 2, 128, 64),
     ];
     let mut worst: f64 = 0.0;
+    let mut worst_mma: f64 = 0.0;
     for (i, &(lens, tq, hq, hkv, d, page)) in shapes.iter().enumerate() {
         let pairs: Vec<(u32, u32)> = if i == 0 {
             [2, 3, 4, 8]
@@ -181,13 +184,19 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             let on_cpu: Vec<f64> = on_cpu.iter().map(|&x| f64::from(x)).collect();
             let q = HostTensor::from_f32(vec![lens.len(), tq, hq, d], case.q.clone()).unwrap();
             let q = CudaTensor::upload(cuda, &q).unwrap();
-            for splits in [None, Some(1), Some(3)] {
+            // Auto: the tensor-core kernel wherever it applies (2-, 4-, 8-bit codes).
+            for (kernel, splits) in [AttnKernel::Auto, AttnKernel::Scalar]
+                .into_iter()
+                .flat_map(|k| [None, Some(1), Some(3)].map(|s| (k, s)))
+            {
                 let options = CudaAttnOptions {
                     splits,
                     max_tokens: None,
+                    kernel,
                 };
                 let launch = prepare_attend(cuda, &gpu, &q, Some(case.scale), &options).unwrap();
                 launch.launch(cuda).unwrap();
+                let name = launch.kernel_name();
                 let o = launch
                     .output()
                     .download(cuda)
@@ -196,23 +205,28 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
                     .unwrap();
                 assert!(
                     o.iter().all(|x| x.is_finite()),
-                    "shape {i}: unwritten or non-finite o"
+                    "shape {i} {name}: unwritten or non-finite o"
                 );
                 let err = rel_rms(&o, &ideal);
                 worst = worst.max(err);
+                if name.starts_with("kv_attend_mma") {
+                    worst_mma = worst_mma.max(err);
+                }
                 assert!(
                     err < 1e-5,
-                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?}: vs decoded oracle {err:.3e}"
+                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?} {name}: vs decoded oracle {err:.3e}"
                 );
                 let err = rel_rms(&o, &on_cpu);
                 assert!(
                     err < 1e-5,
-                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?}: vs CPU {err:.3e}"
+                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?} {name}: vs CPU {err:.3e}"
                 );
             }
         }
     }
-    println!("cuda paged attention: worst rel_rms against the decoded oracle {worst:.2e}");
+    println!(
+        "cuda paged attention: worst rel_rms against the decoded oracle {worst:.2e} (tensor-core kernels {worst_mma:.2e})"
+    );
 }
 
 #[test]
@@ -256,6 +270,7 @@ fn a_prepared_launch_follows_the_cache_as_it_grows() {
             let options = CudaAttnOptions {
                 splits: None,
                 max_tokens: Some(90),
+                kernel: AttnKernel::Auto,
             };
             prepare_attend(cuda, &gpu, &q, None, &options).unwrap()
         });

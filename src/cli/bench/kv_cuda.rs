@@ -10,7 +10,7 @@
 //!   `of copy` compares that rate with the copy's.
 
 use super::kv::KvBenchArgs;
-use deltakv::cuda::kv::{CudaAttnOptions, CudaPagedKvCache, prepare_attend};
+use deltakv::cuda::kv::{AttnKernel, CudaAttnOptions, CudaPagedKvCache, prepare_attend};
 use deltakv::cuda::timing::{median_copy_us, median_graph_us};
 use deltakv::cuda::{Cuda, CudaTensor};
 use deltakv::kv::{KvScheme, PagedLayout};
@@ -103,21 +103,35 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
             filled += n;
         }
         cuda.synchronize()?;
-        let launch = prepare_attend(cuda, &cache, &q, None, &CudaAttnOptions::default())?;
-        let us = median_graph_us(cuda, 20, 30, || launch.launch(cuda))?;
-        let read = b * ctx * hkv * scheme.bytes_per_token_head();
-        let tb_s = read as f64 / (us * 1e-6) / 1e12;
-        lines.push(format!(
-            "decode      B={b} ctx={ctx:<7} Hq={hq} Hkv={hkv} D={d} {us:>10.1} us {tb_s:>6.2} TB/s of codes + norms ({:.0}% of copy), {} splits",
-            100.0 * tb_s / copy_tb_s,
-            launch.splits()
-        ));
-        records.push(json!({
-            "op": "kv_decode_attention", "device": "cuda", "B": b, "context": ctx, "Hq": hq,
-            "Hkv": hkv, "D": d, "bits_k": args.bits_k, "bits_v": args.bits_v, "us": us,
-            "bytes_read": read, "tb_s": tb_s, "copy_tb_s": copy_tb_s, "splits": launch.splits(),
-            "gpu": cuda.name(),
-        }));
+        // The default kernel, then (where that is the tensor-core one) the scalar kernel for
+        // comparison, recorded under its own op.
+        let first = prepare_attend(cuda, &cache, &q, None, &CudaAttnOptions::default())?;
+        let mut launches = vec![("kv_decode_attention", first)];
+        if launches[0].1.kernel_name().starts_with("kv_attend_mma") {
+            let options = CudaAttnOptions {
+                kernel: AttnKernel::Scalar,
+                ..CudaAttnOptions::default()
+            };
+            let scalar = prepare_attend(cuda, &cache, &q, None, &options)?;
+            launches.push(("kv_decode_attention_scalar", scalar));
+        }
+        for (op, launch) in launches {
+            let us = median_graph_us(cuda, 20, 30, || launch.launch(cuda))?;
+            let read = b * ctx * hkv * scheme.bytes_per_token_head();
+            let tb_s = read as f64 / (us * 1e-6) / 1e12;
+            lines.push(format!(
+                "decode      B={b} ctx={ctx:<7} Hq={hq} Hkv={hkv} D={d} {us:>10.1} us {tb_s:>6.2} TB/s of codes + norms ({:.0}% of copy), {} splits, {}",
+                100.0 * tb_s / copy_tb_s,
+                launch.splits(),
+                launch.kernel_name()
+            ));
+            records.push(json!({
+                "op": op, "device": "cuda", "B": b, "context": ctx, "Hq": hq,
+                "Hkv": hkv, "D": d, "bits_k": args.bits_k, "bits_v": args.bits_v, "us": us,
+                "bytes_read": read, "tb_s": tb_s, "copy_tb_s": copy_tb_s, "splits": launch.splits(),
+                "kernel": launch.kernel_name(), "gpu": cuda.name(),
+            }));
+        }
     }
     Ok(lines)
 }

@@ -11,8 +11,9 @@
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
 
-use super::SOURCE_ATTEND;
 use super::cache::CudaPagedKvCache;
+use super::{SOURCE_ATTEND, SOURCES_ATTEND_MMA};
+use crate::compile::KernelSource;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -59,10 +60,26 @@ struct AttnParams {
     lanes_per_token: i32,
     scale: f32,
     hadamard_norm: f32,
+    level_scale_k: f32,
+    level_scale_v: f32,
+    ml_log2: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for AttnParams {}
+
+/// Which pass 1 runs (results agree to f32 rounding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// Tensor cores for 2-, 4- and 8-bit codes, the scalar kernel otherwise; the environment
+    /// variable `DELTAKV_KV_ATTEND=scalar` picks the scalar kernel everywhere (comparisons).
+    #[default]
+    Auto,
+    /// `kv_attend_rows4` / `kv_attend_rows8`: f32 FMAs on CUDA cores, any bit width.
+    Scalar,
+    /// `kv_attend_mma_*`: `mma.sync` with f16 hi/lo pairs (2-, 4- or 8-bit codes only).
+    Mma,
+}
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,6 +89,18 @@ pub struct CudaAttnOptions {
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.
     pub max_tokens: Option<usize>,
+    /// The pass-1 kernel.
+    pub kernel: AttnKernel,
+}
+
+/// The power of two that brings the largest |level| into [1, 2) (1 for an all-zero table).
+fn level_scale(levels: &[f32]) -> f32 {
+    let largest = levels.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    if !(largest.is_normal()) {
+        return 1.0;
+    }
+    let exponent = ((largest.to_bits() >> 23) & 0xff) as i32 - 127;
+    2.0f32.powi(-exponent)
 }
 
 /// A validated attention call over a cache, ready to launch any number of times (a CUDA
@@ -87,6 +116,7 @@ pub struct AttendLaunch {
     _part_acc: CudaTensor,
     o: CudaTensor,
     splits: usize,
+    kernel_name: &'static str,
 }
 
 impl AttendLaunch {
@@ -115,6 +145,11 @@ impl AttendLaunch {
     /// Splits of each sequence's tokens.
     pub fn splits(&self) -> usize {
         self.splits
+    }
+
+    /// The pass-1 kernel's name.
+    pub fn kernel_name(&self) -> &'static str {
+        self.kernel_name
     }
 }
 
@@ -164,27 +199,55 @@ pub fn prepare_attend(
     }
     let group = hq / s.kv_heads;
     let rows = tq * group;
-    let (row_block, per_lane) = if rows <= 4 { (4, 16) } else { (8, 8) };
-    let row_chunks = rows.div_ceil(row_block);
     let dim_pad = s.dim.next_power_of_two().max(64);
-    let tile = l.page_tokens.min(64);
-    let norm_words = tile * s.norm_dtype.bytes() / 4;
-    let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
-    let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
-    let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
-    let smem_floats = 2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
-    let smem_bytes = 4 * (smem_floats + ring_words);
+    let mma_bits = |b: u32| matches!(b, 2 | 4 | 8);
+    let scalar_env = std::env::var("DELTAKV_KV_ATTEND").is_ok_and(|v| v == "scalar");
+    let use_mma = match options.kernel {
+        AttnKernel::Auto => !scalar_env && mma_bits(s.bits_k) && mma_bits(s.bits_v),
+        AttnKernel::Scalar => false,
+        AttnKernel::Mma => {
+            if !(mma_bits(s.bits_k) && mma_bits(s.bits_v)) {
+                return Err(Error::Unsupported(format!(
+                    "the tensor-core attention takes 2-, 4- or 8-bit codes, not {}/{}",
+                    s.bits_k, s.bits_v
+                )));
+            }
+            true
+        }
+    };
+    let (row_block, per_lane) = if use_mma || rows <= 4 {
+        (4, 16)
+    } else {
+        (8, 8)
+    };
+    let row_chunks = rows.div_ceil(row_block);
+    let (tile, stages, stage_words, smem_bytes) = if use_mma {
+        // q and its rotation scratch, the warps' partial outputs, the q fragments (8 bytes
+        // per lane and 8 dimensions): 128 bytes per padded dimension.
+        (16, 0, 0, 128 * dim_pad)
+    } else {
+        let tile = l.page_tokens.min(64);
+        let norm_words = tile * s.norm_dtype.bytes() / 4;
+        let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
+        let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
+        let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
+        let smem_floats =
+            2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
+        (tile, stages, stage_words, 4 * (smem_floats + ring_words))
+    };
     let longest = options
         .max_tokens
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
     let max_tiles = longest.div_ceil(tile).max(1);
-    let name = if row_block == 4 {
-        "kv_attend_rows4"
+    let (source, name) = if use_mma {
+        mma_kernel(s.bits_k, s.bits_v, dim_pad)
+    } else if row_block == 4 {
+        (SOURCE_ATTEND, "kv_attend_rows4")
     } else {
-        "kv_attend_rows8"
+        (SOURCE_ATTEND, "kv_attend_rows8")
     };
-    let pass1 = cuda.function(&SOURCE_ATTEND, name)?;
+    let pass1 = cuda.function(&source, name)?;
     // One full wave: as many splits as the resident blocks allow (a second, partial wave
     // would leave SMs idle at its end).
     let per_sm = pass1
@@ -247,6 +310,9 @@ pub fn prepare_attend(
         lanes_per_token: (dim_pad / per_lane) as i32,
         scale,
         hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
+        level_scale_k: level_scale(&cache.key_quantizer().codebook.levels),
+        level_scale_v: level_scale(&cache.value_quantizer().codebook.levels),
+        ml_log2: i32::from(use_mma),
     };
     Ok(AttendLaunch {
         params,
@@ -260,7 +326,7 @@ pub fn prepare_attend(
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem_bytes as u32,
         },
-        merge: cuda.function(&SOURCE_ATTEND, "kv_attend_merge")?,
+        merge: cuda.function(&source, "kv_attend_merge")?,
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
             block_dim: (dim_pad as u32, 1, 1),
@@ -270,6 +336,7 @@ pub fn prepare_attend(
         _part_acc: part_acc,
         o,
         splits,
+        kernel_name: name,
     })
 }
 
@@ -283,4 +350,103 @@ pub fn attend(
     let launch = prepare_attend(cuda, cache, q, scale, &CudaAttnOptions::default())?;
     launch.launch(cuda)?;
     Ok(launch.o)
+}
+
+/// The tensor-core module and pass 1 for these bit widths and padded dimension.
+fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'static str) {
+    const NAMES: [[&str; 3]; 9] = [
+        [
+            "kv_attend_mma_k2v2_d64",
+            "kv_attend_mma_k2v2_d128",
+            "kv_attend_mma_k2v2_d256",
+        ],
+        [
+            "kv_attend_mma_k2v4_d64",
+            "kv_attend_mma_k2v4_d128",
+            "kv_attend_mma_k2v4_d256",
+        ],
+        [
+            "kv_attend_mma_k2v8_d64",
+            "kv_attend_mma_k2v8_d128",
+            "kv_attend_mma_k2v8_d256",
+        ],
+        [
+            "kv_attend_mma_k4v2_d64",
+            "kv_attend_mma_k4v2_d128",
+            "kv_attend_mma_k4v2_d256",
+        ],
+        [
+            "kv_attend_mma_k4v4_d64",
+            "kv_attend_mma_k4v4_d128",
+            "kv_attend_mma_k4v4_d256",
+        ],
+        [
+            "kv_attend_mma_k4v8_d64",
+            "kv_attend_mma_k4v8_d128",
+            "kv_attend_mma_k4v8_d256",
+        ],
+        [
+            "kv_attend_mma_k8v2_d64",
+            "kv_attend_mma_k8v2_d128",
+            "kv_attend_mma_k8v2_d256",
+        ],
+        [
+            "kv_attend_mma_k8v4_d64",
+            "kv_attend_mma_k8v4_d128",
+            "kv_attend_mma_k8v4_d256",
+        ],
+        [
+            "kv_attend_mma_k8v8_d64",
+            "kv_attend_mma_k8v8_d128",
+            "kv_attend_mma_k8v8_d256",
+        ],
+    ];
+    let bits = |b: u32| match b {
+        2 => 0,
+        4 => 1,
+        _ => 2,
+    };
+    let d = match dim_pad {
+        64 => 0,
+        128 => 1,
+        _ => 2,
+    };
+    let module = 3 * bits(bits_k) + bits(bits_v);
+    (SOURCES_ATTEND_MMA[module], NAMES[module][d])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bits_pair_and_dimension_names_a_kernel_of_its_module() {
+        for (bits_k, bits_v) in [2u32, 4, 8]
+            .into_iter()
+            .flat_map(|k| [2u32, 4, 8].map(|v| (k, v)))
+        {
+            for dim_pad in [64usize, 128, 256] {
+                let (source, name) = mma_kernel(bits_k, bits_v, dim_pad);
+                assert_eq!(source.name, format!("kv_attend_mma_k{bits_k}v{bits_v}"));
+                assert_eq!(name, format!("{}_d{dim_pad}", source.name));
+                assert!(source.text.contains(&format!("#define KVM_BK {bits_k}\n")));
+                assert!(source.text.contains(&format!("#define KVM_BV {bits_v}\n")));
+            }
+        }
+    }
+
+    #[test]
+    fn level_scales_are_powers_of_two_that_bring_the_largest_level_into_one_to_two() {
+        for levels in [vec![-0.3f32, 0.1, 0.25], vec![-2.7, 2.7], vec![1e-3, -5e-4]] {
+            let scale = level_scale(&levels);
+            assert_eq!(
+                scale.to_bits() & 0x7f_ffff,
+                0,
+                "{scale} is not a power of two"
+            );
+            let largest = levels.iter().fold(0.0f32, |m, &x| m.max(x.abs())) * scale;
+            assert!((1.0..2.0).contains(&largest), "{levels:?}: {largest}");
+        }
+        assert_eq!(level_scale(&[0.0, 0.0]), 1.0);
+    }
 }

@@ -25,7 +25,7 @@
 pub mod attend;
 pub mod cache;
 
-pub use attend::{AttendLaunch, CudaAttnOptions, attend, prepare_attend};
+pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, attend, prepare_attend};
 pub use cache::{CudaPagedKvCache, EncodeLaunch};
 
 use crate::compile::KernelSource;
@@ -38,11 +38,44 @@ pub const SOURCE_ENCODE: KernelSource = KernelSource {
     text: include_str!("../../kernels/kv_encode.cu"),
 };
 
-/// The attention kernels (`kernels/kv_attend.cu`).
+/// The scalar attention kernels and the merge pass (`kernels/kv_attend.cu`).
 pub const SOURCE_ATTEND: KernelSource = KernelSource {
     name: "kv_attend",
     text: include_str!("../../kernels/kv_attend.cu"),
 };
+
+/// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge) then
+/// `kernels/kv_attend_mma.cu` for one pair of bit widths.
+macro_rules! mma_source {
+    ($name:literal, $bits_k:literal, $bits_v:literal) => {
+        KernelSource {
+            name: $name,
+            text: concat!(
+                "#define KVM_BK ",
+                $bits_k,
+                "\n#define KVM_BV ",
+                $bits_v,
+                "\n",
+                include_str!("../../kernels/kv_attend.cu"),
+                "\n",
+                include_str!("../../kernels/kv_attend_mma.cu")
+            ),
+        }
+    };
+}
+
+/// The tensor-core attention modules, keys 2, 4, 8 bits (major) x values 2, 4, 8 bits.
+pub const SOURCES_ATTEND_MMA: [KernelSource; 9] = [
+    mma_source!("kv_attend_mma_k2v2", 2, 2),
+    mma_source!("kv_attend_mma_k2v4", 2, 4),
+    mma_source!("kv_attend_mma_k2v8", 2, 8),
+    mma_source!("kv_attend_mma_k4v2", 4, 2),
+    mma_source!("kv_attend_mma_k4v4", 4, 4),
+    mma_source!("kv_attend_mma_k4v8", 4, 8),
+    mma_source!("kv_attend_mma_k8v2", 8, 2),
+    mma_source!("kv_attend_mma_k8v4", 8, 4),
+    mma_source!("kv_attend_mma_k8v8", 8, 8),
+];
 
 /// The constants the kernels read (f32): key levels and boundaries, value levels and
 /// boundaries (256 each; boundaries padded with +inf, levels with 0), then the rotation: the

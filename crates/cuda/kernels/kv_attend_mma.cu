@@ -1,0 +1,406 @@
+// Flash-decoding over the paged compressed KV cache on tensor cores (appended to kv_attend.cu
+// in one module: it shares KvAttnParams, kv_rotate_queries and the merge pass). Codes of 2, 4
+// or 8 bits; a block of 4 warps per (split, KV head x chunk of 4 rows, sequence).
+//
+// Every warp owns whole tiles of 16 tokens (tiles t = tile0 + warp, + 4, ...), keeps its own
+// online softmax and merges with the other warps once, at the end; the codes go from global
+// memory straight into registers (the next tile's loads are issued before this tile's math).
+// Per tile, with f16 hi/lo pairs so that the products keep f32 accuracy:
+//
+//   scores  S[t][n] = sum over 8-dimension steps of mma.m16n8k16 with
+//           A[t][2i] = Lk_hi(code(t, d_i)), A[t][2i+1] = Lk_lo(...)   (one table word per code)
+//           B[2i][n] = B[2i+1][n] = q_hi(row n, d_i) for n < 4,
+//           B[2i][n] = q_lo(row n - 4, d_i), B[2i+1][n] = 0 for n >= 4
+//           so S[t][r] + S[t][r + 4] = <Lk_hi + Lk_lo, q_hi> + <Lk_hi, q_lo> = <Lk, q> to ~2^-22
+//   softmax per row (base 2: scores carry log2 e), p = 2^(s - m), W = p norm_v 2^-E
+//   values  O^T[d][n] += mma with A[d][2j] = Lv_hi(code(token j, d)), A[d][2j+1] = Lv_lo,
+//           B[2j][n] = B[2j+1][n] = W_hi(token j, row n) (n < 4), B[2j][n] = W_lo (n >= 4)
+//
+// E is a running power of two (the largest value norm so far) keeping W in [0, 1); q and the
+// level tables are scaled by powers of two into f16's best range (exact, undone in f32).
+// Each tile's mma sums start from zero and join the f32 accumulators by one fma with the
+// rescale, so long contexts never chain thousands of tensor-core accumulations.
+//
+// Lane (gid = lane / 4, tig = lane % 4). Keys: lane tig owns dimensions DP/4 * tig ..+ DP/4
+// (score step m uses its dimensions 2m and 2m + 1), for tokens gid and gid + 8. Values: lane
+// gid owns dimensions DP/8 * gid ..+ DP/8 (value step c: dimensions 2c, 2c + 1), for tokens
+// tig, tig + 4, tig + 8, tig + 12. Dimensions past d read zero words or codes of rows whose q
+// is zero or whose outputs are never stored.
+
+#define KVM_WARPS 4
+#define KVM_TILE 16
+#define KVM_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ unsigned short kvm_f16(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ float kvm_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
+// x as f16 hi (low half of the word) and f16 lo = x - hi (high half).
+__device__ __forceinline__ unsigned kvm_split(float x) {
+    const unsigned short hi = kvm_f16(x);
+    const unsigned short lo = kvm_f16(x - kvm_f32(hi));
+    return (unsigned)hi | ((unsigned)lo << 16);
+}
+// The B words of a value x for column n: (hi, hi) for the first four columns, (lo, 0) after.
+__device__ __forceinline__ unsigned kvm_bword(float x, bool lo_column) {
+    const unsigned s = kvm_split(x);
+    return lo_column ? (s >> 16) : ((s & 0xffffu) | (s << 16));
+}
+
+__device__ __forceinline__ void kvm_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                        unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Byte offset (code * 4) of code j (compile-time after unrolling) of B bits in words w.
+template <int B, int N>
+__device__ __forceinline__ unsigned kvm_off(const unsigned (&w)[N], int j) {
+    const int bit = j * B, s = bit & 31;
+    const unsigned word = w[bit >> 5];
+    const unsigned mask = ((1u << B) - 1u) << 2;
+    return (s >= 2 ? word >> (s - 2) : word << (2 - s)) & mask;
+}
+
+__device__ __forceinline__ unsigned kvm_table(const unsigned* table, unsigned off) {
+    return *(const unsigned*)((const char*)table + off);
+}
+
+// The pair-table entry of nibble c (compile-time after unrolling) of word w.
+__device__ __forceinline__ uint2 kvm_pair(const uint2* table, unsigned w, int c) {
+    const unsigned off = (c == 0 ? w << 3 : w >> (4 * c - 3)) & 0x78u;
+    return *(const uint2*)((const char*)table + off);
+}
+
+// N words of a row starting at word `first` (a multiple of min(N, 4)), zero at or past
+// `avail` (a multiple of 4: rows are whole 16-byte chunks).
+template <int N>
+__device__ __forceinline__ void kvm_words(const unsigned* row, int first, int avail,
+                                          unsigned (&w)[N]) {
+    if (N >= 4) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (first + 4 * i < avail) x = *(const uint4*)(row + first + 4 * i);
+            w[4 * i] = x.x;
+            w[4 * i + 1] = x.y;
+            w[4 * i + 2] = x.z;
+            w[4 * i + 3] = x.w;
+        }
+    } else if (N == 2) {
+        uint2 x = make_uint2(0u, 0u);
+        if (first < avail) x = *(const uint2*)(row + first);
+        w[0] = x.x;
+        w[1] = x.y;
+    } else {
+        w[0] = first < avail ? row[first] : 0u;
+    }
+}
+
+// One tile's codes and norms in registers.
+template <int KW, int VW>
+struct KvmTile {
+    unsigned k[2][KW];  // tokens gid, gid + 8
+    unsigned v[4][VW];  // tokens tig, tig + 4, tig + 8, tig + 12
+    float kn[2], vn[2];  // norms of tokens gid, gid + 8 (value norm 0 past the sequence)
+};
+
+template <int BK, int BV, int DP>
+__device__ __forceinline__ void kvm_load(const KvAttnParams& p, const unsigned* head0,
+                                         const int* table_row, int tile, int len, int gid,
+                                         int tig, KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& x) {
+    constexpr int KW = DP / 4 * BK / 32, VBITS = DP / 8 * BV, VW = (VBITS + 31) / 32;
+    const int first = tile * KVM_TILE;
+    const long long page = table_row[first / p.page_tokens];
+    const int off = first % p.page_tokens;
+    const unsigned* head = p.pool + page * p.page_words + (head0 - p.pool);
+    const unsigned* kcodes = head + (long long)off * p.row_words_k;
+    const unsigned* vcodes = head + p.page_tokens * p.row_words_k + (long long)off * p.row_words_v;
+    const unsigned* norms = head + p.page_tokens * (p.row_words_k + p.row_words_v);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int tok = gid + 8 * i;
+        kvm_words<KW>(kcodes + tok * p.row_words_k, KW * tig, p.row_words_k, x.k[i]);
+        const int at = off + tok;
+        float kn, vn;
+        if (p.norm_f16) {
+            kn = f16_to_f32(((const unsigned short*)norms)[at]);
+            vn = f16_to_f32(((const unsigned short*)(norms + p.norm_words))[at]);
+        } else {
+            kn = __uint_as_float(norms[at]);
+            vn = __uint_as_float(norms[p.norm_words + at]);
+        }
+        x.kn[i] = kn;
+        x.vn[i] = first + tok < len ? vn : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int tok = tig + 4 * i;
+        const unsigned* row = vcodes + tok * p.row_words_v;
+        if (VBITS < 32) {
+            // Half a word: lanes gid and gid ^ 1 share one.
+            unsigned w[1];
+            kvm_words<1>(row, VBITS * gid / 32, p.row_words_v, w);
+            x.v[i][0] = w[0] >> ((VBITS * gid) & 31);
+        } else {
+            kvm_words<VW>(row, VW * gid, p.row_words_v, x.v[i]);
+        }
+    }
+}
+
+template <int BK, int BV, int DP>
+__device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
+    constexpr int ROWS = 4;
+    constexpr int KM = DP / 8;   // score steps (8 dimensions each)
+    constexpr int VM = DP / 16;  // value steps (16 dimensions each)
+    constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
+    __shared__ unsigned table_k[256];
+    __shared__ unsigned table_v[256];
+    __shared__ uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
+    __shared__ float w_s[KVM_WARPS][KVM_TILE][ROWS];
+    __shared__ float ml_s[KVM_WARPS][ROWS][2];
+    __shared__ float row_scale_s[ROWS];  // q's power of two per row
+    extern __shared__ __align__(16) float kv_smem[];
+    KvSmem sm;
+    sm.q = kv_smem;                     // [ROWS][DP]
+    sm.qin = kv_smem + ROWS * DP;       // [ROWS][DP]
+    float* red = kv_smem + 2 * ROWS * DP;  // [KVM_WARPS][ROWS][DP]
+    uint2* bq_s = (uint2*)(red + KVM_WARPS * ROWS * DP);  // [KM][32 lanes]
+    const int split = blockIdx.x, h = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
+    const int b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    for (int i = threadIdx.x; i < (1 << BK); i += KV_THREADS)
+        table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
+    for (int i = threadIdx.x; i < (1 << BV); i += KV_THREADS)
+        table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
+    if (BV == 2 && threadIdx.x < 16)
+        table_v2[threadIdx.x] = make_uint2(kvm_split(p.consts[512 + (threadIdx.x & 3)] * p.level_scale_v),
+                                           kvm_split(p.consts[512 + (threadIdx.x >> 2)] * p.level_scale_v));
+    kv_rotate_queries<ROWS>(p, sm, b, h, chunk);
+    // Row r's q scaled by 2^-e (e = the exponent of its largest |q|): f16 hi/lo keep it whole.
+    {
+        float mx = 0.0f;
+        for (int c = lane; c < DP; c += 32) mx = fmaxf(mx, fabsf(sm.q[warp * DP + c]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULLMASK, mx, o));
+        if (lane == 0) row_scale_s[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
+    }
+    __syncthreads();
+    // Score B words, per lane (the same for every warp): step m, dimensions DP/4 tig + 2m (x)
+    // and + 1 (y), row gid & 3.
+    const bool lo_col = gid >= 4;
+    const int my_row = gid & 3;
+    if (warp == 0) {
+        const float rs = row_scale_s[my_row];
+        const float* qr = sm.q + my_row * DP + DP / 4 * tig;
+        for (int m = 0; m < KM; ++m)
+            bq_s[m * 32 + lane] = make_uint2(kvm_bword(qr[2 * m] * rs, lo_col),
+                                             kvm_bword(qr[2 * m + 1] * rs, lo_col));
+    }
+    __syncthreads();
+    // This lane's softmax rows: ra (columns 2 tig & 3) and ra + 1.
+    const int ra = 2 * (tig & 1);
+    const int len = p.seq_lens[b];
+    int lim[2];
+    float sfac[2];
+#pragma unroll
+    for (int y = 0; y < 2; ++y) {
+        const int row = chunk * ROWS + ra + y;
+        lim[y] = row < p.rows ? len - p.tq + row / p.group + 1 : 0;
+        sfac[y] = KVM_LOG2E / (row_scale_s[ra + y] * p.level_scale_k);
+    }
+    int reach = 0;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = chunk * ROWS + r;
+        reach = max(reach, row < p.rows ? len - p.tq + row / p.group + 1 : 0);
+    }
+    const int tiles = (reach + KVM_TILE - 1) / KVM_TILE;
+    const int all_tiles = (len + KVM_TILE - 1) / KVM_TILE;
+    const int per_split = (all_tiles + p.splits - 1) / p.splits;
+    const int tile0 = split * per_split, tile1 = min(tile0 + per_split, tiles);
+    const int* table_row = p.block_table + (long long)b * p.max_pages;
+    const unsigned* head0 = p.pool + (long long)h * p.head_words;
+
+    float m_run[2] = {KV_NEG_INF, KV_NEG_INF}, l_run[2] = {0.0f, 0.0f};
+    int e_run = -200;  // acc holds sum W V 2^-e_run
+    float acc[VM][4];
+#pragma unroll
+    for (int c = 0; c < VM; ++c) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[c][i] = 0.0f;
+    }
+    // The next tile's loads go out before this tile's math where the registers allow (the
+    // d <= 128 kernels keep 4 blocks per SM: 128 registers).
+    constexpr bool PREFETCH = 2 * KW + 4 * VW <= (DP == 128 ? 12 : 32);
+    KvmTile<KW, VW> cur, nxt;
+    int t = tile0 + warp;
+    if (PREFETCH && t < tile1) kvm_load<BK, BV, DP>(p, head0, table_row, t, len, gid, tig, cur);
+    for (; t < tile1; t += KVM_WARPS) {
+        if (!PREFETCH) kvm_load<BK, BV, DP>(p, head0, table_row, t, len, gid, tig, cur);
+        if (PREFETCH && t + KVM_WARPS < tile1)
+            kvm_load<BK, BV, DP>(p, head0, table_row, t + KVM_WARPS, len, gid, tig, nxt);
+        // Scores: two accumulator chains (even and odd steps).
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int m = 0; m < KM; ++m) {
+            const unsigned a0 = kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m));
+            const unsigned a1 = kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m));
+            const unsigned a2 = kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m + 1));
+            const unsigned a3 = kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m + 1));
+            const uint2 bq = bq_s[m * 32 + lane];
+            kvm_mma(sc[m & 1], a0, a1, a2, a3, bq.x, bq.y);
+        }
+        // s[i][y]: token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
+        float s[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+                const float part = sc[0][2 * i + y] + sc[1][2 * i + y];
+                const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
+                const int token = t * KVM_TILE + gid + 8 * i;
+                s[i][y] = token < lim[y] ? full * cur.kn[i] * sfac[y] : KV_NEG_INF;
+            }
+        }
+        // Online softmax (base 2) for rows ra, ra + 1 over the tile's 16 tokens.
+        float alpha[2], pw[2][2];
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+            float mt = fmaxf(s[0][y], s[1][y]);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
+            const float m_new = fmaxf(m_run[y], mt);
+            alpha[y] = m_run[y] == KV_NEG_INF ? 0.0f : exp2f(m_run[y] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : exp2f(s[i][y] - m_new);
+                sum += pw[i][y];
+            }
+            l_run[y] = l_run[y] * alpha[y] + sum;
+            m_run[y] = m_new;
+        }
+        // The value scale: e_run at least the exponent of the tile's largest value norm.
+        float nmax = fmaxf(cur.vn[0], cur.vn[1]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
+        const int e_tile = nmax > 0.0f ? ilogbf(nmax) + 1 : -200;
+        const int e_new = max(e_run, e_tile);
+        const float gamma = ldexpf(1.0f, e_run - e_new);
+        e_run = e_new;
+        // W of tokens gid, gid + 8 and rows ra, ra + 1 to the warp's table, then read back in
+        // B order: tokens tig + 4 j, row gid & 3.
+        if (tig < 2) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float nv = ldexpf(cur.vn[i], -e_new);
+#pragma unroll
+                for (int y = 0; y < 2; ++y) w_s[warp][gid + 8 * i][ra + y] = pw[i][y] * nv;
+            }
+        }
+        __syncwarp();
+        unsigned bw[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bw[j] = kvm_bword(w_s[warp][tig + 4 * j][my_row], lo_col);
+        __syncwarp();
+        const float fa = alpha[0] * gamma, fb = alpha[1] * gamma;
+#pragma unroll
+        for (int c = 0; c < VM; ++c) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                if (BV == 2) {
+                    // Dimensions 2c and 2c + 1 are nibble c of the word: one 8-byte load.
+                    const uint2 x = kvm_pair(table_v2, cur.v[2 * st][0], c);
+                    const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][0], c);
+                    kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * st], bw[2 * st + 1]);
+                } else {
+                    const unsigned a0 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c));
+                    const unsigned a1 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c + 1));
+                    const unsigned a2 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c));
+                    const unsigned a3 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c + 1));
+                    kvm_mma(d, a0, a1, a2, a3, bw[2 * st], bw[2 * st + 1]);
+                }
+            }
+            acc[c][0] = fmaf(acc[c][0], fa, d[0]);
+            acc[c][1] = fmaf(acc[c][1], fb, d[1]);
+            acc[c][2] = fmaf(acc[c][2], fa, d[2]);
+            acc[c][3] = fmaf(acc[c][3], fb, d[3]);
+        }
+        if (PREFETCH) cur = nxt;
+    }
+    // The warp's (m, l) per row, and sum W V per row and dimension (hi and lo columns joined).
+#pragma unroll
+    for (int y = 0; y < 2; ++y) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) l_run[y] += __shfl_xor_sync(KV_FULLMASK, l_run[y], o);
+    }
+    if (gid == 0 && tig < 2) {
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+            ml_s[warp][ra + y][0] = m_run[y];
+            ml_s[warp][ra + y][1] = l_run[y];
+        }
+    }
+    const float unscale = ldexpf(1.0f, e_run) / p.level_scale_v;
+#pragma unroll
+    for (int c = 0; c < VM; ++c) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float v = acc[c][i] + __shfl_xor_sync(KV_FULLMASK, acc[c][i], 2);
+            // acc[c][i]: dimension DP/8 gid + 2c + (i >> 1), row ra + (i & 1).
+            if (tig < 2)
+                red[(warp * ROWS + ra + (i & 1)) * DP + DP / 8 * gid + 2 * c + (i >> 1)] = v * unscale;
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < ROWS * DP; idx += KV_THREADS) {
+        const int r = idx / DP, c = idx % DP, row = chunk * ROWS + r;
+        if (row >= p.rows) continue;
+        float m = KV_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < KVM_WARPS; ++w) m = fmaxf(m, ml_s[w][r][0]);
+        float sum = 0.0f, l = 0.0f;
+        if (m != KV_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < KVM_WARPS; ++w) {
+                const float mw = ml_s[w][r][0];
+                if (mw == KV_NEG_INF) continue;
+                const float f = exp2f(mw - m);
+                sum = fmaf(red[(w * ROWS + r) * DP + c], f, sum);
+                l = fmaf(ml_s[w][r][1], f, l);
+            }
+        }
+        const int i = row / p.group, g = row % p.group;
+        const long long out_row = ((long long)b * p.tq + i) * p.hq + h * p.group + g;
+        const long long part = out_row * p.splits + split;
+        p.part_acc[part * DP + c] = sum;
+        if (c == 0) {
+            p.part_ml[2 * part] = m;
+            p.part_ml[2 * part + 1] = l;
+        }
+    }
+}
+
+// One module per bit-width pair (KVM_BK, KVM_BV defined ahead of kv_attend.cu), so a process
+// compiles only the kernels it launches.
+#define KVM_KERNEL(BK, BV, DP, MIN_BLOCKS)                                                 \
+    extern "C" __global__ void __launch_bounds__(KV_THREADS, MIN_BLOCKS)                  \
+        kv_attend_mma_k##BK##v##BV##_d##DP(KvAttnParams p) {                              \
+        kvm_pass1<BK, BV, DP>(p);                                                          \
+    }
+#define KVM_KERNELS(BK, BV)    \
+    KVM_KERNEL(BK, BV, 64, 4)  \
+    KVM_KERNEL(BK, BV, 128, 4) \
+    KVM_KERNEL(BK, BV, 256, 2)
+#define KVM_KERNELS_OF(BK, BV) KVM_KERNELS(BK, BV)
+KVM_KERNELS_OF(KVM_BK, KVM_BV)

@@ -57,7 +57,8 @@ for line in sys.stdin:
         crate = m["package_id"].split("#")[1].split("@")[0]
         # Only what the GPU modes run (the CPU suites run in CI): the carried tree is capped.
         if crate in ("deltakv-cuda", "deltakv-wgpu") or f"{crate}-{name}" in (
-            "deltakv-cli_device", "deltakv-device_tensor", "deltakv-cpu-kv_paged"):
+            "deltakv-cli_device", "deltakv-device_tensor", "deltakv-cpu-kv_paged",
+            "deltakv-prefill_pool"):
             shutil.copy(exe, f".carry/tests/{crate}-{name}")
 '
     strip .carry/deltakv .carry/tests/*

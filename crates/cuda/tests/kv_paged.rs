@@ -184,7 +184,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             let on_cpu: Vec<f64> = on_cpu.iter().map(|&x| f64::from(x)).collect();
             let q = HostTensor::from_f32(vec![lens.len(), tq, hq, d], case.q.clone()).unwrap();
             let q = CudaTensor::upload(cuda, &q).unwrap();
-            // Auto: the tensor-core kernel wherever it applies (2-, 4-, 8-bit codes).
+            // Auto: the tensor-core kernel wherever it applies (2-, 4-, 8-bit codes, d <= 128).
             for (kernel, splits) in [AttnKernel::Auto, AttnKernel::Scalar]
                 .into_iter()
                 .flat_map(|k| [None, Some(1), Some(3)].map(|s| (k, s)))

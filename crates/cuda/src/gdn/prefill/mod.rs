@@ -16,7 +16,11 @@
 //! to the host). Values on the device are not scanned (NaN, g > 0): [`gdn_prefill_host`] runs
 //! the contract's full check on host inputs.
 
+mod host;
+mod operand;
 mod plan;
+
+pub use host::{gdn_prefill_host, gdn_prefill_host_into_pool};
 
 use crate::compile::KernelSource;
 use crate::gdn::decode::dtype_code;
@@ -25,12 +29,10 @@ use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
 use deltakv_contract::gdn::prefill::pool::pool_slots;
-use deltakv_contract::gdn::prefill::validate::{
-    PrefillShapes, check_prefill_meta, validate_prefill,
-};
-use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput};
-use deltakv_contract::tensor::check_result_finite;
+use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
+use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
+use operand::{Conversion, OperandForm, kernel_operand};
 use plan::{CHUNK, PrefillPlan, TILE, padded_dim};
 
 /// The prefill kernels' source.
@@ -80,80 +82,6 @@ struct PrefillParams {
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for PrefillParams {}
-
-/// Mirrors `struct ConvertParams` in the kernel.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ConvertParams {
-    src: u64,
-    dst: u64,
-    rows: i64,
-    dim: i32,
-    pad: i32,
-    src_dtype: i32,
-    to_f32: i32,
-    normalize: i32,
-}
-
-// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
-unsafe impl DeviceRepr for ConvertParams {}
-
-/// A copy of one input in the form the kernels read (bf16 padded rows, or f32 gates), made on
-/// every launch.
-struct Conversion {
-    params: ConvertParams,
-    blocks: u32,
-}
-
-/// How one input becomes what the kernels read.
-#[derive(Clone, Copy)]
-struct OperandForm {
-    /// Elements per row of the input.
-    dim: usize,
-    /// Elements per row the kernels read (zero-padded).
-    pad: usize,
-    dtype: DType,
-    /// l2-normalise each row.
-    normalize: bool,
-}
-
-/// The input `t` as the kernels read it: itself when it already has `form`, else a scratch
-/// buffer filled by a conversion at every launch.
-fn kernel_operand(
-    cuda: &Cuda,
-    t: &CudaTensor,
-    form: OperandForm,
-    conversions: &mut Vec<Conversion>,
-    buffers: &mut Vec<CudaTensor>,
-) -> Result<u64> {
-    let OperandForm {
-        dim,
-        pad,
-        dtype,
-        normalize,
-    } = form;
-    let rows = t.shape().iter().product::<usize>() / dim.max(1);
-    if t.dtype() == dtype && dim == pad && !normalize {
-        return Ok(t.device_address(cuda));
-    }
-    let scratch = CudaTensor::zeros(cuda, vec![rows, pad], dtype)?;
-    let params = ConvertParams {
-        src: t.device_address(cuda),
-        dst: scratch.device_address(cuda),
-        rows: rows as i64,
-        dim: dim as i32,
-        pad: pad as i32,
-        src_dtype: dtype_code(t.dtype()),
-        to_f32: i32::from(dtype == DType::F32),
-        normalize: i32::from(normalize),
-    };
-    // One warp per row, eight per block.
-    let blocks = rows.div_ceil(8).clamp(1, 65535) as u32;
-    conversions.push(Conversion { params, blocks });
-    let address = params.dst;
-    buffers.push(scratch);
-    Ok(address)
-}
 
 /// Prefill results on the GPU.
 #[derive(Debug)]
@@ -591,121 +519,4 @@ pub fn gdn_prefill(
     )?;
     launch.launch(cuda)?;
     Ok(CudaPrefillOutput { o, final_state })
-}
-
-/// Prefill of host tensors on the GPU: the contract's full check (values included) on the
-/// host, upload, the kernels, and the results copied back. `segment_chunks` forces the segment
-/// length of the two-level scan (`None`: chosen from the GPU's size).
-pub fn gdn_prefill_host(
-    cuda: &Cuda,
-    inputs: &GdnInputs<'_>,
-    options: &GdnOptions,
-    segment_chunks: Option<usize>,
-) -> Result<GdnOutput> {
-    validate_prefill(inputs, options)?;
-    let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
-    let (q, k, v, g, beta) = (
-        up(inputs.q)?,
-        up(inputs.k)?,
-        up(inputs.v)?,
-        up(inputs.g)?,
-        up(inputs.beta)?,
-    );
-    let initial_state = inputs.initial_state.map(up).transpose()?;
-    let cu_seqlens = inputs.cu_seqlens.map(up).transpose()?;
-    let device_inputs = GdnInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: initial_state.as_ref(),
-        cu_seqlens: cu_seqlens.as_ref(),
-    };
-    let mut o = CudaTensor::poisoned(cuda, inputs.v.shape().to_vec(), inputs.v.dtype())?;
-    let sequences = match inputs.cu_seqlens {
-        Some(cu) => cu.len().saturating_sub(1),
-        None => inputs.q.shape()[0],
-    };
-    let mut final_state = CudaTensor::poisoned(
-        cuda,
-        vec![
-            sequences,
-            inputs.v.shape()[2],
-            inputs.q.shape()[3],
-            inputs.v.shape()[3],
-        ],
-        DType::F32,
-    )?;
-    let launch = PrefillLaunch::new(
-        cuda,
-        &device_inputs,
-        options,
-        &mut PrefillStates::Separate {
-            output_final_state: true,
-        },
-        &mut o,
-        Some(&mut final_state),
-        segment_chunks,
-    )?;
-    launch.launch(cuda)?;
-    let o = o.download(cuda)?;
-    let final_state = final_state.download(cuda)?;
-    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
-    check_result_finite(
-        "final_state",
-        &final_state,
-        "n, h, k, v",
-        GDN_OVERFLOW_CAUSE,
-    )?;
-    Ok(GdnOutput { o, final_state })
-}
-
-/// Pooled prefill of host tensors on the GPU: the contract's full check on the host, the pool
-/// and inputs uploaded, the kernels (each sequence from and back to its slot), `o` returned and
-/// the pool copied back into `state_pool` (changed only when the call succeeded).
-pub fn gdn_prefill_host_into_pool(
-    cuda: &Cuda,
-    inputs: &GdnInputs<'_>,
-    options: &GdnOptions,
-    state_pool: &mut HostTensor,
-    slot_indices: &HostTensor,
-) -> Result<HostTensor> {
-    validate_prefill(inputs, options)?;
-    let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
-    let (q, k, v, g, beta) = (
-        up(inputs.q)?,
-        up(inputs.k)?,
-        up(inputs.v)?,
-        up(inputs.g)?,
-        up(inputs.beta)?,
-    );
-    let cu_seqlens = inputs.cu_seqlens.map(up).transpose()?;
-    let initial_state = inputs.initial_state.map(up).transpose()?;
-    let device_inputs = GdnInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: initial_state.as_ref(),
-        cu_seqlens: cu_seqlens.as_ref(),
-    };
-    let mut pool = up(state_pool)?;
-    let slots = up(slot_indices)?;
-    let out = gdn_prefill(
-        cuda,
-        &device_inputs,
-        options,
-        PrefillStates::Pool {
-            pool: &mut pool,
-            slot_indices: &slots,
-        },
-    )?;
-    let o = out.o.download(cuda)?;
-    check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
-    let pool = pool.download(cuda)?;
-    check_result_finite("state_pool", &pool, "s, h, k, v", GDN_OVERFLOW_CAUSE)?;
-    *state_pool = pool;
-    Ok(o)
 }

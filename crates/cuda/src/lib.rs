@@ -4,7 +4,8 @@
 //!   for the device's architecture (`sm_90a` on Hopper). Opening it never panics: a machine
 //!   without the driver, a GPU or NVRTC gets a one-line `DeviceUnavailable` error.
 //! * [`CudaTensor`]: tensors in GPU memory; explicit upload and download.
-//! * [`gdn`]: GDN decode over a state pool that stays on the GPU.
+//! * [`gdn`]: GDN prefill on tensor cores (from initial states or a state pool) and decode over
+//!   a state pool that stays on the GPU.
 //! * [`kv`]: the paged compressed KV cache on the GPU, its encode and flash-decoding over it.
 //!
 //! A serving loop keeps the pool on the GPU and launches one validated call per step:

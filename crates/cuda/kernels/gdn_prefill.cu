@@ -181,16 +181,11 @@ __device__ void scan_chunk_gates(ChunkGates& s, float g_even, float g_odd, int l
     if (lane == 0) s.factored = factored;
 }
 
-// Asynchronous 16- and 4-byte copies into shared memory; `valid == false` writes zeros and
-// reads nothing.
+// Asynchronous 16-byte copy into shared memory; `valid == false` writes zeros and reads
+// nothing.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)),
                  "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(dst)),
-                 "l"(src), "r"(valid ? 4 : 0));
 }
 
 __device__ __forceinline__ void cp_async_commit() {

@@ -117,10 +117,6 @@ pub struct PrefillLaunch {
     combine: cudarc::driver::CudaFunction,
     convert: cudarc::driver::CudaFunction,
     conversions: Vec<Conversion>,
-    tiles_v: u32,
-    tiles_k: u32,
-    key_pad: u32,
-    value_pad: u32,
     _buffers: Vec<CudaTensor>,
 }
 
@@ -179,7 +175,7 @@ impl PrefillLaunch {
             ));
         }
         let (kp, vp) = (padded_dim(dims.key_dim), padded_dim(dims.value_dim));
-        let (tiles_v, tiles_k) = (vp / TILE, kp / TILE);
+        let tiles_v = vp / TILE;
         let plan = PrefillPlan::new(
             &seqs,
             dims.value_heads * tiles_v,
@@ -336,10 +332,6 @@ impl PrefillLaunch {
             state: (cuda.function(&SOURCE, state)?, state_smem(kp) as u32),
             transition: cuda.function(&SOURCE, transition)?,
             combine: cuda.function(&SOURCE, combine)?,
-            tiles_v: tiles_v as u32,
-            tiles_k: tiles_k as u32,
-            key_pad: kp as u32,
-            value_pad: vp as u32,
             plan,
             _buffers: buffers,
         })
@@ -349,7 +341,10 @@ impl PrefillLaunch {
     pub fn launch(&self, cuda: &Cuda) -> Result<()> {
         let heads = self.value_heads;
         let segments = self.plan.segment_count() as u32;
-        let state_threads = 2 * self.key_pad;
+        // Column tiles and threads follow from the padded sizes the kernels were picked for.
+        let (key_pad, value_pad) = (self.params.key_pad as u32, self.params.value_pad as u32);
+        let (tiles_v, tiles_k) = (value_pad / TILE as u32, key_pad / TILE as u32);
+        let state_threads = 2 * key_pad;
         for conversion in &self.conversions {
             let mut builder = cuda.stream().launch_builder(&self.convert);
             builder.arg(&conversion.params);
@@ -388,14 +383,14 @@ impl PrefillLaunch {
         if self.plan.segmented {
             run(
                 &self.transition,
-                (segments, heads, self.tiles_v + self.tiles_k),
+                (segments, heads, tiles_v + tiles_k),
                 state_threads,
                 self.state.1,
                 "gdn_prefill_transition",
             )?;
             run(
                 &self.combine,
-                (self.sequences, heads, self.value_pad / 16),
+                (self.sequences, heads, value_pad / 16),
                 256,
                 0,
                 "gdn_prefill_combine",
@@ -403,7 +398,7 @@ impl PrefillLaunch {
         }
         run(
             &self.state.0,
-            (segments, heads, self.tiles_v),
+            (segments, heads, tiles_v),
             state_threads,
             self.state.1,
             "gdn_prefill_state",

@@ -204,6 +204,35 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const unsigned s
                  : "r"(shared_address(p)));
 }
 
+// Four 8 x 8 bf16 matrices from shared memory as stored (ldmatrix): lane l gives the row
+// address of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+
+// `frag_a` in one ldmatrix: the A operand (16 x 16) at (row0, col0) of a row-major x.
+__device__ __forceinline__ void frag_a_ldsm(unsigned (&a)[4], const unsigned short* x, int ld,
+                                            int row0, int col0, int lane) {
+    const int m = lane >> 3, i = lane & 7;
+    ldsm_x4(a, x + (row0 + i + 8 * (m & 1)) * ld + col0 + 8 * (m >> 1));
+}
+
+// `frag_b` for the two n8 tiles at n0 and n0 + 8 in one ldmatrix: B[k][n] = z[n][k] with z
+// row-major.
+__device__ __forceinline__ void frag_b2_ldsm(unsigned (&b0)[2], unsigned (&b1)[2],
+                                             const unsigned short* z, int ld, int k0, int n0,
+                                             int lane) {
+    const int m = lane >> 3, i = lane & 7;
+    unsigned r[4];
+    ldsm_x4(r, z + (n0 + i + 8 * (m >> 1)) * ld + k0 + 8 * (m & 1));
+    b0[0] = r[0];
+    b0[1] = r[1];
+    b1[0] = r[2];
+    b1[1] = r[3];
+}
+
 // B operands of the two n8 tiles at n0 and n0 + 8, k rows k0..k0+15, of a row-major x[k][n].
 __device__ __forceinline__ void frag_b2_rowmajor(unsigned (&b0)[2], unsigned (&b1)[2],
                                                  const unsigned short* x, int ld, int k0, int n0,
@@ -225,12 +254,18 @@ __device__ __forceinline__ void frag_a_transposed(unsigned (&a)[4], const unsign
 }
 
 // Copies 64 rows of KP bf16 (row r of the chunk at src + r * row_stride; zeros from row `len`)
-// into x[64][ld] with 16-byte asynchronous copies.
+// into x[64][ld] with 16-byte asynchronous copies, shared by threads `first`..`first + count`
+// of the block (the whole block by default).
 template <int KP>
 __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const unsigned short* src,
-                                                long long row_stride, int len) {
+                                                long long row_stride, int len, int thread = -1,
+                                                int threads = 0) {
     constexpr int PIECES = KP / 8;
-    for (int idx = threadIdx.x; idx < PF_CHUNK * PIECES; idx += blockDim.x) {
+    if (thread < 0) {
+        thread = threadIdx.x;
+        threads = blockDim.x;
+    }
+    for (int idx = thread; idx < PF_CHUNK * PIECES; idx += threads) {
         const int r = idx / PIECES, piece = idx % PIECES;
         const bool valid = r < len;
         cp_async16(x + r * ld + 8 * piece, src + (valid ? r : 0) * row_stride + 8 * piece, valid);

@@ -11,6 +11,23 @@
 // row-major (the transposed operands are read with ldmatrix .trans). The host mirrors this in
 // `state_smem`.
 
+// The rows of a segment's chunks: consecutive 64-row chunks of one sequence (the last maybe
+// shorter), so each chunk's first row and length follow from the segment's two ends, read
+// once, instead of a dependent load per chunk on the sequential path.
+struct SegmentRows {
+    long long first_row, end_row;
+    __device__ SegmentRows(const PrefillParams& p, int first_chunk, int chunks) {
+        const int last = first_chunk + (chunks > 0 ? chunks - 1 : 0);
+        first_row = ((const long long*)p.chunk_first_row)[first_chunk];
+        end_row = ((const long long*)p.chunk_first_row)[last] + ((const int*)p.chunk_len)[last];
+    }
+    __device__ long long row(int index) const { return first_row + (long long)PF_CHUNK * index; }
+    __device__ int len(int index) const {
+        const long long left = end_row - row(index);
+        return left < PF_CHUNK ? (int)left : PF_CHUNK;
+    }
+};
+
 // Where a block's entry state comes from and where its end state goes.
 #define MODE_OUTPUT 0      // outputs and (last segment) the final state
 #define MODE_TRANSITION 1  // no outputs; D (zero entry, U) or M (identity entry, no U)
@@ -37,11 +54,9 @@ struct StateStage {
 // Queues the copies of chunk `chunk`'s inputs into `stage`.
 template <int KP, int MODE>
 __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
-                                            int chunk, int head, int key_head, int col0,
-                                            bool m_cols) {
+                                            int chunk, long long first_row, int len, int head,
+                                            int key_head, int col0, bool m_cols) {
     constexpr int LDK = KP + PF_PAD;
-    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
-    const int len = ((const int*)p.chunk_len)[chunk];
     if (MODE == MODE_OUTPUT) {
         copy_rows_async<KP>(stage.q, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
                             (long long)p.key_heads * KP, len);
@@ -116,23 +131,29 @@ __device__ void state_impl(const PrefillParams& p) {
 
     const int row_tile = 16 * (warp & 3);
     const int n_first = (warp >> 2) * NT;
-    if (STAGES == 2) issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, head, key_head, col0, m_cols);
+    const SegmentRows rows(p, first_chunk, chunks);
+    if (STAGES == 2) {
+        issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
+                              head, key_head, col0, m_cols);
+    }
     for (int ci = 0; ci < chunks; ++ci) {
         const int chunk = first_chunk + ci;
         const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
         if (STAGES == 1) {
             // One stage: every warp must be done with the previous chunk's inputs first.
             __syncthreads();
-            issue_stage<KP, MODE>(stage, p, chunk, head, key_head, col0, m_cols);
+            issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head, col0,
+                                  m_cols);
         }
         cp_async_wait_all();
         __syncthreads();
         if (STAGES == 2 && ci + 1 < chunks) {
             issue_stage<KP, MODE>(StateStage<KP>(stage_base + ((ci + 1) & 1) * StateStage<KP>::BYTES), p,
-                                  chunk + 1, head, key_head, col0, m_cols);
+                                  chunk + 1, rows.row(ci + 1), rows.len(ci + 1), head, key_head,
+                                  col0, m_cols);
         }
-        const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
-        const int len = ((const int*)p.chunk_len)[chunk];
+        const long long first_row = rows.row(ci);
+        const int len = rows.len(ci);
 
         // Stage 1: the entry state as bf16.
         const ChunkGates& gates = *stage.gates;

@@ -40,7 +40,8 @@ pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
-        include_str!("../../../kernels/gdn_prefill_state.cu")
+        include_str!("../../../kernels/gdn_prefill_state.cu"),
+        include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),
 };
 
@@ -112,8 +113,10 @@ pub struct PrefillLaunch {
     value_heads: u32,
     sequences: u32,
     prepare: (cudarc::driver::CudaFunction, u32),
-    state: (cudarc::driver::CudaFunction, u32),
-    transition: cudarc::driver::CudaFunction,
+    /// The state pass that writes the outputs, its shared memory and threads per block.
+    state: (cudarc::driver::CudaFunction, u32, u32),
+    /// The transition pass and its shared memory.
+    transition: (cudarc::driver::CudaFunction, u32),
     combine: cudarc::driver::CudaFunction,
     convert: cudarc::driver::CudaFunction,
     conversions: Vec<Conversion>,
@@ -138,6 +141,39 @@ fn state_smem(kp: usize) -> usize {
     let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
     let stages = if kp == 256 { 1 } else { 2 };
     stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
+}
+
+/// The overlapped state pass's mbarriers after the lockstep kernel's shared memory.
+const OVERLAP_BARRIER_BYTES: usize = 64;
+
+/// Which kernel walks the chunks and writes the outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StatePass {
+    /// `gdn_prefill_overlap_*`: the outputs on their own warps, a chunk behind the state
+    /// (K <= 128).
+    Overlap,
+    /// `gdn_prefill_state_*`: every warp walks every product in turn (any K; the only one for
+    /// K = 256, whose two groups would not fit a block's registers).
+    Lockstep,
+}
+
+/// The overlapped pass where it exists, unless `DELTAKV_PREFILL_STATE=lockstep` asks for the
+/// other (for comparisons).
+fn state_pass_kind(kp: usize) -> StatePass {
+    let lockstep = std::env::var("DELTAKV_PREFILL_STATE").is_ok_and(|v| v == "lockstep");
+    if kp <= 128 && !lockstep {
+        StatePass::Overlap
+    } else {
+        StatePass::Lockstep
+    }
+}
+
+fn overlap_name(kp: usize) -> &'static str {
+    if kp == 64 {
+        "gdn_prefill_overlap_k64"
+    } else {
+        "gdn_prefill_overlap_k128"
+    }
 }
 
 /// `ChunkGates` rounded up to 128 bytes: seven `[64]` arrays of 4 bytes and two scalars.
@@ -308,6 +344,18 @@ impl PrefillLaunch {
         }
         let prepare = cuda.function(&SOURCE, prepare_name(kp, vp))?;
         let (state, transition, combine) = state_names(kp);
+        let state_pass = match state_pass_kind(kp) {
+            StatePass::Overlap => (
+                cuda.function(&SOURCE, overlap_name(kp))?,
+                (state_smem(kp) + OVERLAP_BARRIER_BYTES) as u32,
+                4 * kp as u32,
+            ),
+            StatePass::Lockstep => (
+                cuda.function(&SOURCE, state)?,
+                state_smem(kp) as u32,
+                2 * kp as u32,
+            ),
+        };
         let mut buffers = vec![
             w,
             u,
@@ -329,8 +377,8 @@ impl PrefillLaunch {
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
             prepare: (prepare, prepare_smem(kp, vp) as u32),
-            state: (cuda.function(&SOURCE, state)?, state_smem(kp) as u32),
-            transition: cuda.function(&SOURCE, transition)?,
+            state: state_pass,
+            transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
             plan,
             _buffers: buffers,
@@ -344,7 +392,7 @@ impl PrefillLaunch {
         // Column tiles and threads follow from the padded sizes the kernels were picked for.
         let (key_pad, value_pad) = (self.params.key_pad as u32, self.params.value_pad as u32);
         let (tiles_v, tiles_k) = (value_pad / TILE as u32, key_pad / TILE as u32);
-        let state_threads = 2 * key_pad;
+        let transition_threads = 2 * key_pad;
         for conversion in &self.conversions {
             let mut builder = cuda.stream().launch_builder(&self.convert);
             builder.arg(&conversion.params);
@@ -382,10 +430,10 @@ impl PrefillLaunch {
         )?;
         if self.plan.segmented {
             run(
-                &self.transition,
+                &self.transition.0,
                 (segments, heads, tiles_v + tiles_k),
-                state_threads,
-                self.state.1,
+                transition_threads,
+                self.transition.1,
                 "gdn_prefill_transition",
             )?;
             run(
@@ -399,7 +447,7 @@ impl PrefillLaunch {
         run(
             &self.state.0,
             (segments, heads, tiles_v),
-            state_threads,
+            self.state.2,
             self.state.1,
             "gdn_prefill_state",
         )

@@ -1,0 +1,347 @@
+// ---------------------------------------------------------------------------------------
+// The state pass with its outputs on their own warps (K <= 128). The block holds two groups
+// of KP / 16 warps:
+//   the state group keeps S in registers and walks the recurrence: S as bf16 into shared
+//     memory, V' = U - W S (and its end-decayed copy), S <- exp(G_last) S + K^T diag(e) V';
+//     it also queues the next chunk's inputs;
+//   the output group computes O = scale (diag(d) Q S + (Q K^T o D) V') from the S and V' the
+//     state group publishes, a chunk behind it.
+// So the products that do not feed the next state (Q K^T, Q S, scores V': over half of the
+// state pass's work) leave the sequential chain. The groups meet through mbarriers:
+//   full[s]     stage s holds its chunk's inputs (the state group's asynchronous copies arrive)
+//   s_ready     S of chunk c is in shared memory               (state group arrives)
+//   v_ready     V' of chunk c is in shared memory              (state group arrives)
+//   qs_done     the output group is done with S and the stage of chunk c (output group)
+//   sv_done     the output group is done with V' of chunk c   (output group)
+// Each completes one phase per chunk (full[s] one per two) and no group can run two phases
+// ahead of the other's wait, so waiting on the phase parity is exact. Shared memory is the
+// lockstep kernel's (two stages, S, V', diag(e) V', scores) plus the barriers.
+
+#define OV_FULL 0
+#define OV_S_READY 2
+#define OV_V_READY 3
+#define OV_QS_DONE 4
+#define OV_SV_DONE 5
+#define OV_BARRIERS 6
+
+__device__ __forceinline__ void ov_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ov_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// One arrival on `bar` once every asynchronous copy this thread issued so far has landed.
+__device__ __forceinline__ void ov_arrive_copies(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void ov_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+            "0, p; }"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// A barrier among the `threads` threads (whole warps) that use barrier `id`.
+template <int ID, int THREADS>
+__device__ __forceinline__ void ov_group_sync() {
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory");
+}
+
+// Queues chunk `chunk`'s inputs into `stage` (copies shared by the state group's `threads`
+// threads), then one arrival per thread on `full` when its copies land.
+template <int KP>
+__device__ __forceinline__ void ov_issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
+                                               int chunk, long long first_row, int len, int head,
+                                               int key_head, int col0, int thread, int threads,
+                                               unsigned long long* full) {
+    constexpr int LDK = KP + PF_PAD;
+    const long long key_row = (first_row * p.key_heads + key_head) * KP;
+    copy_rows_async<KP>(stage.q, LDK, (const unsigned short*)p.q + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    copy_rows_async<KP>(stage.k, LDK, (const unsigned short*)p.k + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    const long long chunk_head = (long long)chunk * p.value_heads + head;
+    copy_rows_async<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
+                        PF_CHUNK, thread, threads);
+    copy_rows_async<PF_TILE>(stage.u, PF_LDC,
+                             (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                             p.value_pad, PF_CHUNK, thread, threads);
+    const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
+    for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
+        cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
+    }
+    ov_arrive_copies(full);
+}
+
+template <int KP>
+__device__ void overlap_impl(const PrefillParams& p) {
+    constexpr int WARPS = KP / 16;  // per group
+    constexpr int GROUP = 32 * WARPS;
+    constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
+    constexpr int LDK = KP + PF_PAD;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned short* state_s = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // [KP][LDC]
+    unsigned short* new_values = state_s + KP * PF_LDC;               // [64][LDC]
+    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // [64][LDC]
+    unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;      // [64][LDC]
+    unsigned long long* bars = (unsigned long long*)(scores + PF_CHUNK * PF_LDC);
+
+    const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
+    const bool state_group = threadIdx.x < GROUP;
+    const int thread = threadIdx.x % GROUP;
+    const int warp = thread >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int seg_index = seg[SEG_INDEX], seg_count = seg[SEG_COUNT];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int col0 = tile * PF_TILE;
+    const int row_tile = 16 * (warp & 3);
+    const int n_first = (warp >> 2) * NT;
+    const SegmentRows rows(p, first_chunk, chunks);
+
+    if (threadIdx.x == 0) {
+        ov_init(&bars[OV_FULL], GROUP);
+        ov_init(&bars[OV_FULL + 1], GROUP);
+        for (int b = OV_S_READY; b < OV_BARRIERS; ++b) ov_init(&bars[b], GROUP);
+    }
+    __syncthreads();
+
+    if (state_group) {
+        const long long state_row =
+            p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+        // Entry state into registers: rows 16 warp + lane/4 (+8), columns 8n + 2(lane%4) (+1).
+        float state[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+                int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+                float x = 0.0f;
+                if (p.use_segment_states) {
+                    x = ((const float*)p.segment_states)
+                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
+                } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+                    x = ((const float*)p.initial_state)
+                        [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+                }
+                state[n][e] = x;
+            }
+        }
+        if (chunks > 0) {
+            ov_issue_stage<KP>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
+                               head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
+        }
+        for (int ci = 0; ci < chunks; ++ci) {
+            const int s = ci & 1;
+            const StateStage<KP> stage(stage_base + s * StateStage<KP>::BYTES);
+            ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+            if (ci > 0) ov_wait(&bars[OV_QS_DONE], (ci - 1) & 1);
+
+            // S as bf16 for both groups.
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = 16 * warp + (lane >> 2) + 8 * h;
+                    int c = 8 * n + 2 * (lane & 3);
+                    *(unsigned*)(state_s + r * PF_LDC + c) =
+                        pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
+                }
+            }
+            // Every state warp has written S and is done with the previous chunk's stage and
+            // diag(e) V'.
+            ov_group_sync<1, GROUP>();
+            ov_arrive(&bars[OV_S_READY]);
+            if (ci + 1 < chunks) {
+                ov_issue_stage<KP>(StateStage<KP>(stage_base + (s ^ 1) * StateStage<KP>::BYTES), p,
+                                   first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
+                                   key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
+            }
+
+            // V' = U - W S and diag(e) V'.
+            const ChunkGates& gates = *stage.gates;
+            float x[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
+#pragma unroll 8
+            for (int k0 = 0; k0 < KP; k0 += 16) {
+                unsigned a[4];
+                frag_a_ldsm(a, stage.w, LDK, row_tile, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(x[n], a, b0);
+                    mma_bf16_16816(x[n + 1], a, b1);
+                }
+            }
+            if (ci > 0) ov_wait(&bars[OV_SV_DONE], (ci - 1) & 1);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = row_tile + (lane >> 2) + 8 * h;
+                    int c = 8 * (n_first + n) + 2 * (lane & 3);
+                    unsigned bits = *(const unsigned*)(stage.u + r * PF_LDC + c);
+                    float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
+                    float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
+                    *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
+                    float e = gates.end_decay[r];
+                    *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
+                }
+            }
+            ov_group_sync<1, GROUP>();
+            ov_arrive(&bars[OV_V_READY]);
+
+            // S <- exp(G_last) S + K^T diag(e) V'.
+            const float decay = gates.state_decay;
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) state[n][e] *= decay;
+            }
+#pragma unroll
+            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+                unsigned a[4];
+                frag_a_transposed(a, stage.k, LDK, 16 * warp, k0, lane);
+#pragma unroll
+                for (int n = 0; n < 8; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
+                    mma_bf16_16816(state[n], a, b0);
+                    mma_bf16_16816(state[n + 1], a, b1);
+                }
+            }
+        }
+        if (p.final_state && seg_index == seg_count - 1) {
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+                    int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+                    if (r < p.key_dim && c < p.value_dim) {
+                        ((float*)p.final_state)
+                            [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] =
+                                state[n][e];
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // The output group.
+    for (int ci = 0; ci < chunks; ++ci) {
+        const int s = ci & 1;
+        const StateStage<KP> stage(stage_base + s * StateStage<KP>::BYTES);
+        const long long first_row = rows.row(ci);
+        const int len = rows.len(ci);
+        ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+        const ChunkGates& gates = *stage.gates;
+
+        // The scores Q K^T (no state needed), then diag(d) Q S once S is published.
+        float sc[NT][4], out[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+        }
+#pragma unroll 8
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4];
+            frag_a_ldsm(a, stage.q, LDK, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_ldsm(b0, b1, stage.k, LDK, k0, 8 * (n_first + n), lane);
+                mma_bf16_16816(sc[n], a, b0);
+                mma_bf16_16816(sc[n + 1], a, b1);
+            }
+        }
+        ov_wait(&bars[OV_S_READY], ci & 1);
+#pragma unroll 8
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4];
+            frag_a_ldsm(a, stage.q, LDK, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                mma_bf16_16816(out[n], a, b0);
+                mma_bf16_16816(out[n + 1], a, b1);
+            }
+        }
+        // Every output warp is done with the previous chunk's scores.
+        ov_group_sync<2, GROUP>();
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int i = row_tile + (lane >> 2) + 8 * h;
+                int j = 8 * (n_first + n) + 2 * (lane & 3);
+                *(unsigned*)(scores + i * PF_LDC + j) =
+                    pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
+                              sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
+                out[n][2 * h] *= gates.start_decay[i];
+                out[n][2 * h + 1] *= gates.start_decay[i];
+            }
+        }
+        ov_arrive(&bars[OV_QS_DONE]);
+        ov_group_sync<2, GROUP>();  // the scores, whole
+        ov_wait(&bars[OV_V_READY], ci & 1);
+#pragma unroll
+        for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+            unsigned a[4];
+            frag_a_ldsm(a, scores, PF_LDC, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_rowmajor(b0, b1, new_values, PF_LDC, k0, 8 * (n_first + n), lane);
+                mma_bf16_16816(out[n], a, b0);
+                mma_bf16_16816(out[n + 1], a, b1);
+            }
+        }
+        ov_arrive(&bars[OV_SV_DONE]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row_tile + (lane >> 2) + 8 * h;
+            if (i >= len) continue;
+            const long long row = ((first_row + i) * p.value_heads + head) * (long long)p.value_dim;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int c = col0 + 8 * (n_first + n) + 2 * (lane & 3);
+                const float o0 = out[n][2 * h] * p.scale, o1 = out[n][2 * h + 1] * p.scale;
+                if (p.out_dtype == DT_BF16 && c + 1 < p.value_dim && ((row + c) & 1) == 0) {
+                    *(unsigned*)((unsigned short*)p.o + row + c) = pack_bf16(o0, o1);
+                } else {
+                    if (c < p.value_dim) store_float((void*)p.o, row + c, p.out_dtype, o0);
+                    if (c + 1 < p.value_dim) store_float((void*)p.o, row + c + 1, p.out_dtype, o1);
+                }
+            }
+        }
+    }
+}
+
+#define PF_OVERLAP_ENTRY_POINT(KP)                                                            \
+    extern "C" __global__ void __launch_bounds__(KP * 4, 1)                                  \
+        gdn_prefill_overlap_k##KP(PrefillParams p) {                                          \
+        overlap_impl<KP>(p);                                                                  \
+    }
+
+PF_OVERLAP_ENTRY_POINT(64)
+PF_OVERLAP_ENTRY_POINT(128)

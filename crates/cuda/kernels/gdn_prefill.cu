@@ -367,6 +367,11 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
     }
 }
 
+// Phase marks for tools/prefill-lab (which defines PF_MARK to record clocks); none here.
+#ifndef PF_MARK
+#define PF_MARK(phase)
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Prepare: A, T, W, U for one (chunk, head). 8 warps: warp w computes rows 16 (w % 4) .. + 15
 // of each product, over half of its columns (w / 4 picks which).
@@ -380,15 +385,16 @@ __device__ void prepare_impl(const PrefillParams& p) {
     unsigned short* keys = (unsigned short*)(smem_raw + PF_GATES_BYTES);  // [64][LDK]
     unsigned short* values = keys + PF_CHUNK * LDK;                      // [64][LDV]
     float* a_mat = (float*)(values + PF_CHUNK * LDV);                   // [64][LDF]
-    float* blocks = a_mat + PF_CHUNK * LDF;                             // [3][16][17]
-    float* t_mat = blocks + 3 * 16 * 17;                                // [64][LDF]
-    // The bf16 halves of T reuse A's and the blocks' space once T is complete.
+    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
+    // free before T.
+    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
     unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
     unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
 
     const int chunk = blockIdx.x, head = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row_tile = 16 * (warp & 3), half = warp >> 2;
+    PF_MARK(0);
     const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
     const int len = ((const int*)p.chunk_len)[chunk];
     const int key_head = head / (p.value_heads / p.key_heads);
@@ -416,6 +422,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     }
     cp_async_wait_all();
     __syncthreads();
+    PF_MARK(1);
     {
         // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
         const unsigned* from = (const unsigned*)&gates;
@@ -451,62 +458,135 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     __syncthreads();
-    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution (thread j
-    // owns column j), then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
-    if (threadIdx.x < PF_CHUNK) {
-        const int j = threadIdx.x, block_end = (j & ~15) + 16;
-        for (int i = j; i < block_end; ++i) {
-            float t = i == j ? 1.0f : 0.0f;
-            for (int m = j; m < i; ++m) t -= a_mat[i * LDF + m] * t_mat[m * LDF + j];
-            t_mat[i * LDF + j] = t;
+    PF_MARK(2);
+    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution, column j
+    // by the four lanes of a quad: lane part p sums the terms m = p (mod 4) of
+    // T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps those T_mj in registers, the quad's sum
+    // by two shuffles. Then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
+    {
+        const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
+        const int base = j & ~15, c = j & 15;
+        float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int m = 4 * q + part;
+                const float a = a_mat[(base + r) * LDF + base + m];
+                sum += (m >= c && m < r) ? a * column[q] : 0.0f;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
+            if ((r & 3) == part) column[r >> 2] = t;
+            if (part == 0 && r >= c) t_mat[(base + r) * LDF + j] = t;
         }
     }
     __syncthreads();
-    // Each thread computes a 2 x 2 micro-tile (rows ii, ii + 8; columns jj, jj + 8 of a block),
-    // so every value it loads feeds two multiply-adds.
-    for (int bi = 1; bi < 4; ++bi) {
-        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
-            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
-            const float* a0 = a_mat + (16 * bi + ii) * LDF;
+    PF_MARK(3);
+    // The blocks below the diagonal in two levels. Level 1, in both 32 x 32 diagonal blocks
+    // (at 0 and 32): T_21 = -T_22 (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA
+    // T_AA) on the 32 x 32 blocks. Each product A T lands in A's own place (A is not read
+    // again), computed into registers first; each thread owns a 2 x 2 micro-tile (rows
+    // i, i + h; columns j, j + w), so every value it loads feeds two multiply-adds.
+    {
+        // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns
+        // j, j + 8) over threads 0..127.
+        const int level1 = threadIdx.x < 128;
+        const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
+        const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
+        float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
+        if (level1) {
+            const float* a0 = a_mat + row * LDF + 32 * blk;
             const float* a8 = a0 + 8 * LDF;
-            const float* t = t_mat + 16 * bj + jj;
-            float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
-            for (int m = 16 * bj; m < 16 * bi; ++m) {
+            const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
+#pragma unroll
+            for (int m = 0; m < 16; ++m) {
                 const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
                 x00 += p0 * q0;
                 x08 += p0 * q8;
                 x80 += p8 * q0;
                 x88 += p8 * q8;
             }
-            float* x = blocks + (bj * 16 + ii) * 17 + jj;
-            x[0] = x00;
-            x[8] = x08;
-            x[8 * 17] = x80;
-            x[8 * 17 + 8] = x88;
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < bi * 64; idx += blockDim.x) {
-            const int bj = idx >> 6, ii = (idx >> 3) & 7, jj = idx & 7;
-            // T_II is lower triangular with zeros above its diagonal, so both rows run to ii + 8.
-            const float* t0 = t_mat + (16 * bi + ii) * LDF + 16 * bi;
+        if (level1) {
+            float* x = a_mat + row * LDF + col;
+            x[0] = x00;
+            x[8] = x08;
+            x[8 * LDF] = x80;
+            x[8 * LDF + 8] = x88;
+        }
+        __syncthreads();
+        if (level1) {
+            // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
+            const float* t0 = t_mat + row * LDF + 32 * blk + 16;
             const float* t8 = t0 + 8 * LDF;
-            const float* x = blocks + bj * 16 * 17 + jj;
+            const float* x = a_mat + (32 * blk + 16) * LDF + col;
             float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
-            for (int mm = 0; mm <= ii + 8; ++mm) {
-                const float p0 = t0[mm], p8 = t8[mm], q0 = x[mm * 17], q8 = x[mm * 17 + 8];
+            for (int m = 0; m <= ii + 8; ++m) {
+                const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
                 y00 -= p0 * q0;
                 y08 -= p0 * q8;
                 y80 -= p8 * q0;
                 y88 -= p8 * q8;
             }
-            float* out = t_mat + (16 * bi + ii) * LDF + 16 * bj + jj;
+            float* out = t_mat + row * LDF + col;
             out[0] = y00;
             out[8] = y08;
             out[8 * LDF] = y80;
             out[8 * LDF + 8] = y88;
         }
         __syncthreads();
+        // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
+        const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
+        const int row2 = 32 + i2;
+        float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
+        {
+            const float* a0 = a_mat + row2 * LDF;
+            const float* a16 = a0 + 16 * LDF;
+            const float* t = t_mat + j2;  // T_AA column j2, rows from 0
+#pragma unroll 8
+            for (int m = 0; m < 32; ++m) {
+                const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
+                z00 += p0 * q0;
+                z0h += p0 * q16;
+                zh0 += p16 * q0;
+                zhh += p16 * q16;
+            }
+        }
+        __syncthreads();
+        {
+            float* x = a_mat + row2 * LDF + j2;
+            x[0] = z00;
+            x[16] = z0h;
+            x[16 * LDF] = zh0;
+            x[16 * LDF + 16] = zhh;
+        }
+        __syncthreads();
+        {
+            // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
+            const float* t0 = t_mat + row2 * LDF + 32;
+            const float* t16 = t0 + 16 * LDF;
+            const float* x = a_mat + 32 * LDF + j2;
+            float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
+            for (int m = 0; m <= i2 + 16; ++m) {
+                const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
+                y00 -= p0 * q0;
+                y0h -= p0 * q16;
+                yh0 -= p16 * q0;
+                yhh -= p16 * q16;
+            }
+            float* out = t_mat + row2 * LDF + j2;
+            out[0] = y00;
+            out[16] = y0h;
+            out[16 * LDF] = yh0;
+            out[16 * LDF + 16] = yhh;
+        }
+        __syncthreads();
     }
+    PF_MARK(4);
 
     // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
     // scaled T times the bf16 operand.
@@ -554,6 +634,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
             *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
         }
         __syncthreads();
+        PF_MARK(5 + pass);
     }
 }
 

@@ -126,7 +126,7 @@ pub struct PrefillLaunch {
 /// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`).
 fn prepare_smem(kp: usize, vp: usize) -> usize {
     let ldc = CHUNK + 8;
-    // T's bf16 halves reuse the space of A and the blocks.
+    // T's bf16 halves reuse the space of A and 816 floats kept free after it.
     debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17));
     gates_bytes()
         + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))

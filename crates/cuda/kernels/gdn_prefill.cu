@@ -59,6 +59,7 @@ struct PrefillParams {
     u64 transition_d;     // f32 [segments, H, KP, VP]
     u64 transition_m;     // f32 [segments, H, KP, KP]
     u64 gates;            // [chunks, H] ChunkGates records (PF_GATES_BYTES each), from prepare
+    u64 scores;           // bf16 [chunks, H, 64, 64]: Q K^T o D per chunk, from prepare; or 0
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
@@ -403,6 +404,12 @@ __device__ void prepare_impl(const PrefillParams& p) {
                         (long long)p.key_heads * KP, len);
     copy_rows_async<VP>(values, LDV, (const unsigned short*)p.v + (first_row * p.value_heads + head) * VP,
                         (long long)p.value_heads * VP, len);
+    // The queries (for the scores) in the space T takes later.
+    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
+    if (p.scores) {
+        copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
+                            (long long)p.key_heads * KP, len);
+    }
     cp_async_commit();
     if (warp == 0) {
         const float* g = (const float*)p.g + first_row * p.value_heads + head;
@@ -417,9 +424,6 @@ __device__ void prepare_impl(const PrefillParams& p) {
                                              p.beta_dtype)
                                 : 0.0f;
     }
-    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK; idx += blockDim.x) {
-        t_mat[(idx / PF_CHUNK) * LDF + idx % PF_CHUNK] = 0.0f;
-    }
     cp_async_wait_all();
     __syncthreads();
     PF_MARK(1);
@@ -431,29 +435,48 @@ __device__ void prepare_impl(const PrefillParams& p) {
         for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
     }
 
-    // A = strictly_lower(diag(beta) K K^T o D).
+    // A = strictly_lower(diag(beta) K K^T o D) and, for the overlapped state pass, the scores
+    // Q K^T o D (bf16, to device memory): both products share the K operands.
     {
-        float acc[4][4];
+        const bool with_scores = p.scores != 0;
+        float acc[4][4], score[4][4];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int n = 0; n < 4; ++n) {
+            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+            score[n][0] = score[n][1] = score[n][2] = score[n][3] = 0.0f;
+        }
 #pragma unroll
         for (int k0 = 0; k0 < KP; k0 += 16) {
-            unsigned a[4];
-            frag_a(a, keys, LDK, row_tile, k0, lane);
+            unsigned a[4], aq[4];
+            frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
+            if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
 #pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                unsigned b[2];
-                frag_b(b, keys, LDK, k0, 8 * (4 * half + n), lane);
-                mma_bf16_16816(acc[n], a, b);
+            for (int n = 0; n < 4; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_ldsm(b0, b1, keys, LDK, k0, 8 * (4 * half + n), lane);
+                mma_bf16_16816(acc[n], a, b0);
+                mma_bf16_16816(acc[n + 1], a, b1);
+                if (with_scores) {
+                    mma_bf16_16816(score[n], aq, b0);
+                    mma_bf16_16816(score[n + 1], aq, b1);
+                }
             }
         }
+        unsigned short* scores =
+            (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head) * PF_CHUNK * PF_CHUNK;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int i = row_tile + (lane >> 2) + 8 * (e >> 1);
-                int j = 8 * (4 * half + n) + 2 * (lane & 3) + (e & 1);
-                a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][e] * pair_decay(gates, i, j) : 0.0f;
+            for (int h = 0; h < 2; ++h) {
+                const int i = row_tile + (lane >> 2) + 8 * h;
+                const int j = 8 * (4 * half + n) + 2 * (lane & 3);
+                const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
+                a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][2 * h] * d0 : 0.0f;
+                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * acc[n][2 * h + 1] * d1 : 0.0f;
+                if (with_scores) {
+                    *(unsigned*)(scores + i * PF_CHUNK + j) =
+                        pack_bf16(score[n][2 * h] * d0, score[n][2 * h + 1] * d1);
+                }
             }
         }
     }
@@ -480,8 +503,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
             if ((r & 3) == part) column[r >> 2] = t;
-            if (part == 0 && r >= c) t_mat[(base + r) * LDF + j] = t;
+            if (part == 0) t_mat[(base + r) * LDF + j] = t;
         }
+        // The blocks above the diagonal blocks are zero (T is lower triangular); those below
+        // are written next.
+        for (int r = part; r < base; r += 4) t_mat[r * LDF + j] = 0.0f;
     }
     __syncthreads();
     PF_MARK(3);

@@ -5,24 +5,45 @@
 //     memory, V' = U - W S (and its end-decayed copy), S <- exp(G_last) S + K^T diag(e) V';
 //     it also queues the next chunk's inputs;
 //   the output group computes O = scale (diag(d) Q S + (Q K^T o D) V') from the S and V' the
-//     state group publishes, a chunk behind it.
-// So the products that do not feed the next state (Q K^T, Q S, scores V': over half of the
-// state pass's work) leave the sequential chain. The groups meet through mbarriers:
+//     state group publishes, a chunk behind it, with the scores Q K^T o D the prepare kernel
+//     computed beside A.
+// So the products that do not feed the next state (Q S, scores V') leave the sequential chain,
+// and the scores leave the pass. The groups meet through mbarriers:
 //   full[s]     stage s holds its chunk's inputs (the state group's asynchronous copies arrive)
 //   s_ready     S of chunk c is in shared memory               (state group arrives)
 //   v_ready     V' of chunk c is in shared memory              (state group arrives)
-//   qs_done     the output group is done with S and the stage of chunk c (output group)
-//   sv_done     the output group is done with V' of chunk c   (output group)
+//   done        the output group is done with S, V' and the stage of chunk c
 // Each completes one phase per chunk (full[s] one per two) and no group can run two phases
-// ahead of the other's wait, so waiting on the phase parity is exact. Shared memory is the
-// lockstep kernel's (two stages, S, V', diag(e) V', scores) plus the barriers.
+// ahead of the other's wait, so waiting on the phase parity is exact. Shared memory: two
+// stages (gates, q, k, W, the U tile, the scores), S, V', diag(e) V', the barriers.
 
 #define OV_FULL 0
 #define OV_S_READY 2
 #define OV_V_READY 3
-#define OV_QS_DONE 4
-#define OV_SV_DONE 5
-#define OV_BARRIERS 6
+#define OV_DONE 4
+#define OV_BARRIERS 5
+
+// One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread).
+template <int KP>
+struct OverlapStage {
+    static constexpr int LDK = KP + PF_PAD;
+    static constexpr int HALFS = 3 * PF_CHUNK * LDK + 2 * PF_CHUNK * PF_LDC;  // q, k, w; u, scores
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
+    ChunkGates* gates;
+    unsigned short* q;
+    unsigned short* k;
+    unsigned short* w;
+    unsigned short* u;
+    unsigned short* scores;
+    __device__ OverlapStage(unsigned char* base) {
+        gates = (ChunkGates*)base;
+        q = (unsigned short*)(base + PF_GATES_BYTES);
+        k = q + PF_CHUNK * LDK;
+        w = k + PF_CHUNK * LDK;
+        u = w + PF_CHUNK * LDK;
+        scores = u + PF_CHUNK * PF_LDC;
+    }
+};
 
 __device__ __forceinline__ void ov_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
@@ -53,16 +74,16 @@ __device__ __forceinline__ void ov_wait(unsigned long long* bar, unsigned parity
     } while (!done);
 }
 
-// A barrier among the `threads` threads (whole warps) that use barrier `id`.
-template <int ID, int THREADS>
-__device__ __forceinline__ void ov_group_sync() {
-    asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory");
+// A barrier among the state group's `THREADS` threads (barrier 1; 0 is the block's).
+template <int THREADS>
+__device__ __forceinline__ void ov_state_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
 }
 
 // Queues chunk `chunk`'s inputs into `stage` (copies shared by the state group's `threads`
 // threads), then one arrival per thread on `full` when its copies land.
 template <int KP>
-__device__ __forceinline__ void ov_issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
+__device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
                                                int chunk, long long first_row, int len, int head,
                                                int key_head, int col0, int thread, int threads,
                                                unsigned long long* full) {
@@ -78,6 +99,9 @@ __device__ __forceinline__ void ov_issue_stage(const StateStage<KP>& stage, cons
     copy_rows_async<PF_TILE>(stage.u, PF_LDC,
                              (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
                              p.value_pad, PF_CHUNK, thread, threads);
+    copy_rows_async<PF_CHUNK>(stage.scores, PF_LDC,
+                              (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
+                              PF_CHUNK, PF_CHUNK, thread, threads);
     const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
     for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
         cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
@@ -93,11 +117,10 @@ __device__ void overlap_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* state_s = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // [KP][LDC]
+    unsigned short* state_s = (unsigned short*)(stage_base + 2 * OverlapStage<KP>::BYTES);  // [KP][LDC]
     unsigned short* new_values = state_s + KP * PF_LDC;               // [64][LDC]
     unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // [64][LDC]
-    unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;      // [64][LDC]
-    unsigned long long* bars = (unsigned long long*)(scores + PF_CHUNK * PF_LDC);
+    unsigned long long* bars = (unsigned long long*)(decayed_values + PF_CHUNK * PF_LDC);
 
     const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
     const bool state_group = threadIdx.x < GROUP;
@@ -142,14 +165,14 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
         }
         if (chunks > 0) {
-            ov_issue_stage<KP>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
+            ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
                                head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
         }
         for (int ci = 0; ci < chunks; ++ci) {
             const int s = ci & 1;
-            const StateStage<KP> stage(stage_base + s * StateStage<KP>::BYTES);
+            const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
             ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
-            if (ci > 0) ov_wait(&bars[OV_QS_DONE], (ci - 1) & 1);
+            if (ci > 0) ov_wait(&bars[OV_DONE], (ci - 1) & 1);
 
             // S as bf16 for both groups.
 #pragma unroll
@@ -164,10 +187,10 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
             // Every state warp has written S and is done with the previous chunk's stage and
             // diag(e) V'.
-            ov_group_sync<1, GROUP>();
+            ov_state_sync<GROUP>();
             ov_arrive(&bars[OV_S_READY]);
             if (ci + 1 < chunks) {
-                ov_issue_stage<KP>(StateStage<KP>(stage_base + (s ^ 1) * StateStage<KP>::BYTES), p,
+                ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
                                    first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
                                    key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
             }
@@ -189,7 +212,6 @@ __device__ void overlap_impl(const PrefillParams& p) {
                     mma_bf16_16816(x[n + 1], a, b1);
                 }
             }
-            if (ci > 0) ov_wait(&bars[OV_SV_DONE], (ci - 1) & 1);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -204,7 +226,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
                     *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
                 }
             }
-            ov_group_sync<1, GROUP>();
+            ov_state_sync<GROUP>();
             ov_arrive(&bars[OV_V_READY]);
 
             // S <- exp(G_last) S + K^T diag(e) V'.
@@ -248,31 +270,16 @@ __device__ void overlap_impl(const PrefillParams& p) {
     // The output group.
     for (int ci = 0; ci < chunks; ++ci) {
         const int s = ci & 1;
-        const StateStage<KP> stage(stage_base + s * StateStage<KP>::BYTES);
+        const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
         ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
         const ChunkGates& gates = *stage.gates;
 
-        // The scores Q K^T (no state needed), then diag(d) Q S once S is published.
-        float sc[NT][4], out[NT][4];
+        // diag(d) Q S once S is published, then + scores V' once V' is.
+        float out[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
-        }
-#pragma unroll 8
-        for (int k0 = 0; k0 < KP; k0 += 16) {
-            unsigned a[4];
-            frag_a_ldsm(a, stage.q, LDK, row_tile, k0, lane);
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned b0[2], b1[2];
-                frag_b2_ldsm(b0, b1, stage.k, LDK, k0, 8 * (n_first + n), lane);
-                mma_bf16_16816(sc[n], a, b0);
-                mma_bf16_16816(sc[n + 1], a, b1);
-            }
-        }
+        for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
         ov_wait(&bars[OV_S_READY], ci & 1);
 #pragma unroll 8
         for (int k0 = 0; k0 < KP; k0 += 16) {
@@ -286,28 +293,20 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 mma_bf16_16816(out[n + 1], a, b1);
             }
         }
-        // Every output warp is done with the previous chunk's scores.
-        ov_group_sync<2, GROUP>();
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int h = 0; h < 2; ++h) {
+            const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                int i = row_tile + (lane >> 2) + 8 * h;
-                int j = 8 * (n_first + n) + 2 * (lane & 3);
-                *(unsigned*)(scores + i * PF_LDC + j) =
-                    pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
-                              sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
-                out[n][2 * h] *= gates.start_decay[i];
-                out[n][2 * h + 1] *= gates.start_decay[i];
+            for (int n = 0; n < NT; ++n) {
+                out[n][2 * h] *= d;
+                out[n][2 * h + 1] *= d;
             }
         }
-        ov_arrive(&bars[OV_QS_DONE]);
-        ov_group_sync<2, GROUP>();  // the scores, whole
         ov_wait(&bars[OV_V_READY], ci & 1);
 #pragma unroll
         for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
             unsigned a[4];
-            frag_a_ldsm(a, scores, PF_LDC, row_tile, k0, lane);
+            frag_a_ldsm(a, stage.scores, PF_LDC, row_tile, k0, lane);
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 unsigned b0[2], b1[2];
@@ -316,7 +315,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 mma_bf16_16816(out[n + 1], a, b1);
             }
         }
-        ov_arrive(&bars[OV_SV_DONE]);
+        ov_arrive(&bars[OV_DONE]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int i = row_tile + (lane >> 2) + 8 * h;

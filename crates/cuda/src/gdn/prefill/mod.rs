@@ -68,6 +68,7 @@ struct PrefillParams {
     transition_d: u64,
     transition_m: u64,
     gates: u64,
+    scores: u64,
     key_heads: i32,
     value_heads: i32,
     key_dim: i32,
@@ -143,8 +144,14 @@ fn state_smem(kp: usize) -> usize {
     stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
 }
 
-/// The overlapped state pass's mbarriers after the lockstep kernel's shared memory.
-const OVERLAP_BARRIER_BYTES: usize = 64;
+/// Shared memory of the overlapped state pass (mirrors `OverlapStage` and `overlap_impl`): two
+/// stages (the chunk's gates, q, k, W, the U tile, the scores), then S, V', diag(e) V' and five
+/// mbarriers.
+fn overlap_smem(kp: usize) -> usize {
+    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + 2 * CHUNK * ldc);
+    2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
+}
 
 /// Which kernel walks the chunks and writes the outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,6 +265,12 @@ impl PrefillLaunch {
         let w = scratch(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
         let u = scratch(vec![chunks, heads, CHUNK, vp], DType::BF16)?;
         let gates = scratch(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
+        let pass = state_pass_kind(kp);
+        // The scores Q K^T o D, which the prepare kernel computes for the overlapped pass.
+        let scores = match pass {
+            StatePass::Overlap => scratch(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
+            StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
+        };
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -324,6 +337,10 @@ impl PrefillLaunch {
             transition_d: transition_d.device_address(cuda),
             transition_m: transition_m.device_address(cuda),
             gates: gates.device_address(cuda),
+            scores: match pass {
+                StatePass::Overlap => scores.device_address(cuda),
+                StatePass::Lockstep => 0,
+            },
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -344,10 +361,10 @@ impl PrefillLaunch {
         }
         let prepare = cuda.function(&SOURCE, prepare_name(kp, vp))?;
         let (state, transition, combine) = state_names(kp);
-        let state_pass = match state_pass_kind(kp) {
+        let state_pass = match pass {
             StatePass::Overlap => (
                 cuda.function(&SOURCE, overlap_name(kp))?,
-                (state_smem(kp) + OVERLAP_BARRIER_BYTES) as u32,
+                overlap_smem(kp) as u32,
                 4 * kp as u32,
             ),
             StatePass::Lockstep => (
@@ -360,6 +377,7 @@ impl PrefillLaunch {
             w,
             u,
             gates,
+            scores,
             chunk_first_row,
             chunk_len,
             segment_table,

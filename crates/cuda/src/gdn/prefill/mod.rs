@@ -16,11 +16,16 @@
 //! to the host). Values on the device are not scanned (NaN, g > 0): [`gdn_prefill_host`] runs
 //! the contract's full check on host inputs.
 
+mod checkpoint;
 mod host;
 mod operand;
 mod plan;
 
-pub use host::{gdn_prefill_host, gdn_prefill_host_into_pool};
+pub use checkpoint::CudaCheckpoints;
+pub use host::{
+    gdn_prefill_host, gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool,
+    gdn_prefill_host_into_pool_checkpointed,
+};
 
 use crate::compile::KernelSource;
 use crate::gdn::decode::dtype_code;
@@ -29,7 +34,7 @@ use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
 use deltakv_contract::gdn::prefill::pool::pool_slots;
-use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
+use deltakv_contract::gdn::prefill::validate::{PrefillShapes, SeqSpan, check_prefill_meta};
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use operand::{Conversion, OperandForm, kernel_operand};
@@ -67,6 +72,8 @@ struct PrefillParams {
     transition_d: u64,
     transition_m: u64,
     gates: u64,
+    checkpoints: u64,
+    chunk_checkpoint: u64,
     key_heads: i32,
     value_heads: i32,
     key_dim: i32,
@@ -90,6 +97,8 @@ pub struct CudaPrefillOutput {
     pub o: CudaTensor,
     /// `[N, H, K, V]` f32, when asked.
     pub final_state: Option<CudaTensor>,
+    /// The state every `checkpoint_every` tokens, when asked.
+    pub checkpoints: Option<CudaCheckpoints>,
 }
 
 /// Where the states of a call come from and go.
@@ -109,6 +118,8 @@ pub enum PrefillStates<'a> {
 pub struct PrefillLaunch {
     params: PrefillParams,
     plan: PrefillPlan,
+    /// The call's sequences (the checkpoint table is built from them).
+    seqs: Vec<SeqSpan>,
     value_heads: u32,
     sequences: u32,
     prepare: (cudarc::driver::CudaFunction, u32),
@@ -288,6 +299,8 @@ impl PrefillLaunch {
             transition_d: transition_d.device_address(cuda),
             transition_m: transition_m.device_address(cuda),
             gates: gates.device_address(cuda),
+            checkpoints: 0,
+            chunk_checkpoint: 0,
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -333,6 +346,7 @@ impl PrefillLaunch {
             transition: cuda.function(&SOURCE, transition)?,
             combine: cuda.function(&SOURCE, combine)?,
             plan,
+            seqs,
             _buffers: buffers,
         })
     }
@@ -479,7 +493,22 @@ pub fn gdn_prefill(
     cuda: &Cuda,
     inputs: &GdnInputs<'_, CudaTensor>,
     options: &GdnOptions,
+    states: PrefillStates<'_>,
+) -> Result<CudaPrefillOutput> {
+    gdn_prefill_checkpointed(cuda, inputs, options, states, None, None)
+}
+
+/// [`gdn_prefill`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (a positive multiple of 64; the contract's layout,
+/// `deltakv_contract::gdn::prefill::checkpoint`), and may force the segment length of the
+/// two-level scan (`segment_chunks`; `None`: chosen from the GPU's size).
+pub fn gdn_prefill_checkpointed(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_, CudaTensor>,
+    options: &GdnOptions,
     mut states: PrefillStates<'_>,
+    checkpoint_every: Option<usize>,
+    segment_chunks: Option<usize>,
 ) -> Result<CudaPrefillOutput> {
     let dims = deltakv_contract::gdn::shapes::gdn_dims(inputs.q, inputs.v)?;
     let mut o = CudaTensor::poisoned(
@@ -503,15 +532,23 @@ pub fn gdn_prefill(
         }
         _ => None,
     };
-    let launch = PrefillLaunch::new(
+    let mut launch = PrefillLaunch::new(
         cuda,
         inputs,
         options,
         &mut states,
         &mut o,
         final_state.as_mut(),
-        None,
+        segment_chunks,
     )?;
+    let checkpoints = match checkpoint_every {
+        Some(every) => Some(launch.checkpoints_every(cuda, every)?),
+        None => None,
+    };
     launch.launch(cuda)?;
-    Ok(CudaPrefillOutput { o, final_state })
+    Ok(CudaPrefillOutput {
+        o,
+        final_state,
+        checkpoints,
+    })
 }

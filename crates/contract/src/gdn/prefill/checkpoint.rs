@@ -66,7 +66,7 @@ impl CheckpointPlan {
     /// when no checkpoint is taken there.
     pub fn row_at(&self, n: usize, position: usize) -> Option<usize> {
         let (first, end) = (*self.offsets.get(n)?, *self.offsets.get(n + 1)?);
-        if position == 0 || position % self.every != 0 {
+        if position == 0 || !position.is_multiple_of(self.every) {
             return None;
         }
         let row = first + position / self.every - 1;
@@ -84,7 +84,7 @@ impl CheckpointPlan {
 
 /// Fails unless `every` is a positive multiple of [`CHECKPOINT_GRANULE`].
 pub fn check_checkpoint_every(every: usize) -> Result<()> {
-    if every == 0 || every % CHECKPOINT_GRANULE != 0 {
+    if every == 0 || !every.is_multiple_of(CHECKPOINT_GRANULE) {
         return Err(Error::InvalidValue(format!(
             "checkpoint_every must be a positive multiple of {CHECKPOINT_GRANULE} tokens \
              (checkpoints fall on chunk boundaries), got {every}"
@@ -118,7 +118,7 @@ pub fn worst_checkpoint_error(states: &[f32], reference: &[f64], rows: usize) ->
             f64::INFINITY
         };
     }
-    if states.len() % rows != 0 {
+    if !states.len().is_multiple_of(rows) {
         return f64::INFINITY;
     }
     let row_len = states.len() / rows;

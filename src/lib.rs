@@ -55,7 +55,9 @@ mod markdown_examples {
 /// ([`deltakv_contract::gdn`]) and the CPU backend's entry points.
 pub mod gdn {
     pub use deltakv_contract::gdn::*;
-    pub use deltakv_cpu::gdn::{gdn_decode, gdn_decode_into, gdn_prefill};
+    pub use deltakv_cpu::gdn::{
+        gdn_decode, gdn_decode_into, gdn_prefill, gdn_prefill_checkpointed,
+    };
 }
 
 /// Compressed-KV attention: the contract's scheme, codec, merge math, oracle and random cases
@@ -70,6 +72,7 @@ pub mod kv {
 }
 
 use gdn::PrefillMode;
+use gdn::prefill::checkpoint::PrefillCheckpoints;
 use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOptions, GdnOutput};
 
 mod device_tensor;
@@ -182,15 +185,29 @@ pub fn gdn_prefill(
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
+    gdn_prefill_checkpointed(device, inputs, options, mode, None)
+}
+
+/// [`gdn_prefill`] that also returns (in [`GdnOutput::checkpoints`]) the state every
+/// `checkpoint_every` tokens of each sequence, for prefix caching and rollback: a positive
+/// multiple of 64; the layout is [`gdn::prefill::checkpoint`]'s. On the CPU and CUDA.
+pub fn gdn_prefill_checkpointed(
+    device: Device,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    checkpoint_every: Option<usize>,
+) -> Result<GdnOutput> {
     device.ensure_runs("gdn prefill")?;
     match device {
         #[cfg(feature = "cuda")]
         Device::Cuda => match mode {
-            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host(
+            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host_checkpointed(
                 deltakv_cuda::Cuda::get()?,
                 inputs,
                 options,
                 None,
+                checkpoint_every,
             ),
             PrefillMode::Recurrent => Err(Error::Unsupported(
                 "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent \
@@ -200,9 +217,22 @@ pub fn gdn_prefill(
         },
         #[cfg(feature = "wgpu")]
         Device::Wgpu => {
+            no_checkpoints_on(device, checkpoint_every)?;
             deltakv_wgpu::gdn::gdn_prefill(deltakv_wgpu::Wgpu::get()?, inputs, options, mode)
         }
-        _ => deltakv_cpu::gdn::gdn_prefill(inputs, options, mode),
+        _ => deltakv_cpu::gdn::gdn_prefill_checkpointed(inputs, options, mode, checkpoint_every),
+    }
+}
+
+/// Refuses checkpoints on a backend that does not take them yet.
+#[cfg(feature = "wgpu")]
+fn no_checkpoints_on(device: Device, checkpoint_every: Option<usize>) -> Result<()> {
+    match checkpoint_every {
+        Some(_) => Err(Error::Unsupported(format!(
+            "prefill state checkpoints are not implemented on {device} yet (the CPU and CUDA \
+             have them)"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -220,6 +250,29 @@ pub fn gdn_prefill_into_pool(
     state_pool: &mut HostTensor,
     slot_indices: &HostTensor,
 ) -> Result<HostTensor> {
+    gdn_prefill_into_pool_checkpointed(
+        device,
+        inputs,
+        options,
+        mode,
+        state_pool,
+        slot_indices,
+        None,
+    )
+    .map(|(o, _)| o)
+}
+
+/// [`gdn_prefill_into_pool`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (see [`gdn_prefill_checkpointed`]).
+pub fn gdn_prefill_into_pool_checkpointed(
+    device: Device,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+    checkpoint_every: Option<usize>,
+) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
     device.ensure_runs("gdn prefill")?;
     match device {
         #[cfg(feature = "cuda")]
@@ -229,17 +282,24 @@ pub fn gdn_prefill_into_pool(
                     "the CUDA prefill runs the chunked algorithm only (mode chunk)".to_string(),
                 ));
             }
-            deltakv_cuda::gdn::gdn_prefill_host_into_pool(
+            deltakv_cuda::gdn::gdn_prefill_host_into_pool_checkpointed(
                 deltakv_cuda::Cuda::get()?,
                 inputs,
                 options,
                 state_pool,
                 slot_indices,
+                checkpoint_every,
+                None,
             )
         }
-        _ => {
-            deltakv_cpu::gdn::gdn_prefill_into_pool(inputs, options, mode, state_pool, slot_indices)
-        }
+        _ => deltakv_cpu::gdn::gdn_prefill_into_pool_checkpointed(
+            inputs,
+            options,
+            mode,
+            state_pool,
+            slot_indices,
+            checkpoint_every,
+        ),
     }
 }
 

@@ -184,6 +184,23 @@ prefill)
         summary+=("FAIL gdn_prefill tests: $(grep -h 'panicked\|FAILED\|failed' "$logs/prefill-tests.log" | head -n 3 | tr '\n' ' ')")
     fi
     grep -h "rel_rms\|: o \|drift" "$logs/prefill-tests.log" | tail -n 80 >"$out/prefill-errors.txt" || true
+    # The state checkpoints (every case whole and in forced segments), and memcheck over one.
+    t=.carry/tests/deltakv-cuda-gdn_prefill_checkpoints
+    if "$t" --test-threads=1 --nocapture >"$logs/prefill-checkpoints.log" 2>&1; then
+        summary+=("PASS gdn_prefill_checkpoints tests")
+    else
+        summary+=("FAIL gdn_prefill_checkpoints tests: $(grep -h 'panicked\|FAILED\|failed' "$logs/prefill-checkpoints.log" | head -n 3 | tr '\n' ' ')")
+    fi
+    grep -h "checkpoints, worst\|pooled checkpoints" "$logs/prefill-checkpoints.log" >>"$out/prefill-errors.txt" || true
+    if [ "${2:-}" != quick ]; then
+        if compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --test-threads=1 \
+            checkpoints_of_varlen >"$logs/sanitizer-checkpoints.log" 2>&1; then
+            summary+=("PASS compute-sanitizer memcheck (checkpoints): $(last 'SUMMARY' "$logs/sanitizer-checkpoints.log")")
+        else
+            summary+=("FAIL compute-sanitizer memcheck (checkpoints): $(last 'SUMMARY' "$logs/sanitizer-checkpoints.log")")
+        fi
+    fi
+    t=.carry/tests/deltakv-cuda-gdn_prefill
     if [ "${2:-}" != quick ]; then
         for tool in memcheck racecheck; do
             if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \

@@ -60,6 +60,8 @@ struct PrefillParams {
     u64 transition_m;     // f32 [segments, H, KP, KP]
     u64 gates;            // [chunks, H] ChunkGates records (PF_GATES_BYTES each), from prepare
     u64 scores;           // bf16 [chunks, H, 64, 64]: Q K^T o D per chunk, from prepare; or 0
+    u64 checkpoints;      // f32 [C, H, K, V] state checkpoints, or 0 (none asked)
+    u64 chunk_checkpoint; // i32 [chunks]: the checkpoint row taken after each chunk, or -1
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;

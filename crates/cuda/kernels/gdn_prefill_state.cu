@@ -79,6 +79,25 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
     cp_async_commit();
 }
 
+// Stores a block's register state (its rows < K and columns col0.. < V) as row `state_row` of
+// a [*, H, K, V] f32 tensor (checkpoints).
+__device__ __forceinline__ void store_state_block(const float (&state)[8][4], float* dst,
+                                                  long long state_row, int head, int col0,
+                                                  const PrefillParams& p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
+            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+            if (r < p.key_dim && c < p.value_dim) {
+                dst[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[n][e];
+            }
+        }
+    }
+}
+
 template <int KP, int MODE>
 __device__ void state_impl(const PrefillParams& p) {
     constexpr int WARPS = KP / 16;
@@ -297,6 +316,11 @@ __device__ void state_impl(const PrefillParams& p) {
                     mma_bf16_16816(state[n + 1], a, b1);
                 }
             }
+        }
+        // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's table).
+        if (MODE == MODE_OUTPUT && p.checkpoints) {
+            const int checkpoint = ((const int*)p.chunk_checkpoint)[chunk];
+            if (checkpoint >= 0) store_state_block(state, (float*)p.checkpoints, checkpoint, head, col0, p);
         }
     }
 

@@ -11,4 +11,7 @@ pub mod prefill;
 pub(crate) mod recurrent;
 
 pub use decode::{gdn_decode, gdn_decode_into};
-pub use prefill::{gdn_prefill, gdn_prefill_into_pool};
+pub use prefill::{
+    gdn_prefill, gdn_prefill_checkpointed, gdn_prefill_into_pool,
+    gdn_prefill_into_pool_checkpointed,
+};

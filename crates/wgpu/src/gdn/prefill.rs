@@ -124,7 +124,11 @@ impl PreparedPrefill {
             "n, h, k, v",
             GDN_OVERFLOW_CAUSE,
         )?;
-        Ok(GdnOutput { o, final_state })
+        Ok(GdnOutput {
+            o,
+            final_state,
+            checkpoints: None,
+        })
     }
 }
 

@@ -5,13 +5,16 @@
 //! * [`oracle`]: the f64 reference.
 //! * [`random`]: seeded random problems.
 //! * [`pool`]: the rules of a prefill over a state pool.
+//! * [`checkpoint`]: optional state checkpoints every N tokens, and their layout.
 
+pub mod checkpoint;
 pub mod oracle;
 pub mod pool;
 pub mod random;
 pub mod validate;
 
 use crate::tensor::HostTensor;
+use checkpoint::PrefillCheckpoints;
 
 /// The tensors of one prefill call (see the module docs of [`crate::gdn`] for shapes). `T` is
 /// the tensor type of the backend: [`HostTensor`] on the host (owned), or a
@@ -61,4 +64,6 @@ pub struct GdnOutput {
     pub o: HostTensor,
     /// `[N, H, K, V]` f32.
     pub final_state: HostTensor,
+    /// The states every `checkpoint_every` tokens, when asked ([`checkpoint`]).
+    pub checkpoints: Option<PrefillCheckpoints>,
 }

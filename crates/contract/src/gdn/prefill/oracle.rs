@@ -2,6 +2,7 @@
 //! value head), serially, from the raw inputs (the l2 norm redone in f64). Slow by design;
 //! every prefill kernel is tested against it.
 
+use super::checkpoint::CheckpointPlan;
 use super::validate::validate_prefill;
 use super::{GdnInputs, GdnOptions};
 use crate::error::{Error, Result};
@@ -16,6 +17,9 @@ pub struct GdnReference {
     pub o: Vec<f64>,
     /// `[N, heads.len(), K, V]`
     pub final_state: Vec<f64>,
+    /// `[C, heads.len(), K, V]`: the state at each checkpoint position, in the contract's
+    /// layout ([`CheckpointPlan`]); empty unless asked for.
+    pub checkpoints: Vec<f64>,
 }
 
 /// Runs the f64 recurrence for every value head.
@@ -30,7 +34,20 @@ pub fn gdn_reference_heads(
     options: &GdnOptions,
     heads: &[usize],
 ) -> Result<GdnReference> {
+    gdn_reference_checkpointed(inputs, options, heads, None)
+}
+
+/// [`gdn_reference_heads`] that also keeps the state every `checkpoint_every` tokens of each
+/// sequence (the recurrence's state right after token `c N` of the sequence, see
+/// [`super::checkpoint`]).
+pub fn gdn_reference_checkpointed(
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    heads: &[usize],
+    checkpoint_every: Option<usize>,
+) -> Result<GdnReference> {
     let (shapes, gates) = validate_prefill(inputs, options)?;
+    let plan = CheckpointPlan::optional(checkpoint_every, &shapes.seqs)?;
     let d = shapes.dims;
     if let Some(&bad) = heads.iter().find(|&&h| h >= d.value_heads) {
         return Err(Error::InvalidValue(format!(
@@ -53,6 +70,8 @@ pub fn gdn_reference_heads(
     let rows = d.batch * d.tokens;
     let mut o = vec![0.0; rows * width * vd];
     let mut final_state = vec![0.0; shapes.seqs.len() * width * kd * vd];
+    let mut checkpoints =
+        vec![0.0; plan.as_ref().map_or(0, CheckpointPlan::total) * width * kd * vd];
     for (n, seq) in shapes.seqs.iter().enumerate() {
         for (slot, &h) in heads.iter().enumerate() {
             let key_head = d.key_head_of(h);
@@ -80,6 +99,10 @@ pub fn gdn_reference_heads(
                     f64::from(shapes.scale),
                 );
                 o[(row * width + slot) * vd..][..vd].copy_from_slice(&out);
+                let position = row + 1 - seq.start;
+                if let Some(c) = plan.as_ref().and_then(|p| p.row_at(n, position)) {
+                    checkpoints[(c * width + slot) * kd * vd..][..kd * vd].copy_from_slice(&state);
+                }
             }
             final_state[(n * width + slot) * kd * vd..][..kd * vd].copy_from_slice(&state);
         }
@@ -88,5 +111,6 @@ pub fn gdn_reference_heads(
         heads: heads.to_vec(),
         o,
         final_state,
+        checkpoints,
     })
 }

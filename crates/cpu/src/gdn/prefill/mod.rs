@@ -8,7 +8,7 @@ mod chunk;
 mod pool;
 pub(crate) mod prepare;
 
-pub use pool::gdn_prefill_into_pool;
+pub use pool::{gdn_prefill_into_pool, gdn_prefill_into_pool_checkpointed};
 
 use super::recurrent::{
     BLOCK, StateBlock, TokenStep, dot, load_block, pad_value, step_block, store_block,
@@ -17,6 +17,7 @@ use crate::rows::{OutputBuffer, RowWriter};
 use crate::scan::check_result_finite;
 use chunk::{CHUNK, ChunkScratch, chunk_step};
 use deltakv_contract::Result;
+use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 use deltakv_contract::tensor::HostTensor;
 use deltakv_contract::view::HostData;
@@ -37,9 +38,26 @@ pub fn gdn_prefill<T: HostData>(
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
+    gdn_prefill_checkpointed(inputs, options, mode, None)
+}
+
+/// [`gdn_prefill`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (a positive multiple of 64; the layout is the contract's,
+/// `deltakv_contract::gdn::prefill::checkpoint`). Checkpoints fall on the ends of the 64-token
+/// steps, so they are copies of the state the step leaves.
+pub fn gdn_prefill_checkpointed<T: HostData>(
+    inputs: &GdnInputs<'_, T>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    checkpoint_every: Option<usize>,
+) -> Result<GdnOutput> {
     let p = prepare_prefill(inputs, options)?;
+    let plan = CheckpointPlan::optional(checkpoint_every, &p.seqs)?;
     let d = p.dims;
     let state_len = d.key_dim * d.value_dim;
+    let heads_len = d.value_heads * state_len;
+    let mut checkpoints =
+        vec![f32::NAN; plan.as_ref().map_or(0, CheckpointPlan::total) * heads_len];
     // Poisoned so that any element a kernel forgets to write shows up as NaN.
     let mut o = OutputBuffer::poisoned(
         p.out_dtype,
@@ -78,6 +96,17 @@ pub fn gdn_prefill<T: HostData>(
                     }
                 });
             });
+        // Every sequence is at the same position after a step; a partial last chunk never
+        // ends on a checkpoint (a multiple of 64).
+        if let Some(plan) = &plan {
+            let position = step_start + CHUNK;
+            for n in 0..p.seqs.len() {
+                if let Some(row) = plan.row_at(n, position) {
+                    checkpoints[row * heads_len..][..heads_len]
+                        .copy_from_slice(&final_state[n * heads_len..][..heads_len]);
+                }
+            }
+        }
     }
     let o = o.into_tensor(vec![d.batch, d.tokens, d.value_heads, d.value_dim])?;
     let final_state = HostTensor::from_f32(
@@ -93,7 +122,23 @@ pub fn gdn_prefill<T: HostData>(
         "n, h, k, v",
         GDN_OVERFLOW_CAUSE,
     )?;
-    Ok(GdnOutput { o, final_state })
+    let checkpoints = match plan {
+        Some(plan) => {
+            let states = HostTensor::from_f32(plan.shape(&d), checkpoints)?;
+            check_result_finite("checkpoints", &states, "c, h, k, v", GDN_OVERFLOW_CAUSE)?;
+            Some(PrefillCheckpoints {
+                states,
+                offsets: plan.offsets_tensor()?,
+                every: plan.every,
+            })
+        }
+        None => None,
+    };
+    Ok(GdnOutput {
+        o,
+        final_state,
+        checkpoints,
+    })
 }
 
 /// Per-thread scratch, kept across steps and calls (rebuilt when head dims change).

@@ -1,6 +1,7 @@
 //! Prefill over a state pool on the CPU (the contract's rules: `deltakv_contract::gdn::prefill::pool`).
 
-use super::gdn_prefill;
+use super::gdn_prefill_checkpointed;
+use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
 use deltakv_contract::gdn::prefill::pool::pool_slots;
 use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
 use deltakv_contract::gdn::{GdnInputs, GdnOptions, PrefillMode};
@@ -17,6 +18,20 @@ pub fn gdn_prefill_into_pool(
     state_pool: &mut HostTensor,
     slot_indices: &HostTensor,
 ) -> Result<HostTensor> {
+    gdn_prefill_into_pool_checkpointed(inputs, options, mode, state_pool, slot_indices, None)
+        .map(|(o, _)| o)
+}
+
+/// [`gdn_prefill_into_pool`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (see [`super::gdn_prefill_checkpointed`]).
+pub fn gdn_prefill_into_pool_checkpointed(
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+    checkpoint_every: Option<usize>,
+) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
     if inputs.initial_state.is_some() {
         return Err(Error::InvalidValue(
             "initial_state and a state pool were both given: a pooled prefill reads each \
@@ -40,13 +55,14 @@ pub fn gdn_prefill_into_pool(
         vec![slots.len(), d.value_heads, d.key_dim, d.value_dim],
         initial,
     )?;
-    let out = gdn_prefill(
+    let out = gdn_prefill_checkpointed(
         &GdnInputs {
             initial_state: Some(&initial),
             ..*inputs
         },
         options,
         mode,
+        checkpoint_every,
     )?;
     let finals = out
         .final_state
@@ -56,5 +72,5 @@ pub fn gdn_prefill_into_pool(
         pool[slot * state_len..][..state_len]
             .copy_from_slice(&finals[n * state_len..][..state_len]);
     }
-    Ok(out.o)
+    Ok((out.o, out.checkpoints))
 }

@@ -3,9 +3,10 @@
 //! facade's host-tensor entry points use these; a serving loop calls [`super::gdn_prefill`]
 //! with tensors that stay on the GPU.
 
-use super::{PrefillLaunch, PrefillStates, gdn_prefill};
+use super::{PrefillLaunch, PrefillStates, gdn_prefill_checkpointed};
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
+use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
 use deltakv_contract::gdn::prefill::validate::validate_prefill;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput};
 use deltakv_contract::tensor::check_result_finite;
@@ -57,6 +58,18 @@ pub fn gdn_prefill_host(
     options: &GdnOptions,
     segment_chunks: Option<usize>,
 ) -> Result<GdnOutput> {
+    gdn_prefill_host_checkpointed(cuda, inputs, options, segment_chunks, None)
+}
+
+/// [`gdn_prefill_host`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (a positive multiple of 64; see [`super::gdn_prefill_checkpointed`]).
+pub fn gdn_prefill_host_checkpointed(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    segment_chunks: Option<usize>,
+    checkpoint_every: Option<usize>,
+) -> Result<GdnOutput> {
     validate_prefill(inputs, options)?;
     let uploaded = UploadedPrefill::new(cuda, inputs)?;
     let device_inputs = uploaded.inputs();
@@ -75,7 +88,7 @@ pub fn gdn_prefill_host(
         ],
         DType::F32,
     )?;
-    let launch = PrefillLaunch::new(
+    let mut launch = PrefillLaunch::new(
         cuda,
         &device_inputs,
         options,
@@ -86,6 +99,10 @@ pub fn gdn_prefill_host(
         Some(&mut final_state),
         segment_chunks,
     )?;
+    let checkpoints = match checkpoint_every {
+        Some(every) => Some(launch.checkpoints_every(cuda, every)?),
+        None => None,
+    };
     launch.launch(cuda)?;
     let o = o.download(cuda)?;
     let final_state = final_state.download(cuda)?;
@@ -96,7 +113,29 @@ pub fn gdn_prefill_host(
         "n, h, k, v",
         GDN_OVERFLOW_CAUSE,
     )?;
-    Ok(GdnOutput { o, final_state })
+    Ok(GdnOutput {
+        o,
+        final_state,
+        checkpoints: download_checkpoints(cuda, checkpoints.as_ref())?,
+    })
+}
+
+/// Checkpoints copied to the host, refused when one overflowed.
+fn download_checkpoints(
+    cuda: &Cuda,
+    checkpoints: Option<&super::CudaCheckpoints>,
+) -> Result<Option<PrefillCheckpoints>> {
+    let Some(checkpoints) = checkpoints else {
+        return Ok(None);
+    };
+    let host = checkpoints.download(cuda)?;
+    check_result_finite(
+        "checkpoints",
+        &host.states,
+        "c, h, k, v",
+        GDN_OVERFLOW_CAUSE,
+    )?;
+    Ok(Some(host))
 }
 
 /// Pooled prefill of host tensors on the GPU: the contract's full check on the host, the pool
@@ -109,12 +148,36 @@ pub fn gdn_prefill_host_into_pool(
     state_pool: &mut HostTensor,
     slot_indices: &HostTensor,
 ) -> Result<HostTensor> {
+    gdn_prefill_host_into_pool_checkpointed(
+        cuda,
+        inputs,
+        options,
+        state_pool,
+        slot_indices,
+        None,
+        None,
+    )
+    .map(|(o, _)| o)
+}
+
+/// [`gdn_prefill_host_into_pool`] that also returns the state every `checkpoint_every` tokens
+/// of each sequence, and may force the segment length of the two-level scan
+/// (`segment_chunks`).
+pub fn gdn_prefill_host_into_pool_checkpointed(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    state_pool: &mut HostTensor,
+    slot_indices: &HostTensor,
+    checkpoint_every: Option<usize>,
+    segment_chunks: Option<usize>,
+) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
     validate_prefill(inputs, options)?;
     let uploaded = UploadedPrefill::new(cuda, inputs)?;
     let device_inputs = uploaded.inputs();
     let mut pool = CudaTensor::upload(cuda, state_pool)?;
     let slots = CudaTensor::upload(cuda, slot_indices)?;
-    let out = gdn_prefill(
+    let out = gdn_prefill_checkpointed(
         cuda,
         &device_inputs,
         options,
@@ -122,11 +185,14 @@ pub fn gdn_prefill_host_into_pool(
             pool: &mut pool,
             slot_indices: &slots,
         },
+        checkpoint_every,
+        segment_chunks,
     )?;
     let o = out.o.download(cuda)?;
     check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;
+    let checkpoints = download_checkpoints(cuda, out.checkpoints.as_ref())?;
     let pool = pool.download(cuda)?;
     check_result_finite("state_pool", &pool, "s, h, k, v", GDN_OVERFLOW_CAUSE)?;
     *state_pool = pool;
-    Ok(o)
+    Ok((o, checkpoints))
 }

@@ -16,11 +16,16 @@
 //! to the host). Values on the device are not scanned (NaN, g > 0): [`gdn_prefill_host`] runs
 //! the contract's full check on host inputs.
 
+mod checkpoint;
 mod host;
 mod operand;
 mod plan;
 
-pub use host::{gdn_prefill_host, gdn_prefill_host_into_pool};
+pub use checkpoint::CudaCheckpoints;
+pub use host::{
+    gdn_prefill_host, gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool,
+    gdn_prefill_host_into_pool_checkpointed,
+};
 
 use crate::compile::KernelSource;
 use crate::gdn::decode::dtype_code;
@@ -29,7 +34,7 @@ use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
 use deltakv_contract::gdn::prefill::pool::pool_slots;
-use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
+use deltakv_contract::gdn::prefill::validate::{PrefillShapes, SeqSpan, check_prefill_meta};
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use operand::{Conversion, OperandForm, kernel_operand};
@@ -69,6 +74,8 @@ struct PrefillParams {
     transition_m: u64,
     gates: u64,
     scores: u64,
+    checkpoints: u64,
+    chunk_checkpoint: u64,
     key_heads: i32,
     value_heads: i32,
     key_dim: i32,
@@ -92,6 +99,8 @@ pub struct CudaPrefillOutput {
     pub o: CudaTensor,
     /// `[N, H, K, V]` f32, when asked.
     pub final_state: Option<CudaTensor>,
+    /// The state every `checkpoint_every` tokens, when asked.
+    pub checkpoints: Option<CudaCheckpoints>,
 }
 
 /// Where the states of a call come from and go.
@@ -111,6 +120,8 @@ pub enum PrefillStates<'a> {
 pub struct PrefillLaunch {
     params: PrefillParams,
     plan: PrefillPlan,
+    /// The call's sequences (the checkpoint table is built from them).
+    seqs: Vec<SeqSpan>,
     value_heads: u32,
     sequences: u32,
     prepare: (cudarc::driver::CudaFunction, u32),
@@ -341,6 +352,8 @@ impl PrefillLaunch {
                 StatePass::Overlap => scores.device_address(cuda),
                 StatePass::Lockstep => 0,
             },
+            checkpoints: 0,
+            chunk_checkpoint: 0,
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -399,6 +412,7 @@ impl PrefillLaunch {
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
             plan,
+            seqs,
             _buffers: buffers,
         })
     }
@@ -469,6 +483,20 @@ impl PrefillLaunch {
             self.state.1,
             "gdn_prefill_state",
         )
+    }
+
+    /// Makes later launches walk the chunks with the lockstep state pass (which also stores
+    /// checkpoints), and the prepare kernel skip the scores only the overlapped pass reads.
+    fn use_lockstep_pass(&mut self, cuda: &Cuda) -> Result<()> {
+        let kp = self.params.key_pad as usize;
+        let (state, _, _) = state_names(kp);
+        self.state = (
+            cuda.function(&SOURCE, state)?,
+            state_smem(kp) as u32,
+            2 * kp as u32,
+        );
+        self.params.scores = 0;
+        Ok(())
     }
 
     /// Segments the state pass walks in parallel (one per sequence unless segmented).
@@ -545,7 +573,22 @@ pub fn gdn_prefill(
     cuda: &Cuda,
     inputs: &GdnInputs<'_, CudaTensor>,
     options: &GdnOptions,
+    states: PrefillStates<'_>,
+) -> Result<CudaPrefillOutput> {
+    gdn_prefill_checkpointed(cuda, inputs, options, states, None, None)
+}
+
+/// [`gdn_prefill`] that also returns the state every `checkpoint_every` tokens of each
+/// sequence (a positive multiple of 64; the contract's layout,
+/// `deltakv_contract::gdn::prefill::checkpoint`), and may force the segment length of the
+/// two-level scan (`segment_chunks`; `None`: chosen from the GPU's size).
+pub fn gdn_prefill_checkpointed(
+    cuda: &Cuda,
+    inputs: &GdnInputs<'_, CudaTensor>,
+    options: &GdnOptions,
     mut states: PrefillStates<'_>,
+    checkpoint_every: Option<usize>,
+    segment_chunks: Option<usize>,
 ) -> Result<CudaPrefillOutput> {
     let dims = deltakv_contract::gdn::shapes::gdn_dims(inputs.q, inputs.v)?;
     let mut o = CudaTensor::poisoned(
@@ -569,15 +612,23 @@ pub fn gdn_prefill(
         }
         _ => None,
     };
-    let launch = PrefillLaunch::new(
+    let mut launch = PrefillLaunch::new(
         cuda,
         inputs,
         options,
         &mut states,
         &mut o,
         final_state.as_mut(),
-        None,
+        segment_chunks,
     )?;
+    let checkpoints = match checkpoint_every {
+        Some(every) => Some(launch.checkpoints_every(cuda, every)?),
+        None => None,
+    };
     launch.launch(cuda)?;
-    Ok(CudaPrefillOutput { o, final_state })
+    Ok(CudaPrefillOutput {
+        o,
+        final_state,
+        checkpoints,
+    })
 }

@@ -1,0 +1,174 @@
+//! State checkpoints of a prefill, for prefix caching and rollback: with `checkpoint_every = N`
+//! (a positive multiple of [`CHECKPOINT_GRANULE`] = 64 tokens), sequence `n` of length `L_n`
+//! also returns its state after each of the tokens `t = c N`, `c = 1..=floor(L_n / N)`, counted
+//! from the sequence's own start (the state the recurrence holds once tokens `0..t` of the
+//! sequence went in, the initial state included). When `L_n` is a multiple of `N` the last
+//! checkpoint is taken at the sequence end and equals its final state; a sequence shorter than
+//! `N` has none.
+//!
+//! Layout: every checkpoint of a call in one `[C, H, K, V]` f32 tensor, sequence by sequence,
+//! each sequence's in position order; `offsets [N + 1]` (like `cu_seqlens`) says that sequence
+//! `n`'s are rows `offsets[n]..offsets[n + 1]`, so checkpoint `c` of sequence `n` (at token
+//! `c N`) is row `offsets[n] + c - 1`. [`CheckpointPlan`] computes it; every backend uses it.
+//!
+//! A multiple of 64 puts every checkpoint on a boundary of the chunked algorithm's 64-token
+//! chunks (chunks are aligned to each sequence's start), so a chunked kernel stores the state it
+//! already holds there: no extra work, no partial chunk.
+
+use super::validate::SeqSpan;
+use crate::error::{Error, Result};
+use crate::gdn::shapes::GdnDims;
+use crate::metrics::rel_rms;
+use crate::tensor::HostTensor;
+
+/// Checkpoint spacings must be positive multiples of this many tokens (the chunk size of the
+/// chunked algorithm, so checkpoints fall on chunk boundaries).
+pub const CHECKPOINT_GRANULE: usize = 64;
+
+/// Where the checkpoints of a call go (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointPlan {
+    /// Tokens between checkpoints (`N`).
+    pub every: usize,
+    /// `[sequences + 1]`: sequence `n`'s checkpoints are rows `offsets[n]..offsets[n + 1]`.
+    pub offsets: Vec<usize>,
+}
+
+impl CheckpointPlan {
+    /// The plan for `every` tokens over the sequences of a call; `every` must be a positive
+    /// multiple of [`CHECKPOINT_GRANULE`].
+    pub fn new(every: usize, seqs: &[SeqSpan]) -> Result<Self> {
+        check_checkpoint_every(every)?;
+        let mut offsets = Vec::with_capacity(seqs.len() + 1);
+        offsets.push(0);
+        for seq in seqs {
+            offsets.push(offsets.last().copied().unwrap_or(0) + seq.len / every);
+        }
+        Ok(Self { every, offsets })
+    }
+
+    /// [`CheckpointPlan::new`] when checkpoints are asked for.
+    pub fn optional(every: Option<usize>, seqs: &[SeqSpan]) -> Result<Option<Self>> {
+        every.map(|every| Self::new(every, seqs)).transpose()
+    }
+
+    /// Checkpoints of the whole call (`C`).
+    pub fn total(&self) -> usize {
+        self.offsets.last().copied().unwrap_or(0)
+    }
+
+    /// The shape of the checkpoint tensor, `[C, H, K, V]`.
+    pub fn shape(&self, dims: &GdnDims) -> Vec<usize> {
+        vec![self.total(), dims.value_heads, dims.key_dim, dims.value_dim]
+    }
+
+    /// The row of sequence `n`'s checkpoint at `position` tokens from its start, or `None`
+    /// when no checkpoint is taken there.
+    pub fn row_at(&self, n: usize, position: usize) -> Option<usize> {
+        let (first, end) = (*self.offsets.get(n)?, *self.offsets.get(n + 1)?);
+        if position == 0 || !position.is_multiple_of(self.every) {
+            return None;
+        }
+        let row = first + position / self.every - 1;
+        (row < end).then_some(row)
+    }
+
+    /// `offsets` as an i64 `[sequences + 1]` tensor (the `checkpoint_offsets` of a file).
+    pub fn offsets_tensor(&self) -> Result<HostTensor> {
+        HostTensor::from_i64(
+            vec![self.offsets.len()],
+            self.offsets.iter().map(|&x| x as i64).collect(),
+        )
+    }
+}
+
+/// Fails unless `every` is a positive multiple of [`CHECKPOINT_GRANULE`].
+pub fn check_checkpoint_every(every: usize) -> Result<()> {
+    if every == 0 || !every.is_multiple_of(CHECKPOINT_GRANULE) {
+        return Err(Error::InvalidValue(format!(
+            "checkpoint_every must be a positive multiple of {CHECKPOINT_GRANULE} tokens \
+             (checkpoints fall on chunk boundaries), got {every}"
+        )));
+    }
+    Ok(())
+}
+
+/// The checkpoints a prefill returns.
+#[derive(Clone, Debug)]
+pub struct PrefillCheckpoints {
+    /// `[C, H, K, V]` f32, laid out by [`CheckpointPlan`].
+    pub states: HostTensor,
+    /// `[N + 1]` i64: sequence `n`'s checkpoints are rows `offsets[n]..offsets[n + 1]`.
+    pub offsets: HostTensor,
+    /// Tokens between checkpoints.
+    pub every: usize,
+}
+
+/// The largest [`rel_rms`] of one checkpoint (a `[H, K, V]` row) of `states` against the
+/// oracle's `reference` (same layout, all heads), so that one wrong or unwritten checkpoint
+/// among many still fails a test. Infinite when the lengths differ.
+pub fn worst_checkpoint_error(states: &[f32], reference: &[f64], rows: usize) -> f64 {
+    if states.len() != reference.len() {
+        return f64::INFINITY;
+    }
+    if rows == 0 || states.is_empty() {
+        return if states.is_empty() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    if !states.len().is_multiple_of(rows) {
+        return f64::INFINITY;
+    }
+    let row_len = states.len() / rows;
+    states
+        .chunks_exact(row_len)
+        .zip(reference.chunks_exact(row_len))
+        .map(|(x, r)| rel_rms(x, r))
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spans(lens: &[usize]) -> Vec<SeqSpan> {
+        let mut start = 0;
+        lens.iter()
+            .map(|&len| {
+                let s = SeqSpan { start, len };
+                start += len;
+                s
+            })
+            .collect()
+    }
+
+    #[test]
+    fn offsets_count_whole_spacings_per_sequence() {
+        let plan = CheckpointPlan::new(128, &spans(&[1, 127, 128, 300, 64, 256])).unwrap();
+        assert_eq!(plan.offsets, vec![0, 0, 0, 1, 3, 3, 5]);
+        assert_eq!(plan.total(), 5);
+        // The sequence end counts when the length is a multiple of the spacing.
+        assert_eq!(plan.row_at(2, 128), Some(0));
+        assert_eq!(plan.row_at(3, 128), Some(1));
+        assert_eq!(plan.row_at(3, 256), Some(2));
+        assert_eq!(plan.row_at(3, 300), None);
+        assert_eq!(plan.row_at(3, 384), None);
+        assert_eq!(plan.row_at(5, 256), Some(4));
+        assert_eq!(plan.row_at(5, 64), None);
+        assert_eq!(plan.row_at(0, 0), None);
+        assert_eq!(plan.row_at(6, 128), None);
+    }
+
+    #[test]
+    fn spacings_off_the_granule_are_refused() {
+        let seqs = spans(&[100]);
+        for bad in [0, 1, 63, 65, 100, 200] {
+            let err = CheckpointPlan::new(bad, &seqs).unwrap_err().to_string();
+            assert!(err.contains("multiple of 64"), "{bad}: {err}");
+        }
+        assert!(CheckpointPlan::optional(None, &seqs).unwrap().is_none());
+        assert_eq!(CheckpointPlan::new(192, &seqs).unwrap().total(), 0);
+    }
+}

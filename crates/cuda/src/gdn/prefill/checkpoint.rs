@@ -1,0 +1,151 @@
+//! State checkpoints of the CUDA prefill (the contract's layout,
+//! `deltakv_contract::gdn::prefill::checkpoint`). Checkpoints are a positive multiple of 64
+//! tokens apart and chunks are 64 tokens from each sequence's start, so every checkpoint falls
+//! on the end of a chunk: the state pass stores the state it holds in registers after each
+//! chunk that the table `chunk_checkpoint` (i32 `[chunks]`, the checkpoint row or -1) names.
+//! With segments (the two-level scan) each segment starts from its combined entry state, so
+//! its chunks' states are the sequence's states and the same table serves.
+
+use super::PrefillLaunch;
+use super::plan::CHUNK;
+use crate::runtime::Cuda;
+use crate::tensor::CudaTensor;
+use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
+use deltakv_contract::gdn::prefill::validate::SeqSpan;
+use deltakv_contract::{DType, Error, HostTensor, Result};
+
+/// Checkpoints on the GPU.
+#[derive(Debug)]
+pub struct CudaCheckpoints {
+    /// `[C, H, K, V]` f32.
+    pub states: CudaTensor,
+    /// Where each sequence's checkpoints are (`offsets`) and their spacing.
+    pub plan: CheckpointPlan,
+}
+
+impl CudaCheckpoints {
+    /// The states copied to the host, with their offsets.
+    pub fn download(&self, cuda: &Cuda) -> Result<PrefillCheckpoints> {
+        let states = if self.plan.total() == 0 {
+            HostTensor::from_f32(self.states.shape().to_vec(), Vec::new())?
+        } else {
+            self.states.download(cuda)?
+        };
+        Ok(PrefillCheckpoints {
+            states,
+            offsets: self.plan.offsets_tensor()?,
+            every: self.plan.every,
+        })
+    }
+}
+
+impl PrefillLaunch {
+    /// Makes every later [`PrefillLaunch::launch`] also write the state every `every` tokens of
+    /// each sequence (a positive multiple of 64) into a new `[C, H, K, V]` f32 buffer, returned
+    /// (poisoned until the launch runs).
+    pub fn checkpoints_every(&mut self, cuda: &Cuda, every: usize) -> Result<CudaCheckpoints> {
+        let plan = CheckpointPlan::new(every, &self.seqs)?;
+        let mut states = CudaTensor::poisoned(cuda, self.checkpoint_shape(&plan), DType::F32)?;
+        self.write_checkpoints(cuda, &plan, &mut states)?;
+        Ok(CudaCheckpoints { states, plan })
+    }
+
+    /// Makes every later launch write the checkpoints of `plan` (which must be the plan of this
+    /// call's sequences) into the caller's `states` (`[C, H, K, V]` f32).
+    pub fn write_checkpoints(
+        &mut self,
+        cuda: &Cuda,
+        plan: &CheckpointPlan,
+        states: &mut CudaTensor,
+    ) -> Result<()> {
+        if *plan != CheckpointPlan::new(plan.every, &self.seqs)? {
+            return Err(Error::InvalidValue(
+                "the checkpoint plan was made for other sequences than this call's".to_string(),
+            ));
+        }
+        let shape = self.checkpoint_shape(plan);
+        if states.shape() != shape || states.dtype() != DType::F32 {
+            return Err(Error::InvalidValue(format!(
+                "buffer `checkpoints` is {:?} {}, expected {shape:?} f32",
+                states.shape(),
+                states.dtype()
+            )));
+        }
+        if plan.total() == 0 {
+            self.params.checkpoints = 0;
+            return Ok(());
+        }
+        // Only the lockstep state pass stores checkpoints (the overlapped one has no registers
+        // to spare for it).
+        self.use_lockstep_pass(cuda)?;
+        let table = chunk_checkpoints(&self.seqs, plan);
+        let table = CudaTensor::upload(cuda, &HostTensor::from_i32(vec![table.len()], table)?)?;
+        self.params.chunk_checkpoint = table.device_address(cuda);
+        self.params.checkpoints = states.device_address_mut(cuda);
+        self._buffers.push(table);
+        Ok(())
+    }
+
+    fn checkpoint_shape(&self, plan: &CheckpointPlan) -> Vec<usize> {
+        let p = &self.params;
+        vec![
+            plan.total(),
+            p.value_heads as usize,
+            p.key_dim as usize,
+            p.value_dim as usize,
+        ]
+    }
+}
+
+/// For each chunk of the call (sequence by sequence, as `PrefillPlan` lists them), the row of
+/// the checkpoint taken at its end, or -1.
+pub(crate) fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<i32> {
+    let mut table = Vec::new();
+    for (n, seq) in seqs.iter().enumerate() {
+        for first in (0..seq.len).step_by(CHUNK) {
+            let end = (first + CHUNK).min(seq.len);
+            table.push(plan.row_at(n, end).map_or(-1, |row| row as i32));
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::PrefillPlan;
+    use super::*;
+
+    #[test]
+    fn the_table_marks_the_chunks_that_end_on_a_checkpoint() {
+        let lens = [1, 130, 192, 64, 383];
+        let mut start = 0;
+        let seqs: Vec<SeqSpan> = lens
+            .iter()
+            .map(|&len| {
+                let s = SeqSpan { start, len };
+                start += len;
+                s
+            })
+            .collect();
+        let plan = CheckpointPlan::new(128, &seqs).unwrap();
+        let table = chunk_checkpoints(&seqs, &plan);
+        let chunks = PrefillPlan::new(&seqs, 8, 132, Some(3));
+        assert_eq!(table.len(), chunks.chunks());
+        // Chunks: [1] | [64, 64, 2] | [64, 64, 64] | [64] | [64 x 5, 63].
+        assert_eq!(
+            table,
+            vec![-1, -1, 0, -1, -1, 1, -1, -1, -1, 2, -1, 3, -1, -1]
+        );
+        // Each marked chunk ends at its checkpoint's position in its sequence.
+        for (chunk, &row) in table.iter().enumerate() {
+            if row < 0 {
+                continue;
+            }
+            let n = (0..seqs.len())
+                .find(|&n| plan.offsets[n + 1] > row as usize)
+                .unwrap();
+            let end = chunks.chunk_first_row[chunk] as usize + chunks.chunk_len[chunk] as usize;
+            assert_eq!(plan.row_at(n, end - seqs[n].start), Some(row as usize));
+        }
+    }
+}

@@ -319,9 +319,10 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
                 if (BV == 2) {
-                    // Dimensions 2c and 2c + 1 are nibble c of the word: one 8-byte load.
-                    const uint2 x = kvm_pair(table_v2, cur.v[2 * st][0], c);
-                    const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][0], c);
+                    // Dimensions 2c and 2c + 1 are nibble c % 8 of word c / 8 (d = 256 gives a
+                    // lane 32 dimensions, two words): one 8-byte load.
+                    const uint2 x = kvm_pair(table_v2, cur.v[2 * st][c / 8], c % 8);
+                    const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][c / 8], c % 8);
                     kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * st], bw[2 * st + 1]);
                 } else {
                     const unsigned a0 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c));

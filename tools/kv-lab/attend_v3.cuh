@@ -77,7 +77,9 @@ __device__ __forceinline__ void kv3_load(const KvAttnParams& p, const unsigned* 
     }
 }
 
-template <int BK, int BV, int DP, int STAGES, bool QREG>
+// MOVE_ONLY: the same page movement with no math (each lane reads one word per tile): the
+// data-movement floor of this structure; its outputs are not attention (no check).
+template <int BK, int BV, int DP, int STAGES, bool QREG, bool MOVE_ONLY = false>
 __device__ __forceinline__ void kv3_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4;
     constexpr int KM = DP / 8;
@@ -191,6 +193,10 @@ __device__ __forceinline__ void kv3_pass1(const KvAttnParams& p) {
         const int page_first = (first_mine + KVM_WARPS * it) * P;
         for (int off = 0; off < P && page_first + off < reach; off += KVM_TILE) {
             const int first = page_first + off;
+            if (MOVE_ONLY) {
+                acc[0][0] += __uint_as_float(sec[off * p.row_words_k + lane] & 0x3fffffffu);
+                continue;
+            }
             KvmTile<KW, VW> cur;
             kv3_load<BK, BV, DP>(p, sec, off, first, len, gid, tig, cur);
             float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -350,6 +356,9 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_qre
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv3_k4v2_d128_s3_qreg(KvAttnParams p) {
     kv3_pass1<4, 2, 128, 3, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_move(KvAttnParams p) {
+    kv3_pass1<4, 2, 128, 2, true, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv3_k4v2_d256_s2(KvAttnParams p) {
     kv3_pass1<4, 2, 256, 2, false>(p);

@@ -8,6 +8,7 @@
 //   REGNEAR the nearest level for 2- and 4-bit codes from the boundaries held in registers
 //           (2 bits: three compares; 4 bits: a bisection whose candidates are picked by
 //           selects), no shared-memory loads; 8 bits keep the shared binary search.
+//   GRID    4-bit keys: the uniform-grid lookup below (values: REGNEAR's compares).
 //   NEXT    the next iteration's inputs are loaded before this iteration's work (two vectors
 //           per lane group in flight).
 
@@ -24,10 +25,34 @@ __device__ __forceinline__ unsigned kv3_nearest4(const float (&b)[15], float u) 
     return (t3 ? 8u : 0u) + (t2 ? 4u : 0u) + (t1 ? 2u : 0u) + (t0 ? 1u : 0u);
 }
 
-template <int E, bool PRED, bool REGNEAR, bool NEXT>
+// GRID (4-bit codes): a uniform grid over the boundaries. Cell g(u) = clamp(floor((u - b0) *
+// inv_step), 0, G - 1), each product and difference rounded as f32 on the host and here, is
+// monotone in u, so every boundary in a lower cell is below u and every one in a higher cell
+// above it; the host picks inv_step so that no cell holds two boundaries and stores, per cell,
+// the count of boundaries in lower cells and the cell's own boundary (+inf if none):
+// idx = count[g] + (u > bound[g]), exact, one shared load.
+#define KV3_GRID 64
+struct Kv3Grid {
+    float b0, inv_step;
+    float2 cell[KV3_GRID];  // (count as float, boundary)
+};
+__constant__ Kv3Grid kv3_grid_k;
+
+__device__ __forceinline__ unsigned kv3_nearest_grid(const float2* cells, float b0, float inv_step,
+                                                     float u) {
+    int g = __float2int_rd(__fmul_rn(__fsub_rn(u, b0), inv_step));
+    g = min(max(g, 0), KV3_GRID - 1);
+    const float2 c = cells[g];
+    return (unsigned)c.x + (u > c.y ? 1u : 0u);
+}
+
+template <int E, bool PRED, bool REGNEAR, bool NEXT, bool GRID = false>
 __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
     __shared__ float levels[256];
     __shared__ float bounds[256];
+    __shared__ float2 grid_cells[KV3_GRID];
+    if (GRID && threadIdx.x < KV3_GRID) grid_cells[threadIdx.x] = kv3_grid_k.cell[threadIdx.x];
+    const float grid_b0 = kv3_grid_k.b0, grid_inv = kv3_grid_k.inv_step;
     const int kv = blockIdx.y;
     const int bits = kv == 0 ? p.bits_k : p.bits_v;
     const int words = kv == 0 ? p.words_k : p.words_v;
@@ -157,7 +182,9 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
 #pragma unroll
         for (int j = 0; j < E; ++j) {
             float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
-            if (REGNEAR && bits == 4) {
+            if (GRID && kv == 0) {
+                code[j] = kv3_nearest_grid(grid_cells, grid_b0, grid_inv, u);
+            } else if (REGNEAR && bits == 4) {
                 code[j] = kv3_nearest4(breg, u);
             } else if (REGNEAR && bits == 2) {
                 code[j] = (u > breg[0] ? 1u : 0u) + (u > breg[1] ? 1u : 0u) + (u > breg[2] ? 1u : 0u);
@@ -225,4 +252,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) kv3_encode_pred_reg_next(Kv
 }
 extern "C" __global__ void __launch_bounds__(128, 7) kv3_encode_reg(KvEncodeParams p) {
     kv3_encode_hadamard<16, false, true, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_encode_pred_grid(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true>(p);
 }

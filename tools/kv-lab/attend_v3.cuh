@@ -351,15 +351,9 @@ static inline size_t kv3_smem_bytes(int stages, int head_words, int dim_pad) {
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2(KvAttnParams p) {
     kv3_pass1<4, 2, 128, 2, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_qreg(KvAttnParams p) {
-    kv3_pass1<4, 2, 128, 2, true>(p);
-}
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv3_k4v2_d128_s3_qreg(KvAttnParams p) {
     kv3_pass1<4, 2, 128, 3, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_move(KvAttnParams p) {
     kv3_pass1<4, 2, 128, 2, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv3_k4v2_d256_s2(KvAttnParams p) {
-    kv3_pass1<4, 2, 256, 2, false>(p);
 }

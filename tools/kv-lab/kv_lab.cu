@@ -31,6 +31,7 @@
 #define KVM_BV 2
 #include "../../crates/cuda/kernels/kv_attend.cu"
 #include "../../crates/cuda/kernels/kv_attend_mma.cu"
+#include "../../crates/cuda/kernels/kv_attend_pages.cu"
 #include "../../crates/cuda/kernels/kv_encode.cu"
 #include "attend_v3.cuh"
 #include "encode_v3.cuh"
@@ -514,6 +515,7 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
     std::vector<AttnRun> runs;
     const size_t v2_smem = 128 * (size_t)c.dp;
     const size_t v3s2 = kv3_smem_bytes(2, c.head_words, c.dp), v3s3 = kv3_smem_bytes(3, c.head_words, c.dp);
+    const size_t pages_smem = 4 * (size_t)KVM_WARPS * KVP_STAGES * c.head_words + 64 * (size_t)c.dp;
     if (d <= 128) {
         runs.push_back(make_run(c, scale, "v2 library kv_attend_mma_k4v2_d128",
                                 (const void*)kv_attend_mma_k4v2_d128, v2_smem, 16, 0));
@@ -522,20 +524,20 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                     (const void*)kv_attend_mma_k4v2_d128, v2_smem, 16, -2));
         runs.push_back(make_run(c, scale, "v3 pages s2", (const void*)kv3_k4v2_d128_s2, v3s2,
                                 c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "v3 pages s2 qreg", (const void*)kv3_k4v2_d128_s2_qreg,
-                                v3s2, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages library kv_attend_pages_k4v2_d128",
+                                (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 pages s3 qreg", (const void*)kv3_k4v2_d128_s3_qreg,
                                 v3s3, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "v3 pages s2 qreg, 2x splits",
-                                (const void*)kv3_k4v2_d128_s2_qreg, v3s2, c.page_tokens, -2));
+        runs.push_back(make_run(c, scale, "pages library, 2x splits",
+                                (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, -2));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
         runs.back().check = false;
     } else {
         runs.push_back(make_run(c, scale, "v2 library kv_attend_mma_k4v2_d256 (fixed)",
                                 (const void*)kv_attend_mma_k4v2_d256, v2_smem, 16, 0));
-        runs.push_back(make_run(c, scale, "v3 pages s2 d256", (const void*)kv3_k4v2_d256_s2, v3s2,
-                                c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages library kv_attend_pages_k4v2_d256",
+                                (const void*)kv_attend_pages_k4v2_d256, pages_smem, c.page_tokens, 0));
     }
     const size_t out = (size_t)batch * hq * d;
     for (auto& r : runs) {

@@ -44,8 +44,9 @@ pub const SOURCE_ATTEND: KernelSource = KernelSource {
     text: include_str!("../../kernels/kv_attend.cu"),
 };
 
-/// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge) then
-/// `kernels/kv_attend_mma.cu` for one pair of bit widths.
+/// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge), then
+/// `kernels/kv_attend_mma.cu` (the tile math and the tiles form) and
+/// `kernels/kv_attend_pages.cu` (the pages form) for one pair of bit widths.
 macro_rules! mma_source {
     ($name:literal, $bits_k:literal, $bits_v:literal) => {
         KernelSource {
@@ -58,7 +59,9 @@ macro_rules! mma_source {
                 "\n",
                 include_str!("../../kernels/kv_attend.cu"),
                 "\n",
-                include_str!("../../kernels/kv_attend_mma.cu")
+                include_str!("../../kernels/kv_attend_mma.cu"),
+                "\n",
+                include_str!("../../kernels/kv_attend_pages.cu")
             ),
         }
     };

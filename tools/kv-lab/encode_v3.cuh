@@ -46,7 +46,13 @@ __device__ __forceinline__ unsigned kv3_nearest_grid(const float2* cells, float 
     return (unsigned)c.x + (u > c.y ? 1u : 0u);
 }
 
-template <int E, bool PRED, bool REGNEAR, bool NEXT, bool GRID = false>
+// Ablations (timing only, outputs wrong): which part of the work costs the time.
+#define KV3_NO_F64 1      // f32 sqrt and divisions instead of the f64 ones
+#define KV3_NO_LANES 2    // no butterflies across lanes (h = 1, 2, 4)
+#define KV3_NO_SEARCH 4   // every code 0 (no nearest-level search)
+#define KV3_NO_SUMS 8     // no ordered norm and code-square sums across lanes
+
+template <int E, bool PRED, bool REGNEAR, bool NEXT, bool GRID = false, int ABL = 0>
 __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
     __shared__ float levels[256];
     __shared__ float bounds[256];
@@ -138,10 +144,12 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
         }
         if (bad) atomicOr(p.flags, 1);
         float fast = __shfl_sync(KV_FULL, acc, gbase);
+        if (!(ABL & KV3_NO_SUMS)) {
 #pragma unroll
-        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, __shfl_sync(KV_FULL, acc, gbase + k));
+            for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, __shfl_sync(KV_FULL, acc, gbase + k));
+        }
         const bool slow = !(kv_finite(fast) && fast >= 1e-30f);
-        double r = __dsqrt_rn((double)fast);
+        double r = (ABL & KV3_NO_F64) ? (double)sqrtf(fast) : __dsqrt_rn((double)fast);
         if (__any_sync(KV_FULL, slow && valid)) {
             double s = 0.0;
 #pragma unroll
@@ -157,7 +165,7 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
 #pragma unroll
         for (int j = 0; j < E; ++j) x[j] = __fmul_rn(x[j], sign[j]);
 #pragma unroll
-        for (int hb = 1; hb < 8; hb <<= 1) {
+        for (int hb = 1; hb < ((ABL & KV3_NO_LANES) ? 1 : 8); hb <<= 1) {
             const float sgn = (l & hb) ? -1.0f : 1.0f;
 #pragma unroll
             for (int j = 0; j < E; ++j) {
@@ -176,13 +184,16 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
                 }
             }
         }
-        const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
+        const float inv = r > 0.0 ? ((ABL & KV3_NO_F64) ? 1.0f / (float)r : __double2float_rn(__ddiv_rn(1.0, r)))
+                                  : 0.0f;
         unsigned code[E];
         float cacc = 0.0f;
 #pragma unroll
         for (int j = 0; j < E; ++j) {
             float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
-            if (GRID && kv == 0) {
+            if (ABL & KV3_NO_SEARCH) {
+                code[j] = __float_as_uint(u) >> 31;
+            } else if (GRID && kv == 0) {
                 code[j] = kv3_nearest_grid(grid_cells, grid_b0, grid_inv, u);
             } else if (REGNEAR && bits == 4) {
                 code[j] = kv3_nearest4(breg, u);
@@ -195,12 +206,16 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
             cacc = __fadd_rn(cacc, __fmul_rn(c, c));
         }
         float code_sq = __shfl_sync(KV_FULL, cacc, gbase);
+        if (!(ABL & KV3_NO_SUMS)) {
 #pragma unroll
-        for (int k = 1; k < 8; ++k)
-            code_sq = __fadd_rn(code_sq, __shfl_sync(KV_FULL, cacc, gbase + k));
-        const double code_norm = __dsqrt_rn((double)code_sq);
-        const float norm =
-            (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
+            for (int k = 1; k < 8; ++k)
+                code_sq = __fadd_rn(code_sq, __shfl_sync(KV_FULL, cacc, gbase + k));
+        }
+        const double code_norm = (ABL & KV3_NO_F64) ? (double)sqrtf(code_sq) : __dsqrt_rn((double)code_sq);
+        const float norm = (r > 0.0 && code_norm > 0.0)
+                               ? ((ABL & KV3_NO_F64) ? (float)r / (float)code_norm
+                                                     : __double2float_rn(__ddiv_rn(r, code_norm)))
+                               : 0.0f;
         unsigned* row = 0;
         unsigned* norms = 0;
         int slot = 0;
@@ -255,4 +270,20 @@ extern "C" __global__ void __launch_bounds__(128, 7) kv3_encode_reg(KvEncodePara
 }
 extern "C" __global__ void __launch_bounds__(128, 6) kv3_encode_pred_grid(KvEncodeParams p) {
     kv3_encode_hadamard<16, true, true, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_f64(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true, KV3_NO_F64>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_lanes(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true, KV3_NO_LANES>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_search(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true, KV3_NO_SEARCH>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_sums(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true, KV3_NO_SUMS>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_all(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true,
+                        KV3_NO_F64 | KV3_NO_LANES | KV3_NO_SEARCH | KV3_NO_SUMS>(p);
 }

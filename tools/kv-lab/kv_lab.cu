@@ -530,6 +530,12 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 v3s3, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "pages library, 2x splits",
                                 (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, -2));
+        runs.push_back(make_run(c, scale, "pages pipelined, q fragments in registers",
+                                (const void*)kv4_pipe_qreg_d128, pages_smem, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages pipelined",
+                                (const void*)kv4_pipe_d128, pages_smem, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages pipelined, qreg, 3 blocks/SM bound",
+                                (const void*)kv4_pipe_qreg3_d128, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
         runs.back().check = false;
@@ -613,7 +619,7 @@ static void encode_lab() {
     const size_t pool_bytes = 4 * (size_t)c.pages * c.page_words;
     printf("== encode: %d x %d tokens, Hkv %d, d %d, bf16 in, 4/2 bits: %.1f MB of input\n", batch,
            tokens, hkv, d, in_bytes / 1e6);
-    printf("%-44s %10s %8s %10s %s\n", "variant", "us", "TB/s", "words!=", "check");
+    printf("%-52s %10s %8s %10s %s\n", "variant", "us", "TB/s", "words!=", "check");
     struct Enc {
         const char* name;
         const void* kernel;
@@ -623,7 +629,12 @@ static void encode_lab() {
                         {"register nearest", (const void*)kv3_encode_reg},
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},
                         {"pred + register nearest + next prefetched", (const void*)kv3_encode_pred_reg_next},
-                        {"pred + grid (keys) / compares (values)", (const void*)kv3_encode_pred_grid}};
+                        {"pred + grid (keys) / compares (values)", (const void*)kv3_encode_pred_grid},
+                        {"ablation of grid: f32 sqrt/div (no check)", (const void*)kv3_abl_f64},
+                        {"ablation of grid: no lane butterflies (no check)", (const void*)kv3_abl_lanes},
+                        {"ablation of grid: no search (no check)", (const void*)kv3_abl_search},
+                        {"ablation of grid: no ordered sums (no check)", (const void*)kv3_abl_sums},
+                        {"ablation of grid: all four (no check)", (const void*)kv3_abl_all}};
     // The key grid (the lab's codebook: 4-bit keys).
     {
         std::vector<float> bk(c.levels_k.size() - 1);
@@ -674,8 +685,9 @@ static void encode_lab() {
             for (size_t i = 0; i < pool.size(); ++i) differ += pool[i] != ref_pool[i];
         }
         const double us = median_graph_us(go, 20, 25);
-        printf("%-44s %10.2f %8.3f %10lld %s\n", e.name, us, in_bytes / (us * 1e-6) / 1e12, differ,
-               differ == 0 ? "ok" : "FAIL");
+        const bool ablation = std::string(e.name).find("no check") != std::string::npos;
+        printf("%-52s %10.2f %8.3f %10lld %s\n", e.name, us, in_bytes / (us * 1e-6) / 1e12, differ,
+               ablation ? "-" : differ == 0 ? "ok" : "FAIL");
         fflush(stdout);
     }
     for (void* x : {(void*)k, (void*)v, (void*)zero_lens, (void*)new_lens, (void*)flags}) CHECK(cudaFree(x));

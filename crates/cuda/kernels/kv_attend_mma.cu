@@ -249,18 +249,16 @@ __device__ __forceinline__ int kvm_reach(const KvAttnParams& p, int len, int chu
     return reach;
 }
 
-// One 16-token tile (tokens first ..+ 15) into the warp's run: scores, online softmax, values.
-// The score B fragments come from bq_r (QREG) or bq_s.
-template <int BK, int BV, int DP, bool QREG>
-__device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const uint2* bq_r,
-                                         const KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& cur,
-                                         int first, KvmRun<DP / 16>& run) {
-    constexpr int KM = DP / 8, VM = DP / 16;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const bool lo_col = gid >= 4;
-    const int ra = 2 * (tig & 1);
-    // Scores: two accumulator chains (even and odd steps).
-    float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+// A 16-token tile's scores (the mma sums of kvm_update's s, before the hi/lo join). The score
+// B fragments come from bq_r (QREG) or bq_s.
+template <int BK, int DP, int KW, int VW, bool QREG>
+__device__ __forceinline__ void kvm_scores(const KvmShared& st, const uint2* bq_s, const uint2* bq_r,
+                                           const KvmTile<KW, VW>& cur, float (&sc)[2][4]) {
+    constexpr int KM = DP / 8;
+    const int lane = threadIdx.x & 31;
+    // Two accumulator chains (even and odd steps).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[0][i] = sc[1][i] = 0.0f;
 #pragma unroll
     for (int m = 0; m < KM; ++m) {
         const unsigned a0 = kvm_table(st.table_k, kvm_off<BK>(cur.k[0], 2 * m));
@@ -270,6 +268,16 @@ __device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const
         const uint2 bq = QREG ? bq_r[m] : bq_s[m * 32 + lane];
         kvm_mma(sc[m & 1], a0, a1, a2, a3, bq.x, bq.y);
     }
+}
+
+// A tile (tokens first ..+ 15) into the warp's run, from its scores: online softmax, values.
+template <int BV, int DP, int KW, int VW>
+__device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>& cur,
+                                           const float (&sc)[2][4], int first, KvmRun<DP / 16>& run) {
+    constexpr int VM = DP / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const bool lo_col = gid >= 4;
+    const int ra = 2 * (tig & 1);
     // s[i][y]: token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
     float s[2][2];
 #pragma unroll
@@ -348,6 +356,16 @@ __device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const
         run.acc[c][2] = fmaf(run.acc[c][2], fa, d[2]);
         run.acc[c][3] = fmaf(run.acc[c][3], fb, d[3]);
     }
+}
+
+// One tile: scores, then kvm_update.
+template <int BK, int BV, int DP, bool QREG>
+__device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const uint2* bq_r,
+                                         const KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& cur,
+                                         int first, KvmRun<DP / 16>& run) {
+    float sc[2][4];
+    kvm_scores<BK, DP, DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32, QREG>(st, bq_s, bq_r, cur, sc);
+    kvm_update<BV, DP>(st, cur, sc, first, run);
 }
 
 // The warps' runs merged (m, l and sum W V per row) into the split's partial outputs. red:

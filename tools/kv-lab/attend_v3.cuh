@@ -369,3 +369,9 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe_d128(KvAttn
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe_qreg3_d128(KvAttnParams p) {
     kvp_pass1<4, 2, 128, true, true>(p);
 }
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe4_d128(KvAttnParams p) {
+    kvp_pass1<4, 2, 128, false, true, 4>(p);
+}
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe4_qreg3_d128(KvAttnParams p) {
+    kvp_pass1<4, 2, 128, true, true, 4>(p);
+}

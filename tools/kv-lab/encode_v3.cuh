@@ -51,6 +51,7 @@ __device__ __forceinline__ unsigned kv3_nearest_grid(const float2* cells, float 
 #define KV3_NO_LANES 2    // no butterflies across lanes (h = 1, 2, 4)
 #define KV3_NO_SEARCH 4   // every code 0 (no nearest-level search)
 #define KV3_NO_SUMS 8     // no ordered norm and code-square sums across lanes
+#define KV3_MOVE 16       // the loads and the stores alone (input bits as codes)
 
 template <int E, bool PRED, bool REGNEAR, bool NEXT, bool GRID = false, int ABL = 0>
 __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
@@ -134,6 +135,21 @@ __device__ __forceinline__ void kv3_encode_hadamard(const KvEncodeParams& p) {
 #pragma unroll
             for (int j = 0; j < E; ++j)
                 x[j] = valid ? load_float(src, vec * p.dim + 8 * j + l, p.in_dtype) : 0.0f;
+        }
+        if (ABL & KV3_MOVE) {
+            if (!valid) continue;
+            unsigned* row;
+            unsigned* norms;
+            int slot;
+            kv_destination(p, kv, b, t, h, &row, &norms, &slot);
+#pragma unroll
+            for (int m = 0; m < E / 8; ++m) {
+                const unsigned word = __float_as_uint(x[8 * m]) ^ __float_as_uint(x[8 * m + 1]);
+                if (bits == 4) row[8 * m + l] = word;
+                else ((unsigned short*)row)[8 * m + l] = (unsigned short)word;
+            }
+            if (l == 0) norms[slot] = __float_as_uint(x[2]);
+            continue;
         }
         bool bad = false;
         float acc = 0.0f;
@@ -286,4 +302,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_sums(KvEncodeParams
 extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_all(KvEncodeParams p) {
     kv3_encode_hadamard<16, true, true, false, true,
                         KV3_NO_F64 | KV3_NO_LANES | KV3_NO_SEARCH | KV3_NO_SUMS>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 6) kv3_abl_move(KvEncodeParams p) {
+    kv3_encode_hadamard<16, true, true, false, true, KV3_MOVE>(p);
 }

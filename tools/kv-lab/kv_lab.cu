@@ -536,6 +536,10 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 (const void*)kv4_pipe_d128, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "pages pipelined, qreg, 3 blocks/SM bound",
                                 (const void*)kv4_pipe_qreg3_d128, pages_smem, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages pipelined, 4 score chains",
+                                (const void*)kv4_pipe4_d128, pages_smem, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "pages pipelined, 4 chains, qreg, 3/SM bound",
+                                (const void*)kv4_pipe4_qreg3_d128, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
         runs.back().check = false;
@@ -634,7 +638,8 @@ static void encode_lab() {
                         {"ablation of grid: no lane butterflies (no check)", (const void*)kv3_abl_lanes},
                         {"ablation of grid: no search (no check)", (const void*)kv3_abl_search},
                         {"ablation of grid: no ordered sums (no check)", (const void*)kv3_abl_sums},
-                        {"ablation of grid: all four (no check)", (const void*)kv3_abl_all}};
+                        {"ablation of grid: all four (no check)", (const void*)kv3_abl_all},
+                        {"loads and stores alone (no check)", (const void*)kv3_abl_move}};
     // The key grid (the lab's codebook: 4-bit keys).
     {
         std::vector<float> bk(c.levels_k.size() - 1);

@@ -97,8 +97,9 @@ __device__ __forceinline__ void kvp_refill(const KvAttnParams& p, const int* tab
 }
 
 // QREG: the score fragments in registers. PIPE: each tile's scores are formed before the
-// previous tile's softmax and values, so the two chains overlap within the warp.
-template <int BK, int BV, int DP, bool QREG = (DP <= 128), bool PIPE = false>
+// previous tile's softmax and values, so the two chains overlap within the warp. CHAINS:
+// independent mma chains of the scores (PIPE only).
+template <int BK, int BV, int DP, bool QREG = (DP <= 128), bool PIPE = false, int CHAINS = 2>
 __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4, KM = DP / 8;
     constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
         float sc[2][4];
         int first = first_mine * P;
         kvp_load<BK, BV, DP>(p, ring, 0, first, len, gid, tig, cur);
-        kvm_scores<BK, DP, KW, VW, QREG>(st, bq_s, bq_r, cur, sc);
+        kvm_scores<BK, DP, KW, VW, QREG, CHAINS>(st, bq_s, bq_r, cur, sc);
         while (true) {
             int nit = it, noff = off + KVM_TILE;
             if (noff >= P || (first_mine + KVM_WARPS * it) * P + noff >= reach) {
@@ -186,7 +187,7 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
                 const int nstage = nit % KVP_STAGES;
                 if (nit != it) kvp_bar_wait(&full[warp][nstage], (nit / KVP_STAGES) & 1);
                 kvp_load<BK, BV, DP>(p, ring + nstage * section_words, noff, nfirst, len, gid, tig, nxt);
-                kvm_scores<BK, DP, KW, VW, QREG>(st, bq_s, bq_r, nxt, sn);
+                kvm_scores<BK, DP, KW, VW, QREG, CHAINS>(st, bq_s, bq_r, nxt, sn);
             }
             kvm_update<BV, DP>(st, cur, sc, first, run);
             if (nit != it) {

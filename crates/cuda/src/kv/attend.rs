@@ -4,9 +4,15 @@
 //! position `len_b - Tq + i`) are one kernel: the rows of a block are (query, head of the GQA
 //! group) pairs, each with its causal limit.
 //!
+//! Pass 1 on tensor cores comes in two forms (`kernels/kv_attend_mma.cu`,
+//! `kernels/kv_attend_pages.cu`): tiles (each warp loads 16-token tiles from global memory into
+//! registers) and pages (each warp streams whole page sections into shared memory by bulk
+//! copies), the same math; see [`AttnKernel`].
+//!
 //! Splits: one full wave of resident blocks (the occupancy the driver reports for the launch:
-//! three per SM on the H100 at d = 128, so 396 blocks over 132 SMs: 49 splits at B = 1 with 8
-//! KV heads, 6 at B = 8), never more than the longest sequence has tiles. Sequences of different lengths
+//! three per SM on the H100 for the pages form at d = 128, so 396 blocks over 132 SMs: 49
+//! splits at B = 1 with 8 KV heads, 6 at B = 8), never more than the longest sequence has
+//! tiles (pages, for the pages form). Sequences of different lengths
 //! share a launch: a block reads its sequence's length on the GPU and takes its share of that
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
@@ -71,9 +77,10 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Which pass 1 runs (results agree to f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttnKernel {
-    /// Tensor cores for 2-, 4- and 8-bit codes (the tiles form), the scalar kernel otherwise.
-    /// The environment variable `DELTAKV_KV_ATTEND` overrides it for comparisons: `scalar`
-    /// everywhere, `tiles` or `pages` for the tensor-core form where it applies.
+    /// Tensor cores for 2-, 4- and 8-bit codes (the pages form where two of its blocks fit an
+    /// SM, the tiles form otherwise), the scalar kernel for other widths. The environment
+    /// variable `DELTAKV_KV_ATTEND` overrides it for comparisons: `scalar` everywhere, `tiles`
+    /// or `pages` for the tensor-core form where it applies.
     #[default]
     Auto,
     /// `kv_attend_rows4` / `kv_attend_rows8`: f32 FMAs on CUDA cores, any bit width.
@@ -100,13 +107,19 @@ const PAGE_STAGES: usize = 2;
 /// An upper bound of the pages kernels' static shared memory (tables, weights, mbarriers).
 const PAGES_STATIC_SMEM: usize = 4096;
 
-/// The most shared memory a block may take on this GPU.
-fn shared_per_block(cuda: &Cuda) -> Result<usize> {
-    use cudarc::driver::sys::CUdevice_attribute;
-    cuda.context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map(|bytes| bytes.max(0) as usize)
-        .map_err(|e| driver_error("reading the shared-memory limit", e))
+/// The most shared memory a block may take on this GPU, and an SM holds.
+fn shared_limits(cuda: &Cuda) -> Result<(usize, usize)> {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let read = |attribute| {
+        cuda.context()
+            .attribute(attribute)
+            .map(|bytes| bytes.max(0) as usize)
+            .map_err(|e| driver_error("reading the shared-memory limits", e))
+    };
+    Ok((
+        read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+    ))
 }
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
@@ -231,11 +244,19 @@ pub fn prepare_attend(
     let mma_bits = matches!(s.bits_k, 2 | 4 | 8) && matches!(s.bits_v, 2 | 4 | 8);
     // The pages form's rings (two page sections per warp) and q, its scratch and fragments.
     let pages_smem = 4 * MMA_WARPS * PAGE_STAGES * l.head_words() + 64 * dim_pad;
-    let pages_fit = pages_smem + PAGES_STATIC_SMEM <= shared_per_block(cuda)?;
+    let (per_block, per_sm) = shared_limits(cuda)?;
+    let pages_block = pages_smem + PAGES_STATIC_SMEM;
+    let pages_fit = pages_block <= per_block;
+    // Auto takes the pages form where two of its blocks share an SM (the H100 at d <= 128 with
+    // 4/2 bits and pages of 64: three); with one block per SM its 4 warps cannot hide the
+    // math's latency and the tiles form is kept.
+    let pages_auto = mma_bits && 2 * pages_block <= per_sm;
     let form = match options.kernel {
         AttnKernel::Auto => match std::env::var("DELTAKV_KV_ATTEND").as_deref() {
             Ok("scalar") => Form::Scalar,
             Ok("pages") if mma_bits && pages_fit => Form::Pages,
+            Ok("tiles") if mma_bits => Form::Tiles,
+            _ if pages_auto => Form::Pages,
             _ if mma_bits => Form::Tiles,
             _ => Form::Scalar,
         },
@@ -406,98 +427,36 @@ fn mma_kernel(
     dim_pad: usize,
     pages: bool,
 ) -> (KernelSource, &'static str) {
+    // The kernels of one form and bit-width pair, at d_pad 64, 128 and 256.
+    macro_rules! kernel_names {
+        ($form:literal, $k:literal, $v:literal) => {
+            [
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d64"),
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d128"),
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d256"),
+            ]
+        };
+    }
     // Tiles form for the nine bit-width pairs, then the pages form.
     const NAMES: [[&str; 3]; 18] = [
-        [
-            "kv_attend_mma_k2v2_d64",
-            "kv_attend_mma_k2v2_d128",
-            "kv_attend_mma_k2v2_d256",
-        ],
-        [
-            "kv_attend_mma_k2v4_d64",
-            "kv_attend_mma_k2v4_d128",
-            "kv_attend_mma_k2v4_d256",
-        ],
-        [
-            "kv_attend_mma_k2v8_d64",
-            "kv_attend_mma_k2v8_d128",
-            "kv_attend_mma_k2v8_d256",
-        ],
-        [
-            "kv_attend_mma_k4v2_d64",
-            "kv_attend_mma_k4v2_d128",
-            "kv_attend_mma_k4v2_d256",
-        ],
-        [
-            "kv_attend_mma_k4v4_d64",
-            "kv_attend_mma_k4v4_d128",
-            "kv_attend_mma_k4v4_d256",
-        ],
-        [
-            "kv_attend_mma_k4v8_d64",
-            "kv_attend_mma_k4v8_d128",
-            "kv_attend_mma_k4v8_d256",
-        ],
-        [
-            "kv_attend_mma_k8v2_d64",
-            "kv_attend_mma_k8v2_d128",
-            "kv_attend_mma_k8v2_d256",
-        ],
-        [
-            "kv_attend_mma_k8v4_d64",
-            "kv_attend_mma_k8v4_d128",
-            "kv_attend_mma_k8v4_d256",
-        ],
-        [
-            "kv_attend_mma_k8v8_d64",
-            "kv_attend_mma_k8v8_d128",
-            "kv_attend_mma_k8v8_d256",
-        ],
-        [
-            "kv_attend_pages_k2v2_d64",
-            "kv_attend_pages_k2v2_d128",
-            "kv_attend_pages_k2v2_d256",
-        ],
-        [
-            "kv_attend_pages_k2v4_d64",
-            "kv_attend_pages_k2v4_d128",
-            "kv_attend_pages_k2v4_d256",
-        ],
-        [
-            "kv_attend_pages_k2v8_d64",
-            "kv_attend_pages_k2v8_d128",
-            "kv_attend_pages_k2v8_d256",
-        ],
-        [
-            "kv_attend_pages_k4v2_d64",
-            "kv_attend_pages_k4v2_d128",
-            "kv_attend_pages_k4v2_d256",
-        ],
-        [
-            "kv_attend_pages_k4v4_d64",
-            "kv_attend_pages_k4v4_d128",
-            "kv_attend_pages_k4v4_d256",
-        ],
-        [
-            "kv_attend_pages_k4v8_d64",
-            "kv_attend_pages_k4v8_d128",
-            "kv_attend_pages_k4v8_d256",
-        ],
-        [
-            "kv_attend_pages_k8v2_d64",
-            "kv_attend_pages_k8v2_d128",
-            "kv_attend_pages_k8v2_d256",
-        ],
-        [
-            "kv_attend_pages_k8v4_d64",
-            "kv_attend_pages_k8v4_d128",
-            "kv_attend_pages_k8v4_d256",
-        ],
-        [
-            "kv_attend_pages_k8v8_d64",
-            "kv_attend_pages_k8v8_d128",
-            "kv_attend_pages_k8v8_d256",
-        ],
+        kernel_names!("mma", 2, 2),
+        kernel_names!("mma", 2, 4),
+        kernel_names!("mma", 2, 8),
+        kernel_names!("mma", 4, 2),
+        kernel_names!("mma", 4, 4),
+        kernel_names!("mma", 4, 8),
+        kernel_names!("mma", 8, 2),
+        kernel_names!("mma", 8, 4),
+        kernel_names!("mma", 8, 8),
+        kernel_names!("pages", 2, 2),
+        kernel_names!("pages", 2, 4),
+        kernel_names!("pages", 2, 8),
+        kernel_names!("pages", 4, 2),
+        kernel_names!("pages", 4, 4),
+        kernel_names!("pages", 4, 8),
+        kernel_names!("pages", 8, 2),
+        kernel_names!("pages", 8, 4),
+        kernel_names!("pages", 8, 8),
     ];
     let bits = |b: u32| match b {
         2 => 0,

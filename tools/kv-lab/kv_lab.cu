@@ -276,6 +276,42 @@ static std::vector<float> reference(const Cache& c, float scale) {
 // ---------------------------------------------------------------------------------------------
 // The cache: every sequence `len` tokens in pages of a shuffled pool.
 
+// The library's nearest-level grid of n sorted boundaries (crates/cuda/src/kv/mod.rs,
+// nearest_grid), written to out (KV_GRID_FLOATS floats).
+#define LAB_GRID 1280
+static void lab_grid(const float* b, int n, float* out) {
+    std::fill(out, out + KV_GRID_FLOATS, 0.0f);
+    const float b0 = b[0];
+    const float span = b[n - 1] - b0;
+    for (int cells = KV_GRID_CELLS - 1; cells >= 1; --cells) {
+        const float inv = span > 0.0f ? (float)cells / span : 0.0f;
+        std::vector<int> g(n);
+        for (int i = 0; i < n; ++i) {
+            volatile float t = b[i] - b0;
+            volatile float m = t * inv;
+            g[i] = (int)std::min<long long>(std::max<long long>((long long)std::floor((float)m), 0),
+                                            KV_GRID_CELLS - 1);
+        }
+        bool ok = true;
+        for (int i = 1; i < n; ++i) ok &= g[i - 1] < g[i];
+        if (!ok) continue;
+        out[0] = b0;
+        out[1] = inv;
+        out[2] = 1.0f;
+        for (int c = 0; c < KV_GRID_CELLS; ++c) {
+            int below = 0;
+            float own = INFINITY;
+            for (int i = 0; i < n; ++i) {
+                below += g[i] < c;
+                if (g[i] == c) own = b[i];
+            }
+            out[4 + 2 * c] = (float)below;
+            out[5 + 2 * c] = own;
+        }
+        return;
+    }
+}
+
 static Cache make_cache(int batch, int len, int hq, int hkv, int d, unsigned seed) {
     Cache c{};
     c.batch = batch;
@@ -310,7 +346,9 @@ static Cache make_cache(int batch, int len, int hq, int hkv, int d, unsigned see
     c.len = len;
     CHECK(cudaMalloc(&c.lens, 4 * batch));
     CHECK(cudaMemcpy(c.lens, lens.data(), 4 * batch, cudaMemcpyHostToDevice));
-    std::vector<float> consts(1024 + 256, 0.0f);
+    // Levels, boundaries, signs, then the encode's key and value grids at LAB_GRID (zero:
+    // disabled, the binary search) as crates/cuda/src/kv/mod.rs builds them.
+    std::vector<float> consts(LAB_GRID + 2 * KV_GRID_FLOATS + KV_GRID_FLOATS, 0.0f);
     const double inv = 1.0 / std::sqrt((double)d);
     for (int i = 0; i < 256; ++i) consts[256 + i] = consts[768 + i] = INFINITY;
     for (int i = 0; i < 16; ++i) consts[i] = (float)(LM4[i] * inv);
@@ -318,6 +356,10 @@ static Cache make_cache(int batch, int len, int hq, int hkv, int d, unsigned see
     for (int i = 0; i < 4; ++i) consts[512 + i] = (float)(LM2[i] * inv);
     for (int i = 0; i < 3; ++i) consts[768 + i] = 0.5f * (consts[512 + i] + consts[513 + i]);
     for (int i = 0; i < d; ++i) consts[1024 + i] = (rng() & 1) ? 1.0f : -1.0f;
+    for (int kv = 0; kv < 2; ++kv) {
+        const int n = kv == 0 ? 15 : 3;
+        lab_grid(&consts[256 + 512 * kv], n, &consts[LAB_GRID + kv * KV_GRID_FLOATS]);
+    }
     c.levels_k.assign(consts.begin(), consts.begin() + 16);
     c.levels_v.assign(consts.begin() + 512, consts.begin() + 516);
     CHECK(cudaMalloc(&c.consts, 4 * consts.size()));
@@ -617,6 +659,9 @@ static void encode_lab() {
     p.row_words_v = c.row_words_v;
     p.norm_words = c.norm_words;
     p.hadamard_norm = 1.0f / std::sqrt((float)d);
+    p.grid = LAB_GRID;
+    KvEncodeParams p_search = p;  // the grids' zero tail: the binary search (the library before)
+    p_search.grid = LAB_GRID + 2 * KV_GRID_FLOATS;
     const long long vectors = (long long)batch * tokens * hkv;
     const int blocks = (int)std::min<long long>((vectors + 15) / 16, 64LL * g_sms);
     const double in_bytes = 2.0 * 2.0 * n;
@@ -627,8 +672,10 @@ static void encode_lab() {
     struct Enc {
         const char* name;
         const void* kernel;
+        bool search = false;  // run with the grids disabled
     };
-    const Enc encs[] = {{"library kv_encode_hadamard128", (const void*)kv_encode_hadamard128},
+    const Enc encs[] = {{"library, binary search (before)", (const void*)kv_encode_hadamard128, true},
+                        {"library kv_encode_hadamard128 (grid)", (const void*)kv_encode_hadamard128},
                         {"pred loads", (const void*)kv3_encode_pred},
                         {"register nearest", (const void*)kv3_encode_reg},
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},
@@ -674,7 +721,7 @@ static void encode_lab() {
     }
     std::vector<unsigned> ref_pool, pool(pool_bytes / 4);
     for (const Enc& e : encs) {
-        void* args[] = {(void*)&p};
+        void* args[] = {e.search ? (void*)&p_search : (void*)&p};
         auto go = [&](cudaStream_t s) {
             CHECK(cudaLaunchKernel(e.kernel, dim3(blocks, 2), dim3(128), args, 0, s));
         };

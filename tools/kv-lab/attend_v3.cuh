@@ -358,20 +358,3 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_mov
     kv3_pass1<4, 2, 128, 2, true, true>(p);
 }
 
-// The library's pages form with its tiles software-pipelined (PIPE: each tile scored before
-// the previous tile's softmax and values), with and without the score fragments in registers.
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv4_pipe_qreg_d128(KvAttnParams p) {
-    kvp_pass1<4, 2, 128, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe_d128(KvAttnParams p) {
-    kvp_pass1<4, 2, 128, false, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe_qreg3_d128(KvAttnParams p) {
-    kvp_pass1<4, 2, 128, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe4_d128(KvAttnParams p) {
-    kvp_pass1<4, 2, 128, false, true, 4>(p);
-}
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv4_pipe4_qreg3_d128(KvAttnParams p) {
-    kvp_pass1<4, 2, 128, true, true, 4>(p);
-}

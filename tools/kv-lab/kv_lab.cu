@@ -572,16 +572,6 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 v3s3, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "pages library, 2x splits",
                                 (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, -2));
-        runs.push_back(make_run(c, scale, "pages pipelined, q fragments in registers",
-                                (const void*)kv4_pipe_qreg_d128, pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "pages pipelined",
-                                (const void*)kv4_pipe_d128, pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "pages pipelined, qreg, 3 blocks/SM bound",
-                                (const void*)kv4_pipe_qreg3_d128, pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "pages pipelined, 4 score chains",
-                                (const void*)kv4_pipe4_d128, pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "pages pipelined, 4 chains, qreg, 3/SM bound",
-                                (const void*)kv4_pipe4_qreg3_d128, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
         runs.back().check = false;

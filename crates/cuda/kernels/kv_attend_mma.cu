@@ -251,18 +251,14 @@ __device__ __forceinline__ int kvm_reach(const KvAttnParams& p, int len, int chu
 
 // A 16-token tile's scores (the mma sums of kvm_update's s, before the hi/lo join). The score
 // B fragments come from bq_r (QREG) or bq_s.
-template <int BK, int DP, int KW, int VW, bool QREG, int CHAINS = 2>
+template <int BK, int DP, int KW, int VW, bool QREG>
 __device__ __forceinline__ void kvm_scores(const KvmShared& st, const uint2* bq_s, const uint2* bq_r,
                                            const KvmTile<KW, VW>& cur, float (&sc)[2][4]) {
     constexpr int KM = DP / 8;
     const int lane = threadIdx.x & 31;
-    // CHAINS independent accumulator chains (step m into chain m % CHAINS), joined in two.
-    float ch[CHAINS][4];
+    // Two accumulator chains (even and odd steps).
 #pragma unroll
-    for (int c = 0; c < CHAINS; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ch[c][i] = 0.0f;
-    }
+    for (int i = 0; i < 4; ++i) sc[0][i] = sc[1][i] = 0.0f;
 #pragma unroll
     for (int m = 0; m < KM; ++m) {
         const unsigned a0 = kvm_table(st.table_k, kvm_off<BK>(cur.k[0], 2 * m));
@@ -270,14 +266,7 @@ __device__ __forceinline__ void kvm_scores(const KvmShared& st, const uint2* bq_
         const unsigned a2 = kvm_table(st.table_k, kvm_off<BK>(cur.k[0], 2 * m + 1));
         const unsigned a3 = kvm_table(st.table_k, kvm_off<BK>(cur.k[1], 2 * m + 1));
         const uint2 bq = QREG ? bq_r[m] : bq_s[m * 32 + lane];
-        kvm_mma(ch[m % CHAINS], a0, a1, a2, a3, bq.x, bq.y);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        sc[0][i] = ch[0][i];
-        sc[1][i] = ch[1][i];
-#pragma unroll
-        for (int c = 2; c < CHAINS; ++c) sc[c & 1][i] += ch[c][i];
+        kvm_mma(sc[m & 1], a0, a1, a2, a3, bq.x, bq.y);
     }
 }
 

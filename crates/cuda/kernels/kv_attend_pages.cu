@@ -96,13 +96,11 @@ __device__ __forceinline__ void kvp_refill(const KvAttnParams& p, const int* tab
     }
 }
 
-// QREG: the score fragments in registers. PIPE: each tile's scores are formed before the
-// previous tile's softmax and values, so the two chains overlap within the warp. CHAINS:
-// independent mma chains of the scores (PIPE only).
-template <int BK, int BV, int DP, bool QREG = (DP <= 128), bool PIPE = false, int CHAINS = 2>
+template <int BK, int BV, int DP>
 __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4, KM = DP / 8;
     constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
+    constexpr bool QREG = DP <= 128;  // the score fragments in registers
     __shared__ KvmShared st;
     __shared__ __align__(8) unsigned long long full[KVM_WARPS][KVP_STAGES];
     extern __shared__ __align__(128) unsigned char kvp_smem[];
@@ -149,63 +147,18 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     }
     KvmRun<DP / 16> run;
     kvm_run_init(p, st, len, chunk, run);
-    if (!PIPE) {
-        for (int it = 0; it < n_mine; ++it) {
-            const int stage = it % KVP_STAGES;
-            kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
-            const unsigned* sec = ring + stage * section_words;
-            const int page_first = (first_mine + KVM_WARPS * it) * P;
-            for (int off = 0; off < P && page_first + off < reach; off += KVM_TILE) {
-                KvmTile<KW, VW> cur;
-                kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
-                kvm_step<BK, BV, DP, QREG>(st, bq_s, bq_r, cur, page_first + off, run);
-            }
-            kvp_refill(p, table_row, head0, ring, &full[warp][stage], stage, it + KVP_STAGES,
-                       n_mine, first_mine, next_page);
+    for (int it = 0; it < n_mine; ++it) {
+        const int stage = it % KVP_STAGES;
+        kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
+        const unsigned* sec = ring + stage * section_words;
+        const int page_first = (first_mine + KVM_WARPS * it) * P;
+        for (int off = 0; off < P && page_first + off < reach; off += KVM_TILE) {
+            KvmTile<KW, VW> cur;
+            kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
+            kvm_step<BK, BV, DP, QREG>(st, bq_s, bq_r, cur, page_first + off, run);
         }
-    } else if (n_mine > 0) {
-        // The warp's tiles in order: (copy it, row off of its page); tile k + 1 is loaded and
-        // scored before tile k's update.
-        int it = 0, off = 0;
-        kvp_bar_wait(&full[warp][0], 0);
-        KvmTile<KW, VW> cur;
-        float sc[2][4];
-        int first = first_mine * P;
-        kvp_load<BK, BV, DP>(p, ring, 0, first, len, gid, tig, cur);
-        kvm_scores<BK, DP, KW, VW, QREG, CHAINS>(st, bq_s, bq_r, cur, sc);
-        while (true) {
-            int nit = it, noff = off + KVM_TILE;
-            if (noff >= P || (first_mine + KVM_WARPS * it) * P + noff >= reach) {
-                ++nit;
-                noff = 0;
-            }
-            const bool more = nit < n_mine;
-            KvmTile<KW, VW> nxt;
-            float sn[2][4];
-            const int nfirst = (first_mine + KVM_WARPS * nit) * P + noff;
-            if (more) {
-                const int nstage = nit % KVP_STAGES;
-                if (nit != it) kvp_bar_wait(&full[warp][nstage], (nit / KVP_STAGES) & 1);
-                kvp_load<BK, BV, DP>(p, ring + nstage * section_words, noff, nfirst, len, gid, tig, nxt);
-                kvm_scores<BK, DP, KW, VW, QREG, CHAINS>(st, bq_s, bq_r, nxt, sn);
-            }
-            kvm_update<BV, DP>(st, cur, sc, first, run);
-            if (nit != it) {
-                const int stage = it % KVP_STAGES;
-                kvp_refill(p, table_row, head0, ring, &full[warp][stage], stage, it + KVP_STAGES,
-                           n_mine, first_mine, next_page);
-            }
-            if (!more) break;
-            cur = nxt;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                sc[0][i] = sn[0][i];
-                sc[1][i] = sn[1][i];
-            }
-            it = nit;
-            off = noff;
-            first = nfirst;
-        }
+        kvp_refill(p, table_row, head0, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
+                   first_mine, next_page);
     }
     // Every copy has been waited for; the rings hold the warps' partial outputs from here.
     __syncthreads();

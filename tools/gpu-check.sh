@@ -24,6 +24,12 @@
 #                                   # (tools/compare_sdpa.py); logs in $OUT/logs.tar.gz.
 #                                   # `quick` skips the sanitizers, `sanitize` runs only them
 #                                   # (the two halves fit the GPU machine's 10-minute calls).
+#   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
+#                                   # lab in .carry/kv_lab; without it nvcc builds it there): the KV
+#                                   # lab (tools/kv-lab: attention and encode variants timed
+#                                   # beside copy/read ceilings, each checked), then
+#                                   # compute-sanitizer memcheck and racecheck over the lab's
+#                                   # small shapes and the KV attention test; logs in $OUT.
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping), then `bench gdn --device wgpu` beside
@@ -32,7 +38,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|wgpu}
+mode=${1:?usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu}
+# The KV lab (tools/kv-lab/kv_lab.cu) built with nvcc (PATH, else CUDA 13 under /opt/cu13) to $1.
+kv_lab_build() {
+    local cuda=/opt/cu13/nvidia/cu13 nvcc=nvcc
+    command -v nvcc >/dev/null || nvcc=$cuda/bin/nvcc
+    "$nvcc" -O3 -std=c++17 -arch=sm_90a -L"$cuda/lib" -o "$1" tools/kv-lab/kv_lab.cu
+}
 
 case "$mode" in
 build)
@@ -62,6 +74,7 @@ for line in sys.stdin:
             shutil.copy(exe, f".carry/tests/{crate}-{name}")
 '
     strip .carry/deltakv .carry/tests/*
+    kv_lab_build .carry/kv_lab
     [ -d .whl ] || bash ../shared/tools/fla-wheels.sh .whl
     du -sh .carry .whl
     ;;
@@ -221,6 +234,43 @@ prefill)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+kv-lab-build)
+    # Here: only the lab, into .carry/kv_lab (what `build` also does).
+    mkdir -p .carry
+    kv_lab_build .carry/kv_lab
+    ;;
+kv-lab)
+    # Results in $out: gpu.txt, kv-lab.txt, summary.txt and the sanitizer logs in logs.tar.gz.
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+    lab=.carry/kv_lab
+    [ -x "$lab" ] || { lab=$(mktemp -d)/kv_lab && kv_lab_build "$lab"; }
+    timeout 150 "$lab" all 2>&1 | tee "$out/kv-lab.txt" || summary+=("FAIL kv_lab (exit $?)")
+    summary+=("kv_lab: $(grep -c ' ok$' "$out/kv-lab.txt" || true) ok, $(grep -c 'FAIL' "$out/kv-lab.txt" || true) FAIL")
+    for tool in memcheck racecheck; do
+        if timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 "$lab" small \
+            >"$logs/sanitizer-lab-$tool.log" 2>&1; then
+            summary+=("PASS compute-sanitizer $tool (kv_lab small): $(last 'SUMMARY' "$logs/sanitizer-lab-$tool.log")")
+        else
+            summary+=("FAIL compute-sanitizer $tool (kv_lab small, exit $?): $(last 'SUMMARY' "$logs/sanitizer-lab-$tool.log")")
+        fi
+        t=.carry/tests/deltakv-cuda-kv_paged
+        if ! [ -x "$t" ]; then
+            summary+=("skipped compute-sanitizer $tool (kv attention test): no $t (run build here)")
+        elif timeout 75 compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" \
+            --test-threads=1 attention_equals >"$logs/sanitizer-kv-$tool.log" 2>&1; then
+            summary+=("PASS compute-sanitizer $tool (kv attention test): $(last 'SUMMARY' "$logs/sanitizer-kv-$tool.log")")
+        else
+            summary+=("FAIL compute-sanitizer $tool (kv attention test, exit $?): $(last 'SUMMARY' "$logs/sanitizer-kv-$tool.log")")
+        fi
+    done
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
 wgpu)
     # Results in $out: vulkan.txt, wgpu-bench.txt, cuda-bench.txt, the JSON records,
     # summary.txt and every log in logs.tar.gz.
@@ -270,7 +320,7 @@ wgpu)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|wgpu" >&2
+    echo "usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu" >&2
     exit 2
     ;;
 esac

@@ -114,14 +114,14 @@ struct KvmTile {
 };
 
 template <int BK, int BV, int DP>
-__device__ __forceinline__ void kvm_load(const KvAttnParams& p, const unsigned* head0,
+__device__ __forceinline__ void kvm_load(const KvAttnParams& p, int head_off,
                                          const int* table_row, int tile, int len, int gid,
                                          int tig, KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& x) {
     constexpr int KW = DP / 4 * BK / 32, VBITS = DP / 8 * BV, VW = (VBITS + 31) / 32;
     const int first = tile * KVM_TILE;
     const long long page = table_row[first / p.page_tokens];
     const int off = first % p.page_tokens;
-    const unsigned* head = p.pool + page * p.page_words + (head0 - p.pool);
+    const unsigned* head = p.pool + page * p.page_words + head_off;
     const unsigned* kcodes = head + (long long)off * p.row_words_k;
     const unsigned* vcodes = head + p.page_tokens * p.row_words_k + (long long)off * p.row_words_v;
     const unsigned* norms = head + p.page_tokens * (p.row_words_k + p.row_words_v);
@@ -156,207 +156,245 @@ __device__ __forceinline__ void kvm_load(const KvAttnParams& p, const unsigned* 
     }
 }
 
+// The block's shared state beside the dynamic area: level tables, the warps' weight exchange,
+// their (m, l) for the final merge, and q's power of two per row.
+struct KvmShared {
+    unsigned table_k[256];
+    unsigned table_v[256];
+    uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
+    float w[KVM_WARPS][KVM_TILE][4];
+    float ml[KVM_WARPS][4][2];
+    float row_scale[4];
+};
+
+// One warp's running softmax and output for its rows ra, ra + 1 (see kvm_step).
+template <int VM>
+struct KvmRun {
+    float m[2], l[2];
+    int e;  // acc holds sum W V 2^-e
+    float acc[VM][4];
+    int lim[2];     // causal limits of the rows
+    float sfac[2];  // score scale: log2 e / (q's and the key table's powers of two)
+};
+
+// Tables, q' (rotated, scaled into f16's range) and the score B fragments in bq_s
+// ([DP/8 steps][32 lanes]); ends with a barrier. q and qin: [4][DP] each.
 template <int BK, int BV, int DP>
-__device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
-    constexpr int ROWS = 4;
-    constexpr int KM = DP / 8;   // score steps (8 dimensions each)
-    constexpr int VM = DP / 16;  // value steps (16 dimensions each)
-    constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
-    __shared__ unsigned table_k[256];
-    __shared__ unsigned table_v[256];
-    __shared__ uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
-    __shared__ float w_s[KVM_WARPS][KVM_TILE][ROWS];
-    __shared__ float ml_s[KVM_WARPS][ROWS][2];
-    __shared__ float row_scale_s[ROWS];  // q's power of two per row
-    extern __shared__ __align__(16) float kv_smem[];
-    KvSmem sm;
-    sm.q = kv_smem;                     // [ROWS][DP]
-    sm.qin = kv_smem + ROWS * DP;       // [ROWS][DP]
-    float* red = kv_smem + 2 * ROWS * DP;  // [KVM_WARPS][ROWS][DP]
-    uint2* bq_s = (uint2*)(red + KVM_WARPS * ROWS * DP);  // [KM][32 lanes]
-    const int split = blockIdx.x, h = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
-    const int b = blockIdx.z;
+__device__ __forceinline__ void kvm_prologue(const KvAttnParams& p, KvmShared& st, float* q,
+                                             float* qin, uint2* bq_s, int b, int h, int chunk) {
+    constexpr int ROWS = 4, KM = DP / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     for (int i = threadIdx.x; i < (1 << BK); i += KV_THREADS)
-        table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
+        st.table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
     for (int i = threadIdx.x; i < (1 << BV); i += KV_THREADS)
-        table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
+        st.table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
     if (BV == 2 && threadIdx.x < 16)
-        table_v2[threadIdx.x] = make_uint2(kvm_split(p.consts[512 + (threadIdx.x & 3)] * p.level_scale_v),
-                                           kvm_split(p.consts[512 + (threadIdx.x >> 2)] * p.level_scale_v));
+        st.table_v2[threadIdx.x] =
+            make_uint2(kvm_split(p.consts[512 + (threadIdx.x & 3)] * p.level_scale_v),
+                       kvm_split(p.consts[512 + (threadIdx.x >> 2)] * p.level_scale_v));
+    KvSmem sm;
+    sm.q = q;
+    sm.qin = qin;
     kv_rotate_queries<ROWS>(p, sm, b, h, chunk);
     // Row r's q scaled by 2^-e (e = the exponent of its largest |q|): f16 hi/lo keep it whole.
     {
         float mx = 0.0f;
-        for (int c = lane; c < DP; c += 32) mx = fmaxf(mx, fabsf(sm.q[warp * DP + c]));
+        for (int c = lane; c < DP; c += 32) mx = fmaxf(mx, fabsf(q[warp * DP + c]));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULLMASK, mx, o));
-        if (lane == 0) row_scale_s[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
+        if (lane == 0) st.row_scale[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
     }
     __syncthreads();
     // Score B words, per lane (the same for every warp): step m, dimensions DP/4 tig + 2m (x)
     // and + 1 (y), row gid & 3.
-    const bool lo_col = gid >= 4;
-    const int my_row = gid & 3;
     if (warp == 0) {
-        const float rs = row_scale_s[my_row];
-        const float* qr = sm.q + my_row * DP + DP / 4 * tig;
+        const bool lo_col = gid >= 4;
+        const float rs = st.row_scale[gid & 3];
+        const float* qr = q + (gid & 3) * DP + DP / 4 * tig;
         for (int m = 0; m < KM; ++m)
             bq_s[m * 32 + lane] = make_uint2(kvm_bword(qr[2 * m] * rs, lo_col),
                                              kvm_bword(qr[2 * m + 1] * rs, lo_col));
     }
     __syncthreads();
-    // This lane's softmax rows: ra (columns 2 tig & 3) and ra + 1.
-    const int ra = 2 * (tig & 1);
-    const int len = p.seq_lens[b];
-    int lim[2];
-    float sfac[2];
+}
+
+template <int VM>
+__device__ __forceinline__ void kvm_run_init(const KvAttnParams& p, const KvmShared& st, int len,
+                                             int chunk, KvmRun<VM>& run) {
+    const int ra = 2 * (threadIdx.x & 1);
 #pragma unroll
     for (int y = 0; y < 2; ++y) {
-        const int row = chunk * ROWS + ra + y;
-        lim[y] = row < p.rows ? len - p.tq + row / p.group + 1 : 0;
-        sfac[y] = KVM_LOG2E / (row_scale_s[ra + y] * p.level_scale_k);
+        const int row = chunk * 4 + ra + y;
+        run.lim[y] = row < p.rows ? len - p.tq + row / p.group + 1 : 0;
+        run.sfac[y] = KVM_LOG2E / (st.row_scale[ra + y] * p.level_scale_k);
+        run.m[y] = KV_NEG_INF;
+        run.l[y] = 0.0f;
     }
-    int reach = 0;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const int row = chunk * ROWS + r;
-        reach = max(reach, row < p.rows ? len - p.tq + row / p.group + 1 : 0);
-    }
-    const int tiles = (reach + KVM_TILE - 1) / KVM_TILE;
-    const int all_tiles = (len + KVM_TILE - 1) / KVM_TILE;
-    const int per_split = (all_tiles + p.splits - 1) / p.splits;
-    const int tile0 = split * per_split, tile1 = min(tile0 + per_split, tiles);
-    const int* table_row = p.block_table + (long long)b * p.max_pages;
-    const unsigned* head0 = p.pool + (long long)h * p.head_words;
-
-    float m_run[2] = {KV_NEG_INF, KV_NEG_INF}, l_run[2] = {0.0f, 0.0f};
-    int e_run = -200;  // acc holds sum W V 2^-e_run
-    float acc[VM][4];
+    run.e = -200;
 #pragma unroll
     for (int c = 0; c < VM; ++c) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[c][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) run.acc[c][i] = 0.0f;
     }
-    // The next tile's loads go out before this tile's math where the registers allow (the
-    // d <= 128 kernels keep 4 blocks per SM: 128 registers).
-    constexpr bool PREFETCH = 2 * KW + 4 * VW <= (DP == 128 ? 12 : 32);
-    KvmTile<KW, VW> cur, nxt;
-    int t = tile0 + warp;
-    if (PREFETCH && t < tile1) kvm_load<BK, BV, DP>(p, head0, table_row, t, len, gid, tig, cur);
-    for (; t < tile1; t += KVM_WARPS) {
-        if (!PREFETCH) kvm_load<BK, BV, DP>(p, head0, table_row, t, len, gid, tig, cur);
-        if (PREFETCH && t + KVM_WARPS < tile1)
-            kvm_load<BK, BV, DP>(p, head0, table_row, t + KVM_WARPS, len, gid, tig, nxt);
-        // Scores: two accumulator chains (even and odd steps).
-        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+}
+
+// The furthest token any of the block's rows sees.
+__device__ __forceinline__ int kvm_reach(const KvAttnParams& p, int len, int chunk) {
+    int reach = 0;
 #pragma unroll
-        for (int m = 0; m < KM; ++m) {
-            const unsigned a0 = kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m));
-            const unsigned a1 = kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m));
-            const unsigned a2 = kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m + 1));
-            const unsigned a3 = kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m + 1));
-            const uint2 bq = bq_s[m * 32 + lane];
-            kvm_mma(sc[m & 1], a0, a1, a2, a3, bq.x, bq.y);
-        }
-        // s[i][y]: token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
-        float s[2][2];
+    for (int r = 0; r < 4; ++r) {
+        const int row = chunk * 4 + r;
+        reach = max(reach, row < p.rows ? len - p.tq + row / p.group + 1 : 0);
+    }
+    return reach;
+}
+
+// A 16-token tile's scores (the mma sums of kvm_update's s, before the hi/lo join). The score
+// B fragments come from bq_r (QREG) or bq_s.
+template <int BK, int DP, int KW, int VW, bool QREG>
+__device__ __forceinline__ void kvm_scores(const KvmShared& st, const uint2* bq_s, const uint2* bq_r,
+                                           const KvmTile<KW, VW>& cur, float (&sc)[2][4]) {
+    constexpr int KM = DP / 8;
+    const int lane = threadIdx.x & 31;
+    // Two accumulator chains (even and odd steps).
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 4; ++i) sc[0][i] = sc[1][i] = 0.0f;
 #pragma unroll
-            for (int y = 0; y < 2; ++y) {
-                const float part = sc[0][2 * i + y] + sc[1][2 * i + y];
-                const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
-                const int token = t * KVM_TILE + gid + 8 * i;
-                s[i][y] = token < lim[y] ? full * cur.kn[i] * sfac[y] : KV_NEG_INF;
-            }
-        }
-        // Online softmax (base 2) for rows ra, ra + 1 over the tile's 16 tokens.
-        float alpha[2], pw[2][2];
+    for (int m = 0; m < KM; ++m) {
+        const unsigned a0 = kvm_table(st.table_k, kvm_off<BK>(cur.k[0], 2 * m));
+        const unsigned a1 = kvm_table(st.table_k, kvm_off<BK>(cur.k[1], 2 * m));
+        const unsigned a2 = kvm_table(st.table_k, kvm_off<BK>(cur.k[0], 2 * m + 1));
+        const unsigned a3 = kvm_table(st.table_k, kvm_off<BK>(cur.k[1], 2 * m + 1));
+        const uint2 bq = QREG ? bq_r[m] : bq_s[m * 32 + lane];
+        kvm_mma(sc[m & 1], a0, a1, a2, a3, bq.x, bq.y);
+    }
+}
+
+// A tile (tokens first ..+ 15) into the warp's run, from its scores: online softmax, values.
+template <int BV, int DP, int KW, int VW>
+__device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>& cur,
+                                           const float (&sc)[2][4], int first, KvmRun<DP / 16>& run) {
+    constexpr int VM = DP / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const bool lo_col = gid >= 4;
+    const int ra = 2 * (tig & 1);
+    // s[i][y]: token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
+    float s[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int y = 0; y < 2; ++y) {
-            float mt = fmaxf(s[0][y], s[1][y]);
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
-            const float m_new = fmaxf(m_run[y], mt);
-            alpha[y] = m_run[y] == KV_NEG_INF ? 0.0f : exp2f(m_run[y] - m_new);
-            float sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : exp2f(s[i][y] - m_new);
-                sum += pw[i][y];
-            }
-            l_run[y] = l_run[y] * alpha[y] + sum;
-            m_run[y] = m_new;
+            const float part = sc[0][2 * i + y] + sc[1][2 * i + y];
+            const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
+            const int token = first + gid + 8 * i;
+            s[i][y] = token < run.lim[y] ? full * cur.kn[i] * run.sfac[y] : KV_NEG_INF;
         }
-        // The value scale: e_run at least the exponent of the tile's largest value norm.
-        float nmax = fmaxf(cur.vn[0], cur.vn[1]);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
-        const int e_tile = nmax > 0.0f ? ilogbf(nmax) + 1 : -200;
-        const int e_new = max(e_run, e_tile);
-        const float gamma = ldexpf(1.0f, e_run - e_new);
-        e_run = e_new;
-        // W of tokens gid, gid + 8 and rows ra, ra + 1 to the warp's table, then read back in
-        // B order: tokens tig + 4 j, row gid & 3.
-        if (tig < 2) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const float nv = ldexpf(cur.vn[i], -e_new);
-#pragma unroll
-                for (int y = 0; y < 2; ++y) w_s[warp][gid + 8 * i][ra + y] = pw[i][y] * nv;
-            }
-        }
-        __syncwarp();
-        unsigned bw[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bw[j] = kvm_bword(w_s[warp][tig + 4 * j][my_row], lo_col);
-        __syncwarp();
-        const float fa = alpha[0] * gamma, fb = alpha[1] * gamma;
-#pragma unroll
-        for (int c = 0; c < VM; ++c) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int st = 0; st < 2; ++st) {
-                if (BV == 2) {
-                    // Dimensions 2c and 2c + 1 are nibble c of the word: one 8-byte load.
-                    const uint2 x = kvm_pair(table_v2, cur.v[2 * st][0], c);
-                    const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][0], c);
-                    kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * st], bw[2 * st + 1]);
-                } else {
-                    const unsigned a0 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c));
-                    const unsigned a1 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st], 2 * c + 1));
-                    const unsigned a2 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c));
-                    const unsigned a3 = kvm_table(table_v, kvm_off<BV>(cur.v[2 * st + 1], 2 * c + 1));
-                    kvm_mma(d, a0, a1, a2, a3, bw[2 * st], bw[2 * st + 1]);
-                }
-            }
-            acc[c][0] = fmaf(acc[c][0], fa, d[0]);
-            acc[c][1] = fmaf(acc[c][1], fb, d[1]);
-            acc[c][2] = fmaf(acc[c][2], fa, d[2]);
-            acc[c][3] = fmaf(acc[c][3], fb, d[3]);
-        }
-        if (PREFETCH) cur = nxt;
     }
-    // The warp's (m, l) per row, and sum W V per row and dimension (hi and lo columns joined).
+    // Online softmax (base 2) for rows ra, ra + 1 over the tile's 16 tokens.
+    float alpha[2], pw[2][2];
+#pragma unroll
+    for (int y = 0; y < 2; ++y) {
+        float mt = fmaxf(s[0][y], s[1][y]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
+        const float m_new = fmaxf(run.m[y], mt);
+        alpha[y] = run.m[y] == KV_NEG_INF ? 0.0f : exp2f(run.m[y] - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : exp2f(s[i][y] - m_new);
+            sum += pw[i][y];
+        }
+        run.l[y] = run.l[y] * alpha[y] + sum;
+        run.m[y] = m_new;
+    }
+    // The value scale: e at least the exponent of the tile's largest value norm.
+    float nmax = fmaxf(cur.vn[0], cur.vn[1]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
+    const int e_tile = nmax > 0.0f ? ilogbf(nmax) + 1 : -200;
+    const int e_new = max(run.e, e_tile);
+    const float gamma = ldexpf(1.0f, run.e - e_new);
+    run.e = e_new;
+    // W of tokens gid, gid + 8 and rows ra, ra + 1 to the warp's table, then read back in
+    // B order: tokens tig + 4 j, row gid & 3.
+    if (tig < 2) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float nv = ldexpf(cur.vn[i], -e_new);
+#pragma unroll
+            for (int y = 0; y < 2; ++y) st.w[warp][gid + 8 * i][ra + y] = pw[i][y] * nv;
+        }
+    }
+    __syncwarp();
+    unsigned bw[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bw[j] = kvm_bword(st.w[warp][tig + 4 * j][gid & 3], lo_col);
+    __syncwarp();
+    const float fa = alpha[0] * gamma, fb = alpha[1] * gamma;
+#pragma unroll
+    for (int c = 0; c < VM; ++c) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int sp = 0; sp < 2; ++sp) {
+            if (BV == 2) {
+                // Dimensions 2c and 2c + 1 are nibble c % 8 of word c / 8 (d = 256 gives a
+                // lane 32 dimensions, two words): one 8-byte load.
+                const uint2 x = kvm_pair(st.table_v2, cur.v[2 * sp][c / 8], c % 8);
+                const uint2 y = kvm_pair(st.table_v2, cur.v[2 * sp + 1][c / 8], c % 8);
+                kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * sp], bw[2 * sp + 1]);
+            } else {
+                const unsigned a0 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp], 2 * c));
+                const unsigned a1 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp], 2 * c + 1));
+                const unsigned a2 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp + 1], 2 * c));
+                const unsigned a3 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp + 1], 2 * c + 1));
+                kvm_mma(d, a0, a1, a2, a3, bw[2 * sp], bw[2 * sp + 1]);
+            }
+        }
+        run.acc[c][0] = fmaf(run.acc[c][0], fa, d[0]);
+        run.acc[c][1] = fmaf(run.acc[c][1], fb, d[1]);
+        run.acc[c][2] = fmaf(run.acc[c][2], fa, d[2]);
+        run.acc[c][3] = fmaf(run.acc[c][3], fb, d[3]);
+    }
+}
+
+// One tile: scores, then kvm_update.
+template <int BK, int BV, int DP, bool QREG>
+__device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const uint2* bq_r,
+                                         const KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& cur,
+                                         int first, KvmRun<DP / 16>& run) {
+    float sc[2][4];
+    kvm_scores<BK, DP, DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32, QREG>(st, bq_s, bq_r, cur, sc);
+    kvm_update<BV, DP>(st, cur, sc, first, run);
+}
+
+// The warps' runs merged (m, l and sum W V per row) into the split's partial outputs. red:
+// [KVM_WARPS][4][DP] floats of shared memory no warp uses any more.
+template <int DP>
+__device__ __forceinline__ void kvm_finish(const KvAttnParams& p, KvmShared& st,
+                                           KvmRun<DP / 16>& run, float* red, int b, int h,
+                                           int chunk, int split) {
+    constexpr int ROWS = 4, VM = DP / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int ra = 2 * (tig & 1);
 #pragma unroll
     for (int y = 0; y < 2; ++y) {
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) l_run[y] += __shfl_xor_sync(KV_FULLMASK, l_run[y], o);
+        for (int o = 4; o < 32; o <<= 1) run.l[y] += __shfl_xor_sync(KV_FULLMASK, run.l[y], o);
     }
     if (gid == 0 && tig < 2) {
 #pragma unroll
         for (int y = 0; y < 2; ++y) {
-            ml_s[warp][ra + y][0] = m_run[y];
-            ml_s[warp][ra + y][1] = l_run[y];
+            st.ml[warp][ra + y][0] = run.m[y];
+            st.ml[warp][ra + y][1] = run.l[y];
         }
     }
-    const float unscale = ldexpf(1.0f, e_run) / p.level_scale_v;
+    const float unscale = ldexpf(1.0f, run.e) / p.level_scale_v;
 #pragma unroll
     for (int c = 0; c < VM; ++c) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float v = acc[c][i] + __shfl_xor_sync(KV_FULLMASK, acc[c][i], 2);
+            const float v = run.acc[c][i] + __shfl_xor_sync(KV_FULLMASK, run.acc[c][i], 2);
             // acc[c][i]: dimension DP/8 gid + 2c + (i >> 1), row ra + (i & 1).
             if (tig < 2)
                 red[(warp * ROWS + ra + (i & 1)) * DP + DP / 8 * gid + 2 * c + (i >> 1)] = v * unscale;
@@ -368,16 +406,16 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
         if (row >= p.rows) continue;
         float m = KV_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < KVM_WARPS; ++w) m = fmaxf(m, ml_s[w][r][0]);
+        for (int w = 0; w < KVM_WARPS; ++w) m = fmaxf(m, st.ml[w][r][0]);
         float sum = 0.0f, l = 0.0f;
         if (m != KV_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < KVM_WARPS; ++w) {
-                const float mw = ml_s[w][r][0];
+                const float mw = st.ml[w][r][0];
                 if (mw == KV_NEG_INF) continue;
                 const float f = exp2f(mw - m);
                 sum = fmaf(red[(w * ROWS + r) * DP + c], f, sum);
-                l = fmaf(ml_s[w][r][1], f, l);
+                l = fmaf(st.ml[w][r][1], f, l);
             }
         }
         const int i = row / p.group, g = row % p.group;
@@ -389,6 +427,47 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
             p.part_ml[2 * part + 1] = l;
         }
     }
+}
+
+// Tiles form: every warp owns tiles tile0 + warp, + 4, ... of its split, loaded from global
+// memory into registers one tile ahead. Dynamic shared memory: q, qin, red, bq_s.
+template <int BK, int BV, int DP>
+__device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
+    constexpr int ROWS = 4;
+    constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
+    __shared__ KvmShared st;
+    extern __shared__ __align__(16) float kv_smem[];
+    float* q = kv_smem;                     // [ROWS][DP]
+    float* qin = kv_smem + ROWS * DP;       // [ROWS][DP]
+    float* red = kv_smem + 2 * ROWS * DP;   // [KVM_WARPS][ROWS][DP]
+    uint2* bq_s = (uint2*)(red + KVM_WARPS * ROWS * DP);  // [KM][32 lanes]
+    const int split = blockIdx.x, h = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
+    const int b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    kvm_prologue<BK, BV, DP>(p, st, q, qin, bq_s, b, h, chunk);
+    const int len = p.seq_lens[b];
+    KvmRun<DP / 16> run;
+    kvm_run_init(p, st, len, chunk, run);
+    const int tiles = (kvm_reach(p, len, chunk) + KVM_TILE - 1) / KVM_TILE;
+    const int all_tiles = (len + KVM_TILE - 1) / KVM_TILE;
+    const int per_split = (all_tiles + p.splits - 1) / p.splits;
+    const int tile0 = split * per_split, tile1 = min(tile0 + per_split, tiles);
+    const int* table_row = p.block_table + (long long)b * p.max_pages;
+    const int head_off = h * p.head_words;  // KV head h's section within a page (words)
+    // The next tile's loads go out before this tile's math where the registers allow (the
+    // d <= 128 kernels keep 4 blocks per SM: 128 registers).
+    constexpr bool PREFETCH = 2 * KW + 4 * VW <= (DP == 128 ? 12 : 32);
+    KvmTile<KW, VW> cur, nxt;
+    int t = tile0 + warp;
+    if (PREFETCH && t < tile1) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur);
+    for (; t < tile1; t += KVM_WARPS) {
+        if (!PREFETCH) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur);
+        if (PREFETCH && t + KVM_WARPS < tile1)
+            kvm_load<BK, BV, DP>(p, head_off, table_row, t + KVM_WARPS, len, gid, tig, nxt);
+        kvm_step<BK, BV, DP, false>(st, bq_s, nullptr, cur, t * KVM_TILE, run);
+        if (PREFETCH) cur = nxt;
+    }
+    kvm_finish<DP>(p, st, run, red, b, h, chunk, split);
 }
 
 // One module per bit-width pair (KVM_BK, KVM_BV defined ahead of kv_attend.cu), so a process

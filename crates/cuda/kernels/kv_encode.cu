@@ -29,6 +29,7 @@ struct KvEncodeParams {
     int bits_k, bits_v, words_k, words_v;
     int page_tokens, max_pages, page_words, head_words, row_words_k, row_words_v, norm_words;
     float hadamard_norm;     // 1 / sqrt(d) as the CPU computes it (f32 sqrt, f32 divide)
+    int grid;                // offset (floats) of the K and V nearest-level grids in consts
 };
 
 // Offsets (in floats) into `consts`: levels and boundaries of K and V (256 each, boundaries
@@ -50,6 +51,34 @@ __device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, fl
         if (u > bounds[idx + step - 1]) idx += step;
     }
     return idx;
+}
+
+// The same index from a uniform grid over the boundaries (one shared load instead of `bits`).
+// Cell g(u) = clamp(floor((u - b0) * inv_step), 0, cells - 1), each step rounded as f32 here
+// and on the host, is monotone in u, so a boundary in a lower cell is below u and one in a
+// higher cell above it; the host picks inv_step so that no cell holds two boundaries and
+// stores per cell (count of boundaries in lower cells, the cell's own boundary or +inf):
+// idx = count + (u > boundary), exactly the search's answer. Layout in consts (per stream):
+// b0, inv_step, enabled (0: search instead), 0, then the cells as (count, boundary) pairs.
+#define KV_GRID_CELLS 64
+#define KV_GRID_FLOATS (4 + 2 * KV_GRID_CELLS)
+__device__ __forceinline__ unsigned kv_nearest_grid(const float2* cells, float b0, float inv_step,
+                                                    float u) {
+    int g = __float2int_rd(__fmul_rn(__fsub_rn(u, b0), inv_step));
+    g = min(max(g, 0), KV_GRID_CELLS - 1);
+    const float2 c = cells[g];
+    return (unsigned)c.x + (u > c.y ? 1u : 0u);
+}
+
+// The stream's grid into shared memory; whether it is enabled (uniform over the block).
+__device__ __forceinline__ bool kv_load_grid(const KvEncodeParams& p, int kv, float2* cells,
+                                             float* b0, float* inv_step) {
+    const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
+    for (int i = threadIdx.x; i < KV_GRID_CELLS; i += blockDim.x)
+        cells[i] = make_float2(grid[4 + 2 * i], grid[5 + 2 * i]);
+    *b0 = grid[0];
+    *inv_step = grid[1];
+    return grid[2] != 0.0f;
 }
 
 // Stores the stored norm of a vector (f32, or f16 in its half of a word).
@@ -110,6 +139,7 @@ template <int E>
 __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
     __shared__ float levels[256];
     __shared__ float bounds[256];
+    __shared__ float2 grid_cells[KV_GRID_CELLS];
     const int kv = blockIdx.y;
     const int bits = kv == 0 ? p.bits_k : p.bits_v;
     const int words = kv == 0 ? p.words_k : p.words_v;
@@ -120,6 +150,8 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
         levels[i] = src_levels[i];
         bounds[i] = src_bounds[i];
     }
+    float grid_b0, grid_inv;
+    const bool use_grid = kv_load_grid(p, kv, grid_cells, &grid_b0, &grid_inv);
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;
     const int lane = threadIdx.x & 31, l = lane & 7, gbase = lane & 24;
@@ -200,7 +232,8 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
 #pragma unroll
         for (int j = 0; j < E; ++j) {
             float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
-            code[j] = kv_nearest(bounds, bits, u);
+            code[j] = use_grid ? kv_nearest_grid(grid_cells, grid_b0, grid_inv, u)
+                               : kv_nearest(bounds, bits, u);
             float c = levels[code[j]];
             cacc = __fadd_rn(cacc, __fmul_rn(c, c));
         }

@@ -184,10 +184,22 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             let on_cpu: Vec<f64> = on_cpu.iter().map(|&x| f64::from(x)).collect();
             let q = HostTensor::from_f32(vec![lens.len(), tq, hq, d], case.q.clone()).unwrap();
             let q = CudaTensor::upload(cuda, &q).unwrap();
-            // Auto: the tensor-core kernel wherever it applies (2-, 4-, 8-bit codes, d <= 128).
-            for (kernel, splits) in [AttnKernel::Auto, AttnKernel::Scalar]
-                .into_iter()
-                .flat_map(|k| [None, Some(1), Some(3)].map(|s| (k, s)))
+            // Auto, the scalar kernel, and both tensor-core forms where they apply (2-, 4-,
+            // 8-bit codes; every shape here fits the pages form's ring).
+            let mma = [2, 4, 8].contains(&bits_k) && [2, 4, 8].contains(&bits_v);
+            let kernels: &[AttnKernel] = if mma {
+                &[
+                    AttnKernel::Auto,
+                    AttnKernel::Scalar,
+                    AttnKernel::Mma,
+                    AttnKernel::MmaPages,
+                ]
+            } else {
+                &[AttnKernel::Auto, AttnKernel::Scalar]
+            };
+            for (kernel, splits) in kernels
+                .iter()
+                .flat_map(|&k| [None, Some(1), Some(3)].map(|s| (k, s)))
             {
                 let options = CudaAttnOptions {
                     splits,
@@ -209,7 +221,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
                 );
                 let err = rel_rms(&o, &ideal);
                 worst = worst.max(err);
-                if name.starts_with("kv_attend_mma") {
+                if name.starts_with("kv_attend_mma") || name.starts_with("kv_attend_pages") {
                     worst_mma = worst_mma.max(err);
                 }
                 assert!(

@@ -103,17 +103,29 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
             filled += n;
         }
         cuda.synchronize()?;
-        // The default kernel, then (where that is the tensor-core one) the scalar kernel for
-        // comparison, recorded under its own op.
+        // The default kernel, then (where that is a tensor-core one) the other tensor-core
+        // form and the scalar kernel for comparison, each recorded under its own op.
         let first = prepare_attend(cuda, &cache, &q, None, &CudaAttnOptions::default())?;
+        let tensor_cores = !first.kernel_name().starts_with("kv_attend_rows");
+        let default_name = first.kernel_name();
         let mut launches = vec![("kv_decode_attention", first)];
-        if launches[0].1.kernel_name().starts_with("kv_attend_mma") {
-            let options = CudaAttnOptions {
-                kernel: AttnKernel::Scalar,
-                ..CudaAttnOptions::default()
-            };
-            let scalar = prepare_attend(cuda, &cache, &q, None, &options)?;
-            launches.push(("kv_decode_attention_scalar", scalar));
+        if tensor_cores {
+            for (op, kernel) in [
+                ("kv_decode_attention_tiles", AttnKernel::Mma),
+                ("kv_decode_attention_pages", AttnKernel::MmaPages),
+                ("kv_decode_attention_scalar", AttnKernel::Scalar),
+            ] {
+                let options = CudaAttnOptions {
+                    kernel,
+                    ..CudaAttnOptions::default()
+                };
+                // A form whose ring does not fit this GPU is left out.
+                if let Ok(launch) = prepare_attend(cuda, &cache, &q, None, &options)
+                    && launch.kernel_name() != default_name
+                {
+                    launches.push((op, launch));
+                }
+            }
         }
         for (op, launch) in launches {
             let us = median_graph_us(cuda, 20, 30, || launch.launch(cuda))?;

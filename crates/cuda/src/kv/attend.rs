@@ -4,9 +4,15 @@
 //! position `len_b - Tq + i`) are one kernel: the rows of a block are (query, head of the GQA
 //! group) pairs, each with its causal limit.
 //!
+//! Pass 1 on tensor cores comes in two forms (`kernels/kv_attend_mma.cu`,
+//! `kernels/kv_attend_pages.cu`): tiles (each warp loads 16-token tiles from global memory into
+//! registers) and pages (each warp streams whole page sections into shared memory by bulk
+//! copies), the same math; see [`AttnKernel`].
+//!
 //! Splits: one full wave of resident blocks (the occupancy the driver reports for the launch:
-//! three per SM on the H100 at d = 128, so 396 blocks over 132 SMs: 49 splits at B = 1 with 8
-//! KV heads, 6 at B = 8), never more than the longest sequence has tiles. Sequences of different lengths
+//! three per SM on the H100 for the pages form at d = 128, so 396 blocks over 132 SMs: 49
+//! splits at B = 1 with 8 KV heads, 6 at B = 8), never more than the longest sequence has
+//! tiles (pages, for the pages form). Sequences of different lengths
 //! share a launch: a block reads its sequence's length on the GPU and takes its share of that
 //! sequence's tiles, so a prepared launch (or a CUDA graph of it) stays valid as the cache
 //! grows, as long as no sequence outgrows `max_tokens` given at preparation.
@@ -71,14 +77,49 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Which pass 1 runs (results agree to f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttnKernel {
-    /// Tensor cores for 2-, 4- and 8-bit codes, the scalar kernel otherwise; the environment
-    /// variable `DELTAKV_KV_ATTEND=scalar` picks the scalar kernel everywhere (comparisons).
+    /// Tensor cores for 2-, 4- and 8-bit codes (the pages form where two of its blocks fit an
+    /// SM, the tiles form otherwise), the scalar kernel for other widths. The environment
+    /// variable `DELTAKV_KV_ATTEND` overrides it for comparisons: `scalar` everywhere, `tiles`
+    /// or `pages` for the tensor-core form where it applies.
     #[default]
     Auto,
     /// `kv_attend_rows4` / `kv_attend_rows8`: f32 FMAs on CUDA cores, any bit width.
     Scalar,
-    /// `kv_attend_mma_*`: `mma.sync` with f16 hi/lo pairs (2-, 4- or 8-bit codes only).
+    /// `kv_attend_mma_*`: `mma.sync` with f16 hi/lo pairs (2-, 4- or 8-bit codes only), each
+    /// warp loading its 16-token tiles from global memory into registers.
     Mma,
+    /// `kv_attend_pages_*`: the same math, each warp streaming whole pages into a
+    /// shared-memory ring by bulk copies (2-, 4- or 8-bit codes whose ring fits the SM).
+    MmaPages,
+}
+
+/// The pass-1 form a launch runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    Scalar,
+    Tiles,
+    Pages,
+}
+
+/// Warps of a tensor-core block and the pages form's ring stages (`KVM_WARPS`, `KVP_STAGES`).
+const MMA_WARPS: usize = 4;
+const PAGE_STAGES: usize = 2;
+/// An upper bound of the pages kernels' static shared memory (tables, weights, mbarriers).
+const PAGES_STATIC_SMEM: usize = 4096;
+
+/// The most shared memory a block may take on this GPU, and an SM holds.
+fn shared_limits(cuda: &Cuda) -> Result<(usize, usize)> {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let read = |attribute| {
+        cuda.context()
+            .attribute(attribute)
+            .map(|bytes| bytes.max(0) as usize)
+            .map_err(|e| driver_error("reading the shared-memory limits", e))
+    };
+    Ok((
+        read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+    ))
 }
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
@@ -200,61 +241,78 @@ pub fn prepare_attend(
     let group = hq / s.kv_heads;
     let rows = tq * group;
     let dim_pad = s.dim.next_power_of_two().max(64);
-    let mma_bits = |b: u32| matches!(b, 2 | 4 | 8);
-    let scalar_env = std::env::var("DELTAKV_KV_ATTEND").is_ok_and(|v| v == "scalar");
-    // The tensor-core kernel's d = 256 build gave wrong outputs on the H100 (rel_rms 1.7 in
-    // `kv_paged`'s d = 256 shape), so d = 256 takes the scalar kernel until it is fixed.
-    let mma_dim = dim_pad <= 128;
-    let use_mma = match options.kernel {
-        AttnKernel::Auto => !scalar_env && mma_bits(s.bits_k) && mma_bits(s.bits_v) && mma_dim,
-        AttnKernel::Scalar => false,
-        AttnKernel::Mma => {
-            if !(mma_bits(s.bits_k) && mma_bits(s.bits_v)) {
+    let mma_bits = matches!(s.bits_k, 2 | 4 | 8) && matches!(s.bits_v, 2 | 4 | 8);
+    // The pages form's rings (two page sections per warp) and q, its scratch and fragments.
+    let pages_smem = 4 * MMA_WARPS * PAGE_STAGES * l.head_words() + 64 * dim_pad;
+    let (per_block, per_sm) = shared_limits(cuda)?;
+    let pages_block = pages_smem + PAGES_STATIC_SMEM;
+    let pages_fit = pages_block <= per_block;
+    // Auto takes the pages form where two of its blocks share an SM (the H100 at d <= 128 with
+    // 4/2 bits and pages of 64: three); with one block per SM its 4 warps cannot hide the
+    // math's latency and the tiles form is kept.
+    let pages_auto = mma_bits && 2 * pages_block <= per_sm;
+    let form = match options.kernel {
+        AttnKernel::Auto => match std::env::var("DELTAKV_KV_ATTEND").as_deref() {
+            Ok("scalar") => Form::Scalar,
+            Ok("pages") if mma_bits && pages_fit => Form::Pages,
+            Ok("tiles") if mma_bits => Form::Tiles,
+            _ if pages_auto => Form::Pages,
+            _ if mma_bits => Form::Tiles,
+            _ => Form::Scalar,
+        },
+        AttnKernel::Scalar => Form::Scalar,
+        AttnKernel::Mma | AttnKernel::MmaPages => {
+            if !mma_bits {
                 return Err(Error::Unsupported(format!(
                     "the tensor-core attention takes 2-, 4- or 8-bit codes, not {}/{}",
                     s.bits_k, s.bits_v
                 )));
             }
-            if !mma_dim {
+            if options.kernel == AttnKernel::Mma {
+                Form::Tiles
+            } else if pages_fit {
+                Form::Pages
+            } else {
                 return Err(Error::Unsupported(format!(
-                    "the tensor-core attention takes head dims up to 128 for now, not {}",
-                    s.dim
+                    "the pages form's ring ({pages_smem} bytes) exceeds the GPU's shared memory per block"
                 )));
             }
-            true
         }
     };
+    let use_mma = form != Form::Scalar;
     let (row_block, per_lane) = if use_mma || rows <= 4 {
         (4, 16)
     } else {
         (8, 8)
     };
     let row_chunks = rows.div_ceil(row_block);
-    let (tile, stages, stage_words, smem_bytes) = if use_mma {
+    // Splits count tiles of `tile` tokens (the pages form: whole pages).
+    let (tile, stages, stage_words, smem_bytes) = match form {
         // q and its rotation scratch, the warps' partial outputs, the q fragments (8 bytes
         // per lane and 8 dimensions): 128 bytes per padded dimension.
-        (16, 0, 0, 128 * dim_pad)
-    } else {
-        let tile = l.page_tokens.min(64);
-        let norm_words = tile * s.norm_dtype.bytes() / 4;
-        let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
-        let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
-        let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
-        let smem_floats =
-            2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
-        (tile, stages, stage_words, 4 * (smem_floats + ring_words))
+        Form::Tiles => (16, 0, 0, 128 * dim_pad),
+        Form::Pages => (l.page_tokens, 0, 0, pages_smem),
+        Form::Scalar => {
+            let tile = l.page_tokens.min(64);
+            let norm_words = tile * s.norm_dtype.bytes() / 4;
+            let stage_words = tile * (l.row_words_k() + l.row_words_v()) + 2 * norm_words + 4;
+            let stages = (96 * 1024 / (4 * stage_words)).clamp(2, 4);
+            let ring_words = (stages * stage_words).max(4 * row_block * dim_pad);
+            let smem_floats =
+                2 * row_block * dim_pad + 512 + 2 * row_block * tile + 3 * row_block.max(4);
+            (tile, stages, stage_words, 4 * (smem_floats + ring_words))
+        }
     };
     let longest = options
         .max_tokens
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
     let max_tiles = longest.div_ceil(tile).max(1);
-    let (source, name) = if use_mma {
-        mma_kernel(s.bits_k, s.bits_v, dim_pad)
-    } else if row_block == 4 {
-        (SOURCE_ATTEND, "kv_attend_rows4")
-    } else {
-        (SOURCE_ATTEND, "kv_attend_rows8")
+    let (source, name) = match form {
+        Form::Tiles => mma_kernel(s.bits_k, s.bits_v, dim_pad, false),
+        Form::Pages => mma_kernel(s.bits_k, s.bits_v, dim_pad, true),
+        Form::Scalar if row_block == 4 => (SOURCE_ATTEND, "kv_attend_rows4"),
+        Form::Scalar => (SOURCE_ATTEND, "kv_attend_rows8"),
     };
     let pass1 = cuda.function(&source, name)?;
     // One full wave: as many splits as the resident blocks allow (a second, partial wave
@@ -361,54 +419,44 @@ pub fn attend(
     Ok(launch.o)
 }
 
-/// The tensor-core module and pass 1 for these bit widths and padded dimension.
-fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'static str) {
-    const NAMES: [[&str; 3]; 9] = [
-        [
-            "kv_attend_mma_k2v2_d64",
-            "kv_attend_mma_k2v2_d128",
-            "kv_attend_mma_k2v2_d256",
-        ],
-        [
-            "kv_attend_mma_k2v4_d64",
-            "kv_attend_mma_k2v4_d128",
-            "kv_attend_mma_k2v4_d256",
-        ],
-        [
-            "kv_attend_mma_k2v8_d64",
-            "kv_attend_mma_k2v8_d128",
-            "kv_attend_mma_k2v8_d256",
-        ],
-        [
-            "kv_attend_mma_k4v2_d64",
-            "kv_attend_mma_k4v2_d128",
-            "kv_attend_mma_k4v2_d256",
-        ],
-        [
-            "kv_attend_mma_k4v4_d64",
-            "kv_attend_mma_k4v4_d128",
-            "kv_attend_mma_k4v4_d256",
-        ],
-        [
-            "kv_attend_mma_k4v8_d64",
-            "kv_attend_mma_k4v8_d128",
-            "kv_attend_mma_k4v8_d256",
-        ],
-        [
-            "kv_attend_mma_k8v2_d64",
-            "kv_attend_mma_k8v2_d128",
-            "kv_attend_mma_k8v2_d256",
-        ],
-        [
-            "kv_attend_mma_k8v4_d64",
-            "kv_attend_mma_k8v4_d128",
-            "kv_attend_mma_k8v4_d256",
-        ],
-        [
-            "kv_attend_mma_k8v8_d64",
-            "kv_attend_mma_k8v8_d128",
-            "kv_attend_mma_k8v8_d256",
-        ],
+/// The tensor-core module and pass 1 (tiles or pages form) for these bit widths and padded
+/// dimension.
+fn mma_kernel(
+    bits_k: u32,
+    bits_v: u32,
+    dim_pad: usize,
+    pages: bool,
+) -> (KernelSource, &'static str) {
+    // The kernels of one form and bit-width pair, at d_pad 64, 128 and 256.
+    macro_rules! kernel_names {
+        ($form:literal, $k:literal, $v:literal) => {
+            [
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d64"),
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d128"),
+                concat!("kv_attend_", $form, "_k", $k, "v", $v, "_d256"),
+            ]
+        };
+    }
+    // Tiles form for the nine bit-width pairs, then the pages form.
+    const NAMES: [[&str; 3]; 18] = [
+        kernel_names!("mma", 2, 2),
+        kernel_names!("mma", 2, 4),
+        kernel_names!("mma", 2, 8),
+        kernel_names!("mma", 4, 2),
+        kernel_names!("mma", 4, 4),
+        kernel_names!("mma", 4, 8),
+        kernel_names!("mma", 8, 2),
+        kernel_names!("mma", 8, 4),
+        kernel_names!("mma", 8, 8),
+        kernel_names!("pages", 2, 2),
+        kernel_names!("pages", 2, 4),
+        kernel_names!("pages", 2, 8),
+        kernel_names!("pages", 4, 2),
+        kernel_names!("pages", 4, 4),
+        kernel_names!("pages", 4, 8),
+        kernel_names!("pages", 8, 2),
+        kernel_names!("pages", 8, 4),
+        kernel_names!("pages", 8, 8),
     ];
     let bits = |b: u32| match b {
         2 => 0,
@@ -421,7 +469,10 @@ fn mma_kernel(bits_k: u32, bits_v: u32, dim_pad: usize) -> (KernelSource, &'stat
         _ => 2,
     };
     let module = 3 * bits(bits_k) + bits(bits_v);
-    (SOURCES_ATTEND_MMA[module], NAMES[module][d])
+    (
+        SOURCES_ATTEND_MMA[module],
+        NAMES[module + 9 * usize::from(pages)][d],
+    )
 }
 
 #[cfg(test)]
@@ -434,10 +485,17 @@ mod tests {
             .into_iter()
             .flat_map(|k| [2u32, 4, 8].map(|v| (k, v)))
         {
-            for dim_pad in [64usize, 128, 256] {
-                let (source, name) = mma_kernel(bits_k, bits_v, dim_pad);
+            for (dim_pad, pages) in [64usize, 128, 256]
+                .into_iter()
+                .flat_map(|d| [(d, false), (d, true)])
+            {
+                let (source, name) = mma_kernel(bits_k, bits_v, dim_pad, pages);
                 assert_eq!(source.name, format!("kv_attend_mma_k{bits_k}v{bits_v}"));
-                assert_eq!(name, format!("{}_d{dim_pad}", source.name));
+                let form = if pages { "pages" } else { "mma" };
+                assert_eq!(
+                    name,
+                    format!("kv_attend_{form}_k{bits_k}v{bits_v}_d{dim_pad}")
+                );
                 assert!(source.text.contains(&format!("#define KVM_BK {bits_k}\n")));
                 assert!(source.text.contains(&format!("#define KVM_BV {bits_v}\n")));
             }

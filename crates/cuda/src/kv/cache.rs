@@ -13,7 +13,7 @@
 //! storage, as the CPU cache does; [`CudaPagedKvCache::append_unchecked`] skips that wait (for
 //! a serving loop that checks its inputs upstream, and for timing).
 
-use super::{SOURCE_ENCODE, consts};
+use super::{GRID_FLOATS, SOURCE_ENCODE, consts};
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -55,6 +55,7 @@ pub(crate) struct EncodeParams {
     row_words_v: i32,
     norm_words: i32,
     hadamard_norm: f32,
+    grid: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -412,6 +413,8 @@ impl CudaPagedKvCache {
             row_words_v: l.row_words_v() as i32,
             norm_words: l.norm_words() as i32,
             hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
+            // The grids are the constants' last 2 x GRID_FLOATS floats.
+            grid: i32_of("grid offset", self.consts.shape()[0] - 2 * GRID_FLOATS)?,
         };
         let name = match (self.k.rotation.is_hadamard(), s.dim) {
             (true, 64) => "kv_encode_hadamard64",

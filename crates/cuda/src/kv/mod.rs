@@ -44,8 +44,9 @@ pub const SOURCE_ATTEND: KernelSource = KernelSource {
     text: include_str!("../../kernels/kv_attend.cu"),
 };
 
-/// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge) then
-/// `kernels/kv_attend_mma.cu` for one pair of bit widths.
+/// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge), then
+/// `kernels/kv_attend_mma.cu` (the tile math and the tiles form) and
+/// `kernels/kv_attend_pages.cu` (the pages form) for one pair of bit widths.
 macro_rules! mma_source {
     ($name:literal, $bits_k:literal, $bits_v:literal) => {
         KernelSource {
@@ -58,7 +59,9 @@ macro_rules! mma_source {
                 "\n",
                 include_str!("../../kernels/kv_attend.cu"),
                 "\n",
-                include_str!("../../kernels/kv_attend_mma.cu")
+                include_str!("../../kernels/kv_attend_mma.cu"),
+                "\n",
+                include_str!("../../kernels/kv_attend_pages.cu")
             ),
         }
     };
@@ -77,10 +80,56 @@ pub const SOURCES_ATTEND_MMA: [KernelSource; 9] = [
     mma_source!("kv_attend_mma_k8v8", 8, 8),
 ];
 
+/// Cells of the encode's nearest-level grid (`KV_GRID_CELLS` in `kernels/kv_encode.cu`).
+const GRID_CELLS: usize = 64;
+/// Floats of one stream's grid in the constants (`KV_GRID_FLOATS`).
+pub(crate) const GRID_FLOATS: usize = 4 + 2 * GRID_CELLS;
+
+/// The uniform grid over a codebook's boundaries that the encode looks the nearest level up
+/// in (`kv_nearest_grid`): b0, inv_step, 1 (enabled), 0, then per cell the count of boundaries
+/// in lower cells and the cell's own boundary (+inf if none). The cell of u is
+/// `clamp(floor((u - b0) * inv_step), 0, cells - 1)` in f32 here and on the GPU alike; the
+/// largest spacing count that puts every boundary in its own cell is taken. All zero
+/// (disabled: the binary search) above 4 bits or where no spacing separates the boundaries.
+fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; GRID_FLOATS];
+    let n = boundaries.len();
+    if n == 0 || n > 15 {
+        return out;
+    }
+    let b0 = boundaries[0];
+    let span = boundaries[n - 1] - b0;
+    let cell = |u: f32, inv: f32| {
+        (((u - b0) * inv).floor() as i64).clamp(0, GRID_CELLS as i64 - 1) as usize
+    };
+    for cells in (1..GRID_CELLS).rev() {
+        let inv = if span > 0.0 { cells as f32 / span } else { 0.0 };
+        if !inv.is_finite() {
+            continue;
+        }
+        let g: Vec<usize> = boundaries.iter().map(|&b| cell(b, inv)).collect();
+        if g.windows(2).any(|w| w[0] >= w[1]) {
+            continue;
+        }
+        out[..4].copy_from_slice(&[b0, inv, 1.0, 0.0]);
+        for c in 0..GRID_CELLS {
+            let below = g.iter().filter(|&&x| x < c).count();
+            let own = g
+                .iter()
+                .position(|&x| x == c)
+                .map_or(f32::INFINITY, |i| boundaries[i]);
+            out[4 + 2 * c] = below as f32;
+            out[5 + 2 * c] = own;
+        }
+        return out;
+    }
+    out
+}
+
 /// The constants the kernels read (f32): key levels and boundaries, value levels and
 /// boundaries (256 each; boundaries padded with +inf, levels with 0), then the rotation: the
 /// Hadamard signs (d), or the dense matrix transposed (`[c][i] = M[i][c]`, d x d) followed by
-/// the matrix itself (d x d).
+/// the matrix itself (d x d); last the key and value nearest-level grids (`GRID_FLOATS` each).
 pub fn consts(k: &Quantizer, v: &Quantizer) -> Result<HostTensor> {
     let mut out = Vec::new();
     for q in [k, v] {
@@ -99,6 +148,54 @@ pub fn consts(k: &Quantizer, v: &Quantizer) -> Result<HostTensor> {
         out.extend((0..d * d).map(|x| m[(x % d) * d + x / d]));
         out.extend_from_slice(m);
     }
+    for q in [k, v] {
+        out.extend(nearest_grid(&q.codebook.boundaries));
+    }
     let len = out.len();
     HostTensor::from_f32(vec![len], out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// #{boundaries < u}, as the encode's binary search answers.
+    fn count_below(boundaries: &[f32], u: f32) -> usize {
+        boundaries.iter().filter(|&&b| u > b).count()
+    }
+
+    #[test]
+    fn the_nearest_level_grid_answers_as_the_search_at_and_between_every_boundary() {
+        for bits in 1..=4u32 {
+            let book = deltakv_contract::kv::codebook::lloyd_max(128, bits).unwrap();
+            let b = &book.boundaries;
+            let grid = nearest_grid(b);
+            assert_eq!(grid[2], 1.0, "{bits}-bit grid disabled");
+            let lookup = |u: f32| {
+                let g = ((u - grid[0]) * grid[1]).floor() as i64;
+                let c = g.clamp(0, GRID_CELLS as i64 - 1) as usize;
+                grid[4 + 2 * c] as usize + usize::from(u > grid[5 + 2 * c])
+            };
+            let mut probes = vec![-1e30f32, -1.0, 0.0, 1.0, 1e30];
+            for &x in b {
+                probes.extend([
+                    x,
+                    f32::from_bits(x.to_bits().wrapping_sub(1)),
+                    f32::from_bits(x.to_bits().wrapping_add(1)),
+                ]);
+                probes.extend([x * 0.5, x * 1.5, -x]);
+            }
+            for i in 0..10_000 {
+                probes.push((i as f32 / 5000.0 - 1.0) * 0.5);
+            }
+            for u in probes {
+                assert_eq!(lookup(u), count_below(b, u), "{bits} bits, u = {u:e}");
+            }
+        }
+        assert_eq!(
+            nearest_grid(&[0.5; 255])[2],
+            0.0,
+            "8-bit codebooks keep the search"
+        );
+    }
 }

@@ -153,6 +153,7 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
     ];
     let mut worst: f64 = 0.0;
     for (i, &(lens, tq, hq, hkv, d, page)) in shapes.iter().enumerate() {
+        let started = std::time::Instant::now();
         let pairs: Vec<(u32, u32)> = if i == 0 {
             [2, 3, 4, 8]
                 .iter()
@@ -216,7 +217,8 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             }
         }
         println!(
-            "attention shape {i} ({lens:?}, Tq {tq}, Hq {hq}, Hkv {hkv}, d {d}, page {page}): ok"
+            "attention shape {i} ({lens:?}, Tq {tq}, Hq {hq}, Hkv {hkv}, d {d}, page {page}): ok ({:.1} s)",
+            started.elapsed().as_secs_f64()
         );
     }
     println!("wgpu paged attention: worst rel_rms against the decoded oracle {worst:.2e}");

@@ -1,6 +1,6 @@
 // Encode into the paged compressed KV cache (layout: deltakv_contract::kv::paged; math:
-// deltakv_contract::kv::codec). One workgroup encodes one vector x (token t of sequence b, KV
-// head h, K or V by the grid's y) per iteration, element i held by thread i:
+// deltakv_contract::kv::codec). One workgroup of 64 threads encodes one vector x (token t of
+// sequence b, KV head h, K or V by the grid's y) per iteration, element i on thread i % 64:
 //
 //   r = |x|                       f32 sum of squares in the CPU's order (eight partial sums
 //                                 over i % 8, added in order, then the tail past d / 8 * 8)
@@ -59,7 +59,7 @@ struct EncodeParams {
 // Bit 0: a non-finite input; bit 1: a norm beyond its storage.
 @group(0) @binding(8) var<storage, read_write> flags: atomic<u32>;
 
-const WG: u32 = 256u;
+const WG: u32 = 64u;
 
 var<workgroup> xs: array<f32, 256>;
 var<workgroup> ys: array<f32, 256>;
@@ -67,7 +67,7 @@ var<workgroup> codes: array<u32, 256>;
 var<workgroup> levels: array<f32, 256>;
 var<workgroup> bounds: array<f32, 256>;
 var<workgroup> partial: array<f32, 8>;
-// sum of squares of x, then of the levels; 1 / r; the stored norm; the slow-path scale.
+// The sum of squares of x, the stored norm, 1 / r.
 var<workgroup> scalars: array<f32, 4>;
 // The sum of squares, read back as a uniform value (it picks the path, around barriers).
 var<workgroup> fast_sum: f32;
@@ -274,7 +274,7 @@ fn f16_bits(x: f32) -> u32 {
     return out;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn kv_encode(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -284,8 +284,10 @@ fn kv_encode(
     let bits = select(p.bits_v, p.bits_k, kv == 0u);
     let words = select(p.words_v, p.words_k, kv == 0u);
     let row_words = select(p.row_words_v, p.row_words_k, kv == 0u);
-    levels[tid] = consts[512u * kv + tid];
-    bounds[tid] = consts[512u * kv + 256u + tid];
+    for (var i = tid; i < 256u; i += WG) {
+        levels[i] = consts[512u * kv + i];
+        bounds[i] = consts[512u * kv + 256u + i];
+    }
     let total = p.batch * p.tokens * p.kv_heads;
     let rot = 1024u;
     for (var vec = wid.x; vec < total; vec += p.groups) {
@@ -295,13 +297,13 @@ fn kv_encode(
         let b = bt / p.tokens;
         let valid = i32(t) < new_lens[b];
         workgroupBarrier(); // the previous vector's reads are done
-        if tid < d {
-            let x = load_in(kv, vec * d + tid);
+        for (var i = tid; i < d; i += WG) {
+            let x = load_in(kv, vec * d + i);
             if valid && !is_finite(x) {
                 atomicOr(&flags, 1u);
             }
-            xs[tid] = x;
-            ys[tid] = x;
+            xs[i] = x;
+            ys[i] = x;
         }
         workgroupBarrier();
         let fast = sum_squares_ys(tid);
@@ -322,8 +324,8 @@ fn kv_encode(
                 scale = bitcast<f32>((254u - ((bitcast<u32>(big) >> 23u) & 0xffu)) << 23u);
             }
             workgroupBarrier();
-            if tid < d {
-                ys[tid] = xs[tid] * scale;
+            for (var i = tid; i < d; i += WG) {
+                ys[i] = xs[i] * scale;
             }
             workgroupBarrier();
             let scaled = sum_squares_ys(tid);
@@ -333,23 +335,28 @@ fn kv_encode(
             workgroupBarrier();
         }
         let r_sq = scalars[0]; // (r * scale)^2
-        var inv = 0.0;
-        if r_sq > 0.0 {
-            if is_fast {
-                inv = sqrt_ratio(1.0, r_sq);
-            } else {
-                inv = scale / sqrt(r_sq);
+        if tid == 0u {
+            var inv = 0.0;
+            if r_sq > 0.0 {
+                if is_fast {
+                    inv = sqrt_ratio(1.0, r_sq);
+                } else {
+                    inv = scale / sqrt(r_sq);
+                }
             }
+            scalars[2] = inv;
         }
+        workgroupBarrier();
+        let inv = scalars[2];
         // y = Pi x.
         if p.hadamard != 0u {
-            if tid < d {
-                ys[tid] = xs[tid] * consts[rot + tid];
+            for (var i = tid; i < d; i += WG) {
+                ys[i] = xs[i] * consts[rot + i];
             }
             workgroupBarrier();
             for (var hb = 1u; hb < d; hb <<= 1u) {
-                if tid < d / 2u {
-                    let i = (tid / hb) * 2u * hb + tid % hb;
+                for (var k = tid; k < d / 2u; k += WG) {
+                    let i = (k / hb) * 2u * hb + k % hb;
                     let a = ys[i];
                     let c = ys[i + hb];
                     ys[i] = a + c;
@@ -357,12 +364,12 @@ fn kv_encode(
                 }
                 workgroupBarrier();
             }
-            if tid < d {
-                let y = ys[tid] * p.hadamard_norm;
-                codes[tid] = nearest(bits, y * inv);
+            for (var i = tid; i < d; i += WG) {
+                let y = ys[i] * p.hadamard_norm;
+                codes[i] = nearest(bits, y * inv);
             }
         } else {
-            if tid < d {
+            for (var i = tid; i < d; i += WG) {
                 // M^T is stored [c][i] = M[i][c]: thread i reads a coalesced column.
                 var lanes: array<f32, 16>;
                 for (var l = 0u; l < 16u; l++) {
@@ -371,7 +378,7 @@ fn kv_encode(
                 for (var j = 0u; j < d / 16u; j++) {
                     for (var l = 0u; l < 16u; l++) {
                         let c = 16u * j + l;
-                        lanes[l] = lanes[l] + exact_product(consts[rot + c * d + tid], xs[c]);
+                        lanes[l] = lanes[l] + exact_product(consts[rot + c * d + i], xs[c]);
                     }
                 }
                 var y = lanes[0];
@@ -380,15 +387,15 @@ fn kv_encode(
                 }
                 var tail = 0.0;
                 for (var c = d / 16u * 16u; c < d; c++) {
-                    tail = tail + exact_product(consts[rot + c * d + tid], xs[c]);
+                    tail = tail + exact_product(consts[rot + c * d + i], xs[c]);
                 }
                 y = y + tail;
-                codes[tid] = nearest(bits, y * inv);
+                codes[i] = nearest(bits, y * inv);
             }
         }
         workgroupBarrier();
-        if tid < d {
-            ys[tid] = levels[codes[tid]];
+        for (var i = tid; i < d; i += WG) {
+            ys[i] = levels[codes[i]];
         }
         workgroupBarrier();
         let code_sq_sum = sum_squares_ys(tid);
@@ -417,19 +424,19 @@ fn kv_encode(
             row = head + kcodes + slot * p.row_words_v;
             norms += p.norm_words;
         }
-        if valid && tid < row_words {
+        for (var w = tid; valid && w < row_words; w += WG) {
             // Word w holds bits 32w .. 32w + 31 of the LSB-first stream.
             var word = 0u;
-            if tid < words {
-                let first = 32u * tid / bits;
-                let last = min((32u * tid + 31u) / bits, d - 1u);
+            if w < words {
+                let first = 32u * w / bits;
+                let last = min((32u * w + 31u) / bits, d - 1u);
                 for (var i = first; i <= last; i++) {
-                    let shift = i32(i * bits) - i32(32u * tid);
+                    let shift = i32(i * bits) - i32(32u * w);
                     let c = codes[i];
                     word |= select(c >> u32(max(-shift, 0)), c << u32(max(shift, 0)), shift >= 0);
                 }
             }
-            atomicStore(&pool[row + tid], word);
+            atomicStore(&pool[row + w], word);
         }
         if valid && tid == 0u {
             let norm = scalars[1];

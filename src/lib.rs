@@ -78,6 +78,8 @@ use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOpti
 mod device_tensor;
 #[cfg(feature = "cuda")]
 mod kv_cuda;
+#[cfg(feature = "wgpu")]
+mod kv_wgpu;
 mod on_device;
 
 pub use device_tensor::Tensor;
@@ -91,7 +93,8 @@ pub enum Device {
     Cpu,
     /// NVIDIA GPUs through CUDA (cargo feature `cuda`): GDN prefill and decode.
     Cuda,
-    /// Vulkan / Metal through wgpu (cargo feature `wgpu`): GDN decode and prefill.
+    /// Vulkan / Metal through wgpu (cargo feature `wgpu`): GDN decode and prefill, and
+    /// compressed-KV attention.
     Wgpu,
 }
 
@@ -132,16 +135,15 @@ impl Device {
 
 impl Device {
     /// Ok if `op` runs on this device in this build: the device is available and its backend
-    /// implements the op (CUDA has GDN prefill and decode and compressed-KV attention; wgpu
-    /// GDN prefill and decode).
+    /// implements the op (CUDA and wgpu have GDN prefill and decode and compressed-KV
+    /// attention).
     pub fn ensure_runs(self, op: &str) -> Result<()> {
         self.ensure_available()?;
         let implemented = match self {
             Device::Cpu => true,
-            Device::Cuda => {
+            Device::Cuda | Device::Wgpu => {
                 op == "gdn decode" || op == "gdn prefill" || op == "compressed-KV attention"
             }
-            Device::Wgpu => op == "gdn decode" || op == "gdn prefill",
         };
         if implemented {
             Ok(())
@@ -149,7 +151,7 @@ impl Device {
             Err(Error::DeviceUnavailable {
                 device: self.name().to_string(),
                 reason: format!(
-                    "{op} is not implemented on {self} yet (CUDA has GDN prefill and decode and compressed-KV attention; wgpu GDN prefill and decode)"
+                    "{op} is not implemented on {self} yet (CUDA and wgpu have GDN prefill and decode and compressed-KV attention)"
                 ),
             })
         }
@@ -368,6 +370,8 @@ pub fn kv_attention(
     match device {
         #[cfg(feature = "cuda")]
         Device::Cuda => kv_cuda::kv_attention_cuda(inputs, options),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => kv_wgpu::kv_attention_wgpu(inputs, options),
         _ => deltakv_cpu::kv::kv_attention(inputs, options),
     }
 }

@@ -2,7 +2,7 @@
 //! on this machine, or an op the backend does not have yet), every command exits non-zero with
 //! one `error:` line that says why, and writes no output. Where CUDA is present, `gdn-decode
 //! --device cuda` writes what the CPU writes, to the tolerances of the decode suite, and so
-//! does `kv --device cuda` (within f32 rounding).
+//! do `kv --device cuda` and `kv --device wgpu` (within f32 rounding).
 
 use deltakv::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv::io::TensorFile;
@@ -79,22 +79,16 @@ fn cuda_unavailable() -> Option<String> {
 fn an_unavailable_device_gets_one_line_and_no_output() {
     let (_, decode) = decode_file(DType::F32);
     let mut cases = Vec::new();
-    match Device::Wgpu.ensure_available() {
-        Err(_) => {
-            let wgpu_expected = if cfg!(feature = "wgpu") {
-                "no wgpu adapter"
-            } else {
-                "deltakv was built without wgpu (cargo feature `wgpu`)"
-            };
-            for command in ["gdn-decode", "gdn", "kv"] {
-                cases.push((command, "wgpu", wgpu_expected));
-            }
+    // Every command runs on wgpu where it is available.
+    if Device::Wgpu.ensure_available().is_err() {
+        let wgpu_expected = if cfg!(feature = "wgpu") {
+            "no wgpu adapter"
+        } else {
+            "deltakv was built without wgpu (cargo feature `wgpu`)"
+        };
+        for command in ["gdn-decode", "gdn", "kv"] {
+            cases.push((command, "wgpu", wgpu_expected));
         }
-        Ok(()) => cases.push((
-            "kv",
-            "wgpu",
-            "compressed-KV attention is not implemented on wgpu yet",
-        )),
     }
     let cuda_reason = cuda_unavailable();
     let cuda_expected = if cfg!(feature = "cuda") {
@@ -107,8 +101,7 @@ fn an_unavailable_device_gets_one_line_and_no_output() {
         cases.push(("gdn", "cuda", cuda_expected));
         cases.push(("kv", "cuda", cuda_expected));
     }
-    // Where CUDA runs, every command runs on it (gdn, gdn-decode, kv); where wgpu runs, kv is
-    // refused there.
+    // Where CUDA or wgpu runs, every command runs on it (gdn, gdn-decode, kv).
     for (command, device, expected) in cases {
         let (ok, stderr, written, files) = run("unavailable", command, device, &decode);
         assert!(!ok, "{command} --device {device} succeeded");
@@ -253,6 +246,37 @@ fn kv_on_cuda_writes_what_the_cpu_writes() {
         "kv --device cuda against --device cpu: rel_rms {err:.3e}"
     );
     println!("kv --device cuda against --device cpu: rel_rms {err:.2e}");
+    assert_eq!(
+        gpu.metadata.get("cache_bytes"),
+        cpu.metadata.get("cache_bytes")
+    );
+}
+
+/// `kv --device wgpu` (the paged cache on the wgpu device) writes what the CPU writes.
+#[test]
+fn kv_on_wgpu_writes_what_the_cpu_writes() {
+    if let Err(e) = Device::Wgpu.ensure_available() {
+        if cfg!(feature = "wgpu") && std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("no wgpu adapter in CI, where lavapipe is installed: {e}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "kv --device wgpu: skipped: {e}");
+        return;
+    }
+    let file = kv_file();
+    let (ok, stderr, cpu, _) = run("kv-cpu-w", "kv", "cpu", &file);
+    assert!(ok, "{stderr}");
+    let (ok, stderr, gpu, _) = run("kv-wgpu", "kv", "wgpu", &file);
+    assert!(ok, "{stderr}");
+    let (cpu, gpu) = (cpu.unwrap(), gpu.unwrap());
+    let a = gpu.get("o").unwrap().to_f32_vec("o").unwrap();
+    let b = cpu.get("o").unwrap().to_f64_vec("o").unwrap();
+    let err = deltakv::metrics::rel_rms(&a, &b);
+    assert!(
+        err < 1e-5,
+        "kv --device wgpu against --device cpu: rel_rms {err:.3e}"
+    );
+    println!("kv --device wgpu against --device cpu: rel_rms {err:.2e}");
     assert_eq!(
         gpu.metadata.get("cache_bytes"),
         cpu.metadata.get("cache_bytes")

@@ -32,8 +32,10 @@
 #                                   # small shapes and the KV attention test; logs in $OUT.
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
-#                                   # skipping), then `bench gdn --device wgpu` beside
-#                                   # `--device cuda` and wgpu's own copy rate; summary last.
+#                                   # skipping; the KV suite included), then `bench gdn` and
+#                                   # `bench kv` (B 8, 32k, 4/2 bits) with `--device wgpu`
+#                                   # beside `--device cuda` and wgpu's own copy rate; summary
+#                                   # last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
@@ -315,6 +317,17 @@ wgpu)
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
+    # Compressed KV at the issue's shape: B 8, 32k context, Hq 32, Hkv 8, d 128, 4/2 bits.
+    .carry/deltakv bench kv --device wgpu --batch 8 --contexts 32768 --bits-k 4 --bits-v 2 \
+        --json "$logs/wgpu-kv.json" 2>&1 | tee "$out/wgpu-kv-bench.txt" ||
+        summary+=("FAIL bench kv --device wgpu (see wgpu-kv-bench.txt)")
+    .carry/deltakv bench kv --device cuda --batch 8 --contexts 32768 --bits-k 4 --bits-v 2 \
+        --json "$logs/cuda-kv.json" 2>&1 | tee -a "$out/wgpu-kv-bench.txt" ||
+        summary+=("FAIL bench kv --device cuda (see wgpu-kv-bench.txt)")
+    summary+=("wgpu kv copy: $(last 'buffer to buffer on wgpu' "$out/wgpu-kv-bench.txt")")
+    summary+=("wgpu kv encode: $(last 'encode .*bf16.*M tokens' "$out/wgpu-kv-bench.txt" | head -c 300)")
+    summary+=("kv decode B=8 32k (wgpu first, then cuda): $(grep -h 'decode      B=8 ctx=32768' "$out/wgpu-kv-bench.txt" | tr '\n' ';')")
+    summary+=("demo kv: $(last 'compressed KV on wgpu' "$logs/demo.txt")")
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -120,6 +120,16 @@ pub fn run(seed: u64) -> Result<()> {
         &ideal,
         KERNEL_RULE,
     )? && ok;
+    #[cfg(feature = "wgpu")]
+    let ok = super::demo_kv_wgpu::run(
+        case.keys(0),
+        case.values(0),
+        &case.q,
+        (context, hq, hkv, d),
+        *cache.scheme(),
+        &ideal,
+        KERNEL_RULE,
+    )? && ok;
     println!(
         "summary (compressed KV): {} (both kernel checks) — {ratio:.1}x smaller cache, {:.2}x the exact path's speed",
         if ok { "PASS" } else { "FAIL" },

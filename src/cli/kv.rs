@@ -59,8 +59,8 @@ pub struct KvArgs {
     /// f32 rounding).
     #[arg(long, default_value_t = 512)]
     pub block_tokens: usize,
-    /// Where to run: cpu (always built); cuda (with `--features cuda`: the compressed path,
-    /// encoded into a paged cache on the GPU); wgpu answers that it is not available.
+    /// Where to run: cpu (always built); cuda (with `--features cuda`) or wgpu (with
+    /// `--features wgpu`): the compressed path, encoded into a paged cache on the device.
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
 }

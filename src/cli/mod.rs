@@ -6,6 +6,8 @@ mod demo_decode;
 mod demo_kv;
 #[cfg(feature = "cuda")]
 mod demo_kv_cuda;
+#[cfg(feature = "wgpu")]
+mod demo_kv_wgpu;
 #[cfg(feature = "cuda")]
 mod demo_prefill_cuda;
 mod files;

@@ -6,6 +6,8 @@
 //!   never panics: a machine without one gets a one-line `DeviceUnavailable` error.
 //! * [`WgpuTensor`]: tensors in wgpu storage buffers; explicit upload and download.
 //! * [`gdn`]: GDN decode over a state pool that stays on the device, and the GDN prefill.
+//! * [`kv`]: the paged compressed KV cache on the device, its encode, and flash-decoding
+//!   attention over the packed codes (decode and causal chunk).
 //!
 //! A serving loop keeps the pool on the device and runs one validated call per step:
 //!
@@ -32,6 +34,7 @@
 //! test translates each one to Metal Shading Language with naga on every commit.
 
 pub mod gdn;
+pub mod kv;
 pub mod runtime;
 pub mod tensor;
 pub mod timing;
@@ -81,4 +84,30 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
     (tensor::FILL, &[&[]]),
+    (kv::SOURCE_ENCODE, &[&[]]),
+    (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
+    (kv::SOURCE_MERGE, &[&[]]),
+];
+
+/// The attention's constants: every pair of bit widths at d = 128 (8 lanes per token), and the
+/// lane counts of d = 64 and d = 256.
+const KV_ATTEND_CONSTANTS: &[Constants] = &[
+    &[("BITS_K", 2.0), ("BITS_V", 2.0), ("LANES", 8.0)],
+    &[("BITS_K", 2.0), ("BITS_V", 3.0), ("LANES", 8.0)],
+    &[("BITS_K", 2.0), ("BITS_V", 4.0), ("LANES", 8.0)],
+    &[("BITS_K", 2.0), ("BITS_V", 8.0), ("LANES", 8.0)],
+    &[("BITS_K", 3.0), ("BITS_V", 2.0), ("LANES", 8.0)],
+    &[("BITS_K", 3.0), ("BITS_V", 3.0), ("LANES", 8.0)],
+    &[("BITS_K", 3.0), ("BITS_V", 4.0), ("LANES", 8.0)],
+    &[("BITS_K", 3.0), ("BITS_V", 8.0), ("LANES", 8.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 2.0), ("LANES", 8.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 3.0), ("LANES", 8.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 4.0), ("LANES", 8.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 8.0), ("LANES", 8.0)],
+    &[("BITS_K", 8.0), ("BITS_V", 2.0), ("LANES", 8.0)],
+    &[("BITS_K", 8.0), ("BITS_V", 3.0), ("LANES", 8.0)],
+    &[("BITS_K", 8.0), ("BITS_V", 4.0), ("LANES", 8.0)],
+    &[("BITS_K", 8.0), ("BITS_V", 8.0), ("LANES", 8.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 2.0), ("LANES", 4.0)],
+    &[("BITS_K", 4.0), ("BITS_V", 2.0), ("LANES", 16.0)],
 ];

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 pub struct KvBenchArgs {
     /// Where to run: cpu (always built); cuda (with `--features cuda`: the paged cache on the
     /// GPU, GPU time from CUDA-graph replays, beside a device-to-device copy and a
-    /// B = 8 x 8192-token encode); wgpu answers that it is not available.
+    /// B = 8 x 8192-token encode); wgpu (with `--features wgpu`: the same on the wgpu device,
+    /// time per dispatch from batched submissions, beside wgpu's own buffer copy).
     #[arg(long, value_enum, default_value_t)]
     pub device: DeviceArg,
     /// Context lengths (cached tokens per sequence) to time decode attention at.
@@ -103,6 +104,18 @@ pub fn run(args: KvBenchArgs) -> Result<()> {
     if device == Device::Cuda {
         let mut records = Vec::new();
         for line in super::kv_cuda::run(&args, &mut records)? {
+            println!("{line}");
+        }
+        if let Some(path) = &args.json.json {
+            write_json(path, &records)?;
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
+    #[cfg(feature = "wgpu")]
+    if device == Device::Wgpu {
+        let mut records = Vec::new();
+        for line in super::kv_wgpu::run(&args, &mut records)? {
             println!("{line}");
         }
         if let Some(path) = &args.json.json {

@@ -14,6 +14,8 @@ mod gdn_prefill_wgpu;
 mod kv;
 #[cfg(feature = "cuda")]
 mod kv_cuda;
+#[cfg(feature = "wgpu")]
+mod kv_wgpu;
 
 use clap::{Args, Subcommand};
 use deltakv::{Error, Result};

@@ -1,0 +1,402 @@
+//! The paged compressed KV cache resident on the wgpu device, and the encode that appends to
+//! it.
+//!
+//! The pool, block table and lengths are the contract's paged layout
+//! (`deltakv_contract::kv::paged`), byte for byte the CPU's `PagedKvCache`. The host keeps a
+//! mirror of the block table and the lengths (B integers each), so every append is checked
+//! (page assignment, capacity) before a shader runs; the codes and norms never leave the
+//! device.
+//!
+//! Encode (`encode.wgsl`): one dispatch appends a chunk `k, v [B, Tn, Hkv, d]` (f32, f16 or
+//! bf16; `new_lens[b] <= Tn` tokens of sequence b), encoding each vector (norm, rotation,
+//! nearest level, packing, corrected norm) straight into its page row, codes and norms those
+//! of the CPU codec bit for bit (see the shader for the one exception). [`WgpuPagedKvCache::append`]
+//! then reads one flag word and refuses (and undoes) an append with a non-finite input or a
+//! norm beyond its storage, as the CPU cache does; [`WgpuPagedKvCache::append_unchecked`] skips
+//! that wait (for a serving loop that checks its inputs upstream, and for timing).
+
+use super::{Dispatch, SOURCE_ENCODE, consts, submit, uniform_bytes, write_i32};
+use crate::runtime::{Wgpu, backend_error};
+use crate::tensor::WgpuTensor;
+use deltakv_contract::kv::codebook::codebook;
+use deltakv_contract::kv::codec::words_for;
+use deltakv_contract::kv::paged::{self, PagedLayout};
+use deltakv_contract::kv::rotation::Rotation;
+use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::{DType, Error, HostTensor, Result};
+use std::sync::Arc;
+use wgpu::util::DeviceExt;
+
+/// A prepared encode dispatch (see [`WgpuPagedKvCache::prepare_append`]).
+pub struct EncodeLaunch {
+    dispatch: Dispatch,
+    _uniform: wgpu::Buffer,
+}
+
+impl EncodeLaunch {
+    /// Queues `repeat` encode dispatches in one submission (without waiting).
+    pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        submit(wgpu, &[&self.dispatch], repeat, "running kv_encode")
+    }
+}
+
+/// The paged compressed KV cache of one layer, on the wgpu device.
+pub struct WgpuPagedKvCache {
+    layout: PagedLayout,
+    k: Quantizer,
+    v: Quantizer,
+    /// `[num_pages, page_words]` (u32 words, typed i32).
+    pool: WgpuTensor,
+    /// `[batch, max_pages]` i32.
+    table: WgpuTensor,
+    /// `[batch]` i32.
+    lens: WgpuTensor,
+    /// Codebooks and rotation (`kv::consts`).
+    consts: WgpuTensor,
+    /// `[1]` error bits of the last append.
+    flags: WgpuTensor,
+    /// `[batch]` i32 tokens appended by the current dispatch.
+    new_lens: WgpuTensor,
+    host_table: Vec<i32>,
+    host_lens: Vec<usize>,
+    num_pages: usize,
+    max_pages: usize,
+}
+
+impl std::fmt::Debug for WgpuPagedKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuPagedKvCache")
+            .field("layout", &self.layout)
+            .field("lens", &self.host_lens)
+            .field("num_pages", &self.num_pages)
+            .finish()
+    }
+}
+
+/// `x` as a shader index, or an error naming it.
+pub(crate) fn u32_of(what: &str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::Unsupported(format!("{what} = {x} exceeds u32 on wgpu")))
+}
+
+impl WgpuPagedKvCache {
+    /// An empty cache on the device for `batch` sequences of up to `max_pages` pages each,
+    /// over a pool of `num_pages` zeroed pages (every block table entry -1).
+    pub fn new(
+        wgpu: &Wgpu,
+        layout: PagedLayout,
+        batch: usize,
+        max_pages: usize,
+        num_pages: usize,
+    ) -> Result<Self> {
+        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
+        let s = layout.scheme;
+        if batch == 0 || max_pages == 0 || num_pages == 0 {
+            return Err(Error::InvalidValue(
+                "a cache needs batch, max_pages and num_pages of at least 1".into(),
+            ));
+        }
+        let words = num_pages
+            .checked_mul(layout.page_words())
+            .ok_or_else(|| Error::InvalidValue("the pool's size overflows".into()))?;
+        u32_of("pool words", words)?;
+        i32::try_from(max_pages * layout.page_tokens)
+            .map_err(|_| Error::Unsupported("max_pages x page_tokens exceeds i32".into()))?;
+        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
+        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
+        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
+        let host_table = vec![-1i32; batch * max_pages];
+        let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
+        Ok(Self {
+            pool: WgpuTensor::zeros(wgpu, vec![num_pages, layout.page_words()], DType::I32)?,
+            table: WgpuTensor::upload(wgpu, &table)?,
+            lens: WgpuTensor::zeros(wgpu, vec![batch], DType::I32)?,
+            consts: WgpuTensor::upload(wgpu, &consts(&k, &v)?)?,
+            flags: WgpuTensor::zeros(wgpu, vec![1], DType::I32)?,
+            new_lens: WgpuTensor::zeros(wgpu, vec![batch], DType::I32)?,
+            layout,
+            k,
+            v,
+            host_table,
+            host_lens: vec![0; batch],
+            num_pages,
+            max_pages,
+        })
+    }
+
+    pub fn layout(&self) -> &PagedLayout {
+        &self.layout
+    }
+
+    pub fn key_quantizer(&self) -> &Quantizer {
+        &self.k
+    }
+
+    pub fn value_quantizer(&self) -> &Quantizer {
+        &self.v
+    }
+
+    pub fn batch(&self) -> usize {
+        self.host_lens.len()
+    }
+
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Tokens held by each sequence (the host's mirror).
+    pub fn lens(&self) -> &[usize] {
+        &self.host_lens
+    }
+
+    /// The block table (the host's mirror).
+    pub fn block_table(&self) -> &[i32] {
+        &self.host_table
+    }
+
+    /// The page pool on the device.
+    pub fn pool(&self) -> &WgpuTensor {
+        &self.pool
+    }
+
+    pub(crate) fn device_table(&self) -> &WgpuTensor {
+        &self.table
+    }
+
+    pub(crate) fn device_lens(&self) -> &WgpuTensor {
+        &self.lens
+    }
+
+    pub(crate) fn device_consts(&self) -> &WgpuTensor {
+        &self.consts
+    }
+
+    /// The pool copied to the host (u32 words), for tests and checks.
+    pub fn download_pool(&self, wgpu: &Wgpu) -> Result<Vec<u32>> {
+        let host = self.pool.download(wgpu)?;
+        Ok(host
+            .to_i64_vec("pool")?
+            .into_iter()
+            .map(|w| w as u32)
+            .collect())
+    }
+
+    /// Replaces the block table (an engine's allocator choosing the pages), checked against
+    /// the tokens each sequence holds.
+    pub fn set_block_table(&mut self, wgpu: &Wgpu, table: &[i32]) -> Result<()> {
+        paged::validate_block_table(
+            &self.layout,
+            table,
+            self.max_pages,
+            &self.host_lens,
+            self.num_pages,
+        )?;
+        self.write_table(wgpu, table.to_vec());
+        Ok(())
+    }
+
+    fn write_table(&mut self, wgpu: &Wgpu, table: Vec<i32>) {
+        if table != self.host_table {
+            write_i32(wgpu, &self.table, &table);
+            self.host_table = table;
+        }
+    }
+
+    fn write_lens(&mut self, wgpu: &Wgpu, lens: Vec<usize>) {
+        let values: Vec<i32> = lens.iter().map(|&n| n as i32).collect();
+        write_i32(wgpu, &self.lens, &values);
+        self.host_lens = lens;
+    }
+
+    /// Appends `new_lens[b]` tokens of `k, v [B, Tn, Hkv, d]` (f32, f16 or bf16, on the
+    /// device) to sequence b, for every b; refuses, changing nothing, an append whose input
+    /// holds a non-finite value or whose norm exceeds its storage (waits for the device).
+    pub fn append(
+        &mut self,
+        wgpu: &Wgpu,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        new_lens: &[usize],
+    ) -> Result<()> {
+        let old_table = self.host_table.clone();
+        write_i32(wgpu, &self.flags, &[0]);
+        let Some((launch, grown)) = self.prepare_encode(wgpu, k, v, new_lens)? else {
+            return Ok(());
+        };
+        launch.submit(wgpu, 1)?;
+        let flags = self.flags.download(wgpu)?.to_i64_vec("flags")?[0];
+        if flags == 0 {
+            self.write_lens(wgpu, grown);
+            return Ok(());
+        }
+        self.write_table(wgpu, old_table);
+        Err(Error::InvalidValue(if flags & 1 != 0 {
+            "tensor `k` or `v` holds a non-finite value; nothing was appended".to_string()
+        } else if self.layout.scheme.norm_dtype == NormDType::F16 {
+            "a vector's norm is beyond the f16 norm storage (at most 65504); use f32 norms; nothing was appended".to_string()
+        } else {
+            "a vector's norm is beyond the f32 norm storage; nothing was appended".to_string()
+        }))
+    }
+
+    /// [`Self::append`] without waiting for the input check: the dispatch is queued and the
+    /// lengths advance. For inputs checked upstream, and for timing.
+    pub fn append_unchecked(
+        &mut self,
+        wgpu: &Wgpu,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        new_lens: &[usize],
+    ) -> Result<()> {
+        if let Some((launch, grown)) = self.prepare_encode(wgpu, k, v, new_lens)? {
+            launch.submit(wgpu, 1)?;
+            self.write_lens(wgpu, grown);
+        }
+        Ok(())
+    }
+
+    /// Checks a chunk, assigns the pages it lands in (the block table on the device is
+    /// updated) and prepares its encode dispatch, without moving any length: each submission
+    /// encodes the chunk into the same rows after the tokens held now (for timing the encode
+    /// alone; an append is [`Self::append`]). `None` when every count is zero.
+    pub fn prepare_append(
+        &mut self,
+        wgpu: &Wgpu,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<EncodeLaunch>> {
+        Ok(self
+            .prepare_encode(wgpu, k, v, new_lens)?
+            .map(|(launch, _)| launch))
+    }
+
+    /// [`Self::prepare_append`], also returning the lengths after the append.
+    fn prepare_encode(
+        &mut self,
+        wgpu: &Wgpu,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
+        let s = self.layout.scheme;
+        let batch = self.batch();
+        let shape = k.shape().to_vec();
+        if shape.len() != 4 || shape[0] != batch || shape[2] != s.kv_heads || shape[3] != s.dim {
+            return Err(Error::shape(
+                "k",
+                format!(
+                    "expected [B={batch}, Tn, Hkv={}, D={}], got {shape:?}",
+                    s.kv_heads, s.dim
+                ),
+            ));
+        }
+        if v.shape() != k.shape() || v.dtype() != k.dtype() {
+            return Err(Error::shape(
+                "v",
+                format!("{:?} {} differs from k's", v.shape(), v.dtype()),
+            ));
+        }
+        if !k.dtype().is_float() {
+            return Err(Error::dtype("k", k.dtype(), "f32, f16 or bf16"));
+        }
+        let tokens = shape[1];
+        if new_lens.len() != batch || new_lens.iter().any(|&n| n > tokens) {
+            return Err(Error::InvalidValue(format!(
+                "new_lens must hold B = {batch} counts, each at most Tn = {tokens}"
+            )));
+        }
+        u32_of("k's elements", shape.iter().product())?;
+        let mut grown = Vec::with_capacity(batch);
+        for (b, (&len, &n)) in self.host_lens.iter().zip(new_lens).enumerate() {
+            grown.push(paged::check_append(
+                &self.layout,
+                b,
+                batch,
+                len,
+                n,
+                self.max_pages,
+            )?);
+        }
+        if new_lens.iter().all(|&n| n == 0) {
+            return Ok(None);
+        }
+        let table = paged::assign_pages(
+            &self.layout,
+            &self.host_table,
+            self.max_pages,
+            &self.host_lens,
+            &grown,
+            self.num_pages,
+        )?;
+        self.write_table(wgpu, table);
+        let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
+        write_i32(wgpu, &self.new_lens, &counts);
+        let l = &self.layout;
+        let vectors = u32_of("B x Tn x Hkv", batch * tokens * s.kv_heads)?;
+        let max_groups = wgpu.device().limits().max_compute_workgroups_per_dimension;
+        // One vector per workgroup and iteration; the workgroups loop over the rest.
+        let groups = vectors.min(max_groups).min(16384);
+        let params = [
+            batch as u32,
+            tokens as u32,
+            s.kv_heads as u32,
+            s.dim as u32,
+            crate::gdn::recurrent::dtype_code(k.dtype()),
+            u32::from(s.norm_dtype == NormDType::F16),
+            s.bits_k,
+            s.bits_v,
+            words_for(s.dim, s.bits_k) as u32,
+            words_for(s.dim, s.bits_v) as u32,
+            l.page_tokens as u32,
+            self.max_pages as u32,
+            l.page_words() as u32,
+            l.head_words() as u32,
+            l.row_words_k() as u32,
+            l.row_words_v() as u32,
+            l.norm_words() as u32,
+            u32::from(self.k.rotation.is_hadamard()),
+            (1.0 / (s.dim as f32).sqrt()).to_bits(),
+            0,
+            groups,
+            0,
+            0,
+            0,
+        ];
+        let uniform = wgpu
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("kv_encode params"),
+                contents: &uniform_bytes(&params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let pipeline = wgpu.pipeline(&SOURCE_ENCODE, &[])?;
+        let dispatch = Dispatch::new(
+            wgpu,
+            pipeline,
+            &[
+                &uniform,
+                k.buffer(),
+                v.buffer(),
+                self.pool.buffer(),
+                self.table.buffer(),
+                self.lens.buffer(),
+                self.new_lens.buffer(),
+                self.consts.buffer(),
+                self.flags.buffer(),
+            ],
+            (groups, 2, 1),
+        )
+        .map_err(|e| backend_error("preparing kv_encode", e))?;
+        Ok(Some((
+            EncodeLaunch {
+                dispatch,
+                _uniform: uniform,
+            },
+            grown,
+        )))
+    }
+}

@@ -2,7 +2,8 @@
 //! (encoded on the way in), attend with new queries (flash-decoding over the packed codes),
 //! and the bytes it holds.
 
-use crate::dlpack::{Borrowed, Exported, Owned};
+use crate::dlpack::Borrowed;
+use crate::export::{Exported, Owned};
 use crate::{record_buffers, to_py_err};
 use deltakv::kv::{AttnOptions, CodebookKind, KvScheme, NormDType, attend_compressed};
 use deltakv::{DType, HostData};
@@ -73,7 +74,10 @@ impl KvCache {
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (k, v) = (Borrowed::import("k", k)?, Borrowed::import("v", v)?);
+        let (k, v) = (
+            Borrowed::import_host("k", k, "deltakv's KvCache")?,
+            Borrowed::import_host("v", v, "deltakv's KvCache")?,
+        );
         let (kf, vf) = (
             f32_values(&k, "[n, kv_heads, dim]")?,
             f32_values(&v, "[n, kv_heads, dim]")?,
@@ -108,7 +112,7 @@ impl KvCache {
         q: &Bound<'_, PyAny>,
         scale: Option<f32>,
     ) -> PyResult<Exported> {
-        let q = Borrowed::import("q", q)?;
+        let q = Borrowed::import_host("q", q, "deltakv's KvCache")?;
         let qf = f32_values(&q, "[B, Tq, Hq, dim]")?;
         let s = self.cache.scheme();
         let shape = q.shape().to_vec();

@@ -1,5 +1,6 @@
-"""deltakv from Python (CPU): Gated DeltaNet prefill with flash-linear-attention's signatures,
-decode over a state pool in place, and the compressed KV cache.
+"""deltakv from Python (CPU, and CUDA GPUs in a build with the cargo feature ``cuda``): Gated
+DeltaNet prefill with flash-linear-attention's signatures, decode over a state pool in place,
+and the compressed KV cache (CPU).
 
 Layouts (time-major, as FLA): q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g (log decay) and
 beta ``[B, T, H]``; ``initial_state`` and the final state ``[N, H, K, V]`` float32, where N is
@@ -7,13 +8,29 @@ B, or the number of sequences with ``cu_seqlens`` (``[N + 1]`` int32/int64 offse
 B == 1). Value head h reads key head ``h // (H // Hg)`` (GQA/GVA, as FLA), so H must be a
 multiple of Hg. q, k and v share one dtype (float32, float16 or bfloat16); o has v's dtype.
 
-Tensors travel through DLPack, without copies. Inputs: any array with ``__dlpack__`` on the
-CPU (NumPy, torch, JAX, ...), C-contiguous, read where it is (a non-contiguous NumPy array or
-torch tensor given to the prefill functions is first made contiguous: that one copy is the
-only one). A state pool is written in place. Outputs: the kernel's own result buffers, handed
-to the caller's ``from_dlpack``, so they come back as the caller's kind (a torch tensor for
-torch inputs, a NumPy array for NumPy inputs) on the CPU. The GIL is released while a kernel
-runs: do not write the arrays of a call from another thread meanwhile.
+Tensors travel through DLPack, without copies. Inputs: any array with ``__dlpack__`` (NumPy,
+torch, CuPy, JAX, ...), C-contiguous, read where it is (a non-contiguous NumPy array or torch
+tensor given to the prefill functions is first made contiguous: that one copy is the only
+one). A state pool is written in place. Outputs: the kernel's own result buffers, handed to
+the caller's ``from_dlpack``, so they come back as the caller's kind (a torch tensor for torch
+inputs, a NumPy array for NumPy inputs) on the caller's device. The GIL is released while a
+kernel runs: do not write the arrays of a call from another thread meanwhile.
+
+Devices: a call runs where its tensors are, all on one device (else ``ValueError``): the CPU
+backend for host arrays, deltakv's CUDA backend for CUDA arrays (torch CUDA tensors, CuPy) in
+a build with the ``cuda`` feature (``deltakv.CUDA_BUILT``). Without a GPU or driver a CUDA
+tensor raises one-line ``RuntimeError`` (``device `cuda` is not available: ...``).
+
+The stream rule (CUDA): the work is queued on the caller's current stream, so an engine can
+call deltakv inside its own step with no synchronisation. The stream is ``stream=`` when
+given (a ``torch.cuda.Stream``, a CuPy stream or a ``cudaStream_t`` integer), else
+``torch.cuda.current_stream(device)`` for torch tensors, CuPy's current stream for CuPy
+arrays, else the legacy default stream. It is passed to each input's
+``__dlpack__(stream=...)`` (the DLPack handshake) and deltakv's kernels run on that very
+stream; results are allocated on it and freed on it when the caller drops them. The only host
+wait is the index check of decode (``slot_indices``) and of a varlen prefill
+(``cu_seqlens``), read back before launching: it waits for the caller's stream up to the call,
+never for the whole device.
 
 Errors from deltakv carry its one-line message: ``ValueError`` for bad shapes, dtypes or
 values, ``NotImplementedError`` for what deltakv does not support, ``RuntimeError`` for a
@@ -24,6 +41,9 @@ import sys
 from typing import Any, Optional, Tuple
 
 from . import _deltakv
+
+CUDA_BUILT: bool = _deltakv.CUDA_BUILT
+"""True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
 
 __all__ = [
     "chunk_gated_delta_rule",
@@ -58,6 +78,35 @@ def _contiguous_input(x: Any) -> Any:
     return x
 
 
+def _stream_handle(stream: Any) -> int:
+    """A DLPack stream integer from ``stream``: a ``torch.cuda.Stream`` (``cuda_stream``), a
+    CuPy stream (``ptr``) or an integer; 0, the legacy default stream's handle, becomes 1, its
+    DLPack number."""
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute):
+            stream = getattr(stream, attribute)
+            break
+    stream = int(stream)
+    return 1 if stream == 0 else stream
+
+
+def _cuda_stream(x: Any, stream: Any) -> Optional[int]:
+    """The DLPack stream integer deltakv's work on ``x``'s device is queued on: ``stream`` when
+    given, else the current stream of torch or CuPy for their CUDA arrays, else None (the CPU,
+    or the legacy default stream for other CUDA arrays)."""
+    if stream is not None:
+        return _stream_handle(stream)
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or int(device()[0]) != 2:  # kDLCUDA
+        return None
+    root = _root_module(x)
+    if root == "torch":
+        return _stream_handle(sys.modules["torch"].cuda.current_stream(x.device))
+    if root == "cupy":
+        return _stream_handle(sys.modules["cupy"].cuda.get_current_stream())
+    return None
+
+
 def _as_kind_of(result: Any, like: Any) -> Any:
     """The exported ``result`` as an array of ``like``'s library, through its ``from_dlpack``
     (no copy); NumPy for anything without one."""
@@ -77,12 +126,12 @@ def _as_kind_of(result: Any, like: Any) -> Any:
 
 
 def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
-             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, kwargs):
+             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs):
     for name in kwargs:
         raise NotImplementedError(
             f"deltakv does not support the argument `{name}` of FLA's {fla_name}"
         )
-    o, state = _deltakv.gdn_prefill(
+    o, final_state = _deltakv.gdn_prefill(
         mode,
         _contiguous_input(q),
         _contiguous_input(k),
@@ -93,10 +142,10 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
         None if initial_state is None else _contiguous_input(initial_state),
         None if cu_seqlens is None else _contiguous_input(cu_seqlens),
         bool(use_qk_l2norm_in_kernel),
+        bool(output_final_state),
+        _cuda_stream(q, stream),
     )
-    o = _as_kind_of(o, q)
-    final_state = _as_kind_of(state, q) if output_final_state else None
-    return o, final_state
+    return _as_kind_of(o, q), None if final_state is None else _as_kind_of(final_state, q)
 
 
 def chunk_gated_delta_rule(
@@ -110,6 +159,8 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Gated DeltaNet prefill, chunked (64-token WY chunks), on the CPU; FLA's signature.
@@ -154,7 +205,7 @@ def chunk_gated_delta_rule(
         ((1, 100, 4, 64), (1, 4, 64, 64), dtype('float32'))
     """
     return _prefill("chunk", "chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
-                    output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, kwargs)
+                    output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -168,6 +219,8 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Gated DeltaNet prefill, token by token (the recurrence), on the CPU; FLA's signature.
@@ -189,7 +242,7 @@ def fused_recurrent_gated_delta_rule(
     """
     return _prefill("recurrent", "fused_recurrent_gated_delta_rule", q, k, v, g, beta, scale,
                     initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
-                    kwargs)
+                    stream, kwargs)
 
 
 def gated_delta_rule_decode(
@@ -208,6 +261,7 @@ def gated_delta_rule_decode(
     scale: Optional[float] = None,
     use_qk_l2norm_in_kernel: bool = False,
     output_intermediate_states: bool = False,
+    stream: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
     """Gated DeltaNet decode over a state pool, in place, on the CPU.
 
@@ -272,6 +326,7 @@ def gated_delta_rule_decode(
         None if scale is None else float(scale),
         bool(use_qk_l2norm_in_kernel),
         bool(output_intermediate_states),
+        _cuda_stream(q, stream),
     )
     return _as_kind_of(o, q), None if states is None else _as_kind_of(states, q)
 

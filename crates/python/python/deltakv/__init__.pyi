@@ -1,6 +1,11 @@
-"""Typing stub of deltakv (CPU): FLA-compatible Gated DeltaNet prefill, decode over a state
-pool in place, and the compressed KV cache. Arrays are anything with ``__dlpack__`` on the CPU
-(NumPy, torch, JAX, ...); results are of the caller's kind.
+"""Typing stub of deltakv: FLA-compatible Gated DeltaNet prefill, decode over a state pool in
+place (CPU, and CUDA in a build with the cargo feature ``cuda``), and the compressed KV cache
+(CPU). Arrays are anything with ``__dlpack__`` (NumPy, torch, CuPy, JAX, ...), all of a call on
+one device; results are of the caller's kind on the caller's device. CUDA work is queued on
+``stream`` when given (a torch.cuda.Stream, a CuPy stream or a cudaStream_t integer), else on
+torch's / CuPy's current stream of the tensors' device: no synchronisation, the caller's
+stream orders it (decode, and prefill with cu_seqlens, wait for that stream up to the call to
+read the indices on the host).
 
 Shapes: q, k [B, T, Hg, K]; v [B, T, H, V] (H a multiple of Hg); g, beta [B, T, H];
 initial_state and the final state [N, H, K, V] float32; cu_seqlens [N + 1] int (then B == 1);
@@ -10,6 +15,9 @@ float32. KV cache: k, v [n, kv_heads, dim] float32; q and o [B, Tq, Hq, dim] flo
 """
 
 from typing import Any, Optional, Tuple
+
+CUDA_BUILT: bool
+"""True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
 
 __all__ = [
     "chunk_gated_delta_rule",
@@ -29,6 +37,8 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Chunked GDN prefill: q, k [B, T, Hg, K]; v [B, T, H, V]; g, beta [B, T, H];
@@ -47,6 +57,8 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Token-by-token GDN prefill; the shapes of :func:`chunk_gated_delta_rule`."""
@@ -68,6 +80,7 @@ def gated_delta_rule_decode(
     scale: Optional[float] = None,
     use_qk_l2norm_in_kernel: bool = False,
     output_intermediate_states: bool = False,
+    stream: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
     """GDN decode in place: q, k [B, T, Hg, K] (T <= 16); v [B, T, H, V]; state_pool
     [S, H, K, V] f32/bf16 (written in place); slot_indices [B] (negative skips); g, beta

@@ -163,7 +163,9 @@ def chunk_gated_delta_rule(
     stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet prefill, chunked (64-token WY chunks), on the CPU; FLA's signature.
+    """Gated DeltaNet prefill, chunked (64-token WY chunks), on the tensors' device (the CPU,
+    or a CUDA GPU: tensor cores, bf16 products with f32 accumulation and state); FLA's
+    signature.
 
     Per token and value head h (key head ``h // (H // Hg)``): optionally l2-normalise q and k,
     then ``S <- exp(g) S``, ``v' = beta (v - S^T k)``, ``S <- S + k v'^T``,
@@ -180,15 +182,21 @@ def chunk_gated_delta_rule(
         output_final_state: return the final state (else None).
         cu_seqlens: ``[N + 1]`` int32/int64 sequence offsets into T (then B == 1), or None.
         use_qk_l2norm_in_kernel: l2-normalise q and k per head (eps 1e-6 inside the sqrt).
+        stream: CUDA only: the stream to queue the work on (a ``torch.cuda.Stream``, a CuPy
+            stream or a ``cudaStream_t`` integer); None means the current stream of torch /
+            CuPy on the tensors' device (see the module's stream rule).
         **kwargs: any other FLA argument raises NotImplementedError naming it.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype; final_state ``[N, H, K, V]``
-        float32, or None when not asked for; of q's kind (torch tensors for torch inputs).
+        float32, or None when not asked for; of q's kind on q's device (torch tensors for
+        torch inputs), deltakv's own buffers (no copy).
 
     Raises:
-        ValueError: bad shapes, dtypes or values (deltakv's message), or a non-CPU tensor.
+        ValueError: bad shapes, dtypes or values (deltakv's message), or tensors on
+            different devices.
         NotImplementedError: an FLA argument deltakv does not support.
+        RuntimeError: CUDA tensors without a usable GPU or driver, or a build without CUDA.
 
     Example:
         >>> import numpy as np, deltakv
@@ -223,11 +231,15 @@ def fused_recurrent_gated_delta_rule(
     stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet prefill, token by token (the recurrence), on the CPU; FLA's signature.
+    """Gated DeltaNet prefill, token by token (the recurrence), on the tensors' device; FLA's
+    signature.
 
     Same arguments, shapes and results as :func:`chunk_gated_delta_rule`:
     q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; initial_state and
     final_state ``[N, H, K, V]`` float32; cu_seqlens ``[N + 1]``; o ``[B, T, H, V]``.
+    On a CUDA GPU, T <= 16 without cu_seqlens (decode steps) runs deltakv's decode kernels
+    (the recurrence in float32, from a copy of initial_state); longer or varlen calls run
+    the chunked kernels (the same function, bf16 products).
 
     Example:
         >>> import numpy as np, deltakv
@@ -263,7 +275,8 @@ def gated_delta_rule_decode(
     output_intermediate_states: bool = False,
     stream: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet decode over a state pool, in place, on the CPU.
+    """Gated DeltaNet decode over a state pool, in place, on the tensors' device (the CPU or a
+    CUDA GPU, where the pool is the caller's device memory, written by the kernel).
 
     Row b advances the state in slot ``slot_indices[b]`` of ``state_pool`` by its T new
     tokens (the recurrence of :func:`chunk_gated_delta_rule`), reading and writing the
@@ -291,6 +304,9 @@ def gated_delta_rule_decode(
         scale: output scale; None means ``K ** -0.5``.
         use_qk_l2norm_in_kernel: l2-normalise q and k per head.
         output_intermediate_states: also return the state after every token.
+        stream: CUDA only: the stream to queue the work on (see
+            :func:`chunk_gated_delta_rule`). The index check reads slot_indices on the host,
+            which waits for that stream up to the call.
 
     Returns:
         ``(o, intermediate_states)``: o ``[B, T, H, V]`` in v's dtype; intermediate_states
@@ -332,7 +348,8 @@ def gated_delta_rule_decode(
 
 
 class KvCache:
-    """The compressed KV cache of one attention layer, on the CPU.
+    """The compressed KV cache of one attention layer, on the CPU (CPU arrays only; a CUDA
+    tensor raises ValueError).
 
     Each key and value vector (head dim d, 64..=256) is stored as its norm and ``bits_k`` /
     ``bits_v``-bit codebook indices of its rotated direction (a seeded randomised Hadamard

@@ -79,7 +79,13 @@ impl Launcher {
         self.stream
     }
 
-    fn result(&self, tensor: CudaTensor) -> Exported {
+    /// deltakv's GPU, launching on the caller's stream.
+    pub fn cuda(&self) -> &Cuda {
+        &self.cuda
+    }
+
+    /// A result of this call's work, exported on the caller's device and stream.
+    pub fn result(&self, tensor: CudaTensor) -> Exported {
         Exported::cuda(DeviceResult {
             tensor,
             cuda: self.handle(),
@@ -95,7 +101,7 @@ impl Launcher {
 }
 
 /// A caller's CUDA array as a tensor over its memory (no copy).
-fn device_tensor(b: &Borrowed) -> PyResult<CudaTensor> {
+pub fn device_tensor(b: &Borrowed) -> PyResult<CudaTensor> {
     // SAFETY: the capsule held by `b` keeps the allocation alive for the call; DLPack gave its
     // address, shape and dtype, and `import` checked it is C-contiguous and aligned.
     unsafe { CudaTensor::from_device_ptr(b.address() as u64, b.shape().to_vec(), b.dtype()) }

@@ -17,6 +17,34 @@ pub struct KvCache {
     cache: deltakv::kv::KvCache,
 }
 
+/// The scheme of a cache from the Python constructor's arguments.
+pub(crate) fn scheme(
+    dim: usize,
+    kv_heads: usize,
+    bits_k: u32,
+    bits_v: u32,
+    seed: u64,
+    norms: &str,
+    codebook: &str,
+) -> PyResult<KvScheme> {
+    let norm_dtype = match norms {
+        "f32" => NormDType::F32,
+        "f16" => NormDType::F16,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "norms `{other}`: expected f32 or f16"
+            )));
+        }
+    };
+    let codebook: CodebookKind = codebook.parse().map_err(to_py_err)?;
+    Ok(KvScheme {
+        norm_dtype,
+        codebook,
+        seed,
+        ..KvScheme::new(dim, kv_heads, bits_k, bits_v)
+    })
+}
+
 /// The f32 elements of `b`, or a `ValueError` naming it and its shape layout.
 fn f32_values<'a>(b: &'a Borrowed, layout: &str) -> PyResult<&'a [f32]> {
     if b.dtype() != DType::F32 {
@@ -45,22 +73,7 @@ impl KvCache {
         norms: &str,
         codebook: &str,
     ) -> PyResult<Self> {
-        let norm_dtype = match norms {
-            "f32" => NormDType::F32,
-            "f16" => NormDType::F16,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "norms `{other}`: expected f32 or f16"
-                )));
-            }
-        };
-        let codebook: CodebookKind = codebook.parse().map_err(to_py_err)?;
-        let scheme = KvScheme {
-            norm_dtype,
-            codebook,
-            seed,
-            ..KvScheme::new(dim, kv_heads, bits_k, bits_v)
-        };
+        let scheme = scheme(dim, kv_heads, bits_k, bits_v, seed, norms, codebook)?;
         let cache = deltakv::kv::KvCache::new(scheme, batch).map_err(to_py_err)?;
         Ok(Self { cache })
     }

@@ -8,7 +8,7 @@
 //!
 //! * `gdn`: GDN prefill and decode over a state pool, on the CPU or (module `cuda`) the GPU,
 //!   ordered on the caller's CUDA stream.
-//! * `kv`: the compressed KV cache class.
+//! * `kv`: the compressed KV cache class; `kv_cuda` (feature `cuda`): the paged one on a GPU.
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -16,6 +16,8 @@ mod dlpack;
 mod export;
 mod gdn;
 mod kv;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 
 use deltakv::Error;
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
@@ -63,5 +65,7 @@ fn _deltakv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<export::Exported>()?;
     m.add("CUDA_BUILT", cfg!(feature = "cuda"))?;
     m.add_class::<kv::KvCache>()?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<kv_cuda::CudaKvCache>()?;
     Ok(())
 }

@@ -280,3 +280,33 @@ def test_device_mismatch_and_errors_carry_the_rust_message():
         deltakv.KvCache(dim=64, kv_heads=1, batch=1).append(0, torch.zeros(1, 1, 64,
                                                                           device=DEVICE),
                                                             torch.zeros(1, 1, 64))
+
+
+def test_cuda_kv_cache_against_the_cpu_cache():
+    """The paged cache on the GPU, fed the caller's device arrays in place, against the CPU's
+    cache of the same scheme (the same codes): attention within f32 rounding, same bytes."""
+    rng = np.random.default_rng(6)
+    B, Hkv, Hq, d, lens = 2, 2, 8, 128, [100, 37]
+    k = rng.standard_normal((B, 100, Hkv, d)).astype(np.float32)
+    v = rng.standard_normal((B, 100, Hkv, d)).astype(np.float32)
+    q = rng.standard_normal((B, 1, Hq, d)).astype(np.float32)
+    cpu = deltakv.KvCache(dim=d, kv_heads=Hkv, batch=B, bits_k=4, bits_v=2, seed=3)
+    for b, n in enumerate(lens):
+        cpu.append(b, k[b, :n], v[b, :n])
+    gpu = deltakv.CudaKvCache(dim=d, kv_heads=Hkv, batch=B, max_tokens=256, bits_k=4,
+                              bits_v=2, seed=3)
+    kt, vt, qt = on_gpu(k), on_gpu(v), on_gpu(q)
+    gpu.append(kt, vt, new_lens=lens)
+    assert buffers()["k"] == kt.data_ptr() and buffers()["v"] == vt.data_ptr()
+    o = gpu.attend(qt)
+    assert buffers()["q"] == qt.data_ptr() and buffers()["o"] == o.data_ptr()
+    assert o.is_cuda and o.dtype == torch.float32 and o.shape == (B, 1, Hq, d)
+    err = rel_rms(host(o), np.asarray(cpu.attend(q), dtype=np.float64))
+    print(f"CudaKvCache attend against the CPU cache: rel_rms {err:.3e}")
+    assert err < 1e-5
+    assert [gpu.seq_len(b) for b in range(B)] == lens and gpu.bytes() == cpu.bytes()
+    with pytest.raises(ValueError, match="non-finite"):
+        gpu.append(kt * float("nan"), vt, new_lens=[1, 0])
+    assert [gpu.seq_len(b) for b in range(B)] == lens
+    with pytest.raises(ValueError, match="every tensor of a call must be on one device"):
+        gpu.append(kt, torch.from_numpy(v))

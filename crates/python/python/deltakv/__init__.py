@@ -1,6 +1,6 @@
 """deltakv from Python (CPU, and CUDA GPUs in a build with the cargo feature ``cuda``): Gated
 DeltaNet prefill with flash-linear-attention's signatures, decode over a state pool in place,
-and the compressed KV cache (CPU).
+and the compressed KV cache (:class:`KvCache` on the CPU, :class:`CudaKvCache` on a GPU).
 
 Layouts (time-major, as FLA): q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g (log decay) and
 beta ``[B, T, H]``; ``initial_state`` and the final state ``[N, H, K, V]`` float32, where N is
@@ -50,6 +50,7 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule_decode",
     "KvCache",
+    "CudaKvCache",
 ]
 
 
@@ -104,6 +105,19 @@ def _cuda_stream(x: Any, stream: Any) -> Optional[int]:
         return _stream_handle(sys.modules["torch"].cuda.current_stream(x.device))
     if root == "cupy":
         return _stream_handle(sys.modules["cupy"].cuda.get_current_stream())
+    return None
+
+
+def _device_stream(device: Optional[int], stream: Any) -> Optional[int]:
+    """The DLPack stream integer for work on CUDA ``device`` that no array names: ``stream``
+    when given, else torch's current stream there when torch is imported, else None (the
+    legacy default stream)."""
+    if stream is not None:
+        return _stream_handle(stream)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        index = torch.cuda.current_device() if device is None else device
+        return _stream_handle(torch.cuda.current_stream(index))
     return None
 
 
@@ -429,3 +443,89 @@ class KvCache:
     def bits_v(self) -> int:
         """Bits per value coordinate."""
         return self._cache.bits_v
+
+
+class CudaKvCache:
+    """The paged compressed KV cache of one attention layer on a CUDA GPU (a build with the
+    cargo feature ``cuda``), byte for byte what the CPU's paged cache holds.
+
+    ``batch`` sequences of up to ``max_tokens`` tokens each, in pages of ``page_tokens``
+    (allocated up front); each key and value vector is stored as its norm and ``bits_k`` /
+    ``bits_v``-bit codes, as :class:`KvCache`. Appends and attention read the caller's device
+    arrays in place and run on the caller's stream (the module's stream rule); the cache's own
+    memory is allocated on the stream current at construction: use it there, or order other
+    streams after it.
+
+    Args:
+        dim: d, the head dimension (64..=256).
+        kv_heads: Hkv, KV heads.
+        batch: sequences in the cache.
+        max_tokens: tokens each sequence may hold.
+        bits_k: bits per key coordinate (2, 3, 4 or 8).
+        bits_v: bits per value coordinate (2, 3, 4 or 8).
+        seed: seed of the layer's rotation.
+        norms: ``"f32"`` or ``"f16"`` stored norms.
+        codebook: ``"lloyd-max"`` or ``"aura"``.
+        page_tokens: tokens per page.
+        device: CUDA device index (None: deltakv's, ``DELTAKV_CUDA_DEVICE`` or 0).
+        stream: the stream of the construction (see the module's stream rule).
+
+    Example (on a GPU, with torch)::
+
+        cache = deltakv.CudaKvCache(dim=128, kv_heads=2, batch=2, max_tokens=4096)
+        k, v = torch.randn(2, 2, 100, 2, 128, device="cuda")   # [B, Tn, Hkv, d] each
+        cache.append(k, v, new_lens=[100, 37])     # 100 tokens to sequence 0, 37 to 1
+        o = cache.attend(torch.randn(2, 1, 8, 128, device="cuda"))   # [B, Tq, Hq, d] f32
+    """
+
+    def __init__(self, dim: int, kv_heads: int, batch: int, max_tokens: int, bits_k: int = 4,
+                 bits_v: int = 2, seed: int = 0, norms: str = "f32",
+                 codebook: str = "lloyd-max", page_tokens: int = 64,
+                 device: Optional[int] = None, stream: Any = None) -> None:
+        if not CUDA_BUILT:
+            raise RuntimeError("device `cuda` is not available: this deltakv was built without "
+                               "CUDA (build it with the cargo feature `cuda`)")
+        self._cache = _deltakv.CudaKvCache(dim, kv_heads, batch, max_tokens, bits_k, bits_v,
+                                           seed, norms, codebook, page_tokens, device,
+                                           _device_stream(device, stream))
+
+    def append(self, k: Any, v: Any, new_lens: Optional[Any] = None, *,
+               stream: Any = None) -> None:
+        """Encodes and appends ``new_lens[b]`` tokens (every ``Tn`` when None) of ``k``, ``v``
+        ``[B, Tn, kv_heads, dim]`` (float32, float16 or bfloat16 on the GPU, read in place) to
+        sequence b. Refuses, changing nothing, a non-finite input (this waits for the stream
+        to know)."""
+        lens = None if new_lens is None else [int(n) for n in new_lens]
+        self._cache.append(_input(k), _input(v), lens, _cuda_stream(k, stream))
+
+    def attend(self, q: Any, scale: Optional[float] = None, *, stream: Any = None) -> Any:
+        """Attention of ``q`` ``[B, Tq, Hq, dim]`` (on the GPU, read in place) over the cache,
+        query i of sequence b at position ``len_b - Tq + i`` (Tq = 1 is decode). Returns o
+        ``[B, Tq, Hq, dim]`` float32 on the GPU, of q's kind."""
+        o = self._cache.attend(_input(q), None if scale is None else float(scale),
+                               _cuda_stream(q, stream))
+        return _as_kind_of(o, q)
+
+    def bytes(self) -> int:
+        """Bytes of codes and norms of the tokens held (keys and values, every sequence and
+        head)."""
+        return self._cache.bytes()
+
+    def seq_len(self, seq: int) -> int:
+        """Tokens cached for sequence ``seq``."""
+        return self._cache.seq_len(seq)
+
+    @property
+    def dim(self) -> int:
+        """d, the head dimension."""
+        return self._cache.dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, KV heads."""
+        return self._cache.kv_heads
+
+    @property
+    def batch(self) -> int:
+        """Sequences in the cache."""
+        return self._cache.batch

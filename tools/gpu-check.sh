@@ -32,7 +32,7 @@
 #                                   # on CUDA torch tensors (crates/python/tests/test_cuda.py: FLA
 #                                   # signatures against the f64 references, zero copies, the
 #                                   # stream handshake) and the patched tiny Qwen3-Next on CUDA,
-#                                   # then the whole suite; logs and figures under $OUT.
+#                                   # then the rest of the suite; logs and figures under $OUT.
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping), then `bench gdn --device wgpu` beside
@@ -112,9 +112,10 @@ py-cuda)
         export PYTHONPATH=/tmp/pytest-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     python3 -c 'import deltakv; print("deltakv", deltakv.__file__, "CUDA_BUILT", deltakv.CUDA_BUILT)' 2>&1 | tee -a "$out/gpu.txt"
-    # The CUDA tests first (-s: their error figures in the log), then the whole suite (the CPU
-    # tests on the same wheel, torch CPU tensors included).
-    for run in cuda:"crates/python/tests/test_cuda.py crates/python/tests/test_qwen3_next.py" all:crates/python/tests; do
+    # The CUDA tests first (-s: their error figures in the log), then the rest of the suite (the
+    # CPU tests on the same wheel, torch CPU tensors included).
+    for run in cuda:"crates/python/tests/test_cuda.py crates/python/tests/test_qwen3_next.py" \
+        rest:"crates/python/tests --ignore=crates/python/tests/test_cuda.py"; do
         name=${run%%:*}
         # shellcheck disable=SC2086
         if python3 -m pytest -v -rs -s -p no:cacheprovider ${run#*:} >"$logs/pytest-$name.log" 2>&1; then

@@ -294,6 +294,9 @@ impl DeviceResult {
     /// that wrote the result: an event recorded on the work's stream, waited for on the
     /// consumer's (no host wait). Nothing to do on the work's own stream.
     pub fn order_before(&self, stream: i64) -> PyResult<()> {
+        // 0 is not a DLPack stream number; a consumer that passes its null stream handle
+        // means the legacy default stream.
+        let stream = if stream == 0 { 1 } else { stream };
         if stream == -1 || stream == self.stream {
             return Ok(());
         }

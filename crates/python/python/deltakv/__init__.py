@@ -30,7 +30,9 @@ arrays, else the legacy default stream. It is passed to each input's
 stream; results are allocated on it and freed on it when the caller drops them. The only host
 wait is the index check of decode (``slot_indices``) and of a varlen prefill
 (``cu_seqlens``), read back before launching: it waits for the caller's stream up to the call,
-never for the whole device.
+never for the whole device. With an explicit ``stream=`` other than torch's current stream,
+keep the inputs alive until that stream has run the call (torch's ``record_stream`` rule: a
+tensor freed on its own stream may be reused there while the other stream still reads it).
 
 Errors from deltakv carry its one-line message: ``ValueError`` for bad shapes, dtypes or
 values, ``NotImplementedError`` for what deltakv does not support, ``RuntimeError`` for a

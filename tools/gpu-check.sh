@@ -30,6 +30,15 @@
 #                                   # beside copy/read ceilings, each checked), then
 #                                   # compute-sanitizer memcheck and racecheck over the lab's
 #                                   # small shapes and the KV attention test; logs in $OUT.
+#   tools/gpu-check.sh build-py     # here: only the Python wheel built with `--features cuda`
+#                                   # (stripped) and pytest's wheels, in .carry/python (`build`
+#                                   # makes them too)
+#   tools/gpu-check.sh py-cuda      # there, carrying .carry/python only: the wheel installed with
+#                                   # pip --no-deps into the system python, then the Python tests
+#                                   # on CUDA torch tensors (crates/python/tests/test_cuda.py: FLA
+#                                   # signatures against the f64 references, zero copies, the
+#                                   # stream handshake) and the patched tiny Qwen3-Next on CUDA,
+#                                   # then the rest of the suite; logs and figures under $OUT.
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping; the KV suite included), then `bench gdn` and
@@ -40,15 +49,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu}
-# The KV lab (tools/kv-lab/kv_lab.cu) built with nvcc (PATH, else CUDA 13 under /opt/cu13) to $1.
+mode=${1:?usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda}
+# A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
+# /opt/cu13) to $1. The prefill lab runs there as `.carry/prefill_lab [T]`.
 kv_lab_build() {
     local cuda=/opt/cu13/nvidia/cu13 nvcc=nvcc
     command -v nvcc >/dev/null || nvcc=$cuda/bin/nvcc
-    "$nvcc" -O3 -std=c++17 -arch=sm_90a -L"$cuda/lib" -o "$1" tools/kv-lab/kv_lab.cu
+    "$nvcc" -O3 -std=c++17 -arch=sm_90a -L"$cuda/lib" -o "$1" "${2:-tools/kv-lab/kv_lab.cu}"
+}
+
+# The Python package built with `--features cuda` (cudarc loads the driver at run time, so the
+# same wheel runs on the CPU without a GPU) and pytest's wheels (the GPU machine has no network),
+# in .carry/python: a few MB, carried alone for `py-cuda`.
+build_python() {
+    rm -rf .carry/python && mkdir -p .carry/python
+    local venv=target/gpu-check-py
+    [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q maturin; }
+    "$venv/bin/maturin" build --release --strip --features cuda -m crates/python/Cargo.toml \
+        -o .carry/python
+    "$venv/bin/pip" download -q --only-binary=:all: --python-version 3.9 --dest .carry/python \
+        pytest exceptiongroup tomli
+    du -sh .carry/python
 }
 
 case "$mode" in
+build-py)
+    build_python
+    ;;
 build)
     cargo build --release --features cuda,wgpu
     rm -rf .carry && mkdir -p .carry/tests .carry/vulkan
@@ -77,8 +104,49 @@ for line in sys.stdin:
 '
     strip .carry/deltakv .carry/tests/*
     kv_lab_build .carry/kv_lab
+    kv_lab_build .carry/prefill_lab tools/prefill-lab/prefill_lab.cu
     [ -d .whl ] || bash ../shared/tools/fla-wheels.sh .whl
+    build_python
     du -sh .carry .whl
+    ;;
+py-cuda)
+    # Results in $out: gpu.txt, figures.txt (every error figure the tests printed),
+    # summary.txt and every log in logs.tar.gz.
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    {
+        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+        python3 -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "none (torch sees no CUDA GPU)")' || true
+    } 2>&1 | tee "$out/gpu.txt"
+    wheel=$(ls .carry/python/deltakv-*.whl)
+    pip=(python3 -m pip install --no-deps --force-reinstall --no-index -q)
+    "${pip[@]}" "$wheel" >"$logs/pip.log" 2>&1 || "${pip[@]}" --break-system-packages "$wheel" >>"$logs/pip.log" 2>&1
+    if ! python3 -c 'import pytest' 2>/dev/null; then
+        python3 -m pip install -q --no-index --find-links .carry/python --target /tmp/pytest-site pytest \
+            >>"$logs/pip.log" 2>&1
+        export PYTHONPATH=/tmp/pytest-site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    python3 -c 'import deltakv; print("deltakv", deltakv.__file__, "CUDA_BUILT", deltakv.CUDA_BUILT)' 2>&1 | tee -a "$out/gpu.txt"
+    # The CUDA tests first (-s: their error figures in the log), then the rest of the suite (the
+    # CPU tests on the same wheel, torch CPU tensors included).
+    for run in cuda:"crates/python/tests/test_cuda.py crates/python/tests/test_qwen3_next.py" \
+        rest:"crates/python/tests --ignore=crates/python/tests/test_cuda.py"; do
+        name=${run%%:*}
+        # shellcheck disable=SC2086
+        if python3 -m pytest -v -rs -s -p no:cacheprovider ${run#*:} >"$logs/pytest-$name.log" 2>&1; then
+            summary+=("PASS pytest $name: $(tail -n 1 "$logs/pytest-$name.log")")
+        else
+            summary+=("FAIL pytest $name: $(tail -n 1 "$logs/pytest-$name.log"); $(grep -h '^FAILED' "$logs/pytest-$name.log" | head -n 5 | tr '\n' ' ')")
+        fi
+    done
+    grep -h "rel_rms\|side stream\|SKIPPED" "$logs/pytest-cuda.log" >"$out/figures.txt" || true
+    summary+=("$(grep -h 'patched Qwen3-Next on cuda' "$logs/pytest-cuda.log" | tr '\n' ';' || true)")
+    summary+=("$(grep -h 'side stream prefill' "$logs/pytest-cuda.log" || true)")
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 run)
     # Results in $out (at most 8 files come back from the GPU machine): gpu.txt, bench.txt,
@@ -333,7 +401,7 @@ wgpu)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu" >&2
+    echo "usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,7 @@
 //! The CUDA runtime of deltakv: one context on one GPU per process, one stream that every op
-//! and copy is ordered on, and the kernels compiled at first use.
+//! and copy is ordered on, and the kernels compiled at first use. [`Cuda::on_stream`] gives a
+//! handle that launches the same kernels on a caller's stream instead (an engine's current
+//! stream, handed over through DLPack).
 //!
 //! Opening the device never panics: libcuda is probed before cudarc touches it (cudarc panics
 //! when the library is missing), and every failure becomes a one-line `Err`.
@@ -17,8 +19,9 @@ pub struct Cuda {
     name: String,
     arch: String,
     multiprocessors: usize,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    /// Shared with the handles of [`Cuda::on_stream`]: a kernel is compiled once per process.
+    modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
+    functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -129,9 +132,38 @@ impl Cuda {
             name,
             arch: arch_for(major, minor),
             multiprocessors,
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            modules: Arc::default(),
+            functions: Arc::default(),
         })
+    }
+
+    /// A handle on the same GPU and kernels whose ops, copies and allocations are all queued on
+    /// `cu_stream`, a stream that another library owns (PyTorch's current stream, CuPy's), so
+    /// deltakv's work is ordered with the caller's without events or waits. Buffers allocated
+    /// through the handle are freed on that stream too (stream-ordered), after the work the
+    /// caller queued there before dropping them. A null `cu_stream` is the legacy default
+    /// stream.
+    ///
+    /// # Safety
+    /// `cu_stream` must be a live stream of this device's primary context (the one PyTorch and
+    /// CuPy use), outliving the handle and every buffer allocated through it.
+    pub unsafe fn on_stream(&self, cu_stream: cudarc::driver::sys::CUstream) -> Cuda {
+        // SAFETY: the caller's contract; the wrapper never destroys the stream.
+        let stream = unsafe { self.context.wrap_borrowed_stream(cu_stream) };
+        Cuda {
+            context: self.context.clone(),
+            stream,
+            name: self.name.clone(),
+            arch: self.arch.clone(),
+            multiprocessors: self.multiprocessors,
+            modules: self.modules.clone(),
+            functions: self.functions.clone(),
+        }
+    }
+
+    /// The device's index (what `DELTAKV_CUDA_DEVICE` chose; 0 by default).
+    pub fn ordinal(&self) -> usize {
+        self.context.ordinal()
     }
 
     /// The GPU's name, e.g. "NVIDIA H100 80GB HBM3".
@@ -149,7 +181,8 @@ impl Cuda {
         self.multiprocessors
     }
 
-    /// The stream every deltakv op and copy runs on.
+    /// The stream every deltakv op and copy of this handle runs on: deltakv's own, or the
+    /// caller's (see [`Cuda::on_stream`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

@@ -1,20 +1,20 @@
-//! DLPack on the CPU, both ways, without copies.
+//! DLPack's structs and the import of a caller's array, without a copy.
 //!
-//! In: [`Borrowed::import`] asks an object for its `__dlpack__` capsule (DLPack 1.x
+//! [`device_of`] reads where an array lives (`__dlpack_device__`): the CPU or a CUDA GPU.
+//! [`Borrowed::import`] then asks the array for its `__dlpack__` capsule (DLPack 1.x
 //! `DLManagedTensorVersioned` when the producer speaks it, else the legacy `DLManagedTensor`),
-//! checks device, dtype, layout (C-contiguous only) and alignment, and views the producer's
-//! memory as a [`HostView`] / [`HostViewMut`]. The capsule is held until the view is dropped;
-//! it is never renamed "used", so the producer's own capsule destructor runs the deleter then.
+//! passing the stream deltakv's work will be queued on for a CUDA array (the DLPack stream
+//! handshake: the producer orders its pending writes before that stream), checks device,
+//! dtype, layout (C-contiguous only) and alignment, and keeps the address. The capsule is held
+//! until the [`Borrowed`] is dropped; it is never renamed "used", so the producer's own capsule
+//! destructor runs the deleter then. CPU arrays are read as a [`HostView`] / [`HostViewMut`];
+//! CUDA arrays become borrowed `CudaTensor`s (module `cuda`).
 //!
-//! Out: [`Exported`] owns a result's elements (the kernel's output `Vec`) and hands them out
-//! once through `__dlpack__` as a legacy `DLManagedTensor` whose deleter frees the `Vec`;
-//! `numpy.from_dlpack` / `torch.from_dlpack` wrap that memory without a copy.
-//!
-//! The struct layouts are those of `dlpack.h` (v1.0); only the CPU device is accepted here.
+//! The struct layouts are those of `dlpack.h` (v1.0). Results go out through `export`.
 
 use deltakv::half::{bf16, f16};
 use deltakv::{DType, HostView, HostViewMut, TensorSlice, TensorSliceMut};
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -22,61 +22,135 @@ use std::ffi::{CStr, c_void};
 
 /// `kDLCPU`.
 pub const DEVICE_CPU: i32 = 1;
+/// `kDLCUDA`.
+pub const DEVICE_CUDA: i32 = 2;
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
 
-const LEGACY: &CStr = c"dltensor";
-const VERSIONED: &CStr = c"dltensor_versioned";
+pub(crate) const LEGACY: &CStr = c"dltensor";
+pub(crate) const VERSIONED: &CStr = c"dltensor_versioned";
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DLDevice {
-    device_type: i32,
-    device_id: i32,
+/// Where an array's memory is: DLPack's `(device_type, device_id)`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Device {
+    pub kind: i32,
+    pub id: i32,
+}
+
+impl Device {
+    pub const CPU: Device = Device {
+        kind: DEVICE_CPU,
+        id: 0,
+    };
+
+    pub fn is_cpu(self) -> bool {
+        self.kind == DEVICE_CPU
+    }
+
+    pub fn is_cuda(self) -> bool {
+        self.kind == DEVICE_CUDA
+    }
+
+    fn same(self, other: Device) -> bool {
+        self.kind == other.kind && (self.is_cpu() || self.id == other.id)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            DEVICE_CPU => write!(f, "the CPU"),
+            DEVICE_CUDA => write!(f, "cuda:{}", self.id),
+            kind => write!(f, "DLPack device type {kind} (id {})", self.id),
+        }
+    }
+}
+
+/// The device of `obj` from its `__dlpack_device__` (an array without one is taken to be on
+/// the CPU; its capsule is checked on import).
+pub fn device_of(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
+    if !obj.hasattr("__dlpack_device__")? {
+        return Ok(Device::CPU);
+    }
+    let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    Ok(Device { kind, id })
+}
+
+/// The one device of a call's arrays (`None` entries are absent optional arguments): an array
+/// on another device than the first is a `ValueError` naming both, and so is a device that
+/// deltakv does not run on (neither the CPU nor a CUDA GPU).
+pub fn call_device(arrays: &[(&str, Option<&Bound<'_, PyAny>>)]) -> PyResult<Device> {
+    let mut first: Option<(&str, Device)> = None;
+    for (name, obj) in arrays {
+        let Some(obj) = obj else { continue };
+        let device = device_of(obj)?;
+        if !device.is_cpu() && !device.is_cuda() {
+            return Err(PyValueError::new_err(format!(
+                "tensor `{name}` is on {device}; deltakv runs on the CPU and on CUDA GPUs"
+            )));
+        }
+        match first {
+            None => first = Some((name, device)),
+            Some((first_name, first_device)) if !first_device.same(device) => {
+                return Err(PyValueError::new_err(format!(
+                    "tensor `{name}` is on {device} but `{first_name}` is on {first_device}; every tensor of a call must be on one device"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(first.map_or(Device::CPU, |(_, d)| d))
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DLDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
+pub(crate) struct DLDevice {
+    pub(crate) device_type: i32,
+    pub(crate) device_id: i32,
 }
 
 #[repr(C)]
-struct DLTensor {
-    data: *mut c_void,
-    device: DLDevice,
-    ndim: i32,
-    dtype: DLDataType,
-    shape: *mut i64,
-    strides: *mut i64,
-    byte_offset: u64,
+#[derive(Clone, Copy)]
+pub(crate) struct DLDataType {
+    pub(crate) code: u8,
+    pub(crate) bits: u8,
+    pub(crate) lanes: u16,
 }
 
 #[repr(C)]
-struct DLManagedTensor {
-    dl_tensor: DLTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+pub(crate) struct DLTensor {
+    pub(crate) data: *mut c_void,
+    pub(crate) device: DLDevice,
+    pub(crate) ndim: i32,
+    pub(crate) dtype: DLDataType,
+    pub(crate) shape: *mut i64,
+    pub(crate) strides: *mut i64,
+    pub(crate) byte_offset: u64,
 }
 
 #[repr(C)]
-struct DLPackVersion {
-    major: u32,
-    minor: u32,
+pub(crate) struct DLManagedTensor {
+    pub(crate) dl_tensor: DLTensor,
+    pub(crate) manager_ctx: *mut c_void,
+    pub(crate) deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
 #[repr(C)]
-struct DLManagedTensorVersioned {
-    version: DLPackVersion,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
-    flags: u64,
-    dl_tensor: DLTensor,
+pub(crate) struct DLPackVersion {
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
 }
 
-fn dlpack_dtype(dtype: DType) -> DLDataType {
+#[repr(C)]
+pub(crate) struct DLManagedTensorVersioned {
+    pub(crate) version: DLPackVersion,
+    pub(crate) manager_ctx: *mut c_void,
+    pub(crate) deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    pub(crate) flags: u64,
+    pub(crate) dl_tensor: DLTensor,
+}
+
+pub(crate) fn dlpack_dtype(dtype: DType) -> DLDataType {
     let (code, bits) = match dtype {
         DType::F32 => (2, 32),
         DType::F16 => (2, 16),
@@ -120,21 +194,48 @@ fn parse_dtype(name: &str, t: DLDataType) -> PyResult<DType> {
     }
 }
 
-/// A caller's array, viewed in place: its capsule (kept alive, so the memory is), the address,
-/// shape and dtype of its elements, and whether the producer marked it read-only.
+/// A caller's array, borrowed in place: its capsule (kept alive, so the memory is), the
+/// device and address, shape and dtype of its elements, and whether the producer marked it
+/// read-only.
 pub struct Borrowed {
     name: String,
     _capsule: Py<PyAny>,
+    device: Device,
     data: *mut u8,
     shape: Vec<usize>,
     dtype: DType,
     read_only: bool,
 }
 
+// SAFETY: the raw address is only dereferenced by deltakv's kernels while the capsule (a Python
+// object, kept alive by `self`) holds the memory; moving the handle to the thread that runs
+// the kernel with the GIL released changes nothing about that.
+unsafe impl Send for Borrowed {}
+
 impl Borrowed {
-    /// Views `obj` (anything with `__dlpack__` on the CPU) in place. A non-contiguous or
-    /// misaligned array, another device or an unknown dtype is a `ValueError` naming `name`.
-    pub fn import(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+    /// Views `obj` (anything with `__dlpack__` on the CPU) in place; an array on a GPU is a
+    /// `ValueError` naming `name` and `what` (the part of deltakv that runs on the CPU only).
+    pub fn import_host(name: &str, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let device = device_of(obj)?;
+        if !device.is_cpu() {
+            return Err(PyValueError::new_err(format!(
+                "tensor `{name}` is on {device}; {what} runs on the CPU"
+            )));
+        }
+        Self::import(name, obj, Device::CPU, None)
+    }
+
+    /// Borrows `obj` in place on `device` (what [`call_device`] found). For a CUDA array,
+    /// `stream` (a DLPack stream integer: 1 the legacy default stream, 2 the per-thread default
+    /// stream, else a `CUstream` handle) is passed to `__dlpack__`, so the producer orders its
+    /// pending work on the array before that stream. A non-contiguous or misaligned array, a
+    /// capsule on another device or an unknown dtype is a `ValueError` naming `name`.
+    pub fn import(
+        name: &str,
+        obj: &Bound<'_, PyAny>,
+        device: Device,
+        stream: Option<i64>,
+    ) -> PyResult<Self> {
         let py = obj.py();
         if !obj.hasattr("__dlpack__")? {
             return Err(PyValueError::new_err(format!(
@@ -142,19 +243,18 @@ impl Borrowed {
                 obj.get_type().name()?
             )));
         }
-        if obj.hasattr("__dlpack_device__")? {
-            let (device, _id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
-            if device != DEVICE_CPU {
-                return Err(PyValueError::new_err(format!(
-                    "tensor `{name}` is not on the CPU (DLPack device type {device}); deltakv's Python functions run on the CPU in this build"
-                )));
-            }
-        }
         let kwargs = PyDict::new(py);
+        if device.is_cuda() {
+            kwargs.set_item("stream", stream.unwrap_or(1))?;
+        }
+        let plain = kwargs.copy()?;
         kwargs.set_item("max_version", (1, 0))?;
         let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
             Ok(c) => c,
-            Err(e) if e.is_instance_of::<PyTypeError>(py) => obj.call_method0("__dlpack__")?,
+            // A producer older than DLPack 1.0 takes no max_version.
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+                obj.call_method("__dlpack__", (), Some(&plain))?
+            }
             Err(e) => return Err(e),
         };
         let raw = capsule.as_ptr();
@@ -183,10 +283,13 @@ impl Borrowed {
                 )));
             }
         };
-        if tensor.device.device_type != DEVICE_CPU {
+        let found = Device {
+            kind: tensor.device.device_type,
+            id: tensor.device.device_id,
+        };
+        if !found.same(device) {
             return Err(PyValueError::new_err(format!(
-                "tensor `{name}` is not on the CPU (DLPack device type {})",
-                tensor.device.device_type
+                "tensor `{name}`: its DLPack capsule is on {found}, expected {device}"
             )));
         }
         let dtype = parse_dtype(name, tensor.dtype)?;
@@ -231,6 +334,7 @@ impl Borrowed {
         Ok(Self {
             name: name.to_string(),
             _capsule: capsule.unbind(),
+            device,
             data,
             shape,
             dtype,
@@ -248,6 +352,29 @@ impl Borrowed {
 
     pub fn shape(&self) -> &[usize] {
         &self.shape
+    }
+
+    /// Err unless the array may be written in place (the producer did not mark it read-only).
+    pub fn check_writable(&self) -> PyResult<()> {
+        if self.read_only {
+            return Err(PyValueError::new_err(format!(
+                "tensor `{}` is read-only, but the call writes it in place",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Err unless the memory is host memory (a view of device memory would be read by the
+    /// CPU).
+    fn check_host(&self) -> PyResult<()> {
+        if !self.device.is_cpu() {
+            return Err(PyValueError::new_err(format!(
+                "tensor `{}` is on {}, not on the CPU",
+                self.name, self.device
+            )));
+        }
+        Ok(())
     }
 
     /// The address of the first element.
@@ -277,6 +404,7 @@ impl Borrowed {
 
     /// The elements, read in place.
     pub fn view(&self) -> PyResult<HostView<'_>> {
+        self.check_host()?;
         let n: usize = self.shape.iter().product();
         // SAFETY: `import` checked the address is non-null and aligned (or n == 0, where a
         // dangling aligned pointer stands in) and C-contiguous, so `n` elements of `dtype`
@@ -296,12 +424,8 @@ impl Borrowed {
     /// The elements, to be written in place (a state pool). A read-only array is a
     /// `ValueError`.
     pub fn view_mut(&mut self) -> PyResult<HostViewMut<'_>> {
-        if self.read_only {
-            return Err(PyValueError::new_err(format!(
-                "tensor `{}` is read-only, but the call writes it in place",
-                self.name
-            )));
-        }
+        self.check_host()?;
+        self.check_writable()?;
         let n: usize = self.shape.iter().product();
         // SAFETY: as in `view`; `&mut self` makes this the only view handed out, and the
         // caller checked no other input of the call overlaps it (`check_disjoint`).
@@ -352,208 +476,4 @@ fn is_c_contiguous(shape: &[usize], strides: &[i64]) -> bool {
         expected = expected.saturating_mul(d as i64);
     }
     true
-}
-
-/// A result's elements, owned until `__dlpack__` hands them to the consumer.
-pub enum Owned {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-}
-
-impl Owned {
-    fn dtype(&self) -> DType {
-        match self {
-            Owned::F32(_) => DType::F32,
-            Owned::F16(_) => DType::F16,
-            Owned::BF16(_) => DType::BF16,
-        }
-    }
-
-    fn data_ptr(&mut self) -> *mut c_void {
-        match self {
-            Owned::F32(v) => v.as_mut_ptr().cast(),
-            Owned::F16(v) => v.as_mut_ptr().cast(),
-            Owned::BF16(v) => v.as_mut_ptr().cast(),
-        }
-    }
-}
-
-impl From<deltakv::TensorData> for Owned {
-    fn from(data: deltakv::TensorData) -> Self {
-        match data {
-            deltakv::TensorData::F32(v) => Owned::F32(v),
-            deltakv::TensorData::F16(v) => Owned::F16(v),
-            deltakv::TensorData::BF16(v) => Owned::BF16(v),
-            // The ops return float tensors only.
-            deltakv::TensorData::I32(v) => Owned::F32(v.into_iter().map(|x| x as f32).collect()),
-            deltakv::TensorData::I64(v) => Owned::F32(v.into_iter().map(|x| x as f32).collect()),
-        }
-    }
-}
-
-/// What a legacy managed tensor owns: the elements and the shape it points into.
-struct Context {
-    /// Held, not read: the memory `dl_tensor.data` points into, freed with the context.
-    _elements: Owned,
-    shape: Vec<i64>,
-}
-
-unsafe extern "C" fn delete_managed(m: *mut DLManagedTensor) {
-    // SAFETY: `m` and its context were made by `Box::into_raw` in `Exported::__dlpack__`, and
-    // a DLPack consumer calls the deleter exactly once.
-    unsafe {
-        let m = Box::from_raw(m);
-        drop(Box::from_raw(m.manager_ctx.cast::<Context>()));
-    }
-}
-
-unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
-    // SAFETY: as `delete_managed`.
-    unsafe {
-        let m = Box::from_raw(m);
-        drop(Box::from_raw(m.manager_ctx.cast::<Context>()));
-    }
-}
-
-/// Runs the deleter of a capsule that no consumer took (still named "dltensor" or
-/// "dltensor_versioned").
-unsafe extern "C" fn delete_unused_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: called by Python on a capsule we made; IsValid sets no exception.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr()).cast::<DLManagedTensor>();
-            if let Some(deleter) = (*m).deleter {
-                deleter(m);
-            }
-        } else if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr())
-                .cast::<DLManagedTensorVersioned>();
-            if let Some(deleter) = (*m).deleter {
-                deleter(m);
-            }
-        }
-    }
-}
-
-/// A result of a deltakv call, exported once through DLPack (CPU memory). The Python layer
-/// passes it to the caller's `from_dlpack` (`numpy`, `torch`, ...) right away.
-#[pyclass(module = "deltakv._deltakv", name = "Exported")]
-pub struct Exported {
-    elements: Option<(Owned, Vec<usize>)>,
-}
-
-impl Exported {
-    pub fn new(elements: Owned, shape: Vec<usize>) -> Self {
-        Self {
-            elements: Some((elements, shape)),
-        }
-    }
-
-    pub fn from_tensor(t: deltakv::HostTensor) -> Self {
-        let shape = t.shape().to_vec();
-        let data = match t.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => t.into_data(),
-            _ => unreachable!("the ops return float tensors"),
-        };
-        Self::new(Owned::from(data), shape)
-    }
-}
-
-#[pymethods]
-impl Exported {
-    /// A DLPack capsule over the elements (CPU, writable): a `DLManagedTensorVersioned` (1.0)
-    /// when the consumer passes `max_version >= (1, 0)`, else a legacy `DLManagedTensor`. The
-    /// consumer owns them from then on. A second call is a `BufferError`.
-    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
-    fn __dlpack__(
-        &mut self,
-        py: Python<'_>,
-        stream: Option<Py<PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let _ = stream; // CPU memory: nothing to order.
-        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        if dl_device.is_some_and(|(device, _)| device != DEVICE_CPU) {
-            return Err(PyBufferError::new_err(
-                "deltakv's results are on the CPU and are not copied to another device",
-            ));
-        }
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "deltakv exports its results without copies (copy=True is not supported)",
-            ));
-        }
-        let (mut elements, shape) = self
-            .elements
-            .take()
-            .ok_or_else(|| PyBufferError::new_err("this deltakv result was already exported"))?;
-        let dtype = elements.dtype();
-        let data = elements.data_ptr();
-        let mut context = Box::new(Context {
-            _elements: elements,
-            shape: shape.iter().map(|&d| d as i64).collect(),
-        });
-        let dl_tensor = DLTensor {
-            data,
-            device: DLDevice {
-                device_type: DEVICE_CPU,
-                device_id: 0,
-            },
-            ndim: shape.len() as i32,
-            dtype: dlpack_dtype(dtype),
-            shape: context.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        };
-        let manager_ctx = Box::into_raw(context).cast();
-        // SAFETY: a capsule over our managed tensor, with a static name and a destructor that
-        // frees it only if no consumer took it; on failure we free it ourselves.
-        unsafe {
-            let capsule = if versioned {
-                let managed = Box::into_raw(Box::new(DLManagedTensorVersioned {
-                    version: DLPackVersion { major: 1, minor: 0 },
-                    manager_ctx,
-                    deleter: Some(delete_versioned),
-                    flags: 0,
-                    dl_tensor,
-                }));
-                let capsule = ffi::PyCapsule_New(
-                    managed.cast(),
-                    VERSIONED.as_ptr(),
-                    Some(delete_unused_capsule),
-                );
-                if capsule.is_null() {
-                    delete_versioned(managed);
-                }
-                capsule
-            } else {
-                let managed = Box::into_raw(Box::new(DLManagedTensor {
-                    dl_tensor,
-                    manager_ctx,
-                    deleter: Some(delete_managed),
-                }));
-                let capsule = ffi::PyCapsule_New(
-                    managed.cast(),
-                    LEGACY.as_ptr(),
-                    Some(delete_unused_capsule),
-                );
-                if capsule.is_null() {
-                    delete_managed(managed);
-                }
-                capsule
-            };
-            if capsule.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            Ok(Py::from_owned_ptr(py, capsule))
-        }
-    }
-
-    /// `(kDLCPU, 0)`.
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        (DEVICE_CPU, 0)
-    }
 }

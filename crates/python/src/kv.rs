@@ -2,7 +2,8 @@
 //! (encoded on the way in), attend with new queries (flash-decoding over the packed codes),
 //! and the bytes it holds.
 
-use crate::dlpack::{Borrowed, Exported, Owned};
+use crate::dlpack::Borrowed;
+use crate::export::{Exported, Owned};
 use crate::{record_buffers, to_py_err};
 use deltakv::kv::{AttnOptions, CodebookKind, KvScheme, NormDType, attend_compressed};
 use deltakv::{DType, HostData};
@@ -14,6 +15,34 @@ use pyo3::prelude::*;
 #[pyclass(module = "deltakv._deltakv", name = "KvCache")]
 pub struct KvCache {
     cache: deltakv::kv::KvCache,
+}
+
+/// The scheme of a cache from the Python constructor's arguments.
+pub(crate) fn scheme(
+    dim: usize,
+    kv_heads: usize,
+    bits_k: u32,
+    bits_v: u32,
+    seed: u64,
+    norms: &str,
+    codebook: &str,
+) -> PyResult<KvScheme> {
+    let norm_dtype = match norms {
+        "f32" => NormDType::F32,
+        "f16" => NormDType::F16,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "norms `{other}`: expected f32 or f16"
+            )));
+        }
+    };
+    let codebook: CodebookKind = codebook.parse().map_err(to_py_err)?;
+    Ok(KvScheme {
+        norm_dtype,
+        codebook,
+        seed,
+        ..KvScheme::new(dim, kv_heads, bits_k, bits_v)
+    })
 }
 
 /// The f32 elements of `b`, or a `ValueError` naming it and its shape layout.
@@ -44,22 +73,7 @@ impl KvCache {
         norms: &str,
         codebook: &str,
     ) -> PyResult<Self> {
-        let norm_dtype = match norms {
-            "f32" => NormDType::F32,
-            "f16" => NormDType::F16,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "norms `{other}`: expected f32 or f16"
-                )));
-            }
-        };
-        let codebook: CodebookKind = codebook.parse().map_err(to_py_err)?;
-        let scheme = KvScheme {
-            norm_dtype,
-            codebook,
-            seed,
-            ..KvScheme::new(dim, kv_heads, bits_k, bits_v)
-        };
+        let scheme = scheme(dim, kv_heads, bits_k, bits_v, seed, norms, codebook)?;
         let cache = deltakv::kv::KvCache::new(scheme, batch).map_err(to_py_err)?;
         Ok(Self { cache })
     }
@@ -73,7 +87,10 @@ impl KvCache {
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (k, v) = (Borrowed::import("k", k)?, Borrowed::import("v", v)?);
+        let (k, v) = (
+            Borrowed::import_host("k", k, "deltakv's KvCache")?,
+            Borrowed::import_host("v", v, "deltakv's KvCache")?,
+        );
         let (kf, vf) = (
             f32_values(&k, "[n, kv_heads, dim]")?,
             f32_values(&v, "[n, kv_heads, dim]")?,
@@ -108,7 +125,7 @@ impl KvCache {
         q: &Bound<'_, PyAny>,
         scale: Option<f32>,
     ) -> PyResult<Exported> {
-        let q = Borrowed::import("q", q)?;
+        let q = Borrowed::import_host("q", q, "deltakv's KvCache")?;
         let qf = f32_values(&q, "[B, Tq, Hq, dim]")?;
         let s = self.cache.scheme();
         let shape = q.shape().to_vec();

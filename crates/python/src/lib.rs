@@ -1,16 +1,23 @@
 //! The native half of deltakv's Python package (`deltakv._deltakv`); the public functions,
 //! their FLA signatures and docstrings are in `python/deltakv/__init__.py`.
 //!
-//! Tensors cross the boundary through DLPack (module `dlpack`): inputs are read in place (C-contiguous
-//! CPU arrays, no copy), a state pool is updated in place, and results are the kernels' own
-//! output buffers handed to the caller's `from_dlpack` (no copy either).
+//! Tensors cross the boundary through DLPack (module `dlpack`): inputs are read in place
+//! (C-contiguous CPU arrays, or CUDA arrays with the cargo feature `cuda`; no copy), a state
+//! pool is updated in place, and results are the kernels' own output buffers handed to the
+//! caller's `from_dlpack` (module `export`; no copy either).
 //!
-//! * `gdn`: GDN prefill and decode over a state pool.
-//! * `kv`: the compressed KV cache class.
+//! * `gdn`: GDN prefill and decode over a state pool, on the CPU or (module `cuda`) the GPU,
+//!   ordered on the caller's CUDA stream.
+//! * `kv`: the compressed KV cache class; `kv_cuda` (feature `cuda`): the paged one on a GPU.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod dlpack;
+mod export;
 mod gdn;
 mod kv;
+#[cfg(feature = "cuda")]
+mod kv_cuda;
 
 use deltakv::Error;
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
@@ -55,7 +62,10 @@ fn _deltakv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gdn::gdn_prefill, m)?)?;
     m.add_function(wrap_pyfunction!(gdn::gdn_decode, m)?)?;
     m.add_function(wrap_pyfunction!(last_call_buffers, m)?)?;
-    m.add_class::<dlpack::Exported>()?;
+    m.add_class::<export::Exported>()?;
+    m.add("CUDA_BUILT", cfg!(feature = "cuda"))?;
     m.add_class::<kv::KvCache>()?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<kv_cuda::CudaKvCache>()?;
     Ok(())
 }

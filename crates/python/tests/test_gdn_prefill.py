@@ -157,11 +157,35 @@ class _FakeGpuTensor:
         return (2, 0)  # kDLCUDA
 
 
-def test_non_cpu_device_raises_value_error():
+def test_mixed_devices_raise_value_error():
     rng = np.random.default_rng(4)
     q, k, v, g, beta, _ = make_case(rng, 1, 4, 1, 1, 8, 8)
-    with pytest.raises(ValueError, match="run on the CPU in this build"):
+    with pytest.raises(ValueError, match=r"^tensor `k` is on the CPU but `q` is on cuda:0; "
+                                         r"every tensor of a call must be on one device$"):
         deltakv.chunk_gated_delta_rule(_FakeGpuTensor(q), k, v, g, beta)
+
+
+def test_cuda_tensors_without_a_gpu_say_so_in_one_line():
+    """Arrays that claim to be on a GPU: a build without the feature `cuda`, or a machine
+    without the driver, says so in one line; on a GPU machine deltakv finds the fake's capsule
+    is host memory."""
+    rng = np.random.default_rng(4)
+    arrays = [_FakeGpuTensor(x) for x in make_case(rng, 1, 4, 1, 1, 8, 8)[:5]]
+    try:
+        deltakv.chunk_gated_delta_rule(*arrays)
+    except RuntimeError as e:
+        message = str(e)
+        print(f"CUDA tensor here: {message}")
+        assert "\n" not in message and message.startswith("device `cuda` is not available: ")
+        if deltakv.CUDA_BUILT:
+            assert "no CUDA device" in message or "NVRTC" in message
+        else:
+            assert "built without CUDA" in message
+    except ValueError as e:
+        assert deltakv.CUDA_BUILT
+        assert str(e) == "tensor `q`: its DLPack capsule is on the CPU, expected cuda:0"
+    else:
+        raise AssertionError("a CUDA tensor ran on the CPU")
 
 
 class _CpuDlpack:

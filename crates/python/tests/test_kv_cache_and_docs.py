@@ -108,3 +108,14 @@ def test_typing_stub_matches_the_package():
                 assert params(fn) == list(inspect.signature(attr).parameters), (name, method)
         else:
             assert params(node) == list(inspect.signature(real).parameters), name
+
+
+def test_cuda_kv_cache_without_a_gpu_says_so_in_one_line():
+    try:
+        cache = deltakv.CudaKvCache(dim=64, kv_heads=1, batch=1, max_tokens=64)
+    except RuntimeError as e:
+        message = str(e)
+        print(f"CudaKvCache here: {message}")
+        assert "\n" not in message and message.startswith("device `cuda` is not available: ")
+    else:  # a machine with a GPU: tests/test_cuda.py checks it
+        assert cache.batch == 1 and cache.seq_len(0) == 0 and cache.bytes() == 0

@@ -1,5 +1,6 @@
-"""deltakv from Python (CPU): Gated DeltaNet prefill with flash-linear-attention's signatures,
-decode over a state pool in place, and the compressed KV cache.
+"""deltakv from Python (CPU, and CUDA GPUs in a build with the cargo feature ``cuda``): Gated
+DeltaNet prefill with flash-linear-attention's signatures, decode over a state pool in place,
+and the compressed KV cache (:class:`KvCache` on the CPU, :class:`CudaKvCache` on a GPU).
 
 Layouts (time-major, as FLA): q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g (log decay) and
 beta ``[B, T, H]``; ``initial_state`` and the final state ``[N, H, K, V]`` float32, where N is
@@ -7,13 +8,31 @@ B, or the number of sequences with ``cu_seqlens`` (``[N + 1]`` int32/int64 offse
 B == 1). Value head h reads key head ``h // (H // Hg)`` (GQA/GVA, as FLA), so H must be a
 multiple of Hg. q, k and v share one dtype (float32, float16 or bfloat16); o has v's dtype.
 
-Tensors travel through DLPack, without copies. Inputs: any array with ``__dlpack__`` on the
-CPU (NumPy, torch, JAX, ...), C-contiguous, read where it is (a non-contiguous NumPy array or
-torch tensor given to the prefill functions is first made contiguous: that one copy is the
-only one). A state pool is written in place. Outputs: the kernel's own result buffers, handed
-to the caller's ``from_dlpack``, so they come back as the caller's kind (a torch tensor for
-torch inputs, a NumPy array for NumPy inputs) on the CPU. The GIL is released while a kernel
-runs: do not write the arrays of a call from another thread meanwhile.
+Tensors travel through DLPack, without copies. Inputs: any array with ``__dlpack__`` (NumPy,
+torch, CuPy, JAX, ...), C-contiguous, read where it is (a non-contiguous NumPy array or torch
+tensor given to the prefill functions is first made contiguous: that one copy is the only
+one). A state pool is written in place. Outputs: the kernel's own result buffers, handed to
+the caller's ``from_dlpack``, so they come back as the caller's kind (a torch tensor for torch
+inputs, a NumPy array for NumPy inputs) on the caller's device. The GIL is released while a
+kernel runs: do not write the arrays of a call from another thread meanwhile.
+
+Devices: a call runs where its tensors are, all on one device (else ``ValueError``): the CPU
+backend for host arrays, deltakv's CUDA backend for CUDA arrays (torch CUDA tensors, CuPy) in
+a build with the ``cuda`` feature (``deltakv.CUDA_BUILT``). Without a GPU or driver a CUDA
+tensor raises one-line ``RuntimeError`` (``device `cuda` is not available: ...``).
+
+The stream rule (CUDA): the work is queued on the caller's current stream, so an engine can
+call deltakv inside its own step with no synchronisation. The stream is ``stream=`` when
+given (a ``torch.cuda.Stream``, a CuPy stream or a ``cudaStream_t`` integer), else
+``torch.cuda.current_stream(device)`` for torch tensors, CuPy's current stream for CuPy
+arrays, else the legacy default stream. It is passed to each input's
+``__dlpack__(stream=...)`` (the DLPack handshake) and deltakv's kernels run on that very
+stream; results are allocated on it and freed on it when the caller drops them. The only host
+wait is the index check of decode (``slot_indices``) and of a varlen prefill
+(``cu_seqlens``), read back before launching: it waits for the caller's stream up to the call,
+never for the whole device. With an explicit ``stream=`` other than torch's current stream,
+keep the inputs alive until that stream has run the call (torch's ``record_stream`` rule: a
+tensor freed on its own stream may be reused there while the other stream still reads it).
 
 Errors from deltakv carry its one-line message: ``ValueError`` for bad shapes, dtypes or
 values, ``NotImplementedError`` for what deltakv does not support, ``RuntimeError`` for a
@@ -25,11 +44,15 @@ from typing import Any, Optional, Tuple
 
 from . import _deltakv
 
+CUDA_BUILT: bool = _deltakv.CUDA_BUILT
+"""True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
+
 __all__ = [
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule_decode",
     "KvCache",
+    "CudaKvCache",
 ]
 
 
@@ -58,6 +81,48 @@ def _contiguous_input(x: Any) -> Any:
     return x
 
 
+def _stream_handle(stream: Any) -> int:
+    """A DLPack stream integer from ``stream``: a ``torch.cuda.Stream`` (``cuda_stream``), a
+    CuPy stream (``ptr``) or an integer; 0, the legacy default stream's handle, becomes 1, its
+    DLPack number."""
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute):
+            stream = getattr(stream, attribute)
+            break
+    stream = int(stream)
+    return 1 if stream == 0 else stream
+
+
+def _cuda_stream(x: Any, stream: Any) -> Optional[int]:
+    """The DLPack stream integer deltakv's work on ``x``'s device is queued on: ``stream`` when
+    given, else the current stream of torch or CuPy for their CUDA arrays, else None (the CPU,
+    or the legacy default stream for other CUDA arrays)."""
+    if stream is not None:
+        return _stream_handle(stream)
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or int(device()[0]) != 2:  # kDLCUDA
+        return None
+    root = _root_module(x)
+    if root == "torch":
+        return _stream_handle(sys.modules["torch"].cuda.current_stream(x.device))
+    if root == "cupy":
+        return _stream_handle(sys.modules["cupy"].cuda.get_current_stream())
+    return None
+
+
+def _device_stream(device: Optional[int], stream: Any) -> Optional[int]:
+    """The DLPack stream integer for work on CUDA ``device`` that no array names: ``stream``
+    when given, else torch's current stream there when torch is imported, else None (the
+    legacy default stream)."""
+    if stream is not None:
+        return _stream_handle(stream)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        index = torch.cuda.current_device() if device is None else device
+        return _stream_handle(torch.cuda.current_stream(index))
+    return None
+
+
 def _as_kind_of(result: Any, like: Any) -> Any:
     """The exported ``result`` as an array of ``like``'s library, through its ``from_dlpack``
     (no copy); NumPy for anything without one."""
@@ -77,12 +142,12 @@ def _as_kind_of(result: Any, like: Any) -> Any:
 
 
 def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
-             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, kwargs):
+             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs):
     for name in kwargs:
         raise NotImplementedError(
             f"deltakv does not support the argument `{name}` of FLA's {fla_name}"
         )
-    o, state = _deltakv.gdn_prefill(
+    o, final_state = _deltakv.gdn_prefill(
         mode,
         _contiguous_input(q),
         _contiguous_input(k),
@@ -93,10 +158,10 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
         None if initial_state is None else _contiguous_input(initial_state),
         None if cu_seqlens is None else _contiguous_input(cu_seqlens),
         bool(use_qk_l2norm_in_kernel),
+        bool(output_final_state),
+        _cuda_stream(q, stream),
     )
-    o = _as_kind_of(o, q)
-    final_state = _as_kind_of(state, q) if output_final_state else None
-    return o, final_state
+    return _as_kind_of(o, q), None if final_state is None else _as_kind_of(final_state, q)
 
 
 def chunk_gated_delta_rule(
@@ -110,9 +175,13 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet prefill, chunked (64-token WY chunks), on the CPU; FLA's signature.
+    """Gated DeltaNet prefill, chunked (64-token WY chunks), on the tensors' device (the CPU,
+    or a CUDA GPU: tensor cores, bf16 products with f32 accumulation and state); FLA's
+    signature.
 
     Per token and value head h (key head ``h // (H // Hg)``): optionally l2-normalise q and k,
     then ``S <- exp(g) S``, ``v' = beta (v - S^T k)``, ``S <- S + k v'^T``,
@@ -129,15 +198,21 @@ def chunk_gated_delta_rule(
         output_final_state: return the final state (else None).
         cu_seqlens: ``[N + 1]`` int32/int64 sequence offsets into T (then B == 1), or None.
         use_qk_l2norm_in_kernel: l2-normalise q and k per head (eps 1e-6 inside the sqrt).
+        stream: CUDA only: the stream to queue the work on (a ``torch.cuda.Stream``, a CuPy
+            stream or a ``cudaStream_t`` integer); None means the current stream of torch /
+            CuPy on the tensors' device (see the module's stream rule).
         **kwargs: any other FLA argument raises NotImplementedError naming it.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype; final_state ``[N, H, K, V]``
-        float32, or None when not asked for; of q's kind (torch tensors for torch inputs).
+        float32, or None when not asked for; of q's kind on q's device (torch tensors for
+        torch inputs), deltakv's own buffers (no copy).
 
     Raises:
-        ValueError: bad shapes, dtypes or values (deltakv's message), or a non-CPU tensor.
+        ValueError: bad shapes, dtypes or values (deltakv's message), or tensors on
+            different devices.
         NotImplementedError: an FLA argument deltakv does not support.
+        RuntimeError: CUDA tensors without a usable GPU or driver, or a build without CUDA.
 
     Example:
         >>> import numpy as np, deltakv
@@ -154,7 +229,7 @@ def chunk_gated_delta_rule(
         ((1, 100, 4, 64), (1, 4, 64, 64), dtype('float32'))
     """
     return _prefill("chunk", "chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
-                    output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, kwargs)
+                    output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -168,13 +243,19 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet prefill, token by token (the recurrence), on the CPU; FLA's signature.
+    """Gated DeltaNet prefill, token by token (the recurrence), on the tensors' device; FLA's
+    signature.
 
     Same arguments, shapes and results as :func:`chunk_gated_delta_rule`:
     q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; initial_state and
     final_state ``[N, H, K, V]`` float32; cu_seqlens ``[N + 1]``; o ``[B, T, H, V]``.
+    On a CUDA GPU, T <= 16 without cu_seqlens (decode steps) runs deltakv's decode kernels
+    (the recurrence in float32, from a copy of initial_state); longer or varlen calls run
+    the chunked kernels (the same function, bf16 products).
 
     Example:
         >>> import numpy as np, deltakv
@@ -189,7 +270,7 @@ def fused_recurrent_gated_delta_rule(
     """
     return _prefill("recurrent", "fused_recurrent_gated_delta_rule", q, k, v, g, beta, scale,
                     initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
-                    kwargs)
+                    stream, kwargs)
 
 
 def gated_delta_rule_decode(
@@ -208,8 +289,10 @@ def gated_delta_rule_decode(
     scale: Optional[float] = None,
     use_qk_l2norm_in_kernel: bool = False,
     output_intermediate_states: bool = False,
+    stream: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
-    """Gated DeltaNet decode over a state pool, in place, on the CPU.
+    """Gated DeltaNet decode over a state pool, in place, on the tensors' device (the CPU or a
+    CUDA GPU, where the pool is the caller's device memory, written by the kernel).
 
     Row b advances the state in slot ``slot_indices[b]`` of ``state_pool`` by its T new
     tokens (the recurrence of :func:`chunk_gated_delta_rule`), reading and writing the
@@ -237,6 +320,9 @@ def gated_delta_rule_decode(
         scale: output scale; None means ``K ** -0.5``.
         use_qk_l2norm_in_kernel: l2-normalise q and k per head.
         output_intermediate_states: also return the state after every token.
+        stream: CUDA only: the stream to queue the work on (see
+            :func:`chunk_gated_delta_rule`). The index check reads slot_indices on the host,
+            which waits for that stream up to the call.
 
     Returns:
         ``(o, intermediate_states)``: o ``[B, T, H, V]`` in v's dtype; intermediate_states
@@ -272,12 +358,14 @@ def gated_delta_rule_decode(
         None if scale is None else float(scale),
         bool(use_qk_l2norm_in_kernel),
         bool(output_intermediate_states),
+        _cuda_stream(q, stream),
     )
     return _as_kind_of(o, q), None if states is None else _as_kind_of(states, q)
 
 
 class KvCache:
-    """The compressed KV cache of one attention layer, on the CPU.
+    """The compressed KV cache of one attention layer, on the CPU (CPU arrays only; a CUDA
+    tensor raises ValueError).
 
     Each key and value vector (head dim d, 64..=256) is stored as its norm and ``bits_k`` /
     ``bits_v``-bit codebook indices of its rotated direction (a seeded randomised Hadamard
@@ -357,3 +445,89 @@ class KvCache:
     def bits_v(self) -> int:
         """Bits per value coordinate."""
         return self._cache.bits_v
+
+
+class CudaKvCache:
+    """The paged compressed KV cache of one attention layer on a CUDA GPU (a build with the
+    cargo feature ``cuda``), byte for byte what the CPU's paged cache holds.
+
+    ``batch`` sequences of up to ``max_tokens`` tokens each, in pages of ``page_tokens``
+    (allocated up front); each key and value vector is stored as its norm and ``bits_k`` /
+    ``bits_v``-bit codes, as :class:`KvCache`. Appends and attention read the caller's device
+    arrays in place and run on the caller's stream (the module's stream rule); the cache's own
+    memory is allocated on the stream current at construction: use it there, or order other
+    streams after it.
+
+    Args:
+        dim: d, the head dimension (64..=256).
+        kv_heads: Hkv, KV heads.
+        batch: sequences in the cache.
+        max_tokens: tokens each sequence may hold.
+        bits_k: bits per key coordinate (2, 3, 4 or 8).
+        bits_v: bits per value coordinate (2, 3, 4 or 8).
+        seed: seed of the layer's rotation.
+        norms: ``"f32"`` or ``"f16"`` stored norms.
+        codebook: ``"lloyd-max"`` or ``"aura"``.
+        page_tokens: tokens per page.
+        device: CUDA device index (None: deltakv's, ``DELTAKV_CUDA_DEVICE`` or 0).
+        stream: the stream of the construction (see the module's stream rule).
+
+    Example (on a GPU, with torch)::
+
+        cache = deltakv.CudaKvCache(dim=128, kv_heads=2, batch=2, max_tokens=4096)
+        k, v = torch.randn(2, 2, 100, 2, 128, device="cuda")   # [B, Tn, Hkv, d] each
+        cache.append(k, v, new_lens=[100, 37])     # 100 tokens to sequence 0, 37 to 1
+        o = cache.attend(torch.randn(2, 1, 8, 128, device="cuda"))   # [B, Tq, Hq, d] f32
+    """
+
+    def __init__(self, dim: int, kv_heads: int, batch: int, max_tokens: int, bits_k: int = 4,
+                 bits_v: int = 2, seed: int = 0, norms: str = "f32",
+                 codebook: str = "lloyd-max", page_tokens: int = 64,
+                 device: Optional[int] = None, stream: Any = None) -> None:
+        if not CUDA_BUILT:
+            raise RuntimeError("device `cuda` is not available: this deltakv was built without "
+                               "CUDA (build it with the cargo feature `cuda`)")
+        self._cache = _deltakv.CudaKvCache(dim, kv_heads, batch, max_tokens, bits_k, bits_v,
+                                           seed, norms, codebook, page_tokens, device,
+                                           _device_stream(device, stream))
+
+    def append(self, k: Any, v: Any, new_lens: Optional[Any] = None, *,
+               stream: Any = None) -> None:
+        """Encodes and appends ``new_lens[b]`` tokens (every ``Tn`` when None) of ``k``, ``v``
+        ``[B, Tn, kv_heads, dim]`` (float32, float16 or bfloat16 on the GPU, read in place) to
+        sequence b. Refuses, changing nothing, a non-finite input (this waits for the stream
+        to know)."""
+        lens = None if new_lens is None else [int(n) for n in new_lens]
+        self._cache.append(_input(k), _input(v), lens, _cuda_stream(k, stream))
+
+    def attend(self, q: Any, scale: Optional[float] = None, *, stream: Any = None) -> Any:
+        """Attention of ``q`` ``[B, Tq, Hq, dim]`` (on the GPU, read in place) over the cache,
+        query i of sequence b at position ``len_b - Tq + i`` (Tq = 1 is decode). Returns o
+        ``[B, Tq, Hq, dim]`` float32 on the GPU, of q's kind."""
+        o = self._cache.attend(_input(q), None if scale is None else float(scale),
+                               _cuda_stream(q, stream))
+        return _as_kind_of(o, q)
+
+    def bytes(self) -> int:
+        """Bytes of codes and norms of the tokens held (keys and values, every sequence and
+        head)."""
+        return self._cache.bytes()
+
+    def seq_len(self, seq: int) -> int:
+        """Tokens cached for sequence ``seq``."""
+        return self._cache.seq_len(seq)
+
+    @property
+    def dim(self) -> int:
+        """d, the head dimension."""
+        return self._cache.dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, KV heads."""
+        return self._cache.kv_heads
+
+    @property
+    def batch(self) -> int:
+        """Sequences in the cache."""
+        return self._cache.batch

@@ -1,6 +1,11 @@
-"""Typing stub of deltakv (CPU): FLA-compatible Gated DeltaNet prefill, decode over a state
-pool in place, and the compressed KV cache. Arrays are anything with ``__dlpack__`` on the CPU
-(NumPy, torch, JAX, ...); results are of the caller's kind.
+"""Typing stub of deltakv: FLA-compatible Gated DeltaNet prefill, decode over a state pool in
+place (CPU, and CUDA in a build with the cargo feature ``cuda``), and the compressed KV cache
+(CPU). Arrays are anything with ``__dlpack__`` (NumPy, torch, CuPy, JAX, ...), all of a call on
+one device; results are of the caller's kind on the caller's device. CUDA work is queued on
+``stream`` when given (a torch.cuda.Stream, a CuPy stream or a cudaStream_t integer), else on
+torch's / CuPy's current stream of the tensors' device: no synchronisation, the caller's
+stream orders it (decode, and prefill with cu_seqlens, wait for that stream up to the call to
+read the indices on the host).
 
 Shapes: q, k [B, T, Hg, K]; v [B, T, H, V] (H a multiple of Hg); g, beta [B, T, H];
 initial_state and the final state [N, H, K, V] float32; cu_seqlens [N + 1] int (then B == 1);
@@ -11,11 +16,15 @@ float32. KV cache: k, v [n, kv_heads, dim] float32; q and o [B, Tq, Hq, dim] flo
 
 from typing import Any, Optional, Tuple
 
+CUDA_BUILT: bool
+"""True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
+
 __all__ = [
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule_decode",
     "KvCache",
+    "CudaKvCache",
 ]
 
 def chunk_gated_delta_rule(
@@ -29,6 +38,8 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Chunked GDN prefill: q, k [B, T, Hg, K]; v [B, T, H, V]; g, beta [B, T, H];
@@ -47,6 +58,8 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Optional[Any] = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    stream: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Token-by-token GDN prefill; the shapes of :func:`chunk_gated_delta_rule`."""
@@ -68,6 +81,7 @@ def gated_delta_rule_decode(
     scale: Optional[float] = None,
     use_qk_l2norm_in_kernel: bool = False,
     output_intermediate_states: bool = False,
+    stream: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
     """GDN decode in place: q, k [B, T, Hg, K] (T <= 16); v [B, T, H, V]; state_pool
     [S, H, K, V] f32/bf16 (written in place); slot_indices [B] (negative skips); g, beta
@@ -108,3 +122,24 @@ class KvCache:
     def bits_k(self) -> int: ...
     @property
     def bits_v(self) -> int: ...
+
+class CudaKvCache:
+    """The paged compressed KV cache on a CUDA GPU (build feature ``cuda``): k, v
+    [B, Tn, kv_heads, dim] and q [B, Tq, Hq, dim] on the GPU (f32/f16/bf16); o [B, Tq, Hq, dim]
+    f32 on the GPU; on the caller's stream."""
+
+    def __init__(self, dim: int, kv_heads: int, batch: int, max_tokens: int, bits_k: int = 4,
+                 bits_v: int = 2, seed: int = 0, norms: str = "f32",
+                 codebook: str = "lloyd-max", page_tokens: int = 64,
+                 device: Optional[int] = None, stream: Any = None) -> None: ...
+    def append(self, k: Any, v: Any, new_lens: Optional[Any] = None, *,
+               stream: Any = None) -> None: ...
+    def attend(self, q: Any, scale: Optional[float] = None, *, stream: Any = None) -> Any: ...
+    def bytes(self) -> int: ...
+    def seq_len(self, seq: int) -> int: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def batch(self) -> int: ...

@@ -179,12 +179,10 @@ def test_decode_in_place_on_the_callers_pool(case):
 
 
 def test_stream_handshake_on_a_side_stream_without_synchronising():
-    """Work queued on a non-default torch stream behind a long GPU sleep: deltakv's prefill
-    is queued on that stream and reads the values the stream wrote before it; decode updates
-    the pool after the stream's earlier writes; results are right once the stream finishes.
-    Whether the prefill call returned before the stream drained is printed, not asserted: its
-    small host-to-device uploads (chunk tables) come from pageable memory, which the H100's
-    driver (580, CUDA 13) copies only once the stream reaches them."""
+    """Work queued on a non-default torch stream behind a long GPU sleep: a prefill with an
+    initial state there is refused (it returned NaN on the H100: a known defect) rather than
+    answered wrongly; decode updates the pool after the stream's earlier writes; results are
+    right once the stream finishes."""
     rng = np.random.default_rng(2)
     q, k, v, g, beta, s0 = make_case(rng, 2, 200, 2, 4, 128, 128, l2=True, init=True)
     acts = [on_gpu(x) for x in (q, k, v, g, beta)]
@@ -193,20 +191,9 @@ def test_stream_handshake_on_a_side_stream_without_synchronising():
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        # The inputs the call must see are written on the side stream after ~0.1 s of sleep.
-        ones = torch.ones_like(state)
-        torch.cuda._sleep(200_000_000)
-        state.mul_(ones * 2)  # the initial state doubles, on the side stream
-        o, final = deltakv.chunk_gated_delta_rule(*acts, initial_state=state,
-                                                  output_final_state=True)
-        busy = not side.query()
-        o_after = o * 1  # a consumer on the same stream
+        with pytest.raises(NotImplementedError, match="runs on the default stream only"):
+            deltakv.chunk_gated_delta_rule(*acts, initial_state=state, output_final_state=True)
     side.synchronize()
-    ref_o, ref_s = reference(q, k, v, g, beta, initial_state=2 * s0, l2=True)
-    o_err, s_err = rel_rms(host(o_after), ref_o), rel_rms(host(final), ref_s)
-    returned = "returned while the stream was busy" if busy else "waited for the stream"
-    print(f"side stream prefill: o {o_err:.3e}, final state {s_err:.3e} (the call {returned})")
-    assert o_err < PREFILL_TOLERANCE and s_err < PREFILL_TOLERANCE
 
     # Decode on the side stream: the pool is rewritten there behind a sleep first.
     B, H, K, V = 4, 4, 128, 128

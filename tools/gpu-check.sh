@@ -138,7 +138,7 @@ py-cuda)
         if python3 -m pytest -v -rs -s -p no:cacheprovider ${run#*:} >"$logs/pytest-$name.log" 2>&1; then
             summary+=("PASS pytest $name: $(tail -n 1 "$logs/pytest-$name.log")")
         else
-            summary+=("FAIL pytest $name: $(tail -n 1 "$logs/pytest-$name.log"); $(grep -h '^FAILED' "$logs/pytest-$name.log" | head -n 5 | tr '\n' ' ')")
+            summary+=("FAIL pytest $name: $(tail -n 1 "$logs/pytest-$name.log"); $(grep -h '^FAILED\|^ERROR' "$logs/pytest-$name.log" | head -n 5 | tr '\n' ' ' || true)")
         fi
     done
     grep -h "rel_rms\|side stream\|SKIPPED" "$logs/pytest-cuda.log" >"$out/figures.txt" || true

@@ -23,26 +23,22 @@
 #define OV_DONE 4
 #define OV_BARRIERS 5
 
-// One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread).
+// One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread). Only the
+// base is kept: each part's address is formed where it is used, which keeps registers free in
+// a kernel at its 128-register bound.
 template <int KP>
 struct OverlapStage {
     static constexpr int LDK = KP + PF_PAD;
     static constexpr int HALFS = 3 * PF_CHUNK * LDK + 2 * PF_CHUNK * PF_LDC;  // q, k, w; u, scores
     static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
-    ChunkGates* gates;
-    unsigned short* q;
-    unsigned short* k;
-    unsigned short* w;
-    unsigned short* u;
-    unsigned short* scores;
-    __device__ OverlapStage(unsigned char* base) {
-        gates = (ChunkGates*)base;
-        q = (unsigned short*)(base + PF_GATES_BYTES);
-        k = q + PF_CHUNK * LDK;
-        w = k + PF_CHUNK * LDK;
-        u = w + PF_CHUNK * LDK;
-        scores = u + PF_CHUNK * PF_LDC;
-    }
+    unsigned char* base;
+    __device__ OverlapStage(unsigned char* at) : base(at) {}
+    __device__ ChunkGates* gates() const { return (ChunkGates*)base; }
+    __device__ unsigned short* q() const { return (unsigned short*)(base + PF_GATES_BYTES); }
+    __device__ unsigned short* k() const { return q() + PF_CHUNK * LDK; }
+    __device__ unsigned short* w() const { return q() + 2 * PF_CHUNK * LDK; }
+    __device__ unsigned short* u() const { return q() + 3 * PF_CHUNK * LDK; }
+    __device__ unsigned short* scores() const { return u() + PF_CHUNK * PF_LDC; }
 };
 
 __device__ __forceinline__ void ov_init(unsigned long long* bar, unsigned count) {
@@ -89,22 +85,22 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
     const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    copy_rows_async<KP>(stage.q, LDK, (const unsigned short*)p.q + key_row,
+    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
                         (long long)p.key_heads * KP, len, thread, threads);
-    copy_rows_async<KP>(stage.k, LDK, (const unsigned short*)p.k + key_row,
+    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
                         (long long)p.key_heads * KP, len, thread, threads);
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    copy_rows_async<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
+    copy_rows_async<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
                         PF_CHUNK, thread, threads);
-    copy_rows_async<PF_TILE>(stage.u, PF_LDC,
+    copy_rows_async<PF_TILE>(stage.u(), PF_LDC,
                              (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
                              p.value_pad, PF_CHUNK, thread, threads);
-    copy_rows_async<PF_CHUNK>(stage.scores, PF_LDC,
+    copy_rows_async<PF_CHUNK>(stage.scores(), PF_LDC,
                               (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
                               PF_CHUNK, PF_CHUNK, thread, threads);
     const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
     for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
-        cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
+        cp_async16((unsigned char*)stage.gates() + 16 * i, gates + 16 * i, true);
     }
     ov_arrive_copies(full);
 }
@@ -196,14 +192,14 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
 
             // V' = U - W S and diag(e) V'.
-            const ChunkGates& gates = *stage.gates;
+            const ChunkGates& gates = *stage.gates();
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-#pragma unroll 8
+#pragma unroll 4
             for (int k0 = 0; k0 < KP; k0 += 16) {
                 unsigned a[4];
-                frag_a_ldsm(a, stage.w, LDK, row_tile, k0, lane);
+                frag_a_ldsm(a, stage.w(), LDK, row_tile, k0, lane);
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) {
                     unsigned b0[2], b1[2];
@@ -218,7 +214,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 for (int h = 0; h < 2; ++h) {
                     int r = row_tile + (lane >> 2) + 8 * h;
                     int c = 8 * (n_first + n) + 2 * (lane & 3);
-                    unsigned bits = *(const unsigned*)(stage.u + r * PF_LDC + c);
+                    unsigned bits = *(const unsigned*)(stage.u() + r * PF_LDC + c);
                     float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
                     float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
                     *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
@@ -239,7 +235,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
             for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
                 unsigned a[4];
-                frag_a_transposed(a, stage.k, LDK, 16 * warp, k0, lane);
+                frag_a_transposed(a, stage.k(), LDK, 16 * warp, k0, lane);
 #pragma unroll
                 for (int n = 0; n < 8; n += 2) {
                     unsigned b0[2], b1[2];
@@ -274,7 +270,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
         ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
-        const ChunkGates& gates = *stage.gates;
+        const ChunkGates& gates = *stage.gates();
 
         // diag(d) Q S once S is published, then + scores V' once V' is.
         float out[NT][4];
@@ -284,7 +280,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll 8
         for (int k0 = 0; k0 < KP; k0 += 16) {
             unsigned a[4];
-            frag_a_ldsm(a, stage.q, LDK, row_tile, k0, lane);
+            frag_a_ldsm(a, stage.q(), LDK, row_tile, k0, lane);
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 unsigned b0[2], b1[2];
@@ -306,7 +302,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
         for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
             unsigned a[4];
-            frag_a_ldsm(a, stage.scores, PF_LDC, row_tile, k0, lane);
+            frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, k0, lane);
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 unsigned b0[2], b1[2];

@@ -48,6 +48,8 @@ pub struct KernelResources {
     pub registers: usize,
     /// Bytes of spill stores plus spill loads.
     pub spill_bytes: usize,
+    /// Bytes of the per-thread stack frame (local arrays, spills).
+    pub stack_bytes: usize,
 }
 
 impl Compiled {
@@ -65,8 +67,17 @@ impl Compiled {
                     name: rest.trim().to_string(),
                     registers: 0,
                     spill_bytes: 0,
+                    stack_bytes: 0,
                 });
             } else if let Some(k) = kernels.last_mut() {
+                // "N bytes stack frame, S bytes spill stores, L bytes spill loads"
+                if line.contains("bytes stack frame") {
+                    k.stack_bytes = line
+                        .split_whitespace()
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                }
                 if line.contains("spill stores") {
                     k.spill_bytes = line
                         .split(',')
@@ -79,6 +90,32 @@ impl Compiled {
             }
         }
         kernels
+    }
+
+    /// The names of the kernels in the image: the `.text.NAME` sections of the CUBIN (an ELF
+    /// file), which are there whatever the compiler's log holds.
+    pub fn kernel_names(&self) -> Vec<String> {
+        const PREFIX: &[u8] = b".text.";
+        let mut names = Vec::new();
+        let mut at = 0;
+        while let Some(offset) = self.cubin[at..]
+            .windows(PREFIX.len())
+            .position(|w| w == PREFIX)
+        {
+            let start = at + offset + PREFIX.len();
+            let len = self.cubin[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                .count();
+            if len > 0 {
+                let name = String::from_utf8_lossy(&self.cubin[start..start + len]).into_owned();
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            at = start + len;
+        }
+        names
     }
 
     /// Bytes of spill stores and loads over every kernel in the image.

@@ -233,6 +233,23 @@ impl Cuda {
         Ok(f)
     }
 
+    /// Registers and local memory per thread (spills and stack) of every kernel of `source`,
+    /// as the driver reports them once the image is loaded: the check that holds where NVRTC
+    /// gives no ptxas report.
+    pub fn kernel_local_memory(&self, source: &KernelSource) -> Result<Vec<(String, i32, i32)>> {
+        let module = self.module(source)?;
+        let names = compile::compile(source, &self.arch)?.kernel_names();
+        let mut kernels = Vec::with_capacity(names.len());
+        for name in names {
+            let reading = |e| driver_error(&format!("reading kernel `{name}`"), e);
+            let f = module.load_function(&name).map_err(reading)?;
+            let registers = f.num_regs().map_err(reading)?;
+            let local = f.local_size_bytes().map_err(reading)?;
+            kernels.push((name, registers, local));
+        }
+        Ok(kernels)
+    }
+
     fn module(&self, source: &KernelSource) -> Result<Arc<CudaModule>> {
         if let Some(m) = lock(&self.modules).get(source.name) {
             return Ok(m.clone());

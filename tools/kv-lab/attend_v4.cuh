@@ -222,14 +222,129 @@ __device__ __forceinline__ void kv4_update(KvmShared& st, const Kv4ValTable& vt,
     }
 }
 
+// STEP32: two 16-token tiles (tokens first .. first + 31) per softmax step: one max and one
+// value-norm reduction (3 shuffles each) per 32 tokens instead of per 16, one rescale of the
+// accumulators per 32 tokens (each value step's mma sums run over four mma), one exchange.
+// w32: the warp's [32 tokens][4 rows] weights. sc, kn, vn, v: tile t's (kvm_update's shapes).
+template <int BV, int DP, int VW, unsigned VP>
+__device__ __forceinline__ void kv4_update32(KvmShared& st, float (*w32)[4], const Kv4ValTable& vt,
+                                             const unsigned (&v)[2][4][VW], const float (&kn)[2][2],
+                                             const float (&vn)[2][2], const float (&sc)[2][2][4],
+                                             int first, KvmRun<DP / 16>& run) {
+    constexpr int VM = DP / 16;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const bool lo_col = gid >= 4;
+    const int ra = 2 * (tig & 1);
+    float s[2][2][2];  // tile t, token gid + 8 i, row ra + y
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+                const float part = sc[t][0][2 * i + y] + sc[t][1][2 * i + y];
+                const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
+                const int token = first + 16 * t + gid + 8 * i;
+                s[t][i][y] = token < run.lim[y] ? full * kn[t][i] * run.sfac[y] : KV_NEG_INF;
+            }
+        }
+    }
+    float alpha[2], pw[2][2][2];
+#pragma unroll
+    for (int y = 0; y < 2; ++y) {
+        float mt = fmaxf(fmaxf(s[0][0][y], s[0][1][y]), fmaxf(s[1][0][y], s[1][1][y]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
+        const float m_new = fmaxf(run.m[y], mt);
+        alpha[y] = run.m[y] == KV_NEG_INF ? 0.0f : exp2f(run.m[y] - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                pw[t][i][y] = s[t][i][y] == KV_NEG_INF ? 0.0f : exp2f(s[t][i][y] - m_new);
+                sum += pw[t][i][y];
+            }
+        }
+        run.l[y] = run.l[y] * alpha[y] + sum;
+        run.m[y] = m_new;
+    }
+    float nmax = fmaxf(fmaxf(vn[0][0], vn[0][1]), fmaxf(vn[1][0], vn[1][1]));
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
+    const int e_tile = nmax > 0.0f ? ilogbf(nmax) + 1 : -200;
+    const int e_new = max(run.e, e_tile);
+    const float gamma = ldexpf(1.0f, run.e - e_new);
+    run.e = e_new;
+    if (tig < 2) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float nv = ldexpf(vn[t][i], -e_new);
+                *(float2*)&w32[16 * t + gid + 8 * i][ra] = make_float2(pw[t][i][0] * nv, pw[t][i][1] * nv);
+            }
+        }
+    }
+    __syncwarp();
+    unsigned bw[2][4], bp[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        unsigned sw[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sw[j] = kvm_split(w32[16 * t + tig + 4 * j][gid & 3]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bw[t][j] = lo_col ? (sw[j] >> 16) : ((sw[j] & 0xffffu) | (sw[j] << 16));
+#pragma unroll
+        for (int sp = 0; sp < 2; ++sp) {
+            const unsigned sj = sw[2 * sp], sk = sw[2 * sp + 1];
+            const unsigned his = (sj & 0xffffu) | (sk << 16), los = (sj >> 16) | (sk & 0xffff0000u);
+            bp[t][2 * sp] = lo_col ? los : his;
+            bp[t][2 * sp + 1] = lo_col ? 0u : his;
+        }
+    }
+    __syncwarp();
+    const float fa = alpha[0] * gamma, fb = alpha[1] * gamma;
+#pragma unroll
+    for (int c = 0; c < VM; ++c) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+            for (int sp = 0; sp < 2; ++sp) {
+                static_assert(VP == 0 || BV == 2, "register value tables: 2-bit values");
+                if ((VP >> c) & 1u) {
+                    const int byte = (c % 8) / 2, s0 = 2 * (c % 2);
+                    const unsigned pair = kv4_prmt(v[t][2 * sp][c / 8], v[t][2 * sp + 1][c / 8],
+                                                   (unsigned)(byte | ((byte + 4) << 4)));
+                    unsigned h0, l0, h1, l1;
+                    kv4_vals2(vt, pair, s0, h0, l0);
+                    kv4_vals2(vt, pair, s0 + 1, h1, l1);
+                    kvm_mma(d, h0, h1, l0, l1, bp[t][2 * sp], bp[t][2 * sp + 1]);
+                } else {
+                    const uint2 x = kvm_pair(st.table_v2, v[t][2 * sp][c / 8], c % 8);
+                    const uint2 y = kvm_pair(st.table_v2, v[t][2 * sp + 1][c / 8], c % 8);
+                    kvm_mma(d, x.x, x.y, y.x, y.y, bw[t][2 * sp], bw[t][2 * sp + 1]);
+                }
+            }
+        }
+        run.acc[c][0] = fmaf(run.acc[c][0], fa, d[0]);
+        run.acc[c][1] = fmaf(run.acc[c][1], fb, d[1]);
+        run.acc[c][2] = fmaf(run.acc[c][2], fa, d[2]);
+        run.acc[c][3] = fmaf(run.acc[c][3], fb, d[3]);
+    }
+}
+
 // The library's pages pass 1 (kvp_pass1) with kv4's tile math; d <= 128 (B words in registers).
-template <int BK, int BV, int DP, unsigned KP, unsigned VP>
+// STEP32 needs page_tokens a multiple of 32.
+template <int BK, int BV, int DP, unsigned KP, unsigned VP, bool STEP32 = false>
 __device__ __forceinline__ void kv4_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4, KM = DP / 8;
     constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
     static_assert(DP <= 128, "score B words in registers");
     __shared__ KvmShared st;
     __shared__ __align__(8) unsigned long long full[KVM_WARPS][KVP_STAGES];
+    __shared__ __align__(16) float w32[STEP32 ? KVM_WARPS : 1][32][4];
     extern __shared__ __align__(128) unsigned char kv4_smem[];
     const int section_words = p.head_words;
     unsigned* rings = (unsigned*)kv4_smem;
@@ -290,12 +405,36 @@ __device__ __forceinline__ void kv4_pass1(const KvAttnParams& p) {
         kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
         const unsigned* sec = ring + stage * section_words;
         const int page_first = (first_mine + KVM_WARPS * it) * P;
-        for (int off = 0; off < P && page_first + off < reach; off += KVM_TILE) {
-            KvmTile<KW, VW> cur;
-            kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
-            float sc[2][4];
-            kv4_scores<BK, DP, KW, VW, KP>(st, bq_r, kt, cur, sc);
-            kv4_update<BV, DP, KW, VW, VP>(st, vt, cur, sc, page_first + off, run);
+        for (int off = 0; off < P && page_first + off < reach; off += STEP32 ? 2 * KVM_TILE : KVM_TILE) {
+            if (STEP32) {
+                float sc[2][2][4], kn[2][2], vn[2][2];
+                unsigned v[2][4][VW];
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    KvmTile<KW, VW> cur;
+                    kvp_load<BK, BV, DP>(p, sec, off + KVM_TILE * t, page_first + off + KVM_TILE * t,
+                                         len, gid, tig, cur);
+                    kv4_scores<BK, DP, KW, VW, KP>(st, bq_r, kt, cur, sc[t]);
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        kn[t][i] = cur.kn[i];
+                        vn[t][i] = cur.vn[i];
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                        for (int j = 0; j < VW; ++j) v[t][i][j] = cur.v[i][j];
+                    }
+                }
+                kv4_update32<BV, DP, VW, VP>(st, w32[STEP32 ? warp : 0], vt, v, kn, vn, sc,
+                                             page_first + off, run);
+            } else {
+                KvmTile<KW, VW> cur;
+                kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
+                float sc[2][4];
+                kv4_scores<BK, DP, KW, VW, KP>(st, bq_r, kt, cur, sc);
+                kv4_update<BV, DP, KW, VW, VP>(st, vt, cur, sc, page_first + off, run);
+            }
         }
         kvp_refill(p, table_row, head0, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
                    first_mine, next_page);
@@ -305,9 +444,9 @@ __device__ __forceinline__ void kv4_pass1(const KvAttnParams& p) {
 }
 
 // Masks: KP over the DP/16 key groups, VP over the DP/16 value steps (all: 0xff at d 128).
-#define KV4_KERNEL(NAME, DP, KP, VP)                                                   \
+#define KV4_KERNEL(NAME, DP, KP, VP, ...)                                              \
     extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) NAME(KvAttnParams p) { \
-        kv4_pass1<4, 2, DP, KP, VP>(p);                                                \
+        kv4_pass1<4, 2, DP, KP, VP, ##__VA_ARGS__>(p);                                 \
     }
 KV4_KERNEL(kv4_d128_kp, 128, 0xffu, 0u)
 KV4_KERNEL(kv4_d128_vp, 128, 0u, 0xffu)
@@ -315,5 +454,8 @@ KV4_KERNEL(kv4_d128_kpvp, 128, 0xffu, 0xffu)
 KV4_KERNEL(kv4_d128_kphalf_vp, 128, 0x55u, 0xffu)
 KV4_KERNEL(kv4_d128_kphalf_vphalf, 128, 0x55u, 0x55u)
 KV4_KERNEL(kv4_d128_kpquarter_vp, 128, 0x11u, 0xffu)
+KV4_KERNEL(kv4_d128_step32_kphalf_vp, 128, 0x55u, 0xffu, true)
+KV4_KERNEL(kv4_d128_step32_kpvp, 128, 0xffu, 0xffu, true)
 KV4_KERNEL(kv4_d64_kpvp, 64, 0xfu, 0xfu)
+KV4_KERNEL(kv4_d64_step32_kphalf_vp, 64, 0x5u, 0xfu, true)
 KV4_KERNEL(kv4_d64_kphalf_vp, 64, 0x5u, 0xfu)

@@ -566,6 +566,8 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v4 kp half + vp d64", (const void*)kv4_d64_kphalf_vp,
                                 pages_smem, c.page_tokens, 0));
+        runs.push_back(make_run(c, scale, "v4 step32 + kp half + vp d64",
+                                (const void*)kv4_d64_step32_kphalf_vp, pages_smem, c.page_tokens, 0));
     } else if (d == 128) {
         runs.push_back(make_run(c, scale, "v2 library kv_attend_mma_k4v2_d128",
                                 (const void*)kv_attend_mma_k4v2_d128, v2_smem, 16, 0));
@@ -588,7 +590,9 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                   {"v4 kp + vp", (const void*)kv4_d128_kpvp},
                   {"v4 kp on half the keys + vp", (const void*)kv4_d128_kphalf_vp},
                   {"v4 kp half + vp half", (const void*)kv4_d128_kphalf_vphalf},
-                  {"v4 kp on a quarter of the keys + vp", (const void*)kv4_d128_kpquarter_vp}};
+                  {"v4 kp on a quarter of the keys + vp", (const void*)kv4_d128_kpquarter_vp},
+                  {"v4 step32 + kp half + vp", (const void*)kv4_d128_step32_kphalf_vp},
+                  {"v4 step32 + kp + vp", (const void*)kv4_d128_step32_kpvp}};
         for (const auto& v : v4)
             runs.push_back(make_run(c, scale, v.name, v.kernel, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",

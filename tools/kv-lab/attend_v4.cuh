@@ -14,11 +14,18 @@
 // | 0 for columns n < 4 | n >= 4: the same sums <Lk_hi + Lk_lo, q_hi> + <Lk_hi, q_lo>.
 //
 // VP (2-bit values): the four level words as four byte planes (4 registers). For the step's
-// dimension e and the two tokens j, j' of one mma half, one prmt gathers the code bytes of j and
-// j' (shared by the step's two dimensions), a shift, a mask and an imad make the selector (c_j,
-// 4 + c_j, c_j', 4 + c_j'), and one prmt per f16 half gives (hi c_j, hi c_j') and (lo c_j, lo
-// c_j'): A = (hi j, hi j') | (lo j, lo j') with B = (W_hi j, W_hi j') | (W_lo j, W_lo j') and
-// (W_hi j, W_hi j') | 0, in place of the library's two 8-byte pair-table loads per mma.
+// dimension e and the two tokens j, j' of one mma half, the selector (c_j, 4 + c_j, c_j',
+// 4 + c_j') comes from the two code words interleaved by bytes (one prmt per 8 dimensions) and
+// one mask and one imad per two dimensions; one prmt per f16 half then gives (hi c_j, hi c_j')
+// and (lo c_j, lo c_j'): A = (hi j, hi j') | (lo j, lo j') with B = (W_hi j, W_hi j') | (W_lo j,
+// W_lo j') and (W_hi j, W_hi j') | 0, in place of the library's two 8-byte pair-table loads per
+// mma. KP and VP are masks (per group of 4 key dimensions, per value step), so that part of the
+// decoding can stay on the shared-memory tables and the ALU and MIO pipes share the work.
+//
+// STEP32: two tiles per online-softmax step (see kv4_update32).
+//
+// Kernels that ptxas would spill at the 3-blocks-per-SM bound (168 registers) are left out:
+// step32 without KP, with all keys or a quarter of them on KP.
 
 __device__ __forceinline__ unsigned kv4_prmt(unsigned a, unsigned b, unsigned sel) {
     unsigned r;
@@ -62,12 +69,16 @@ __device__ __forceinline__ void kv4_keys4(const Kv4KeyTable& t, unsigned w, int 
     lo23 = kv4_prmt(pl[2], pl[3], 0x7362u);
 }
 
-// The value A words (hi j, hi j') and (lo j, lo j') of the dimension whose codes sit at bits
-// 2s, 2s + 8 of c (c: byte 0 from token j's word, byte 1 from j').
-__device__ __forceinline__ void kv4_vals2(const Kv4ValTable& t, unsigned c, int s, unsigned& hi,
-                                          unsigned& lo) {
-    const unsigned y = (c >> (2 * s)) & 0x0303u;
-    const unsigned sel = y * 0x11u + 0x4040u;
+// The value A words (hi j, hi j') and (lo j, lo j') of dimension e (< 16) of the lane's code
+// words wj, wk (tokens j, j'). The bytes of both tokens interleaved (one prmt per 8 dimensions),
+// then one mask and one imad make the selectors of two dimensions (e and e + 4, in the two
+// halves); written per dimension, the unrolled callers share these by common subexpressions.
+__device__ __forceinline__ void kv4_vals(const Kv4ValTable& t, unsigned wj, unsigned wk, int e,
+                                         unsigned& hi, unsigned& lo) {
+    const unsigned both = kv4_prmt(wj, wk, e < 8 ? 0x5140u : 0x7362u);
+    const int q = e % 4;
+    const unsigned sel2 = ((both >> (2 * q)) & 0x03030303u) * 0x11u + 0x40404040u;
+    const unsigned sel = (e % 8) < 4 ? sel2 : sel2 >> 16;
     hi = kv4_prmt(t.plane[0], t.plane[1], sel);
     lo = kv4_prmt(t.plane[2], t.plane[3], sel);
 }
@@ -201,13 +212,10 @@ __device__ __forceinline__ void kv4_update(KvmShared& st, const Kv4ValTable& vt,
         for (int sp = 0; sp < 2; ++sp) {
             static_assert(VP == 0 || BV == 2, "register value tables: 2-bit values");
             if ((VP >> c) & 1u) {
-                // Dimensions 2c, 2c + 1: bits 4 (c % 8) .. + 3 of word c / 8, in byte (c % 8) / 2.
-                const int byte = (c % 8) / 2, s0 = 2 * (c % 2);
-                const unsigned pair = kv4_prmt(cur.v[2 * sp][c / 8], cur.v[2 * sp + 1][c / 8],
-                                               (unsigned)(byte | ((byte + 4) << 4)));
+                // Dimensions 2c, 2c + 1: dimensions 2 (c % 8), + 1 of word c / 8.
                 unsigned h0, l0, h1, l1;
-                kv4_vals2(vt, pair, s0, h0, l0);
-                kv4_vals2(vt, pair, s0 + 1, h1, l1);
+                kv4_vals(vt, cur.v[2 * sp][c / 8], cur.v[2 * sp + 1][c / 8], 2 * (c % 8), h0, l0);
+                kv4_vals(vt, cur.v[2 * sp][c / 8], cur.v[2 * sp + 1][c / 8], 2 * (c % 8) + 1, h1, l1);
                 kvm_mma(d, h0, h1, l0, l1, bp[2 * sp], bp[2 * sp + 1]);
             } else {
                 const uint2 x = kvm_pair(st.table_v2, cur.v[2 * sp][c / 8], c % 8);
@@ -314,12 +322,9 @@ __device__ __forceinline__ void kv4_update32(KvmShared& st, float (*w32)[4], con
             for (int sp = 0; sp < 2; ++sp) {
                 static_assert(VP == 0 || BV == 2, "register value tables: 2-bit values");
                 if ((VP >> c) & 1u) {
-                    const int byte = (c % 8) / 2, s0 = 2 * (c % 2);
-                    const unsigned pair = kv4_prmt(v[t][2 * sp][c / 8], v[t][2 * sp + 1][c / 8],
-                                                   (unsigned)(byte | ((byte + 4) << 4)));
                     unsigned h0, l0, h1, l1;
-                    kv4_vals2(vt, pair, s0, h0, l0);
-                    kv4_vals2(vt, pair, s0 + 1, h1, l1);
+                    kv4_vals(vt, v[t][2 * sp][c / 8], v[t][2 * sp + 1][c / 8], 2 * (c % 8), h0, l0);
+                    kv4_vals(vt, v[t][2 * sp][c / 8], v[t][2 * sp + 1][c / 8], 2 * (c % 8) + 1, h1, l1);
                     kvm_mma(d, h0, h1, l0, l1, bp[t][2 * sp], bp[t][2 * sp + 1]);
                 } else {
                     const uint2 x = kvm_pair(st.table_v2, v[t][2 * sp][c / 8], c % 8);
@@ -455,7 +460,6 @@ KV4_KERNEL(kv4_d128_kphalf_vp, 128, 0x55u, 0xffu)
 KV4_KERNEL(kv4_d128_kphalf_vphalf, 128, 0x55u, 0x55u)
 KV4_KERNEL(kv4_d128_kpquarter_vp, 128, 0x11u, 0xffu)
 KV4_KERNEL(kv4_d128_step32_kphalf_vp, 128, 0x55u, 0xffu, true)
-KV4_KERNEL(kv4_d128_step32_kpvp, 128, 0xffu, 0xffu, true)
 KV4_KERNEL(kv4_d64_kpvp, 64, 0xfu, 0xfu)
 KV4_KERNEL(kv4_d64_step32_kphalf_vp, 64, 0x5u, 0xfu, true)
 KV4_KERNEL(kv4_d64_kphalf_vp, 64, 0x5u, 0xfu)

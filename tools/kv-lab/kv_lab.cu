@@ -591,8 +591,7 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                   {"v4 kp on half the keys + vp", (const void*)kv4_d128_kphalf_vp},
                   {"v4 kp half + vp half", (const void*)kv4_d128_kphalf_vphalf},
                   {"v4 kp on a quarter of the keys + vp", (const void*)kv4_d128_kpquarter_vp},
-                  {"v4 step32 + kp half + vp", (const void*)kv4_d128_step32_kphalf_vp},
-                  {"v4 step32 + kp + vp", (const void*)kv4_d128_step32_kpvp}};
+                  {"v4 step32 + kp half + vp", (const void*)kv4_d128_step32_kphalf_vp}};
         for (const auto& v : v4)
             runs.push_back(make_run(c, scale, v.name, v.kernel, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",

@@ -36,6 +36,7 @@
 #include "attend_v3.cuh"
 #include "attend_v4.cuh"
 #include "encode_v3.cuh"
+#include "encode_v4.cuh"
 
 #define CHECK(x)                                                                              \
     do {                                                                                      \
@@ -693,6 +694,8 @@ static void encode_lab() {
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},
                         {"pred + register nearest + next prefetched", (const void*)kv3_encode_pred_reg_next},
                         {"pred + grid (keys) / compares (values)", (const void*)kv3_encode_pred_grid},
+                        {"v4 four lanes per vector, 4 blocks/SM", (const void*)kv4_encode_lanes4_b4},
+                        {"v4 four lanes per vector, 5 blocks/SM", (const void*)kv4_encode_lanes4_b5},
                         {"ablation of grid: f32 sqrt/div (no check)", (const void*)kv3_abl_f64},
                         {"ablation of grid: no lane butterflies (no check)", (const void*)kv3_abl_lanes},
                         {"ablation of grid: no search (no check)", (const void*)kv3_abl_search},

@@ -1,13 +1,14 @@
 // Compressed-KV lab: times deltakv's attention over the paged compressed cache (the library's
-// tensor-core kernel, included as it is, beside candidate kernels from attend_v3.cuh) and its
-// encode (the library's Hadamard kernel beside encode_v3.cuh) on one GPU in one process, with a
+// tensor-core kernels, included as they are, beside candidate kernels from attend_v3.cuh and
+// attend_v4.cuh) and its encode (the library's Hadamard kernel beside encode_v3.cuh and
+// encode_v4.cuh) on one GPU in one process, with a
 // device copy and a device read measured in the same run. Every attention output is checked
 // against a plain f64 reference kernel here (rel_rms; FAIL past 1e-5), every encode's pool word
 // for word against the library kernel (which the Rust suite checks against the CPU codec).
 //
 // Shapes (issue 12): Hq 32, Hkv 8, d 128, 4-bit keys, 2-bit values, f32 norms, pages of 64
-// tokens in a shuffled order, bf16 queries; B 8 x 32768 and B 1 x 131072. A d = 256 check
-// (B 2, 1000 and 77 tokens, Hq 8, Hkv 2). Encode: 8 x 8192 new bf16 tokens (Hkv 8, d 128).
+// tokens in a shuffled order, bf16 queries; B 8 x 32768 and B 1 x 131072. d = 256 and d = 64
+// checks (B 2, 1000 and 76 tokens, Hq 8, Hkv 2). Encode: 8 x 8192 new bf16 tokens (Hkv 8, d 128).
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -o kv_lab tools/kv-lab/kv_lab.cu
 // Run:   kv_lab [attend|encode|all]      (all by default)

@@ -7,6 +7,23 @@ use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use deltakv_contract::tensor::TensorMeta;
 use deltakv_contract::{DType, Error, HostTensor, Result};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static POISON_SCRATCH: AtomicBool = AtomicBool::new(false);
+
+/// Makes [`CudaTensor::scratch`] fill new scratch memory with 0xFF bytes (NaN in every float
+/// type), so a kernel that reads an element it never wrote shows it: the GPU test suites turn
+/// it on. `DELTAKV_POISON_SCRATCH=1` turns it on for a whole process.
+pub fn poison_scratch(on: bool) {
+    POISON_SCRATCH.store(on, Ordering::Relaxed);
+}
+
+fn scratch_poisoned() -> bool {
+    static FROM_ENV: OnceLock<bool> = OnceLock::new();
+    POISON_SCRATCH.load(Ordering::Relaxed)
+        || *FROM_ENV.get_or_init(|| std::env::var("DELTAKV_POISON_SCRATCH").is_ok_and(|v| v == "1"))
+}
 
 enum Storage {
     /// Allocated by deltakv, freed on drop.
@@ -87,6 +104,25 @@ impl CudaTensor {
         let bytes = cuda
             .stream()
             .alloc_zeros::<u8>(len.max(1))
+            .map_err(|e| driver_error(&format!("allocating {len} bytes on the GPU"), e))?;
+        Ok(Self {
+            shape,
+            dtype,
+            storage: Storage::Owned(bytes),
+        })
+    }
+
+    /// Device memory for a call's intermediate results, which its kernels write in full before
+    /// they read them: not cleared, since a clear would be one more pass over device memory on
+    /// every call. Poisoned instead (every byte 0xFF) when [`poison_scratch`] is on.
+    pub fn scratch(cuda: &Cuda, shape: Vec<usize>, dtype: DType) -> Result<Self> {
+        if scratch_poisoned() {
+            return Self::poisoned(cuda, shape, dtype);
+        }
+        let len = byte_len(&shape, dtype)?;
+        // SAFETY: the bytes are not read before a kernel ordered on this stream writes them
+        // (the contract of `scratch` stated above, which its callers keep).
+        let bytes = unsafe { cuda.stream().alloc::<u8>(len.max(1)) }
             .map_err(|e| driver_error(&format!("allocating {len} bytes on the GPU"), e))?;
         Ok(Self {
             shape,

@@ -24,9 +24,14 @@ use std::io::Write;
 const STATE_TOLERANCE: f64 = 4.0e-3;
 const SEGMENTS: [Option<usize>; 3] = [None, Some(1), Some(3)];
 
+/// The GPU, with scratch memory poisoned so a kernel that reads an element no kernel wrote
+/// shows it as NaN in the results.
 fn device(test: &str) -> Option<&'static Cuda> {
     match Cuda::get() {
-        Ok(cuda) => Some(cuda),
+        Ok(cuda) => {
+            deltakv_cuda::tensor::poison_scratch(true);
+            Some(cuda)
+        }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "{test}: skipped (no CUDA device): {e}");
             None

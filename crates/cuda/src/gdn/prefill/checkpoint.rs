@@ -6,13 +6,13 @@
 //! With segments (the two-level scan) each segment starts from its combined entry state, so
 //! its chunks' states are the sequence's states and the same table serves.
 
-use super::PrefillLaunch;
 use super::plan::CHUNK;
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
-use deltakv_contract::{DType, Error, HostTensor, Result};
+use deltakv_contract::gdn::shapes::GdnDims;
+use deltakv_contract::{HostTensor, Result};
 
 /// Checkpoints on the GPU.
 #[derive(Debug)]
@@ -39,62 +39,9 @@ impl CudaCheckpoints {
     }
 }
 
-impl PrefillLaunch {
-    /// Makes every later [`PrefillLaunch::launch`] also write the state every `every` tokens of
-    /// each sequence (a positive multiple of 64) into a new `[C, H, K, V]` f32 buffer, returned
-    /// (poisoned until the launch runs).
-    pub fn checkpoints_every(&mut self, cuda: &Cuda, every: usize) -> Result<CudaCheckpoints> {
-        let plan = CheckpointPlan::new(every, &self.seqs)?;
-        let mut states = CudaTensor::poisoned(cuda, self.checkpoint_shape(&plan), DType::F32)?;
-        self.write_checkpoints(cuda, &plan, &mut states)?;
-        Ok(CudaCheckpoints { states, plan })
-    }
-
-    /// Makes every later launch write the checkpoints of `plan` (which must be the plan of this
-    /// call's sequences) into the caller's `states` (`[C, H, K, V]` f32).
-    pub fn write_checkpoints(
-        &mut self,
-        cuda: &Cuda,
-        plan: &CheckpointPlan,
-        states: &mut CudaTensor,
-    ) -> Result<()> {
-        if *plan != CheckpointPlan::new(plan.every, &self.seqs)? {
-            return Err(Error::InvalidValue(
-                "the checkpoint plan was made for other sequences than this call's".to_string(),
-            ));
-        }
-        let shape = self.checkpoint_shape(plan);
-        if states.shape() != shape || states.dtype() != DType::F32 {
-            return Err(Error::InvalidValue(format!(
-                "buffer `checkpoints` is {:?} {}, expected {shape:?} f32",
-                states.shape(),
-                states.dtype()
-            )));
-        }
-        if plan.total() == 0 {
-            self.params.checkpoints = 0;
-            return Ok(());
-        }
-        // Only the lockstep state pass stores checkpoints (the overlapped one has no registers
-        // to spare for it).
-        self.use_lockstep_pass(cuda)?;
-        let table = chunk_checkpoints(&self.seqs, plan);
-        let table = CudaTensor::upload(cuda, &HostTensor::from_i32(vec![table.len()], table)?)?;
-        self.params.chunk_checkpoint = table.device_address(cuda);
-        self.params.checkpoints = states.device_address_mut(cuda);
-        self._buffers.push(table);
-        Ok(())
-    }
-
-    fn checkpoint_shape(&self, plan: &CheckpointPlan) -> Vec<usize> {
-        let p = &self.params;
-        vec![
-            plan.total(),
-            p.value_heads as usize,
-            p.key_dim as usize,
-            p.value_dim as usize,
-        ]
-    }
+/// `[C, H, K, V]`: the checkpoints of `plan` for the call's heads and sizes.
+pub(super) fn checkpoint_shape(plan: &CheckpointPlan, dims: &GdnDims) -> Vec<usize> {
+    vec![plan.total(), dims.value_heads, dims.key_dim, dims.value_dim]
 }
 
 /// For each chunk of the call (sequence by sequence, as `PrefillPlan` lists them), the row of

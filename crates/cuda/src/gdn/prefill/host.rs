@@ -88,7 +88,7 @@ pub fn gdn_prefill_host_checkpointed(
         ],
         DType::F32,
     )?;
-    let mut launch = PrefillLaunch::new(
+    let launch = PrefillLaunch::new(
         cuda,
         &device_inputs,
         options,
@@ -98,12 +98,10 @@ pub fn gdn_prefill_host_checkpointed(
         &mut o,
         Some(&mut final_state),
         segment_chunks,
+        checkpoint_every,
     )?;
-    let checkpoints = match checkpoint_every {
-        Some(every) => Some(launch.checkpoints_every(cuda, every)?),
-        None => None,
-    };
     launch.launch(cuda)?;
+    let checkpoints = launch.into_checkpoints();
     let o = o.download(cuda)?;
     let final_state = final_state.download(cuda)?;
     check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;

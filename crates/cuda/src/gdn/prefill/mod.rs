@@ -22,6 +22,8 @@ mod operand;
 mod plan;
 
 pub use checkpoint::CudaCheckpoints;
+use checkpoint::{checkpoint_shape, chunk_checkpoints};
+use deltakv_contract::gdn::prefill::checkpoint::CheckpointPlan;
 pub use host::{
     gdn_prefill_host, gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool,
     gdn_prefill_host_into_pool_checkpointed,
@@ -34,7 +36,7 @@ use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
 use deltakv_contract::gdn::prefill::pool::pool_slots;
-use deltakv_contract::gdn::prefill::validate::{PrefillShapes, SeqSpan, check_prefill_meta};
+use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use operand::{Conversion, OperandForm, kernel_operand};
@@ -120,8 +122,8 @@ pub enum PrefillStates<'a> {
 pub struct PrefillLaunch {
     params: PrefillParams,
     plan: PrefillPlan,
-    /// The call's sequences (the checkpoint table is built from them).
-    seqs: Vec<SeqSpan>,
+    /// The checkpoints every launch writes, when asked.
+    checkpoints: Option<CudaCheckpoints>,
     value_heads: u32,
     sequences: u32,
     prepare: (cudarc::driver::CudaFunction, u32),
@@ -175,11 +177,12 @@ enum StatePass {
     Lockstep,
 }
 
-/// The overlapped pass where it exists, unless `DELTAKV_PREFILL_STATE=lockstep` asks for the
+/// The overlapped pass where it exists, unless the call stores checkpoints (only the lockstep
+/// pass has the registers for that store) or `DELTAKV_PREFILL_STATE=lockstep` asks for the
 /// other (for comparisons).
-fn state_pass_kind(kp: usize) -> StatePass {
+fn state_pass_kind(kp: usize, storing_checkpoints: bool) -> StatePass {
     let lockstep = std::env::var("DELTAKV_PREFILL_STATE").is_ok_and(|v| v == "lockstep");
-    if kp <= 128 && !lockstep {
+    if kp <= 128 && !lockstep && !storing_checkpoints {
         StatePass::Overlap
     } else {
         StatePass::Lockstep
@@ -201,8 +204,10 @@ fn gates_bytes() -> usize {
 
 impl PrefillLaunch {
     /// Validates a call on device tensors and prepares its launch, writing `o` (`[B, T, H, V]`,
-    /// v's dtype) and the final states as `states` says. `segment_chunks` forces the segment
-    /// length of the two-level scan (`None`: chosen from the GPU's size).
+    /// v's dtype) and the final states as `states` says, and with `checkpoint_every` the state
+    /// every that many tokens of each sequence (a positive multiple of 64) into a buffer of the
+    /// launch ([`PrefillLaunch::into_checkpoints`]). `segment_chunks` forces the segment length
+    /// of the two-level scan (`None`: chosen from the GPU's size).
     pub fn new(
         cuda: &Cuda,
         inputs: &GdnInputs<'_, CudaTensor>,
@@ -211,6 +216,7 @@ impl PrefillLaunch {
         o: &mut CudaTensor,
         final_state: Option<&mut CudaTensor>,
         segment_chunks: Option<usize>,
+        checkpoint_every: Option<usize>,
     ) -> Result<Self> {
         let offsets = match inputs.cu_seqlens {
             Some(cu) => Some(cu.download(cuda)?.to_i64_vec("cu_seqlens")?),
@@ -272,14 +278,20 @@ impl PrefillLaunch {
 
         let chunks = plan.chunks();
         let segments = plan.segment_count();
+        // Written in full by the prepare kernel before the state kernels read them.
+        let written = |shape: Vec<usize>, dtype| CudaTensor::scratch(cuda, shape, dtype);
         let scratch = |shape: Vec<usize>, dtype| CudaTensor::zeros(cuda, shape, dtype);
-        let w = scratch(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
-        let u = scratch(vec![chunks, heads, CHUNK, vp], DType::BF16)?;
-        let gates = scratch(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
-        let pass = state_pass_kind(kp);
+        let w = written(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
+        let u = written(vec![chunks, heads, CHUNK, vp], DType::BF16)?;
+        let gates = written(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
+        let checkpoint_plan = checkpoint_every
+            .map(|every| CheckpointPlan::new(every, &seqs))
+            .transpose()?;
+        let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
+        let pass = state_pass_kind(kp, storing_checkpoints);
         // The scores Q K^T o D, which the prepare kernel computes for the overlapped pass.
         let scores = match pass {
-            StatePass::Overlap => scratch(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
+            StatePass::Overlap => written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
             StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
         };
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
@@ -326,6 +338,21 @@ impl PrefillLaunch {
             operand(inputs.v, value)?,
             operand(inputs.g, gate)?,
         );
+        // Checkpoints: a buffer poisoned until the launch writes it, and the row of each chunk.
+        let mut checkpoints = match checkpoint_plan {
+            Some(plan) => Some(CudaCheckpoints {
+                states: CudaTensor::poisoned(cuda, checkpoint_shape(&plan, &dims), DType::F32)?,
+                plan,
+            }),
+            None => None,
+        };
+        let checkpoint_table = match (&checkpoints, storing_checkpoints) {
+            (Some(c), true) => {
+                let table = chunk_checkpoints(&seqs, &c.plan);
+                Some(upload_i32(cuda, table)?)
+            }
+            _ => None,
+        };
         let params = PrefillParams {
             q,
             k,
@@ -352,8 +379,13 @@ impl PrefillLaunch {
                 StatePass::Overlap => scores.device_address(cuda),
                 StatePass::Lockstep => 0,
             },
-            checkpoints: 0,
-            chunk_checkpoint: 0,
+            checkpoints: checkpoints
+                .as_mut()
+                .filter(|_| storing_checkpoints)
+                .map_or(0, |c| c.states.device_address_mut(cuda)),
+            chunk_checkpoint: checkpoint_table
+                .as_ref()
+                .map_or(0, |t| t.device_address(cuda)),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -400,6 +432,7 @@ impl PrefillLaunch {
             transition_m,
         ];
         buffers.extend(state_rows_buffer);
+        buffers.extend(checkpoint_table);
         buffers.extend(operands);
         Ok(Self {
             convert: cuda.function(&SOURCE, "gdn_prefill_convert")?,
@@ -412,7 +445,7 @@ impl PrefillLaunch {
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
             plan,
-            seqs,
+            checkpoints,
             _buffers: buffers,
         })
     }
@@ -485,18 +518,10 @@ impl PrefillLaunch {
         )
     }
 
-    /// Makes later launches walk the chunks with the lockstep state pass (which also stores
-    /// checkpoints), and the prepare kernel skip the scores only the overlapped pass reads.
-    fn use_lockstep_pass(&mut self, cuda: &Cuda) -> Result<()> {
-        let kp = self.params.key_pad as usize;
-        let (state, _, _) = state_names(kp);
-        self.state = (
-            cuda.function(&SOURCE, state)?,
-            state_smem(kp) as u32,
-            2 * kp as u32,
-        );
-        self.params.scores = 0;
-        Ok(())
+    /// The checkpoints the launches wrote, when `checkpoint_every` asked for them (the launch
+    /// is consumed: its kernels write into that buffer).
+    pub fn into_checkpoints(self) -> Option<CudaCheckpoints> {
+        self.checkpoints
     }
 
     /// Segments the state pass walks in parallel (one per sequence unless segmented).
@@ -612,7 +637,7 @@ pub fn gdn_prefill_checkpointed(
         }
         _ => None,
     };
-    let mut launch = PrefillLaunch::new(
+    let launch = PrefillLaunch::new(
         cuda,
         inputs,
         options,
@@ -620,15 +645,12 @@ pub fn gdn_prefill_checkpointed(
         &mut o,
         final_state.as_mut(),
         segment_chunks,
+        checkpoint_every,
     )?;
-    let checkpoints = match checkpoint_every {
-        Some(every) => Some(launch.checkpoints_every(cuda, every)?),
-        None => None,
-    };
     launch.launch(cuda)?;
     Ok(CudaPrefillOutput {
         o,
         final_state,
-        checkpoints,
+        checkpoints: launch.into_checkpoints(),
     })
 }

@@ -63,7 +63,8 @@ pub(super) fn kernel_operand(
     if t.dtype() == dtype && dim == pad && !normalize {
         return Ok(t.device_address(cuda));
     }
-    let scratch = CudaTensor::zeros(cuda, vec![rows, pad], dtype)?;
+    // The conversion kernel writes every row and its padding.
+    let scratch = CudaTensor::scratch(cuda, vec![rows, pad], dtype)?;
     let params = ConvertParams {
         src: t.device_address(cuda),
         dst: scratch.device_address(cuda),

@@ -6,7 +6,7 @@
 //! pays it: validation, the call's tables and scratch, the launches and the wait for the
 //! results, timed on the host (median of 10 calls after a warm one).
 
-use deltakv::cuda::gdn::{PrefillLaunch, PrefillStates};
+use deltakv::cuda::gdn::{PrefillExtras, PrefillLaunch, PrefillStates};
 use deltakv::cuda::timing::median_graph_us;
 use deltakv::cuda::{Cuda, CudaTensor};
 use deltakv::gdn::random::{GdnCase, GdnSpec};
@@ -81,8 +81,7 @@ pub fn run(shapes: &[PrefillShape], records: &mut Vec<serde_json::Value>) -> Res
                 },
                 &mut o,
                 Some(&mut final_state),
-                None,
-                None,
+                PrefillExtras::default(),
             )?;
             launch.launch(cuda)?;
             cuda.synchronize()?;

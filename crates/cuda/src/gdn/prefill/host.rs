@@ -3,7 +3,7 @@
 //! facade's host-tensor entry points use these; a serving loop calls [`super::gdn_prefill`]
 //! with tensors that stay on the GPU.
 
-use super::{PrefillLaunch, PrefillStates, gdn_prefill_checkpointed};
+use super::{PrefillExtras, PrefillLaunch, PrefillStates, gdn_prefill_checkpointed};
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
 use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
@@ -97,8 +97,10 @@ pub fn gdn_prefill_host_checkpointed(
         },
         &mut o,
         Some(&mut final_state),
-        segment_chunks,
-        checkpoint_every,
+        PrefillExtras {
+            checkpoint_every,
+            segment_chunks,
+        },
     )?;
     launch.launch(cuda)?;
     let checkpoints = launch.into_checkpoints();

@@ -166,6 +166,17 @@ fn overlap_smem(kp: usize) -> usize {
     2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
 }
 
+/// What a prefill call stores beyond its outputs, and how it is split.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillExtras {
+    /// Also store the state every this many tokens of each sequence (a positive multiple of
+    /// 64; the contract's layout, `deltakv_contract::gdn::prefill::checkpoint`).
+    pub checkpoint_every: Option<usize>,
+    /// Forces the segment length of the two-level scan, in chunks (`None`: chosen from the
+    /// GPU's size).
+    pub segment_chunks: Option<usize>,
+}
+
 /// Which kernel walks the chunks and writes the outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StatePass {
@@ -204,10 +215,8 @@ fn gates_bytes() -> usize {
 
 impl PrefillLaunch {
     /// Validates a call on device tensors and prepares its launch, writing `o` (`[B, T, H, V]`,
-    /// v's dtype) and the final states as `states` says, and with `checkpoint_every` the state
-    /// every that many tokens of each sequence (a positive multiple of 64) into a buffer of the
-    /// launch ([`PrefillLaunch::into_checkpoints`]). `segment_chunks` forces the segment length
-    /// of the two-level scan (`None`: chosen from the GPU's size).
+    /// v's dtype), the final states as `states` says, and the checkpoints `extras` asks for
+    /// into a buffer of the launch ([`PrefillLaunch::into_checkpoints`]).
     pub fn new(
         cuda: &Cuda,
         inputs: &GdnInputs<'_, CudaTensor>,
@@ -215,9 +224,12 @@ impl PrefillLaunch {
         states: &mut PrefillStates<'_>,
         o: &mut CudaTensor,
         final_state: Option<&mut CudaTensor>,
-        segment_chunks: Option<usize>,
-        checkpoint_every: Option<usize>,
+        extras: PrefillExtras,
     ) -> Result<Self> {
+        let PrefillExtras {
+            checkpoint_every,
+            segment_chunks,
+        } = extras;
         let offsets = match inputs.cu_seqlens {
             Some(cu) => Some(cu.download(cuda)?.to_i64_vec("cu_seqlens")?),
             None => None,
@@ -644,8 +656,10 @@ pub fn gdn_prefill_checkpointed(
         &mut states,
         &mut o,
         final_state.as_mut(),
-        segment_chunks,
-        checkpoint_every,
+        PrefillExtras {
+            checkpoint_every,
+            segment_chunks,
+        },
     )?;
     launch.launch(cuda)?;
     Ok(CudaPrefillOutput {

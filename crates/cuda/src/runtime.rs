@@ -48,6 +48,49 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Buffers are stream-ordered allocations from the device's default memory pool, which by
+/// default hands its memory back to the system at every synchronisation, so each prefill call
+/// would map its scratch (hundreds of MB at serving shapes) again. The pool keeps up to
+/// `DELTAKV_CUDA_POOL_KEEP_BYTES` (default: all it holds) for reuse instead, as PyTorch's
+/// caching allocator does with its own.
+fn keep_pool_memory(context: &CudaContext, ordinal: usize) -> Result<()> {
+    use cudarc::driver::sys;
+    // Without memory pools (some older or virtualised GPUs) allocations are plain ones.
+    let pools = context
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .map_err(|e| driver_error("reading the memory-pool support", e))?;
+    if pools == 0 {
+        return Ok(());
+    }
+    let keep: u64 = match std::env::var("DELTAKV_CUDA_POOL_KEEP_BYTES") {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            Error::InvalidValue(format!(
+                "DELTAKV_CUDA_POOL_KEEP_BYTES={text} is not a byte count"
+            ))
+        })?,
+        Err(_) => u64::MAX,
+    };
+    let device = cudarc::driver::result::device::get(ordinal as i32)
+        .map_err(|e| driver_error("opening the device", e))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = keep;
+    // SAFETY: `device` is a valid device handle; both calls write or read only the locals
+    // passed to them.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, device)
+            .result()
+            .map_err(|e| driver_error("reading the device's memory pool", e))?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(|e| driver_error("setting the memory pool's release threshold", e))?;
+    }
+    Ok(())
+}
+
 /// The `--gpu-architecture` NVRTC is asked for on a device of compute capability
 /// `major.minor`: the arch-specific target on Hopper and later (`sm_90a`), so the kernels may
 /// use wgmma and setmaxnreg.
@@ -126,6 +169,7 @@ impl Cuda {
         let stream = context
             .new_stream()
             .map_err(|e| driver_error("creating a stream", e))?;
+        keep_pool_memory(&context, ordinal)?;
         Ok(Cuda {
             context,
             stream,

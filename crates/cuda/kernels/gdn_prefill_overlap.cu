@@ -141,25 +141,8 @@ __device__ void overlap_impl(const PrefillParams& p) {
     if (state_group) {
         const long long state_row =
             p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
-        // Entry state into registers: rows 16 warp + lane/4 (+8), columns 8n + 2(lane%4) (+1).
         float state[8][4];
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-                int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
-                float x = 0.0f;
-                if (p.use_segment_states) {
-                    x = ((const float*)p.segment_states)
-                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
-                } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
-                    x = ((const float*)p.initial_state)
-                        [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
-                }
-                state[n][e] = x;
-            }
-        }
+        load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
         if (chunks > 0) {
             ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
                                head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
@@ -246,19 +229,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
         }
         if (p.final_state && seg_index == seg_count - 1) {
-#pragma unroll
-            for (int n = 0; n < 8; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-                    int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
-                    if (r < p.key_dim && c < p.value_dim) {
-                        ((float*)p.final_state)
-                            [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] =
-                                state[n][e];
-                    }
-                }
-            }
+            store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
         }
         return;
     }
@@ -312,23 +283,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
         }
         ov_arrive(&bars[OV_DONE]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = row_tile + (lane >> 2) + 8 * h;
-            if (i >= len) continue;
-            const long long row = ((first_row + i) * p.value_heads + head) * (long long)p.value_dim;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const int c = col0 + 8 * (n_first + n) + 2 * (lane & 3);
-                const float o0 = out[n][2 * h] * p.scale, o1 = out[n][2 * h + 1] * p.scale;
-                if (p.out_dtype == DT_BF16 && c + 1 < p.value_dim && ((row + c) & 1) == 0) {
-                    *(unsigned*)((unsigned short*)p.o + row + c) = pack_bf16(o0, o1);
-                } else {
-                    if (c < p.value_dim) store_float((void*)p.o, row + c, p.out_dtype, o0);
-                    if (c + 1 < p.value_dim) store_float((void*)p.o, row + c + 1, p.out_dtype, o1);
-                }
-            }
-        }
+        store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
     }
 }
 

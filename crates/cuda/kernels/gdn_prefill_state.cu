@@ -79,24 +79,83 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
     cp_async_commit();
 }
 
-// Stores a block's register state (its rows < K and columns col0.. < V) as row `state_row` of
-// a [*, H, K, V] f32 tensor (checkpoints).
-__device__ __forceinline__ void store_state_block(const float (&state)[8][4], float* dst,
-                                                  long long state_row, int head, int col0,
-                                                  const PrefillParams& p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+// A block's state lives in registers as the accumulators of m16n8 tiles: warp w holds rows
+// 16 w + lane / 4 (+ 8 for e >= 2) of it, and n8 tile n columns col0 + 8 n + 2 (lane % 4)
+// (+ 1 for odd e).
+__device__ __forceinline__ int state_row_of(int warp, int lane, int e) {
+    return 16 * warp + (lane >> 2) + 8 * (e >> 1);
+}
+__device__ __forceinline__ int state_col_of(int col0, int n, int lane, int e) {
+    return col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+}
+
+// A segment's entry state into the registers: the combined state of the two-level scan when
+// the call is segmented, else the sequence's initial state (`state_row` of it), else zero.
+template <int KP>
+__device__ __forceinline__ void load_entry_state(float (&state)[8][4], const PrefillParams& p,
+                                                 int segment, long long state_row, int head,
+                                                 int col0, int warp, int lane) {
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
+            const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
+            float x = 0.0f;
+            if (p.use_segment_states) {
+                x = ((const float*)p.segment_states)
+                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
+            } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+                x = ((const float*)p.initial_state)
+                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+            }
+            state[n][e] = x;
+        }
+    }
+}
+
+// Stores a block's register state (its rows < K and columns col0.. < V) as row `state_row` of
+// a [*, H, K, V] f32 tensor (the final states, checkpoints).
+__device__ __forceinline__ void store_state_block(const float (&state)[8][4], float* dst,
+                                                  long long state_row, int head, int col0,
+                                                  int warp, int lane, const PrefillParams& p) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
             if (r < p.key_dim && c < p.value_dim) {
                 dst[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[n][e];
             }
         }
     }
 }
+
+// Writes a warp's 16 output rows (row_tile.., those < len of the chunk that starts at token
+// row `first_row`) over its NT n8 tiles from n_first, scaled, in o's dtype (bf16 pairs as one
+// word where aligned).
+template <int NT>
+__device__ __forceinline__ void store_output_rows(const float (&out)[NT][4], const PrefillParams& p,
+                                                  long long first_row, int len, int head, int col0,
+                                                  int row_tile, int n_first, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row_tile + (lane >> 2) + 8 * h;
+        if (i >= len) continue;
+        const long long row = ((first_row + i) * p.value_heads + head) * (long long)p.value_dim;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int c = col0 + 8 * (n_first + n) + 2 * (lane & 3);
+            const float o0 = out[n][2 * h] * p.scale, o1 = out[n][2 * h + 1] * p.scale;
+            if (p.out_dtype == DT_BF16 && c + 1 < p.value_dim && ((row + c) & 1) == 0) {
+                *(unsigned*)((unsigned short*)p.o + row + c) = pack_bf16(o0, o1);
+            } else {
+                if (c < p.value_dim) store_float((void*)p.o, row + c, p.out_dtype, o0);
+                if (c + 1 < p.value_dim) store_float((void*)p.o, row + c + 1, p.out_dtype, o1);
+            }
+        }
+    }
+}
+
 
 template <int KP, int MODE>
 __device__ void state_impl(const PrefillParams& p) {
@@ -126,26 +185,20 @@ __device__ void state_impl(const PrefillParams& p) {
     const long long state_row =
         p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
 
-    // Entry state into registers: rows 16 warp + lane/4 (+8), columns 8n + 2(lane%4) (+1).
+    // Entry state into registers: the identity map's columns or zeros (transition mode), else
+    // the segment's entry state.
     float state[8][4];
+    if (MODE == MODE_TRANSITION) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
-            float x = 0.0f;
-            if (MODE == MODE_TRANSITION) {
-                x = (m_cols && r == c) ? 1.0f : 0.0f;
-            } else if (p.use_segment_states) {
-                x = ((const float*)p.segment_states)
-                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
-            } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
-                x = ((const float*)p.initial_state)
-                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+            for (int e = 0; e < 4; ++e) {
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
+                state[n][e] = (m_cols && r == c) ? 1.0f : 0.0f;
             }
-            state[n][e] = x;
         }
+    } else {
+        load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
     }
 
     const int row_tile = 16 * (warp & 3);
@@ -279,23 +332,7 @@ __device__ void state_impl(const PrefillParams& p) {
                     mma_bf16_16816(out[n + 1], a, b1);
                 }
             }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = row_tile + (lane >> 2) + 8 * h;
-                if (i >= len) continue;
-                const long long row = ((first_row + i) * p.value_heads + head) * (long long)p.value_dim;
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    const int c = col0 + 8 * (n_first + n) + 2 * (lane & 3);
-                    const float o0 = out[n][2 * h] * p.scale, o1 = out[n][2 * h + 1] * p.scale;
-                    if (p.out_dtype == DT_BF16 && c + 1 < p.value_dim && ((row + c) & 1) == 0) {
-                        *(unsigned*)((unsigned short*)p.o + row + c) = pack_bf16(o0, o1);
-                    } else {
-                        if (c < p.value_dim) store_float((void*)p.o, row + c, p.out_dtype, o0);
-                        if (c + 1 < p.value_dim) store_float((void*)p.o, row + c + 1, p.out_dtype, o1);
-                    }
-                }
-            }
+            store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
         }
         {
             const float decay = gates.state_decay;
@@ -320,18 +357,17 @@ __device__ void state_impl(const PrefillParams& p) {
         // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's table).
         if (MODE == MODE_OUTPUT && p.checkpoints) {
             const int checkpoint = ((const int*)p.chunk_checkpoint)[chunk];
-            if (checkpoint >= 0) store_state_block(state, (float*)p.checkpoints, checkpoint, head, col0, p);
+            if (checkpoint >= 0) store_state_block(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
         }
     }
 
-    // End state.
+    // End state: the segment's map (transition mode), or the sequence's final state.
+    if (MODE == MODE_TRANSITION) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            int r = 16 * warp + (lane >> 2) + 8 * (e >> 1);
-            int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
-            if (MODE == MODE_TRANSITION) {
+            for (int e = 0; e < 4; ++e) {
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
                 if (m_cols) {
                     ((float*)p.transition_m)
                         [(((long long)segment * p.value_heads + head) * KP + r) * KP + c] = state[n][e];
@@ -339,12 +375,10 @@ __device__ void state_impl(const PrefillParams& p) {
                     ((float*)p.transition_d)
                         [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
                 }
-            } else if (p.final_state && seg_index == seg_count - 1 && r < p.key_dim &&
-                       c < p.value_dim) {
-                ((float*)p.final_state)
-                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[n][e];
             }
         }
+    } else if (p.final_state && seg_index == seg_count - 1) {
+        store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
     }
 }
 

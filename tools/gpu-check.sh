@@ -31,10 +31,12 @@
 #                                   # compute-sanitizer memcheck and racecheck over the lab's
 #                                   # small shapes and the KV attention test; logs in $OUT.
 #   tools/gpu-check.sh build-py     # here: only the Python wheel built with `--features cuda`
-#                                   # (stripped) and pytest's wheels, in .carry/python (`build`
-#                                   # makes them too)
+#                                   # (stripped), pytest's wheels and the Rust test
+#                                   # gdn_prefill_streams, in .carry/python (`build` makes them
+#                                   # too)
 #   tools/gpu-check.sh py-cuda      # there, carrying .carry/python only: the wheel installed with
-#                                   # pip --no-deps into the system python, then the Python tests
+#                                   # pip --no-deps into the system python, the Rust test of
+#                                   # prefill on a borrowed stream, then the Python tests
 #                                   # on CUDA torch tensors (crates/python/tests/test_cuda.py: FLA
 #                                   # signatures against the f64 references, zero copies, the
 #                                   # stream handshake) and the patched tiny Qwen3-Next on CUDA,
@@ -69,6 +71,16 @@ build_python() {
         -o .carry/python
     "$venv/bin/pip" download -q --only-binary=:all: --python-version 3.9 --dest .carry/python \
         pytest exceptiongroup tomli
+    # The Rust test of prefill on a caller's (borrowed) stream, which py-cuda runs first.
+    cargo test --release -p deltakv-cuda --test gdn_prefill_streams --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".carry/python/deltakv-cuda-gdn_prefill_streams")
+'
+    strip .carry/python/deltakv-cuda-gdn_prefill_streams
     du -sh .carry/python
 }
 
@@ -129,6 +141,15 @@ py-cuda)
         export PYTHONPATH=/tmp/pytest-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     python3 -c 'import deltakv; print("deltakv", deltakv.__file__, "CUDA_BUILT", deltakv.CUDA_BUILT)' 2>&1 | tee -a "$out/gpu.txt"
+    # Prefill with an initial state on deltakv's, the legacy and a borrowed stream (Rust).
+    t=.carry/python/deltakv-cuda-gdn_prefill_streams
+    if [ -x "$t" ]; then
+        if "$t" --test-threads=1 --nocapture >"$logs/rust-gdn_prefill_streams.log" 2>&1; then
+            summary+=("PASS rust gdn_prefill_streams: $(grep -c 'final state' "$logs/rust-gdn_prefill_streams.log") runs within 4e-3")
+        else
+            summary+=("FAIL rust gdn_prefill_streams: $(grep -h 'FAILED\|panicked' "$logs/rust-gdn_prefill_streams.log" | head -n 3 | tr '\n' ' ')")
+        fi
+    fi
     # The CUDA tests first (-s: their error figures in the log), then the rest of the suite (the
     # CPU tests on the same wheel, torch CPU tensors included).
     for run in cuda:"crates/python/tests/test_cuda.py crates/python/tests/test_qwen3_next.py" \
@@ -141,7 +162,8 @@ py-cuda)
             summary+=("FAIL pytest $name: $(tail -n 1 "$logs/pytest-$name.log"); $(grep -h '^FAILED\|^ERROR' "$logs/pytest-$name.log" | head -n 5 | tr '\n' ' ' || true)")
         fi
     done
-    grep -h "rel_rms\|side stream\|SKIPPED" "$logs/pytest-cuda.log" >"$out/figures.txt" || true
+    grep -h "rel_rms\|side stream\|checkpoints\|SKIPPED" "$logs/pytest-cuda.log" >"$out/figures.txt" || true
+    grep -h "final state" "$logs/rust-gdn_prefill_streams.log" >>"$out/figures.txt" 2>/dev/null || true
     summary+=("$(grep -h 'patched Qwen3-Next on cuda' "$logs/pytest-cuda.log" | tr '\n' ';' || true)")
     summary+=("$(grep -h 'side stream prefill' "$logs/pytest-cuda.log" || true)")
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs

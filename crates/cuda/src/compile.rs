@@ -131,10 +131,14 @@ pub fn nvrtc_missing() -> String {
         .to_string()
 }
 
-/// True when NVRTC's library can be loaded.
+/// True when NVRTC's library can be loaded (always when it was linked at build time, feature
+/// `dynamic-linking`).
 pub fn nvrtc_present() -> bool {
+    #[cfg(not(feature = "dynamic-linking"))]
     // SAFETY: only tries to open the library by its usual names.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    return unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    #[cfg(feature = "dynamic-linking")]
+    return true;
 }
 
 fn nvrtc_error(what: &str, source: &KernelSource, e: impl std::fmt::Debug) -> Error {

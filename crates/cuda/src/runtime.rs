@@ -33,6 +33,17 @@ impl std::fmt::Debug for Cuda {
     }
 }
 
+/// True when libcuda can be opened: probed when cudarc loads it at run time (cudarc panics
+/// on a missing library), always when it was linked at build time (feature `dynamic-linking`:
+/// the loader started the process with it).
+fn driver_present() -> bool {
+    #[cfg(not(feature = "dynamic-linking"))]
+    // SAFETY: only tries to open the library by its usual names.
+    return unsafe { cudarc::driver::sys::is_culib_present() };
+    #[cfg(feature = "dynamic-linking")]
+    return true;
+}
+
 /// Wraps a driver failure in deltakv's error, naming what was being done.
 pub fn driver_error(what: &str, e: DriverError) -> Error {
     Error::Backend {
@@ -119,8 +130,7 @@ impl Cuda {
     }
 
     fn open() -> Result<Cuda> {
-        // SAFETY: only tries to open the library by its usual names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(unavailable(
                 "no CUDA device: libcuda.so (the NVIDIA driver) was not found",
             ));

@@ -18,8 +18,9 @@
 
 use crate::dlpack::{Borrowed, Device};
 use crate::export::Exported;
+use crate::gdn::PrefillResults;
 use crate::to_py_err;
-use deltakv::cuda::gdn::{PrefillStates, gdn_decode, gdn_prefill};
+use deltakv::cuda::gdn::{PrefillStates, gdn_decode, gdn_prefill_checkpointed};
 use deltakv::cuda::{Cuda, CudaTensor};
 use deltakv::gdn::prefill::validate::check_prefill_meta;
 use deltakv::gdn::{
@@ -90,6 +91,7 @@ impl Launcher {
             tensor,
             cuda: self.handle(),
             stream: self.stream,
+            consumer: None,
             device: self.device,
         })
     }
@@ -126,7 +128,9 @@ pub struct PrefillArrays<'a> {
 /// GDN prefill on the GPU: the chunked kernels, or for `PrefillMode::Recurrent` with
 /// `T <= 16` tokens per row and no `cu_seqlens` the decode kernels (the token-by-token
 /// recurrence in f32, from a copy of `initial_state`); longer recurrent calls take the chunked
-/// kernels (the same function, bf16 products). Returns `(o, final_state when asked)`.
+/// kernels (the same function, bf16 products). Returns `o`, the final state when asked, and
+/// the state every `checkpoint_every` tokens when asked (chunked form only) with its
+/// per-sequence offsets.
 pub fn prefill(
     py: Python<'_>,
     launcher: &Launcher,
@@ -134,7 +138,8 @@ pub fn prefill(
     arrays: &PrefillArrays<'_>,
     options: &GdnOptions,
     output_final_state: bool,
-) -> PyResult<(Exported, Option<Exported>)> {
+    checkpoint_every: Option<usize>,
+) -> PyResult<PrefillResults> {
     let [q, k, v, g, beta] =
         [arrays.q, arrays.k, arrays.v, arrays.g, arrays.beta].map(device_tensor);
     let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
@@ -152,25 +157,31 @@ pub fn prefill(
     let cuda = &launcher.cuda;
     let shape = q.shape();
     let recurrent_by_decode = mode == PrefillMode::Recurrent
+        && checkpoint_every.is_none()
         && cu_seqlens.is_none()
         && shape.len() == 4
         && (1..=MAX_DECODE_TOKENS).contains(&shape[1])
         && v.shape().len() == 4
         && shape[3] <= MAX_HEAD_DIM
         && v.shape()[3] <= MAX_HEAD_DIM;
-    let (o, final_state) = py
+    let (o, final_state, checkpoints) = py
         .detach(|| {
             if recurrent_by_decode {
                 recurrent_by_decode_kernels(cuda, &inputs, options)
-                    .map(|(o, state)| (o, Some(state)))
+                    .map(|(o, state)| (o, Some(state), None))
             } else {
                 let states = PrefillStates::Separate { output_final_state };
-                gdn_prefill(cuda, &inputs, options, states).map(|out| (out.o, out.final_state))
+                gdn_prefill_checkpointed(cuda, &inputs, options, states, checkpoint_every, None)
+                    .map(|out| (out.o, out.final_state, out.checkpoints))
             }
         })
         .map_err(to_py_err)?;
     let final_state = final_state.filter(|_| output_final_state);
-    Ok((launcher.result(o), final_state.map(|s| launcher.result(s))))
+    Ok(PrefillResults {
+        o: launcher.result(o),
+        final_state: final_state.map(|s| launcher.result(s)),
+        checkpoints: checkpoints.map(|c| (launcher.result(c.states), c.plan.offsets)),
+    })
 }
 
 /// The recurrence of a short prefill (`T <= 16`, no `cu_seqlens`) by the decode kernels: row b
@@ -265,11 +276,15 @@ pub fn decode(
     ))
 }
 
-/// A result in deltakv's device memory, with the stream its work was queued on.
+/// A result in deltakv's device memory, with the stream its work was queued on and the stream
+/// its consumer imported it on.
 pub struct DeviceResult {
     tensor: CudaTensor,
     cuda: Cuda,
     stream: i64,
+    /// The consumer's stream (a DLPack stream integer) when it is not `stream`: the memory is
+    /// freed on `stream` only after the work queued there when the consumer lets it go.
+    consumer: Option<i64>,
     device: Device,
 }
 
@@ -293,7 +308,7 @@ impl DeviceResult {
     /// Orders the consumer's `stream` (a DLPack stream integer; -1: no ordering) after the work
     /// that wrote the result: an event recorded on the work's stream, waited for on the
     /// consumer's (no host wait). Nothing to do on the work's own stream.
-    pub fn order_before(&self, stream: i64) -> PyResult<()> {
+    pub fn order_before(&mut self, stream: i64) -> PyResult<()> {
         // 0 is not a DLPack stream number; a consumer that passes its null stream handle
         // means the legacy default stream.
         let stream = if stream == 0 { 1 } else { stream };
@@ -320,15 +335,31 @@ impl DeviceResult {
         let consumer = unsafe { context.wrap_borrowed_stream(stream as usize as *mut c_void as _) };
         consumer
             .wait(&event)
-            .map_err(|e| fail("ordering the consumer's stream after deltakv's work", e))
+            .map_err(|e| fail("ordering the consumer's stream after deltakv's work", e))?;
+        self.consumer = Some(stream);
+        Ok(())
     }
 }
 
 impl Drop for DeviceResult {
     fn drop(&mut self) {
         // The consumer's deleter may run on any thread: make the context current there before
-        // the buffer is freed (stream-ordered, on the stream of the work). A failure here has
-        // nowhere to go; cudarc keeps it for the context's next check.
-        let _ = self.cuda.context().bind_to_thread();
+        // the buffer is freed (stream-ordered, on the stream of the work, when `tensor` drops
+        // after this). A consumer on another stream may still have work queued there that
+        // reads the buffer (torch frees a tensor as soon as its last reference goes, in its
+        // current stream's order): the work stream first waits for that work, so the memory
+        // pool cannot hand the buffer out again under it. A failure here has nowhere to go;
+        // cudarc keeps it for the context's next check.
+        let context = self.cuda.context();
+        let _ = context.bind_to_thread();
+        if let Some(consumer) = self.consumer.filter(|&s| s != self.stream) {
+            // SAFETY: the consumer's stream outlives its use of the result (the DLPack
+            // contract); the wrapper never destroys it.
+            let consumer =
+                unsafe { context.wrap_borrowed_stream(consumer as usize as *mut c_void as _) };
+            if let Ok(event) = consumer.record_event(None) {
+                let _ = self.cuda.stream().wait(&event);
+            }
+        }
     }
 }

@@ -212,7 +212,7 @@ impl Exported {
             .elements
             .take()
             .ok_or_else(|| PyBufferError::new_err("this deltakv result was already exported"))?;
-        match &elements {
+        match &mut elements {
             Payload::Host(_) => {} // CPU memory: nothing to order.
             #[cfg(feature = "cuda")]
             Payload::Cuda(result) => {

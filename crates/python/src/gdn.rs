@@ -78,6 +78,111 @@ pub fn gdn_prefill(
     output_final_state: bool,
     stream: Option<i64>,
 ) -> PyResult<(Exported, Option<Exported>)> {
+    let arrays = PrefillObjects {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state,
+        cu_seqlens,
+    };
+    let options = GdnOptions {
+        scale,
+        use_qk_l2norm,
+    };
+    let out = prefill(
+        py,
+        mode,
+        &arrays,
+        &options,
+        output_final_state,
+        None,
+        stream,
+    )?;
+    Ok((out.o, out.final_state))
+}
+
+/// [`gdn_prefill`] in the chunked form that also returns the state every `checkpoint_every`
+/// tokens of each sequence (a positive multiple of 64; the contract's layout,
+/// `deltakv::gdn::prefill::checkpoint`): `(o, final_state or None, checkpoints
+/// [C, H, K, V] f32, offsets)`, where sequence `n`'s checkpoints are rows
+/// `offsets[n]..offsets[n + 1]` (a list of `N + 1` ints).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, output_final_state, checkpoint_every, stream = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_prefill_checkpointed(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    g: &Bound<'_, PyAny>,
+    beta: &Bound<'_, PyAny>,
+    scale: Option<f32>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    use_qk_l2norm: bool,
+    output_final_state: bool,
+    checkpoint_every: usize,
+    stream: Option<i64>,
+) -> PyResult<(Exported, Option<Exported>, Exported, Vec<usize>)> {
+    let arrays = PrefillObjects {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state,
+        cu_seqlens,
+    };
+    let options = GdnOptions {
+        scale,
+        use_qk_l2norm,
+    };
+    let every = Some(checkpoint_every);
+    let out = prefill(
+        py,
+        "chunk",
+        &arrays,
+        &options,
+        output_final_state,
+        every,
+        stream,
+    )?;
+    let (states, offsets) = out
+        .checkpoints
+        .ok_or_else(|| PyValueError::new_err("the prefill returned no checkpoints"))?;
+    Ok((out.o, out.final_state, states, offsets))
+}
+
+/// The Python arrays of a prefill call, before import.
+struct PrefillObjects<'a, 'py> {
+    q: &'a Bound<'py, PyAny>,
+    k: &'a Bound<'py, PyAny>,
+    v: &'a Bound<'py, PyAny>,
+    g: &'a Bound<'py, PyAny>,
+    beta: &'a Bound<'py, PyAny>,
+    initial_state: Option<&'a Bound<'py, PyAny>>,
+    cu_seqlens: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// What a prefill call returns to Python: `o`, the final state when asked, and the
+/// checkpoints with their per-sequence offsets when asked.
+pub struct PrefillResults {
+    pub o: Exported,
+    pub final_state: Option<Exported>,
+    pub checkpoints: Option<(Exported, Vec<usize>)>,
+}
+
+fn prefill(
+    py: Python<'_>,
+    mode: &str,
+    arrays: &PrefillObjects<'_, '_>,
+    options: &GdnOptions,
+    output_final_state: bool,
+    checkpoint_every: Option<usize>,
+    stream: Option<i64>,
+) -> PyResult<PrefillResults> {
     let mode = match mode {
         "chunk" => PrefillMode::Chunk,
         "recurrent" => PrefillMode::Recurrent,
@@ -88,29 +193,29 @@ pub fn gdn_prefill(
         }
     };
     let device = call_device(&[
-        ("q", Some(q)),
-        ("k", Some(k)),
-        ("v", Some(v)),
-        ("g", Some(g)),
-        ("beta", Some(beta)),
-        ("initial_state", initial_state),
-        ("cu_seqlens", cu_seqlens),
+        ("q", Some(arrays.q)),
+        ("k", Some(arrays.k)),
+        ("v", Some(arrays.v)),
+        ("g", Some(arrays.g)),
+        ("beta", Some(arrays.beta)),
+        ("initial_state", arrays.initial_state),
+        ("cu_seqlens", arrays.cu_seqlens),
     ])?;
     let launcher = launcher(device, stream)?;
     #[cfg(feature = "cuda")]
     let stream = launcher.as_ref().map(|l| l.stream());
     let import = |name, obj| Borrowed::import(name, obj, device, stream);
-    let (q, k, v) = (import("q", q)?, import("k", k)?, import("v", v)?);
-    let (g, beta) = (import("g", g)?, import("beta", beta)?);
-    let initial_state = import_opt("initial_state", initial_state, device, stream)?;
-    let cu_seqlens = import_opt("cu_seqlens", cu_seqlens, device, stream)?;
+    let (q, k, v) = (
+        import("q", arrays.q)?,
+        import("k", arrays.k)?,
+        import("v", arrays.v)?,
+    );
+    let (g, beta) = (import("g", arrays.g)?, import("beta", arrays.beta)?);
+    let initial_state = import_opt("initial_state", arrays.initial_state, device, stream)?;
+    let cu_seqlens = import_opt("cu_seqlens", arrays.cu_seqlens, device, stream)?;
     let mut buffers = addresses([&q, &k, &v, &g, &beta]);
     buffers.extend(addresses(initial_state.iter().chain(&cu_seqlens)));
-    let options = GdnOptions {
-        scale,
-        use_qk_l2norm,
-    };
-    let (mut o, mut final_state) = match launcher {
+    let mut out = match launcher {
         None => {
             let views = [q.view()?, k.view()?, v.view()?, g.view()?, beta.view()?];
             let initial_state = view_opt(&initial_state)?;
@@ -125,12 +230,24 @@ pub fn gdn_prefill(
                 cu_seqlens: cu_seqlens.as_ref(),
             };
             let out = py
-                .detach(|| deltakv::gdn::gdn_prefill(&inputs, &options, mode))
+                .detach(|| {
+                    deltakv::gdn::gdn_prefill_checkpointed(&inputs, options, mode, checkpoint_every)
+                })
                 .map_err(to_py_err)?;
-            (
-                Exported::from_tensor(out.o),
-                Some(Exported::from_tensor(out.final_state)).filter(|_| output_final_state),
-            )
+            let checkpoints = match out.checkpoints {
+                Some(c) => {
+                    let offsets = c.offsets.to_i64_vec("offsets").map_err(to_py_err)?;
+                    let offsets = offsets.into_iter().map(|x| x as usize).collect();
+                    Some((Exported::from_tensor(c.states), offsets))
+                }
+                None => None,
+            };
+            PrefillResults {
+                o: Exported::from_tensor(out.o),
+                final_state: Some(Exported::from_tensor(out.final_state))
+                    .filter(|_| output_final_state),
+                checkpoints,
+            }
         }
         #[cfg(feature = "cuda")]
         Some(launcher) => {
@@ -143,17 +260,28 @@ pub fn gdn_prefill(
                 initial_state: initial_state.as_ref(),
                 cu_seqlens: cu_seqlens.as_ref(),
             };
-            crate::cuda::prefill(py, &launcher, mode, &arrays, &options, output_final_state)?
+            crate::cuda::prefill(
+                py,
+                &launcher,
+                mode,
+                &arrays,
+                options,
+                output_final_state,
+                checkpoint_every,
+            )?
         }
         #[cfg(not(feature = "cuda"))]
         Some(never) => match never {},
     };
-    buffers.push(("o".to_string(), o.address()));
-    if let Some(s) = final_state.as_mut() {
+    buffers.push(("o".to_string(), out.o.address()));
+    if let Some(s) = out.final_state.as_mut() {
         buffers.push(("final_state".to_string(), s.address()));
     }
+    if let Some((s, _)) = out.checkpoints.as_mut() {
+        buffers.push(("checkpoints".to_string(), s.address()));
+    }
     record_buffers(buffers);
-    Ok((o, final_state))
+    Ok(out)
 }
 
 /// GDN decode: advances the slots of the caller's `state_pool` (`[S, H, K, V]` f32 or bf16,

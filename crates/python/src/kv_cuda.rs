@@ -12,6 +12,8 @@ use deltakv::cuda::kv::{CudaPagedKvCache, attend};
 use deltakv::kv::PagedLayout;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// A paged compressed KV cache on the GPU: `batch` sequences of up to `max_tokens` tokens each,
 /// in pages of `page_tokens`; each key and value vector stored as a norm and `bits_k` /
@@ -20,6 +22,11 @@ use pyo3::prelude::*;
 pub struct CudaKvCache {
     cache: CudaPagedKvCache,
     device: Device,
+    /// The stream the cache was made on (its buffers are freed there) and a handle on it.
+    home: Cuda,
+    home_stream: i64,
+    /// The stream of the latest append or attend (a DLPack stream integer).
+    last_stream: AtomicI64,
 }
 
 impl CudaKvCache {
@@ -36,7 +43,29 @@ impl CudaKvCache {
                 arrays[0].0, self.device
             )));
         }
-        Launcher::new(device, stream)
+        let launcher = Launcher::new(device, stream)?;
+        self.last_stream.store(launcher.stream(), Ordering::Relaxed);
+        Ok(launcher)
+    }
+}
+
+impl Drop for CudaKvCache {
+    fn drop(&mut self) {
+        // The buffers are freed on the stream the cache was made on, when `cache` drops after
+        // this: that stream first waits for the work of the latest call's stream, so the
+        // memory pool cannot hand the pages out again while that work still reads them. A
+        // failure has nowhere to go; cudarc keeps it for the context's next check.
+        let last = self.last_stream.load(Ordering::Relaxed);
+        let context = self.home.context();
+        let _ = context.bind_to_thread();
+        if last != self.home_stream {
+            // SAFETY: the stream of a call outlives the call's use of the cache (the stream
+            // rule); the wrapper never destroys it.
+            let last = unsafe { context.wrap_borrowed_stream(last as usize as *mut c_void as _) };
+            if let Ok(event) = last.record_event(None) {
+                let _ = self.home.stream().wait(&event);
+            }
+        }
     }
 }
 
@@ -74,7 +103,20 @@ impl CudaKvCache {
         let cache =
             CudaPagedKvCache::new(launcher.cuda(), layout, batch, max_pages, batch * max_pages)
                 .map_err(to_py_err)?;
-        Ok(Self { cache, device })
+        let home_stream = launcher.stream();
+        // SAFETY: the stream the cache was made on, under the launcher's contract.
+        let home = unsafe {
+            launcher
+                .cuda()
+                .on_stream(launcher.cuda().stream().cu_stream())
+        };
+        Ok(Self {
+            cache,
+            device,
+            home,
+            home_stream,
+            last_stream: AtomicI64::new(home_stream),
+        })
     }
 
     /// Appends `new_lens[b]` tokens (all `Tn` when None) of `k`, `v` `[B, Tn, kv_heads, dim]`

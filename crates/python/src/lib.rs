@@ -60,6 +60,7 @@ fn last_call_buffers() -> Vec<(String, usize)> {
 #[pymodule]
 fn _deltakv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gdn::gdn_prefill, m)?)?;
+    m.add_function(wrap_pyfunction!(gdn::gdn_prefill_checkpointed, m)?)?;
     m.add_function(wrap_pyfunction!(gdn::gdn_decode, m)?)?;
     m.add_function(wrap_pyfunction!(last_call_buffers, m)?)?;
     m.add_class::<export::Exported>()?;

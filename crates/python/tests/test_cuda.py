@@ -1,8 +1,9 @@
 """deltakv's Python functions on CUDA torch tensors (a build with the cargo feature `cuda`, on
 a machine with a GPU): FLA-signature prefill and the in-place pool decode against the f64
 references with the Rust CUDA tests' tolerances, zero copies (the kernels read and write the
-callers' device memory; results are deltakv's buffers, wrapped by torch), the stream
-handshake (work on a non-default torch stream, no synchronisation) and device checks.
+callers' device memory; results are deltakv's buffers, wrapped by torch), the checkpoints
+against the f64 recurrence, the stream handshake (work on a non-default torch stream, an
+initial state written there, no synchronisation) and device checks.
 
 Skipped, with one line on pytest's summary (-rs), without a CUDA torch or a `cuda` build;
 `tools/gpu-check.sh py-cuda` runs them on the GPU machine."""
@@ -121,6 +122,40 @@ def test_prefill_without_final_state_and_with_scale():
         assert rel_rms(host(o), reference(q, k, v, g, beta, scale=0.3)[0]) < PREFILL_TOLERANCE
 
 
+CHECKPOINT_CASES = [
+    # (B, T, Hg, H, K, V, cu_seqlens, checkpoint_every)
+    (2, 300, 2, 4, 128, 128, None, 64),
+    (1, 700, 1, 2, 64, 96, [0, 1, 130, 256, 700], 128),
+    (1, 100, 1, 2, 64, 64, None, 128),  # shorter than the spacing: no checkpoint
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_checkpoints_on_cuda_tensors_against_f64_reference(dtype, case):
+    B, T, Hg, H, K, V, cu, every = case
+    rng = np.random.default_rng(T + every)
+    n_seqs = None if cu is None else len(cu) - 1
+    q, k, v, g, beta, s0 = make_case(rng, B, T, Hg, H, K, V, True, n_seqs, init=True)
+    acts = [on_gpu(x, dtype) for x in (q, k, v)]
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64, device=DEVICE)
+    o, final, checkpoints, offsets = deltakv.chunk_gated_delta_rule_checkpointed(
+        *acts, on_gpu(g), on_gpu(beta), initial_state=on_gpu(s0), output_final_state=True,
+        cu_seqlens=cu_t, use_qk_l2norm_in_kernel=True, checkpoint_every=every)
+    if checkpoints.numel():
+        assert buffers()["checkpoints"] == checkpoints.data_ptr()
+    assert checkpoints.device == DEVICE and checkpoints.dtype == torch.float32
+    ref_o, ref_s, (ref_c, ref_offsets) = reference(
+        *(host(t) for t in acts), g, beta, initial_state=s0, cu_seqlens=cu, l2=True,
+        checkpoint_every=every)
+    assert offsets == ref_offsets and tuple(checkpoints.shape) == ref_c.shape
+    worst = max((rel_rms(c, r) for c, r in zip(host(checkpoints), ref_c)), default=0.0)
+    o_err, s_err = rel_rms(host(o), ref_o), rel_rms(host(final), ref_s)
+    print(f"cuda checkpoints {dtype} {case}: {len(ref_c)} rows, worst {worst:.3e}, "
+          f"o {o_err:.3e}, final state {s_err:.3e}")
+    assert worst < PREFILL_TOLERANCE and o_err < PREFILL_TOLERANCE and s_err < PREFILL_TOLERANCE
+
+
 DECODE_CASES = [
     # (B, T, Hg, H, K, V, S, slots, fused gating, l2, pool dtype)
     (1, 1, 2, 4, 128, 128, 3, [2], True, True, torch.float32),
@@ -179,21 +214,63 @@ def test_decode_in_place_on_the_callers_pool(case):
 
 
 def test_stream_handshake_on_a_side_stream_without_synchronising():
-    """Work queued on a non-default torch stream behind a long GPU sleep: a prefill with an
-    initial state there is refused (it returned NaN on the H100: a known defect) rather than
-    answered wrongly; decode updates the pool after the stream's earlier writes; results are
-    right once the stream finishes."""
+    """Work queued on a non-default torch stream behind a long GPU sleep: deltakv's prefill
+    with an initial state is queued on that stream and reads the state as the stream's earlier
+    work left it (doubled there, after the sleep); decode updates the pool after the stream's
+    earlier writes; results are right once the stream finishes. The same call on the default
+    stream, and the checkpointed call (the lockstep state pass) on the side stream, are checked
+    beside it, every figure printed before the assertions, so a failure says whether the
+    stream, the shape or the state pass is at fault. Whether the prefill call returned before
+    the stream drained is printed, not asserted: its small host-to-device uploads (chunk
+    tables) come from pageable memory, which the H100's driver (580, CUDA 13) copies only once
+    the stream reaches them."""
     rng = np.random.default_rng(2)
     q, k, v, g, beta, s0 = make_case(rng, 2, 200, 2, 4, 128, 128, l2=True, init=True)
     acts = [on_gpu(x) for x in (q, k, v, g, beta)]
-    state = on_gpu(s0)
-    deltakv.chunk_gated_delta_rule(*acts, initial_state=state)  # kernels loaded
+    state = on_gpu(s0).clone()  # written in place below; s0 stays the reference's
+    figures, errors = [], []
+
+    def check(what, o, final, initial, checkpoints=None):
+        ref_o, ref_s, (ref_c, _) = reference(q, k, v, g, beta, initial_state=initial, l2=True,
+                                             checkpoint_every=64)
+        errs = [rel_rms(host(o), ref_o), rel_rms(host(final), ref_s)]
+        if checkpoints is not None:
+            errs.append(max(rel_rms(c, r) for c, r in zip(host(checkpoints), ref_c)))
+        figures.append(f"{what}: " + ", ".join(f"{e:.3e}" for e in errs))
+        errors.extend(errs)
+
+    # q and k are raw normal rows (|k|^2 ~ 128): the kernel must normalise them, or the state
+    # grows ~|1 - beta |k|^2| ~ 60x a token and overflows f32 (NaN on every stream).
+    o, final = deltakv.chunk_gated_delta_rule(*acts, initial_state=state,
+                                              output_final_state=True,
+                                              use_qk_l2norm_in_kernel=True)
     torch.cuda.synchronize()
+    check("default stream prefill (o, final state)", o, final, s0)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        with pytest.raises(NotImplementedError, match="runs on the default stream only"):
-            deltakv.chunk_gated_delta_rule(*acts, initial_state=state, output_final_state=True)
+        # The inputs the call must see are written on the side stream after ~0.1 s of sleep.
+        ones = torch.ones_like(state)
+        torch.cuda._sleep(200_000_000)
+        state.mul_(ones * 2)  # the initial state doubles, on the side stream
+        o, final = deltakv.chunk_gated_delta_rule(*acts, initial_state=state,
+                                                  output_final_state=True,
+                                                  use_qk_l2norm_in_kernel=True)
+        busy = not side.query()
+        o_after = o * 1  # a consumer on the same stream
+        torch.cuda._sleep(100_000_000)
+        state.mul_(ones * 2)  # quadrupled, for the checkpointed call
+        oc, fc, checkpoints, offsets = deltakv.chunk_gated_delta_rule_checkpointed(
+            *acts, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            checkpoint_every=64)
+        oc_after = oc * 1
     side.synchronize()
+    returned = "returned while the stream was busy" if busy else "waited for the stream"
+    check(f"side stream prefill (o, final state; the call {returned})", o_after, final, 2 * s0)
+    check("side stream checkpointed prefill (o, final state, worst checkpoint)", oc_after, fc,
+          4 * s0, checkpoints)
+    print("; ".join(figures))
+    assert offsets == [0, 3, 6] and checkpoints.shape == (6, 4, 128, 128)
+    assert all(e < PREFILL_TOLERANCE for e in errors), figures
 
     # Decode on the side stream: the pool is rewritten there behind a sleep first.
     B, H, K, V = 4, 4, 128, 128

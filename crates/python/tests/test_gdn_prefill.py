@@ -16,9 +16,12 @@ def rel_rms(x, ref):
     return float(np.sqrt(np.sum((x - ref) ** 2) / np.sum(ref**2)))
 
 
-def reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, l2=False):
+def reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, l2=False,
+              checkpoint_every=None):
     """f64 GDN recurrence per token and value head h (key head h // (H // Hg), as FLA); returns
-    (o, state)."""
+    (o, state), and with ``checkpoint_every`` also (checkpoints, offsets) in the contract's
+    layout (gdn::prefill::checkpoint): sequence n's state after each token c * every of its
+    own, rows offsets[n]:offsets[n + 1] of a [C, H, K, V] array."""
     q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
     B, T, Hg, K = q.shape
     H, V = v.shape[2], v.shape[3]
@@ -29,6 +32,11 @@ def reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
         spans = [(0, int(s), int(e)) for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
     o = np.zeros((B, T, H, V))
     states = np.zeros((len(spans), H, K, V))
+    every = checkpoint_every
+    offsets = [0]
+    for _, start, end in spans:
+        offsets.append(offsets[-1] + (0 if every is None else (end - start) // every))
+    checkpoints = np.zeros((offsets[-1], H, K, V))
     for n, (b, start, end) in enumerate(spans):
         for h in range(H):
             hk = h // (H // Hg)
@@ -42,7 +50,12 @@ def reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
                 vt = beta[b, t, h] * (v[b, t, h] - S.T @ kt)
                 S = S + np.outer(kt, vt)
                 o[b, t, h] = scale * (S.T @ qt)
+                position = t + 1 - start
+                if every is not None and position % every == 0:
+                    checkpoints[offsets[n] + position // every - 1, h] = S
             states[n, h] = S
+    if every is not None:
+        return o, states, (checkpoints, offsets)
     return o, states
 
 
@@ -235,3 +248,63 @@ def test_native_layer_checks_what_it_is_given():
         _deltakv.gdn_prefill("chunk", q[:, ::2], *args[1:], None, None, None, False)
     with pytest.raises(ValueError, match="unknown prefill mode"):
         _deltakv.gdn_prefill("fast", *args, None, None, None, False)
+
+
+CHECKPOINT_CASES = [
+    # (B, T, Hg, H, K, V, cu_seqlens, initial state, l2, checkpoint_every)
+    (1, 300, 1, 2, 16, 12, None, True, True, 64),
+    (2, 256, 2, 4, 8, 8, None, False, True, 128),
+    (1, 400, 1, 2, 16, 16, [0, 1, 64, 65, 193, 400], True, False, 64),
+    (1, 100, 1, 1, 8, 8, None, True, True, 128),  # shorter than the spacing: no checkpoint
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_checkpoints_against_the_f64_reference(dtype, case):
+    """chunk_gated_delta_rule_checkpointed: the states every N tokens of each sequence in the
+    contract's layout, against the f64 recurrence; o and the final state as the plain call's."""
+    B, T, Hg, H, K, V, cu, init, l2, every = case
+    rng = np.random.default_rng(T * 7 + every)
+    n_seqs = None if cu is None else len(cu) - 1
+    q, k, v, g, beta, s0 = make_case(rng, B, T, Hg, H, K, V, dtype, n_seqs, init)
+    cu_arr = None if cu is None else np.array(cu, dtype=np.int64)
+    o, final, checkpoints, offsets = deltakv.chunk_gated_delta_rule_checkpointed(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu_arr,
+        use_qk_l2norm_in_kernel=l2, checkpoint_every=every)
+    ref_o, ref_s, (ref_c, ref_offsets) = reference(q, k, v, g, beta, initial_state=s0,
+                                                   cu_seqlens=cu, l2=l2, checkpoint_every=every)
+    assert offsets == ref_offsets
+    assert checkpoints.shape == ref_c.shape and checkpoints.dtype == np.float32
+    o_bound, s_bound = BOUNDS[dtype]
+    if not l2 and dtype == np.float32:
+        o_bound, s_bound = 2 * o_bound, 2 * s_bound  # as in test_against_f64_reference
+    # Every checkpoint on its own, so that one wrong row among many fails.
+    worst = max((rel_rms(c, r) for c, r in zip(checkpoints, ref_c)), default=0.0)
+    o_err, s_err = rel_rms(o, ref_o), rel_rms(final, ref_s)
+    print(f"checkpoints {np.dtype(dtype)} {case}: {len(checkpoints)} rows, worst {worst:.3e}, "
+          f"o {o_err:.3e}, final state {s_err:.3e}")
+    assert worst < s_bound and o_err < o_bound and s_err < s_bound
+    plain_o, plain_final = deltakv.chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu_arr,
+        use_qk_l2norm_in_kernel=l2)
+    np.testing.assert_array_equal(o, plain_o)
+    np.testing.assert_array_equal(final, plain_final)
+
+
+def test_checkpoint_every_is_checked_and_kept_out_of_fla_signatures():
+    rng = np.random.default_rng(9)
+    q, k, v, g, beta, _ = make_case(rng, 1, 70, 1, 1, 8, 8)
+    for bad in (0, 32, 100, -64):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            deltakv.chunk_gated_delta_rule_checkpointed(q, k, v, g, beta, checkpoint_every=bad)
+    with pytest.raises(ValueError, match="must be an int"):
+        deltakv.chunk_gated_delta_rule_checkpointed(q, k, v, g, beta, checkpoint_every=64.5)
+    with pytest.raises(TypeError):
+        deltakv.chunk_gated_delta_rule_checkpointed(q, k, v, g, beta)  # checkpoint_every needed
+    for func in FUNCS:
+        with pytest.raises(NotImplementedError, match="chunk_gated_delta_rule_checkpointed"):
+            func(q, k, v, g, beta, checkpoint_every=64)
+    o, final, checkpoints, offsets = deltakv.chunk_gated_delta_rule_checkpointed(
+        q, k, v, g, beta, checkpoint_every=64)
+    assert final is None and checkpoints.shape == (1, 1, 8, 8) and offsets == [0, 1]

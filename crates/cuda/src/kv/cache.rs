@@ -122,7 +122,11 @@ fn i32_of(what: &str, x: usize) -> Result<i32> {
 
 impl CudaPagedKvCache {
     /// An empty cache on the GPU for `batch` sequences of up to `max_pages` pages each, over a
-    /// pool of `num_pages` zeroed pages (every block table entry -1).
+    /// pool of `num_pages` zeroed pages (every block table entry -1). Its buffers are allocated
+    /// and filled on `cuda`'s stream, which is waited for before this returns, so later calls
+    /// may run on any stream (a handle of [`Cuda::on_stream`]). The buffers are freed on that
+    /// first stream when the cache drops: work queued on other streams must be ordered before
+    /// it by then.
     pub fn new(
         cuda: &Cuda,
         layout: PagedLayout,
@@ -144,7 +148,7 @@ impl CudaPagedKvCache {
         let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
         let host_table = vec![-1i32; batch * max_pages];
         let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
-        Ok(Self {
+        let cache = Self {
             pool: CudaTensor::zeros(cuda, vec![num_pages, layout.page_words()], DType::I32)?,
             table: CudaTensor::upload(cuda, &table)?,
             lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
@@ -158,7 +162,11 @@ impl CudaPagedKvCache {
             host_lens: vec![0; batch],
             num_pages,
             max_pages,
-        })
+        };
+        // Stream-ordered allocations and fills are valid on other streams only once the
+        // stream that made them has run them.
+        cuda.synchronize()?;
+        Ok(cache)
     }
 
     pub fn layout(&self) -> &PagedLayout {

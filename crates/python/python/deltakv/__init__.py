@@ -40,7 +40,7 @@ backend failure.
 """
 
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _deltakv
 
@@ -49,6 +49,7 @@ CUDA_BUILT: bool = _deltakv.CUDA_BUILT
 
 __all__ = [
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_checkpointed",
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule_decode",
     "KvCache",
@@ -142,22 +143,18 @@ def _as_kind_of(result: Any, like: Any) -> Any:
 
 
 def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
-             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs):
+             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs,
+             checkpoint_every=None):
     for name in kwargs:
+        if name == "checkpoint_every":
+            raise NotImplementedError(
+                f"{fla_name} takes no checkpoint_every (FLA's signature): call "
+                "deltakv.chunk_gated_delta_rule_checkpointed for the states every N tokens"
+            )
         raise NotImplementedError(
             f"deltakv does not support the argument `{name}` of FLA's {fla_name}"
         )
-    cuda_stream = _cuda_stream(q, stream)
-    if initial_state is not None and cuda_stream not in (None, 1):
-        # Seen on the H100 (driver 580, torch 2.11): an initial state with the call on a
-        # non-default stream came back as NaN, while the default stream and side streams
-        # without an initial state are right. Refused until that is understood and fixed.
-        raise NotImplementedError(
-            "deltakv's CUDA prefill with an initial_state runs on the default stream only for "
-            "now (on another stream it returned NaN on the GPU it was tested on)"
-        )
-    o, final_state = _deltakv.gdn_prefill(
-        mode,
+    inputs = (
         _contiguous_input(q),
         _contiguous_input(k),
         _contiguous_input(v),
@@ -168,9 +165,27 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
         None if cu_seqlens is None else _contiguous_input(cu_seqlens),
         bool(use_qk_l2norm_in_kernel),
         bool(output_final_state),
-        cuda_stream,
     )
-    return _as_kind_of(o, q), None if final_state is None else _as_kind_of(final_state, q)
+    cuda_stream = _cuda_stream(q, stream)
+    if checkpoint_every is None:
+        o, final_state = _deltakv.gdn_prefill(mode, *inputs, cuda_stream)
+        return _as_kind_of(o, q), None if final_state is None else _as_kind_of(final_state, q)
+    if isinstance(checkpoint_every, bool) or int(checkpoint_every) != checkpoint_every:
+        raise ValueError(f"checkpoint_every must be an int, got {checkpoint_every!r}")
+    if checkpoint_every <= 0:
+        raise ValueError(
+            "checkpoint_every must be a positive multiple of 64 tokens (checkpoints fall on "
+            f"chunk boundaries), got {checkpoint_every}"
+        )
+    o, final_state, checkpoints, offsets = _deltakv.gdn_prefill_checkpointed(
+        *inputs, int(checkpoint_every), cuda_stream
+    )
+    return (
+        _as_kind_of(o, q),
+        None if final_state is None else _as_kind_of(final_state, q),
+        _as_kind_of(checkpoints, q),
+        list(offsets),
+    )
 
 
 def chunk_gated_delta_rule(
@@ -239,6 +254,67 @@ def chunk_gated_delta_rule(
     """
     return _prefill("chunk", "chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
                     output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs)
+
+
+def chunk_gated_delta_rule_checkpointed(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    scale: Optional[float] = None,
+    initial_state: Optional[Any] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[Any] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    checkpoint_every: int,
+    stream: Any = None,
+    **kwargs: Any,
+) -> Tuple[Any, Optional[Any], Any, List[int]]:
+    """:func:`chunk_gated_delta_rule` that also returns the recurrent state every
+    ``checkpoint_every`` tokens of each sequence, for prefix caching and rollback (the same
+    arguments as FLA's function, plus ``checkpoint_every``; FLA has no such output, so it is a
+    separate function and :func:`chunk_gated_delta_rule` keeps FLA's ``(o, final_state)``).
+
+    Sequence n (a batch row, or a ``cu_seqlens`` span) of length L_n has
+    ``L_n // checkpoint_every`` checkpoints: its state after tokens ``c * checkpoint_every``,
+    c = 1, 2, ..., counted from its own start (the initial state included; one that falls on
+    the sequence end equals its final state). Chunks are 64 tokens from each sequence's start,
+    so every checkpoint is a state the chunked kernels already hold: no extra work.
+
+    Args:
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+        use_qk_l2norm_in_kernel, stream: as :func:`chunk_gated_delta_rule`.
+        checkpoint_every: tokens between checkpoints, a positive multiple of 64.
+
+    Returns:
+        ``(o, final_state, checkpoints, offsets)``: o and final_state as
+        :func:`chunk_gated_delta_rule`; checkpoints ``[C, H, K, V]`` float32 (of q's kind on
+        q's device), every checkpoint of the call, sequence by sequence, each sequence's in
+        position order; offsets, a list of ``N + 1`` ints: sequence n's checkpoints are rows
+        ``offsets[n]:offsets[n + 1]``, so its checkpoint at token ``c * checkpoint_every`` is
+        row ``offsets[n] + c - 1``.
+
+    Raises:
+        ValueError: as :func:`chunk_gated_delta_rule`, and ``checkpoint_every`` not a positive
+            multiple of 64.
+
+    Example:
+        >>> import numpy as np, deltakv
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = (rng.standard_normal((1, 300, 1, 32), dtype=np.float32) for _ in range(2))
+        >>> v = rng.standard_normal((1, 300, 2, 32), dtype=np.float32)
+        >>> g = -rng.random((1, 300, 2), dtype=np.float32)
+        >>> beta = rng.random((1, 300, 2), dtype=np.float32)
+        >>> o, final, checkpoints, offsets = deltakv.chunk_gated_delta_rule_checkpointed(
+        ...     q, k, v, g, beta, use_qk_l2norm_in_kernel=True, checkpoint_every=128)
+        >>> checkpoints.shape, offsets  # the states after tokens 128 and 256
+        ((2, 2, 32, 32), [0, 2])
+    """
+    return _prefill("chunk", "chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
+                    output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs,
+                    checkpoint_every=checkpoint_every)
 
 
 def fused_recurrent_gated_delta_rule(

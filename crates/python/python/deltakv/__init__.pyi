@@ -14,13 +14,14 @@ o [B, T, H, V] (v's dtype). Decode: state_pool [S, H, K, V] float32/bfloat16, sl
 float32. KV cache: k, v [n, kv_heads, dim] float32; q and o [B, Tq, Hq, dim] float32.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 CUDA_BUILT: bool
 """True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
 
 __all__ = [
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_checkpointed",
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule_decode",
     "KvCache",
@@ -45,6 +46,29 @@ def chunk_gated_delta_rule(
     """Chunked GDN prefill: q, k [B, T, Hg, K]; v [B, T, H, V]; g, beta [B, T, H];
     initial_state [N, H, K, V] f32; cu_seqlens [N + 1]. Returns (o [B, T, H, V],
     final_state [N, H, K, V] f32 or None)."""
+    ...
+
+def chunk_gated_delta_rule_checkpointed(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    scale: Optional[float] = None,
+    initial_state: Optional[Any] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[Any] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    checkpoint_every: int,
+    stream: Any = None,
+    **kwargs: Any,
+) -> Tuple[Any, Optional[Any], Any, List[int]]:
+    """chunk_gated_delta_rule plus the state every checkpoint_every tokens (a positive
+    multiple of 64) of each sequence, counted from its own start. Returns (o [B, T, H, V],
+    final_state [N, H, K, V] f32 or None, checkpoints [C, H, K, V] f32, offsets): sequence n
+    has L_n // checkpoint_every checkpoints, rows offsets[n]:offsets[n + 1] (offsets: N + 1
+    ints), its state after token c * checkpoint_every at row offsets[n] + c - 1."""
     ...
 
 def fused_recurrent_gated_delta_rule(

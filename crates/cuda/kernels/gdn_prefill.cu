@@ -62,11 +62,16 @@ struct PrefillParams {
     u64 scores;           // bf16 [chunks, H, 64, 64]: Q K^T o D per chunk, from prepare; or 0
     u64 checkpoints;      // f32 [C, H, K, V] state checkpoints, or 0 (none asked)
     u64 chunk_checkpoint; // i32 [chunks]: the checkpoint row taken after each chunk, or -1
+    u64 q_src, k_src;     // bf16 [rows, Hg, K] raw q and k when the prepare normalises them
+                          // (fused_qk_norm), else 0
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
     int use_segment_states;  // entry states come from segment_states (set when any sequence
                              // has several segments)
+    int heads_per_block;     // value heads of one key head that a prepare block handles (<= 4)
+    int head_groups;         // prepare blocks per (chunk, key head)
+    int fused_qk_norm;       // the prepare l2-normalises q_src/k_src into q/k (bf16, K == KP)
     float scale;
     float reset_gate;
 };
@@ -294,14 +299,13 @@ struct ConvertParams {
 };
 
 // The fast path of a bf16 row whose length is the padded length: PER contiguous elements per
-// lane, read and written as one vector, normalised in registers.
+// lane, read and written as one vector, normalised in registers. The prepare kernel normalises
+// q and k with the same three steps, so its copies equal this kernel's bit for bit.
 template <int PER>
-__device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsigned short* dst,
-                                                 bool normalize, int lane) {
+__device__ __forceinline__ void load_bf16_words(const unsigned short* row, int lane,
+                                                unsigned (&bits)[PER / 2]) {
     constexpr int WORDS = PER / 2;
-    unsigned bits[WORDS];
-    const unsigned* from = (const unsigned*)src + lane * WORDS;
-    unsigned* to = (unsigned*)dst + lane * WORDS;
+    const unsigned* from = (const unsigned*)row + lane * WORDS;
     if constexpr (WORDS == 4) {
         uint4 x = *(const uint4*)from;
         bits[0] = x.x, bits[1] = x.y, bits[2] = x.z, bits[3] = x.w;
@@ -311,11 +315,27 @@ __device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsi
     } else {
         bits[0] = *from;
     }
-    if (!normalize) {
-#pragma unroll
-        for (int j = 0; j < WORDS; ++j) to[j] = bits[j];
-        return;
+}
+
+template <int PER>
+__device__ __forceinline__ void store_bf16_words(unsigned short* row, int lane,
+                                                 const unsigned (&bits)[PER / 2]) {
+    constexpr int WORDS = PER / 2;
+    unsigned* to = (unsigned*)row + lane * WORDS;
+    if constexpr (WORDS == 4) {
+        *(uint4*)to = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    } else if constexpr (WORDS == 2) {
+        *(uint2*)to = make_uint2(bits[0], bits[1]);
+    } else {
+        *to = bits[0];
     }
+}
+
+// row / sqrt(|row|^2 + 1e-6) in f32, rounded to bf16; the row spread over the warp's lanes
+// (PER elements each). Every lane of the warp must take part.
+template <int PER>
+__device__ __forceinline__ void normalize_bf16_words(unsigned (&bits)[PER / 2]) {
+    constexpr int WORDS = PER / 2;
     float lo[WORDS], hi[WORDS], sum_sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < WORDS; ++j) {
@@ -326,13 +346,15 @@ __device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsi
     const float factor = 1.0f / sqrtf(warp_sum(sum_sq) + 1e-6f);
 #pragma unroll
     for (int j = 0; j < WORDS; ++j) bits[j] = pack_bf16(lo[j] * factor, hi[j] * factor);
-    if constexpr (WORDS == 4) {
-        *(uint4*)to = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    } else if constexpr (WORDS == 2) {
-        *(uint2*)to = make_uint2(bits[0], bits[1]);
-    } else {
-        *to = bits[0];
-    }
+}
+
+template <int PER>
+__device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsigned short* dst,
+                                                 bool normalize, int lane) {
+    unsigned bits[PER / 2];
+    load_bf16_words<PER>(src, lane, bits);
+    if (normalize) normalize_bf16_words<PER>(bits);
+    store_bf16_words<PER>(dst, lane, bits);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertParams p) {
@@ -371,119 +393,20 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
 }
 
 // Phase marks for tools/prefill-lab (which defines PF_MARK to record clocks); none here.
+// The prepare kernel marks 0 at entry, 1 when its inputs are in shared memory, then for the
+// j-th value head of its group: 2 + 5j when A is in shared memory (for j = 0 after the
+// products and every head's scores), 3 + 5j after T's diagonal blocks, 4 + 5j after the
+// blocks below them, 5 + 5j after W, 6 + 5j after U.
 #ifndef PF_MARK
 #define PF_MARK(phase)
 #endif
+#define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
 
-// ---------------------------------------------------------------------------------------
-// Prepare: A, T, W, U for one (chunk, head). 8 warps: warp w computes rows 16 (w % 4) .. + 15
-// of each product, over half of its columns (w / 4 picks which).
-
-template <int KP, int VP>
-__device__ void prepare_impl(const PrefillParams& p) {
-    constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
-    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    ChunkGates& gates = *(ChunkGates*)smem_raw;
-    unsigned short* keys = (unsigned short*)(smem_raw + PF_GATES_BYTES);  // [64][LDK]
-    unsigned short* values = keys + PF_CHUNK * LDK;                      // [64][LDV]
-    float* a_mat = (float*)(values + PF_CHUNK * LDV);                   // [64][LDF]
-    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
-    // free before T.
-    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
-    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
-    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
-
-    const int chunk = blockIdx.x, head = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row_tile = 16 * (warp & 3), half = warp >> 2;
-    PF_MARK(0);
-    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
-    const int len = ((const int*)p.chunk_len)[chunk];
-    const int key_head = head / (p.value_heads / p.key_heads);
-
-    copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + (first_row * p.key_heads + key_head) * KP,
-                        (long long)p.key_heads * KP, len);
-    copy_rows_async<VP>(values, LDV, (const unsigned short*)p.v + (first_row * p.value_heads + head) * VP,
-                        (long long)p.value_heads * VP, len);
-    // The queries (for the scores) in the space T takes later.
-    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
-    if (p.scores) {
-        copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
-                            (long long)p.key_heads * KP, len);
-    }
-    cp_async_commit();
-    if (warp == 0) {
-        const float* g = (const float*)p.g + first_row * p.value_heads + head;
-        const int t0 = 2 * lane;
-        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
-        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
-        scan_chunk_gates(gates, g_even, g_odd, len, p.reset_gate);
-    }
-    if (threadIdx.x < PF_CHUNK) {
-        const int t = threadIdx.x;
-        gates.beta[t] = t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head,
-                                             p.beta_dtype)
-                                : 0.0f;
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    PF_MARK(1);
-    {
-        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
-        const unsigned* from = (const unsigned*)&gates;
-        unsigned* to = (unsigned*)((unsigned char*)p.gates +
-                                   ((long long)chunk * p.value_heads + head) * PF_GATES_BYTES);
-        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
-    }
-
-    // A = strictly_lower(diag(beta) K K^T o D) and, for the overlapped state pass, the scores
-    // Q K^T o D (bf16, to device memory): both products share the K operands.
-    {
-        const bool with_scores = p.scores != 0;
-        float acc[4][4], score[4][4];
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-            score[n][0] = score[n][1] = score[n][2] = score[n][3] = 0.0f;
-        }
-#pragma unroll
-        for (int k0 = 0; k0 < KP; k0 += 16) {
-            unsigned a[4], aq[4];
-            frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
-            if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
-#pragma unroll
-            for (int n = 0; n < 4; n += 2) {
-                unsigned b0[2], b1[2];
-                frag_b2_ldsm(b0, b1, keys, LDK, k0, 8 * (4 * half + n), lane);
-                mma_bf16_16816(acc[n], a, b0);
-                mma_bf16_16816(acc[n + 1], a, b1);
-                if (with_scores) {
-                    mma_bf16_16816(score[n], aq, b0);
-                    mma_bf16_16816(score[n + 1], aq, b1);
-                }
-            }
-        }
-        unsigned short* scores =
-            (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head) * PF_CHUNK * PF_CHUNK;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = row_tile + (lane >> 2) + 8 * h;
-                const int j = 8 * (4 * half + n) + 2 * (lane & 3);
-                const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
-                a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][2 * h] * d0 : 0.0f;
-                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * acc[n][2 * h + 1] * d1 : 0.0f;
-                if (with_scores) {
-                    *(unsigned*)(scores + i * PF_CHUNK + j) =
-                        pack_bf16(score[n][2 * h] * d0, score[n][2 * h + 1] * d1);
-                }
-            }
-        }
-    }
-    __syncthreads();
-    PF_MARK(2);
+// T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][LDF] in shared memory, overwritten)
+// into t_mat. Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
+// after the diagonal blocks.
+__device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, int mark) {
+    constexpr int LDF = PF_CHUNK + 1;
     // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution, column j
     // by the four lanes of a quad: lane part p sums the terms m = p (mod 4) of
     // T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps those T_mj in registers, the quad's sum
@@ -512,7 +435,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         for (int r = part; r < base; r += 4) t_mat[r * LDF + j] = 0.0f;
     }
     __syncthreads();
-    PF_MARK(3);
+    PF_MARK(mark);
     // The blocks below the diagonal in two levels. Level 1, in both 32 x 32 diagonal blocks
     // (at 0 and 32): T_21 = -T_22 (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA
     // T_AA) on the 32 x 32 blocks. Each product A T lands in A's own place (A is not read
@@ -614,57 +537,276 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
         __syncthreads();
     }
-    PF_MARK(4);
+}
 
-    // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
-    // scaled T times the bf16 operand.
-    for (int pass = 0; pass < 2; ++pass) {
-        for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
-            const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
-            const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
-            const float x1 =
-                t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
-            const unsigned hi = pack_bf16(x0, x1);
-            *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
-            *(unsigned*)(t_lo + i * PF_LDC + m) =
-                pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
-                          x1 - bf16_to_f32((unsigned short)(hi >> 16)));
-        }
-        __syncthreads();
-        const unsigned short* operand = pass == 0 ? keys : values;
-        const int ld = pass == 0 ? LDK : LDV;
-        const int cols = pass == 0 ? KP : VP;
-        unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
-        const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
-        unsigned a_hi[4][4], a_lo[4][4];
+// One value head's share of the chunk products (each warp's 16 x 32 fragments at rows
+// row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
+// when given, and the scores Q K^T o D (bf16) to `scores` when given.
+__device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
+                                                      const ChunkGates& gates, float* a_mat,
+                                                      unsigned short* scores, int row_tile,
+                                                      int half, int lane) {
+    constexpr int LDF = PF_CHUNK + 1;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            frag_a(a_hi[kk], t_hi, PF_LDC, row_tile, 16 * kk, lane);
-            frag_a(a_lo[kk], t_lo, PF_LDC, row_tile, 16 * kk, lane);
-        }
-        for (int n0 = 16 * half; n0 < cols; n0 += 32) {
-            float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int n = 0; n < 4; ++n) {
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                unsigned b0[2], b1[2];
-                frag_b2_rowmajor(b0, b1, operand, ld, 16 * kk, n0, lane);
-                mma_bf16_16816(acc0, a_hi[kk], b0);
-                mma_bf16_16816(acc0, a_lo[kk], b0);
-                mma_bf16_16816(acc1, a_hi[kk], b1);
-                mma_bf16_16816(acc1, a_lo[kk], b1);
+        for (int h = 0; h < 2; ++h) {
+            const int i = row_tile + (lane >> 2) + 8 * h;
+            const int j = 8 * (4 * half + n) + 2 * (lane & 3);
+            const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
+            if (a_mat) {
+                a_mat[i * LDF + j] = j < i ? gates.beta[i] * kk[n][2 * h] * d0 : 0.0f;
+                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * kk[n][2 * h + 1] * d1 : 0.0f;
             }
-            const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
-            unsigned short* row0 = out + out_base + (long long)r * cols;
-            unsigned short* row8 = row0 + 8LL * cols;
-            *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
-            *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
-            *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
-            *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
+            if (scores) {
+                *(unsigned*)(scores + i * PF_CHUNK + j) =
+                    pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            }
         }
-        __syncthreads();
-        PF_MARK(5 + pass);
     }
 }
+
+// l2-normalises the chunk's rows of one key head (bf16 rows of KP = K elements, row r at
+// src + r * row_stride) with the convert kernel's arithmetic: into x[64][ld] in shared memory
+// when `x` (zeros from row `len`), and to dst + r * row_stride when `dst`. Warp w takes rows
+// w, w + 8, ...; each batch of rows is loaded before any is normalised.
+template <int KP>
+__device__ __forceinline__ void normalize_rows(unsigned short* x, int ld, const unsigned short* src,
+                                               unsigned short* dst, long long row_stride, int len,
+                                               int warp, int lane) {
+    constexpr int PER = KP / 32, WORDS = PER / 2;
+    constexpr int ROWS = PF_CHUNK / 8;                  // per warp
+    constexpr int BATCH = WORDS <= 2 ? ROWS : ROWS / 2;  // 16 registers of loads in flight
+#pragma unroll
+    for (int b = 0; b < ROWS; b += BATCH) {
+        unsigned bits[BATCH][WORDS];
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            const int r = warp + 8 * (b + i);
+            if (r < len) {
+                load_bf16_words<PER>(src + r * row_stride, lane, bits[i]);
+            } else {
+#pragma unroll
+                for (int w = 0; w < WORDS; ++w) bits[i][w] = 0u;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            const int r = warp + 8 * (b + i);  // the same for the whole warp
+            if (r < len) {
+                normalize_bf16_words<PER>(bits[i]);
+                if (dst) store_bf16_words<PER>(dst + r * row_stride, lane, bits[i]);
+            }
+            if (x) store_bf16_words<PER>(x + r * ld, lane, bits[i]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prepare: A, T, W, U for one chunk and a group of value heads of one key head (GVA: the
+// heads_per_block consecutive value heads starting at group * heads_per_block of the key
+// head's r = H / Hg). K K^T and Q K^T depend on the key head only: the block loads k and q
+// once, forms both products once (K K^T stays in registers), writes every head's scores,
+// then per value head masks A with its beta and decays, inverts, and forms W and U from its v
+// (the next head's v lands while the current one is inverted). With fused_qk_norm the block
+// l2-normalises k and q itself and the first group writes the copies the state pass reads.
+// 8 warps: warp w computes rows 16 (w % 4) .. + 15 of each product, over half of its columns
+// (w / 4 picks which).
+//
+// Shared memory (the launcher's prepare_smem mirrors it): heads_per_block ChunkGates records
+// (PF_GATES_BYTES each), k [64][LDK], v [64][LDV] (bf16), A [64][LDF] (f32), 816 floats, T
+// [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed; T's bf16 halves
+// [64][LDC] take A's space and the 816 floats once T is complete.
+
+template <int KP, int VP>
+__device__ void prepare_impl(const PrefillParams& p) {
+    constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
+    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int group_heads = p.heads_per_block;
+    auto gates_of = [&](int j) -> ChunkGates& {
+        return *(ChunkGates*)(smem_raw + j * PF_GATES_BYTES);
+    };
+    unsigned short* keys = (unsigned short*)(smem_raw + group_heads * PF_GATES_BYTES);  // [64][LDK]
+    unsigned short* values = keys + PF_CHUNK * LDK;                                    // [64][LDV]
+    float* a_mat = (float*)(values + PF_CHUNK * LDV);                                 // [64][LDF]
+    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
+    // free before T.
+    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
+    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
+    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
+    // The queries (for the scores) in the space T takes later.
+    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
+
+    const int chunk = blockIdx.x;
+    const int key_head = blockIdx.y / p.head_groups, group = blockIdx.y - key_head * p.head_groups;
+    const int ratio = p.value_heads / p.key_heads;
+    const int head0 = key_head * ratio + group * group_heads;
+    const int count = min(group_heads, ratio - group * group_heads);  // >= 1 (the launcher's plan)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row_tile = 16 * (warp & 3), half = warp >> 2;
+    const bool with_scores = p.scores != 0;
+    PF_MARK(0);
+    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+    const int len = ((const int*)p.chunk_len)[chunk];
+    const long long key_offset = (first_row * p.key_heads + key_head) * KP;
+    const long long key_stride = (long long)p.key_heads * KP;
+    const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
+    const long long value_stride = (long long)p.value_heads * VP;
+
+    copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
+    if (!p.fused_qk_norm) {
+        copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + key_offset, key_stride, len);
+        if (with_scores) {
+            copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q + key_offset, key_stride, len);
+        }
+    }
+    cp_async_commit();
+    if (warp < count) {
+        const float* g = (const float*)p.g + first_row * p.value_heads + head0 + warp;
+        const int t0 = 2 * lane;
+        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
+        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
+        scan_chunk_gates(gates_of(warp), g_even, g_odd, len, p.reset_gate);
+    }
+    {
+        const int j = threadIdx.x / PF_CHUNK, t = threadIdx.x % PF_CHUNK;
+        if (j < count) {
+            gates_of(j).beta[t] =
+                t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head0 + j,
+                                     p.beta_dtype)
+                        : 0.0f;
+        }
+    }
+    if (p.fused_qk_norm) {
+        // The first group of the key head writes the normalised copies.
+        const bool write = group == 0;
+        normalize_rows<KP>(keys, LDK, (const unsigned short*)p.k_src + key_offset,
+                           write ? (unsigned short*)p.k + key_offset : nullptr, key_stride, len,
+                           warp, lane);
+        if (with_scores || write) {
+            normalize_rows<KP>(with_scores ? queries : nullptr, LDK,
+                               (const unsigned short*)p.q_src + key_offset,
+                               write ? (unsigned short*)p.q + key_offset : nullptr, key_stride, len,
+                               warp, lane);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    PF_MARK(1);
+    {
+        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
+        const unsigned* from = (const unsigned*)smem_raw;
+        unsigned* to = (unsigned*)((unsigned char*)p.gates +
+                                   ((long long)chunk * p.value_heads + head0) * PF_GATES_BYTES);
+        for (int i = threadIdx.x; i < count * (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
+    }
+
+    // K K^T and, for the overlapped state pass, Q K^T (both products share the K operands):
+    // K K^T is kept for every head's A; each head's scores Q K^T o D go to device memory now.
+    float kk[4][4];
+    {
+        float qk[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            kk[n][0] = kk[n][1] = kk[n][2] = kk[n][3] = 0.0f;
+            qk[n][0] = qk[n][1] = qk[n][2] = qk[n][3] = 0.0f;
+        }
+#pragma unroll
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4], aq[4];
+            frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
+            if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < 4; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_ldsm(b0, b1, keys, LDK, k0, 8 * (4 * half + n), lane);
+                mma_bf16_16816(kk[n], a, b0);
+                mma_bf16_16816(kk[n + 1], a, b1);
+                if (with_scores) {
+                    mma_bf16_16816(qk[n], aq, b0);
+                    mma_bf16_16816(qk[n + 1], aq, b1);
+                }
+            }
+        }
+        for (int j = 0; j < count; ++j) {
+            unsigned short* scores =
+                with_scores ? (unsigned short*)p.scores +
+                                  ((long long)chunk * p.value_heads + head0 + j) * PF_CHUNK * PF_CHUNK
+                            : nullptr;
+            store_masked_products(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile,
+                                  half, lane);
+        }
+    }
+
+    for (int j = 0; j < count; ++j) {
+        const int head = head0 + j;
+        const ChunkGates& gates = gates_of(j);
+        // A of this head (the first head's was stored with the products).
+        if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        __syncthreads();
+        PF_MARK(2 + 5 * j);
+        invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
+        PF_MARK(4 + 5 * j);
+
+        // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
+        // scaled T times the bf16 operand.
+        for (int pass = 0; pass < 2; ++pass) {
+            for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
+                const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
+                const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
+                const float x1 =
+                    t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
+                const unsigned hi = pack_bf16(x0, x1);
+                *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
+                *(unsigned*)(t_lo + i * PF_LDC + m) =
+                    pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
+                              x1 - bf16_to_f32((unsigned short)(hi >> 16)));
+            }
+            // This head's v (copied in during the previous head's work) is in place.
+            if (pass == 1) cp_async_wait_all();
+            __syncthreads();
+            const unsigned short* operand = pass == 0 ? keys : values;
+            const int ld = pass == 0 ? LDK : LDV;
+            const int cols = pass == 0 ? KP : VP;
+            unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
+            const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
+            // T's hi fragments stay in registers across the column tiles; the lo fragments are
+            // read per tile (registers for K K^T, which every head of the group reuses).
+            unsigned a_hi[4][4];
+#pragma unroll
+            for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
+            for (int n0 = 16 * half; n0 < cols; n0 += 32) {
+                float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kb = 0; kb < 4; ++kb) {
+                    unsigned a_lo[4], b0[2], b1[2];
+                    frag_a_ldsm(a_lo, t_lo, PF_LDC, row_tile, 16 * kb, lane);
+                    frag_b2_rowmajor(b0, b1, operand, ld, 16 * kb, n0, lane);
+                    mma_bf16_16816(acc0, a_hi[kb], b0);
+                    mma_bf16_16816(acc0, a_lo, b0);
+                    mma_bf16_16816(acc1, a_hi[kb], b1);
+                    mma_bf16_16816(acc1, a_lo, b1);
+                }
+                const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
+                unsigned short* row0 = out + out_base + (long long)r * cols;
+                unsigned short* row8 = row0 + 8LL * cols;
+                *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
+                *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
+                *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
+                *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
+            }
+            __syncthreads();
+            PF_MARK(5 + 5 * j + pass);
+        }
+        // The next head's v into the buffer U has finished reading.
+        if (j + 1 < count) {
+            copy_rows_async<VP>(values, LDV, chunk_values + (long long)(head + 1) * VP, value_stride, len);
+            cp_async_commit();
+        }
+    }
+}
+
 
 // ---------------------------------------------------------------------------------------
 // Combine: the entry state of every segment of one sequence, for one head and 16 columns:
@@ -730,8 +872,10 @@ __device__ void combine_impl(const PrefillParams& p) {
     }
 }
 
+// Two blocks per SM (128 registers): K K^T stays in registers across the group's value heads.
+// At 80 registers (3 blocks per SM) NVRTC spills 44-256 bytes.
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, 3)                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                     \
         gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
         prepare_impl<KP, VP>(p);                                                              \
     }

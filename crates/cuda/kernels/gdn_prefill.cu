@@ -401,6 +401,13 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
 #define PF_MARK(phase)
 #endif
 #define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
+// Prepare blocks per SM: 2 (128 registers: K K^T and T's hi fragments stay in registers) or 3
+// (80 registers: T's fragments are read per column tile in W and U; twice the shared-memory
+// reads there). A switch for tools/prefill-lab, which builds both; the launcher's shared
+// memory fits either at K = V = 128 with two value heads per block.
+#ifndef PF_PREPARE_BLOCKS_PER_SM
+#define PF_PREPARE_BLOCKS_PER_SM 2
+#endif
 
 // T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][LDF] in shared memory, overwritten)
 // into t_mat. Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
@@ -566,38 +573,52 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
     }
 }
 
-// l2-normalises the chunk's rows of one key head (bf16 rows of KP = K elements, row r at
-// src + r * row_stride) with the convert kernel's arithmetic: into x[64][ld] in shared memory
-// when `x` (zeros from row `len`), and to dst + r * row_stride when `dst`. Warp w takes rows
-// w, w + 8, ...; each batch of rows is loaded before any is normalised.
+// One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
+// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
+// when `dst`; skipped when `src` is null.
+struct NormRows {
+    const unsigned short* src;
+    unsigned short* x;
+    unsigned short* dst;
+};
+
+// l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
+// with the convert kernel's arithmetic. Warp w takes rows w, w + 8, ...; each batch of rows
+// of both sets is loaded before any is normalised, so their loads are in flight together.
 template <int KP>
-__device__ __forceinline__ void normalize_rows(unsigned short* x, int ld, const unsigned short* src,
-                                               unsigned short* dst, long long row_stride, int len,
-                                               int warp, int lane) {
+__device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
+                                               int len, int warp, int lane) {
     constexpr int PER = KP / 32, WORDS = PER / 2;
     constexpr int ROWS = PF_CHUNK / 8;                  // per warp
-    constexpr int BATCH = WORDS <= 2 ? ROWS : ROWS / 2;  // 16 registers of loads in flight
+    constexpr int BATCH = WORDS <= 2 ? ROWS : ROWS / 2;  // 32 registers of loads in flight
 #pragma unroll
     for (int b = 0; b < ROWS; b += BATCH) {
-        unsigned bits[BATCH][WORDS];
+        unsigned bits[2][BATCH][WORDS];
 #pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-            const int r = warp + 8 * (b + i);
-            if (r < len) {
-                load_bf16_words<PER>(src + r * row_stride, lane, bits[i]);
-            } else {
+        for (int s = 0; s < 2; ++s) {
 #pragma unroll
-                for (int w = 0; w < WORDS; ++w) bits[i][w] = 0u;
+            for (int i = 0; i < BATCH; ++i) {
+                const int r = warp + 8 * (b + i);
+                if (sets[s].src && r < len) {
+                    load_bf16_words<PER>(sets[s].src + r * row_stride, lane, bits[s][i]);
+                } else {
+#pragma unroll
+                    for (int w = 0; w < WORDS; ++w) bits[s][i][w] = 0u;
+                }
             }
         }
 #pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-            const int r = warp + 8 * (b + i);  // the same for the whole warp
-            if (r < len) {
-                normalize_bf16_words<PER>(bits[i]);
-                if (dst) store_bf16_words<PER>(dst + r * row_stride, lane, bits[i]);
+        for (int s = 0; s < 2; ++s) {
+            if (!sets[s].src) continue;
+#pragma unroll
+            for (int i = 0; i < BATCH; ++i) {
+                const int r = warp + 8 * (b + i);  // the same for the whole warp
+                if (r < len) {
+                    normalize_bf16_words<PER>(bits[s][i]);
+                    if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits[s][i]);
+                }
+                if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
             }
-            if (x) store_bf16_words<PER>(x + r * ld, lane, bits[i]);
         }
     }
 }
@@ -679,17 +700,16 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     if (p.fused_qk_norm) {
-        // The first group of the key head writes the normalised copies.
+        // The first group of the key head writes the normalised copies; q is needed here only
+        // for the scores.
         const bool write = group == 0;
-        normalize_rows<KP>(keys, LDK, (const unsigned short*)p.k_src + key_offset,
-                           write ? (unsigned short*)p.k + key_offset : nullptr, key_stride, len,
-                           warp, lane);
-        if (with_scores || write) {
-            normalize_rows<KP>(with_scores ? queries : nullptr, LDK,
-                               (const unsigned short*)p.q_src + key_offset,
-                               write ? (unsigned short*)p.q + key_offset : nullptr, key_stride, len,
-                               warp, lane);
-        }
+        const NormRows sets[2] = {
+            {(const unsigned short*)p.k_src + key_offset, keys,
+             write ? (unsigned short*)p.k + key_offset : nullptr},
+            {with_scores || write ? (const unsigned short*)p.q_src + key_offset : nullptr,
+             with_scores ? queries : nullptr, write ? (unsigned short*)p.q + key_offset : nullptr},
+        };
+        normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
     }
     cp_async_wait_all();
     __syncthreads();
@@ -771,22 +791,30 @@ __device__ void prepare_impl(const PrefillParams& p) {
             const int cols = pass == 0 ? KP : VP;
             unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
             const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
-            // T's hi fragments stay in registers across the column tiles; the lo fragments are
-            // read per tile (registers for K K^T, which every head of the group reuses).
+            // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the
+            // lo fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving
+            // registers to K K^T, which every head of the group reuses.
             unsigned a_hi[4][4];
+            if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
 #pragma unroll
-            for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
+                for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
+            }
             for (int n0 = 16 * half; n0 < cols; n0 += 32) {
                 float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int kb = 0; kb < 4; ++kb) {
-                    unsigned a_lo[4], b0[2], b1[2];
-                    frag_a_ldsm(a_lo, t_lo, PF_LDC, row_tile, 16 * kb, lane);
+                    unsigned hi[4], lo[4], b0[2], b1[2];
+                    if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
+                        hi[0] = a_hi[kb][0], hi[1] = a_hi[kb][1], hi[2] = a_hi[kb][2], hi[3] = a_hi[kb][3];
+                    } else {
+                        frag_a_ldsm(hi, t_hi, PF_LDC, row_tile, 16 * kb, lane);
+                    }
+                    frag_a_ldsm(lo, t_lo, PF_LDC, row_tile, 16 * kb, lane);
                     frag_b2_rowmajor(b0, b1, operand, ld, 16 * kb, n0, lane);
-                    mma_bf16_16816(acc0, a_hi[kb], b0);
-                    mma_bf16_16816(acc0, a_lo, b0);
-                    mma_bf16_16816(acc1, a_hi[kb], b1);
-                    mma_bf16_16816(acc1, a_lo, b1);
+                    mma_bf16_16816(acc0, hi, b0);
+                    mma_bf16_16816(acc0, lo, b0);
+                    mma_bf16_16816(acc1, hi, b1);
+                    mma_bf16_16816(acc1, lo, b1);
                 }
                 const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
                 unsigned short* row0 = out + out_base + (long long)r * cols;
@@ -872,10 +900,8 @@ __device__ void combine_impl(const PrefillParams& p) {
     }
 }
 
-// Two blocks per SM (128 registers): K K^T stays in registers across the group's value heads.
-// At 80 registers (3 blocks per SM) NVRTC spills 44-256 bytes.
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                     \
+    extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
         gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
         prepare_impl<KP, VP>(p);                                                              \
     }

@@ -12,7 +12,8 @@
 //   S <- exp(G_last) S + K^T diag(e) V'                  (exp(G_last) = 0 after a reset)
 //
 // Three kernels run a call:
-//   gdn_prefill_prepare_*: every (chunk, head) in parallel: A, T (blockwise forward
+//   gdn_prefill_prepare_*: every (chunk, key head, group of its value heads) in parallel,
+//     K K^T and Q K^T once per key head, then per value head: A, T (blockwise forward
 //     substitution in f32: 16 x 16 diagonal blocks, then the blocks below them), W and U (T
 //     split into two bf16 halves so the products keep ~16 bits), stored bf16.
 //   gdn_prefill_state_*: one block per (segment of chunks, head, 64 value columns) walks its
@@ -26,7 +27,8 @@
 //
 // The kernels read q, k and v as bf16 with K and V padded to the compiled sizes KP and VP
 // ([rows, heads, KP]; q and k already l2-normalised when asked) and g as f32: the caller's
-// tensors when they already are, else copies made by gdn_prefill_convert.
+// tensors when they already are, else copies made by gdn_prefill_convert, or, for bf16 q and k
+// of K = KP with the l2 norm, by the prepare kernel as it reads them (fused_qk_norm).
 
 #define PF_CHUNK 64
 #define PF_TILE 64   // value columns per state block

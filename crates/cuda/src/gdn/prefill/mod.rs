@@ -47,6 +47,7 @@ pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),

@@ -3,36 +3,51 @@
 // `report_phases`. Variants measured so far and their outcomes are in docs/cuda-kernel-log.md.
 
 template <typename Run>
-void run_variants(Run& run, int smem) {
+void run_variants(Run& run, const PrefillParams& p, int smem) {
     (void)run;
+    (void)p;
     (void)smem;
 }
 
-static void phases_of(const char* name, void (*kernel)(PrefillParams), const PrefillParams& p,
-                      int chunks, int heads, int smem) {
-    const size_t blocks = (size_t)chunks * heads;
+// Mean cycles per block of each phase (the library's PF_MARK points; see gdn_prefill.cu), the
+// per-head phases summed over the block's value heads.
+static void report_phases(const char* name, const PrefillParams& p, int chunks, int smem) {
+    const int rows = p.key_heads * p.head_groups;
+    const size_t blocks = (size_t)chunks * rows;
+    const int heads = p.value_heads;
     long long* clocks;
-    CHECK(cudaMalloc(&clocks, blocks * 8 * sizeof(long long)));
-    CHECK(cudaMemset(clocks, 0, blocks * 8 * sizeof(long long)));
+    CHECK(cudaMalloc(&clocks, blocks * LAB_MARKS * sizeof(long long)));
+    CHECK(cudaMemset(clocks, 0, blocks * LAB_MARKS * sizeof(long long)));
     CHECK(cudaMemcpyToSymbol(lab_phase_clock, &clocks, sizeof clocks));
     PrefillParams q = p;
-    void *w, *u, *gates;
+    void *w, *u, *gates, *scores;
     const size_t wu = (size_t)chunks * heads * 64 * 128;
     CHECK(cudaMalloc(&w, wu * 2));
     CHECK(cudaMalloc(&u, wu * 2));
     CHECK(cudaMalloc(&gates, (size_t)chunks * heads * PF_GATES_BYTES));
-    q.w = (u64)w, q.u = (u64)u, q.gates = (u64)gates;
-    kernel<<<dim3(chunks, heads), 256, smem>>>(q);
+    CHECK(cudaMalloc(&scores, (size_t)chunks * heads * 64 * 64 * 2));
+    q.w = (u64)w, q.u = (u64)u, q.gates = (u64)gates, q.scores = (u64)scores;
+    gdn_prefill_prepare_k128_v128<<<dim3(chunks, rows), 256, smem>>>(q);
     CHECK(cudaDeviceSynchronize());
-    std::vector<long long> host(blocks * 8);
+    std::vector<long long> host(blocks * LAB_MARKS);
     CHECK(cudaMemcpy(host.data(), clocks, host.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-    const char* names[7] = {"load+gates", "A", "diag inverse", "off-diagonal", "W", "U", "total"};
+    const char* names[7] = {"load+gates", "products+A", "diag inverse", "off-diagonal", "W", "U", "total"};
     double sum[7] = {0};
+    const int per_block = p.heads_per_block;  // every block of this lab shape has all its heads
     for (size_t b = 0; b < blocks; ++b) {
-        for (int i = 0; i < 6; ++i) sum[i] += (double)(host[b * 8 + i + 1] - host[b * 8 + i]);
-        sum[6] += (double)(host[b * 8 + 6] - host[b * 8]);
+        const long long* m = &host[b * LAB_MARKS];
+        sum[0] += (double)(m[1] - m[0]);
+        long long previous = m[1];
+        for (int j = 0; j < per_block; ++j) {
+            for (int i = 0; i < 5; ++i) {
+                sum[1 + i] += (double)(m[2 + 5 * j + i] - previous);
+                previous = m[2 + 5 * j + i];
+            }
+        }
+        sum[6] += (double)(previous - m[0]);
     }
-    printf("%s: mean cycles per block by phase (blocks share an SM):", name);
+    printf("%s: mean cycles per block by phase (%d value heads each; blocks share an SM):", name,
+           per_block);
     for (int i = 0; i < 7; ++i) printf("  %s %.0f", names[i], sum[i] / blocks);
     printf("\n");
     long long* none = nullptr;
@@ -41,8 +56,5 @@ static void phases_of(const char* name, void (*kernel)(PrefillParams), const Pre
     CHECK(cudaFree(w));
     CHECK(cudaFree(u));
     CHECK(cudaFree(gates));
-}
-
-static void report_phases(const PrefillParams& p, int chunks, int heads, int smem) {
-    phases_of("library", gdn_prefill_prepare_k128_v128, p, chunks, heads, smem);
+    CHECK(cudaFree(scores));
 }

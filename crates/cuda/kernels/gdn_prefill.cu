@@ -12,9 +12,11 @@
 //   S <- exp(G_last) S + K^T diag(e) V'                  (exp(G_last) = 0 after a reset)
 //
 // Three kernels run a call:
-//   gdn_prefill_prepare_*: every (chunk, head) in parallel: A, T (blockwise forward
-//     substitution in f32: 16 x 16 diagonal blocks, then the blocks below them), W and U (T
-//     split into two bf16 halves so the products keep ~16 bits), stored bf16.
+//   gdn_prefill_prepare_* (gdn_prefill_prepare.cu): every (chunk, key head, group of its
+//     value heads) in parallel, K K^T and Q K^T once per key head, then per value head: A,
+//     T (blockwise forward substitution in f32: 16 x 16 diagonal blocks, then the blocks
+//     below them), W and U (T split into two bf16 halves so the products keep ~16 bits),
+//     stored bf16.
 //   gdn_prefill_state_*: one block per (segment of chunks, head, 64 value columns) walks its
 //     chunks in order with S in registers (f32), computing V', O and the next S. In transition
 //     mode it runs without outputs from a zero state (the segment's own contribution D) or
@@ -26,7 +28,8 @@
 //
 // The kernels read q, k and v as bf16 with K and V padded to the compiled sizes KP and VP
 // ([rows, heads, KP]; q and k already l2-normalised when asked) and g as f32: the caller's
-// tensors when they already are, else copies made by gdn_prefill_convert.
+// tensors when they already are, else copies made by gdn_prefill_convert, or, for bf16 q and k
+// of K = KP with the l2 norm, by the prepare kernel as it reads them (fused_qk_norm).
 
 #define PF_CHUNK 64
 #define PF_TILE 64   // value columns per state block
@@ -62,11 +65,16 @@ struct PrefillParams {
     u64 scores;           // bf16 [chunks, H, 64, 64]: Q K^T o D per chunk, from prepare; or 0
     u64 checkpoints;      // f32 [C, H, K, V] state checkpoints, or 0 (none asked)
     u64 chunk_checkpoint; // i32 [chunks]: the checkpoint row taken after each chunk, or -1
+    u64 q_src, k_src;     // bf16 [rows, Hg, K] raw q and k when the prepare normalises them
+                          // (fused_qk_norm), else 0
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
     int use_segment_states;  // entry states come from segment_states (set when any sequence
                              // has several segments)
+    int heads_per_block;     // value heads of one key head that a prepare block handles (<= 4)
+    int head_groups;         // prepare blocks per (chunk, key head)
+    int fused_qk_norm;       // the prepare l2-normalises q_src/k_src into q/k (bf16, K == KP)
     float scale;
     float reset_gate;
 };
@@ -294,14 +302,13 @@ struct ConvertParams {
 };
 
 // The fast path of a bf16 row whose length is the padded length: PER contiguous elements per
-// lane, read and written as one vector, normalised in registers.
+// lane, read and written as one vector, normalised in registers. The prepare kernel normalises
+// q and k with the same three steps, so its copies equal this kernel's bit for bit.
 template <int PER>
-__device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsigned short* dst,
-                                                 bool normalize, int lane) {
+__device__ __forceinline__ void load_bf16_words(const unsigned short* row, int lane,
+                                                unsigned (&bits)[PER / 2]) {
     constexpr int WORDS = PER / 2;
-    unsigned bits[WORDS];
-    const unsigned* from = (const unsigned*)src + lane * WORDS;
-    unsigned* to = (unsigned*)dst + lane * WORDS;
+    const unsigned* from = (const unsigned*)row + lane * WORDS;
     if constexpr (WORDS == 4) {
         uint4 x = *(const uint4*)from;
         bits[0] = x.x, bits[1] = x.y, bits[2] = x.z, bits[3] = x.w;
@@ -311,11 +318,27 @@ __device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsi
     } else {
         bits[0] = *from;
     }
-    if (!normalize) {
-#pragma unroll
-        for (int j = 0; j < WORDS; ++j) to[j] = bits[j];
-        return;
+}
+
+template <int PER>
+__device__ __forceinline__ void store_bf16_words(unsigned short* row, int lane,
+                                                 const unsigned (&bits)[PER / 2]) {
+    constexpr int WORDS = PER / 2;
+    unsigned* to = (unsigned*)row + lane * WORDS;
+    if constexpr (WORDS == 4) {
+        *(uint4*)to = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    } else if constexpr (WORDS == 2) {
+        *(uint2*)to = make_uint2(bits[0], bits[1]);
+    } else {
+        *to = bits[0];
     }
+}
+
+// row / sqrt(|row|^2 + 1e-6) in f32, rounded to bf16; the row spread over the warp's lanes
+// (PER elements each). Every lane of the warp must take part.
+template <int PER>
+__device__ __forceinline__ void normalize_bf16_words(unsigned (&bits)[PER / 2]) {
+    constexpr int WORDS = PER / 2;
     float lo[WORDS], hi[WORDS], sum_sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < WORDS; ++j) {
@@ -326,13 +349,15 @@ __device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsi
     const float factor = 1.0f / sqrtf(warp_sum(sum_sq) + 1e-6f);
 #pragma unroll
     for (int j = 0; j < WORDS; ++j) bits[j] = pack_bf16(lo[j] * factor, hi[j] * factor);
-    if constexpr (WORDS == 4) {
-        *(uint4*)to = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    } else if constexpr (WORDS == 2) {
-        *(uint2*)to = make_uint2(bits[0], bits[1]);
-    } else {
-        *to = bits[0];
-    }
+}
+
+template <int PER>
+__device__ __forceinline__ void convert_bf16_row(const unsigned short* src, unsigned short* dst,
+                                                 bool normalize, int lane) {
+    unsigned bits[PER / 2];
+    load_bf16_words<PER>(src, lane, bits);
+    if (normalize) normalize_bf16_words<PER>(bits);
+    store_bf16_words<PER>(dst, lane, bits);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertParams p) {
@@ -367,302 +392,6 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
                 ((unsigned short*)p.dst)[r * p.pad + c] = f32_to_bf16(x);
             }
         }
-    }
-}
-
-// Phase marks for tools/prefill-lab (which defines PF_MARK to record clocks); none here.
-#ifndef PF_MARK
-#define PF_MARK(phase)
-#endif
-
-// ---------------------------------------------------------------------------------------
-// Prepare: A, T, W, U for one (chunk, head). 8 warps: warp w computes rows 16 (w % 4) .. + 15
-// of each product, over half of its columns (w / 4 picks which).
-
-template <int KP, int VP>
-__device__ void prepare_impl(const PrefillParams& p) {
-    constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
-    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    ChunkGates& gates = *(ChunkGates*)smem_raw;
-    unsigned short* keys = (unsigned short*)(smem_raw + PF_GATES_BYTES);  // [64][LDK]
-    unsigned short* values = keys + PF_CHUNK * LDK;                      // [64][LDV]
-    float* a_mat = (float*)(values + PF_CHUNK * LDV);                   // [64][LDF]
-    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
-    // free before T.
-    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
-    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
-    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
-
-    const int chunk = blockIdx.x, head = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row_tile = 16 * (warp & 3), half = warp >> 2;
-    PF_MARK(0);
-    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
-    const int len = ((const int*)p.chunk_len)[chunk];
-    const int key_head = head / (p.value_heads / p.key_heads);
-
-    copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + (first_row * p.key_heads + key_head) * KP,
-                        (long long)p.key_heads * KP, len);
-    copy_rows_async<VP>(values, LDV, (const unsigned short*)p.v + (first_row * p.value_heads + head) * VP,
-                        (long long)p.value_heads * VP, len);
-    // The queries (for the scores) in the space T takes later.
-    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
-    if (p.scores) {
-        copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
-                            (long long)p.key_heads * KP, len);
-    }
-    cp_async_commit();
-    if (warp == 0) {
-        const float* g = (const float*)p.g + first_row * p.value_heads + head;
-        const int t0 = 2 * lane;
-        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
-        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
-        scan_chunk_gates(gates, g_even, g_odd, len, p.reset_gate);
-    }
-    if (threadIdx.x < PF_CHUNK) {
-        const int t = threadIdx.x;
-        gates.beta[t] = t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head,
-                                             p.beta_dtype)
-                                : 0.0f;
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    PF_MARK(1);
-    {
-        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
-        const unsigned* from = (const unsigned*)&gates;
-        unsigned* to = (unsigned*)((unsigned char*)p.gates +
-                                   ((long long)chunk * p.value_heads + head) * PF_GATES_BYTES);
-        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
-    }
-
-    // A = strictly_lower(diag(beta) K K^T o D) and, for the overlapped state pass, the scores
-    // Q K^T o D (bf16, to device memory): both products share the K operands.
-    {
-        const bool with_scores = p.scores != 0;
-        float acc[4][4], score[4][4];
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-            score[n][0] = score[n][1] = score[n][2] = score[n][3] = 0.0f;
-        }
-#pragma unroll
-        for (int k0 = 0; k0 < KP; k0 += 16) {
-            unsigned a[4], aq[4];
-            frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
-            if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
-#pragma unroll
-            for (int n = 0; n < 4; n += 2) {
-                unsigned b0[2], b1[2];
-                frag_b2_ldsm(b0, b1, keys, LDK, k0, 8 * (4 * half + n), lane);
-                mma_bf16_16816(acc[n], a, b0);
-                mma_bf16_16816(acc[n + 1], a, b1);
-                if (with_scores) {
-                    mma_bf16_16816(score[n], aq, b0);
-                    mma_bf16_16816(score[n + 1], aq, b1);
-                }
-            }
-        }
-        unsigned short* scores =
-            (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head) * PF_CHUNK * PF_CHUNK;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = row_tile + (lane >> 2) + 8 * h;
-                const int j = 8 * (4 * half + n) + 2 * (lane & 3);
-                const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
-                a_mat[i * LDF + j] = j < i ? gates.beta[i] * acc[n][2 * h] * d0 : 0.0f;
-                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * acc[n][2 * h + 1] * d1 : 0.0f;
-                if (with_scores) {
-                    *(unsigned*)(scores + i * PF_CHUNK + j) =
-                        pack_bf16(score[n][2 * h] * d0, score[n][2 * h + 1] * d1);
-                }
-            }
-        }
-    }
-    __syncthreads();
-    PF_MARK(2);
-    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution, column j
-    // by the four lanes of a quad: lane part p sums the terms m = p (mod 4) of
-    // T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps those T_mj in registers, the quad's sum
-    // by two shuffles. Then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
-    {
-        const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
-        const int base = j & ~15, c = j & 15;
-        float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int m = 4 * q + part;
-                const float a = a_mat[(base + r) * LDF + base + m];
-                sum += (m >= c && m < r) ? a * column[q] : 0.0f;
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
-            if ((r & 3) == part) column[r >> 2] = t;
-            if (part == 0) t_mat[(base + r) * LDF + j] = t;
-        }
-        // The blocks above the diagonal blocks are zero (T is lower triangular); those below
-        // are written next.
-        for (int r = part; r < base; r += 4) t_mat[r * LDF + j] = 0.0f;
-    }
-    __syncthreads();
-    PF_MARK(3);
-    // The blocks below the diagonal in two levels. Level 1, in both 32 x 32 diagonal blocks
-    // (at 0 and 32): T_21 = -T_22 (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA
-    // T_AA) on the 32 x 32 blocks. Each product A T lands in A's own place (A is not read
-    // again), computed into registers first; each thread owns a 2 x 2 micro-tile (rows
-    // i, i + h; columns j, j + w), so every value it loads feeds two multiply-adds.
-    {
-        // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns
-        // j, j + 8) over threads 0..127.
-        const int level1 = threadIdx.x < 128;
-        const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
-        const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
-        float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
-        if (level1) {
-            const float* a0 = a_mat + row * LDF + 32 * blk;
-            const float* a8 = a0 + 8 * LDF;
-            const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
-#pragma unroll
-            for (int m = 0; m < 16; ++m) {
-                const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
-                x00 += p0 * q0;
-                x08 += p0 * q8;
-                x80 += p8 * q0;
-                x88 += p8 * q8;
-            }
-        }
-        __syncthreads();
-        if (level1) {
-            float* x = a_mat + row * LDF + col;
-            x[0] = x00;
-            x[8] = x08;
-            x[8 * LDF] = x80;
-            x[8 * LDF + 8] = x88;
-        }
-        __syncthreads();
-        if (level1) {
-            // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
-            const float* t0 = t_mat + row * LDF + 32 * blk + 16;
-            const float* t8 = t0 + 8 * LDF;
-            const float* x = a_mat + (32 * blk + 16) * LDF + col;
-            float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
-            for (int m = 0; m <= ii + 8; ++m) {
-                const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
-                y00 -= p0 * q0;
-                y08 -= p0 * q8;
-                y80 -= p8 * q0;
-                y88 -= p8 * q8;
-            }
-            float* out = t_mat + row * LDF + col;
-            out[0] = y00;
-            out[8] = y08;
-            out[8 * LDF] = y80;
-            out[8 * LDF + 8] = y88;
-        }
-        __syncthreads();
-        // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
-        const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
-        const int row2 = 32 + i2;
-        float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
-        {
-            const float* a0 = a_mat + row2 * LDF;
-            const float* a16 = a0 + 16 * LDF;
-            const float* t = t_mat + j2;  // T_AA column j2, rows from 0
-#pragma unroll 8
-            for (int m = 0; m < 32; ++m) {
-                const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
-                z00 += p0 * q0;
-                z0h += p0 * q16;
-                zh0 += p16 * q0;
-                zhh += p16 * q16;
-            }
-        }
-        __syncthreads();
-        {
-            float* x = a_mat + row2 * LDF + j2;
-            x[0] = z00;
-            x[16] = z0h;
-            x[16 * LDF] = zh0;
-            x[16 * LDF + 16] = zhh;
-        }
-        __syncthreads();
-        {
-            // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
-            const float* t0 = t_mat + row2 * LDF + 32;
-            const float* t16 = t0 + 16 * LDF;
-            const float* x = a_mat + 32 * LDF + j2;
-            float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
-            for (int m = 0; m <= i2 + 16; ++m) {
-                const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
-                y00 -= p0 * q0;
-                y0h -= p0 * q16;
-                yh0 -= p16 * q0;
-                yhh -= p16 * q16;
-            }
-            float* out = t_mat + row2 * LDF + j2;
-            out[0] = y00;
-            out[16] = y0h;
-            out[16 * LDF] = yh0;
-            out[16 * LDF + 16] = yhh;
-        }
-        __syncthreads();
-    }
-    PF_MARK(4);
-
-    // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
-    // scaled T times the bf16 operand.
-    for (int pass = 0; pass < 2; ++pass) {
-        for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
-            const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
-            const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
-            const float x1 =
-                t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
-            const unsigned hi = pack_bf16(x0, x1);
-            *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
-            *(unsigned*)(t_lo + i * PF_LDC + m) =
-                pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
-                          x1 - bf16_to_f32((unsigned short)(hi >> 16)));
-        }
-        __syncthreads();
-        const unsigned short* operand = pass == 0 ? keys : values;
-        const int ld = pass == 0 ? LDK : LDV;
-        const int cols = pass == 0 ? KP : VP;
-        unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
-        const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
-        unsigned a_hi[4][4], a_lo[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            frag_a(a_hi[kk], t_hi, PF_LDC, row_tile, 16 * kk, lane);
-            frag_a(a_lo[kk], t_lo, PF_LDC, row_tile, 16 * kk, lane);
-        }
-        for (int n0 = 16 * half; n0 < cols; n0 += 32) {
-            float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                unsigned b0[2], b1[2];
-                frag_b2_rowmajor(b0, b1, operand, ld, 16 * kk, n0, lane);
-                mma_bf16_16816(acc0, a_hi[kk], b0);
-                mma_bf16_16816(acc0, a_lo[kk], b0);
-                mma_bf16_16816(acc1, a_hi[kk], b1);
-                mma_bf16_16816(acc1, a_lo[kk], b1);
-            }
-            const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
-            unsigned short* row0 = out + out_base + (long long)r * cols;
-            unsigned short* row8 = row0 + 8LL * cols;
-            *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
-            *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
-            *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
-            *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
-        }
-        __syncthreads();
-        PF_MARK(5 + pass);
     }
 }
 
@@ -729,22 +458,6 @@ __device__ void combine_impl(const PrefillParams& p) {
         __syncthreads();
     }
 }
-
-#define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, 3)                                     \
-        gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
-        prepare_impl<KP, VP>(p);                                                              \
-    }
-
-PF_ENTRY_POINTS(64, 64)
-PF_ENTRY_POINTS(64, 128)
-PF_ENTRY_POINTS(64, 256)
-PF_ENTRY_POINTS(128, 64)
-PF_ENTRY_POINTS(128, 128)
-PF_ENTRY_POINTS(128, 256)
-PF_ENTRY_POINTS(256, 64)
-PF_ENTRY_POINTS(256, 128)
-PF_ENTRY_POINTS(256, 256)
 
 #define PF_COMBINE_ENTRY_POINT(KP)                                                            \
     extern "C" __global__ void __launch_bounds__(256) gdn_prefill_combine_k##KP(PrefillParams p) { \

@@ -110,6 +110,30 @@ fn the_prefill_suite_against_the_oracle_on_the_gpu() {
         );
     }
 
+    // More than four value heads per key head: the prepare splits each key head's heads over
+    // several blocks (2 x 3 and 2 x 4); with the l2 norm fused, only the first writes the
+    // normalised q and k.
+    for ratio in [6, 8] {
+        let mut spec = GdnSpec::new(97, 2, 2 * ratio, 64, 40);
+        spec.raw_qk = true;
+        check_spec(
+            cuda,
+            &format!("GQA {ratio} l2"),
+            &spec,
+            &options(true),
+            24 + ratio as u64,
+        );
+    }
+    // The l2 norm fused into the prepare at K = 256 (the lockstep pass: no scores), and the
+    // convert kernel's normalisation for f16 inputs.
+    let mut spec = GdnSpec::new(70, 1, 2, 256, 64);
+    spec.raw_qk = true;
+    check_spec(cuda, "K=256 l2", &spec, &options(true), 34);
+    let mut spec = GdnSpec::new(65, 1, 2, 128, 64);
+    spec.raw_qk = true;
+    spec.dtype = DType::F16;
+    check_spec(cuda, "f16 l2", &spec, &options(true), 35);
+
     let spec = GdnSpec::new(150, 1, 2, 64, 256);
     check_spec(cuda, "K=64 V=256", &spec, &options(false), 30);
     let mut spec = GdnSpec::new(150, 1, 2, 100, 100);

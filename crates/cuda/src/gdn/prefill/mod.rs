@@ -39,7 +39,7 @@ use deltakv_contract::gdn::prefill::pool::pool_slots;
 use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use operand::{Conversion, OperandForm, kernel_operand};
+use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 use plan::{CHUNK, PrefillPlan, TILE, padded_dim};
 
 /// The prefill kernels' source.
@@ -47,6 +47,7 @@ pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),
@@ -78,6 +79,8 @@ struct PrefillParams {
     scores: u64,
     checkpoints: u64,
     chunk_checkpoint: u64,
+    q_src: u64,
+    k_src: u64,
     key_heads: i32,
     value_heads: i32,
     key_dim: i32,
@@ -87,6 +90,9 @@ struct PrefillParams {
     out_dtype: i32,
     beta_dtype: i32,
     use_segment_states: i32,
+    heads_per_block: i32,
+    head_groups: i32,
+    fused_qk_norm: i32,
     scale: f32,
     reset_gate: f32,
 }
@@ -137,14 +143,30 @@ pub struct PrefillLaunch {
     _buffers: Vec<CudaTensor>,
 }
 
-/// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`).
-fn prepare_smem(kp: usize, vp: usize) -> usize {
+/// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`): one gates
+/// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32).
+/// q takes the space after A until T is formed; T's bf16 halves reuse A's space and the 816
+/// floats. At K = V = 128: 73,280 bytes for one head, 75,200 for two, 79,040 for four; the
+/// kernel's 128 registers per thread hold it to 2 blocks per SM (this leaves room for 2 at
+/// any K and V).
+fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usize {
     let ldc = CHUNK + 8;
-    // T's bf16 halves reuse the space of A and 816 floats kept free after it.
     debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17));
-    gates_bytes()
+    debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17) || kp == 256);
+    heads_per_block * gates_bytes()
         + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
         + 4 * (2 * CHUNK * (CHUNK + 1) + 3 * 16 * 17)
+}
+
+/// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
+const MAX_PREPARE_GROUP: usize = 4;
+
+/// How the prepare kernel splits the `ratio` value heads of each key head: blocks per key head
+/// and value heads per block (near-equal groups of at most `MAX_PREPARE_GROUP`, none empty).
+fn prepare_groups(ratio: usize) -> (usize, usize) {
+    let ratio = ratio.max(1);
+    let per_block = ratio.div_ceil(ratio.div_ceil(MAX_PREPARE_GROUP));
+    (ratio.div_ceil(per_block), per_block)
 }
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
@@ -323,8 +345,6 @@ impl PrefillLaunch {
         let beta_dtype = inputs.beta.dtype();
         let mut conversions = Vec::new();
         let mut operands = Vec::new();
-        let mut operand =
-            |t: &CudaTensor, form| kernel_operand(cuda, t, form, &mut conversions, &mut operands);
         let query_key = OperandForm {
             dim: dims.key_dim,
             pad: kp,
@@ -344,12 +364,30 @@ impl PrefillLaunch {
             dtype: DType::F32,
             normalize: false,
         };
-        let (q, k, v, g) = (
-            operand(inputs.q, query_key)?,
-            operand(inputs.k, query_key)?,
-            operand(inputs.v, value)?,
-            operand(inputs.g, gate)?,
-        );
+        // bf16 q and k of the compiled K are l2-normalised by the prepare kernel itself, into
+        // copies the state pass reads (no conversion launches).
+        let fused_qk_norm = options.use_qk_l2norm
+            && inputs.q.dtype() == DType::BF16
+            && inputs.k.dtype() == DType::BF16
+            && dims.key_dim == kp;
+        let ((q_src, q), (k_src, k)) = if fused_qk_norm {
+            (
+                normalized_copy(cuda, inputs.q, kp, &mut operands)?,
+                normalized_copy(cuda, inputs.k, kp, &mut operands)?,
+            )
+        } else {
+            let mut operand = |t: &CudaTensor, form| {
+                kernel_operand(cuda, t, form, &mut conversions, &mut operands)
+            };
+            (
+                (0, operand(inputs.q, query_key)?),
+                (0, operand(inputs.k, query_key)?),
+            )
+        };
+        let mut operand =
+            |t: &CudaTensor, form| kernel_operand(cuda, t, form, &mut conversions, &mut operands);
+        let (v, g) = (operand(inputs.v, value)?, operand(inputs.g, gate)?);
+        let (head_groups, heads_per_block) = prepare_groups(heads / dims.key_heads);
         // Checkpoints: a buffer poisoned until the launch writes it, and the row of each chunk.
         let mut checkpoints = match checkpoint_plan {
             Some(plan) => Some(CudaCheckpoints {
@@ -398,6 +436,8 @@ impl PrefillLaunch {
             chunk_checkpoint: checkpoint_table
                 .as_ref()
                 .map_or(0, |t| t.device_address(cuda)),
+            q_src,
+            k_src,
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -407,6 +447,9 @@ impl PrefillLaunch {
             out_dtype: dtype_code(inputs.v.dtype()),
             beta_dtype: dtype_code(beta_dtype),
             use_segment_states: i32::from(plan.segmented),
+            heads_per_block: heads_per_block as i32,
+            head_groups: head_groups as i32,
+            fused_qk_norm: i32::from(fused_qk_norm),
             scale,
             reset_gate: RESET_GATE,
         };
@@ -452,7 +495,7 @@ impl PrefillLaunch {
             params,
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
-            prepare: (prepare, prepare_smem(kp, vp) as u32),
+            prepare: (prepare, prepare_smem(kp, vp, heads_per_block) as u32),
             state: state_pass,
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
@@ -498,9 +541,11 @@ impl PrefillLaunch {
                 .map(|_| ())
                 .map_err(|e| driver_error(&format!("launching {what}"), e))
         };
+        // One prepare block per (chunk, key head, group of its value heads).
+        let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
         run(
             &self.prepare.0,
-            (self.plan.chunks() as u32, heads, 1),
+            (self.plan.chunks() as u32, prepare_rows, 1),
             256,
             self.prepare.1,
             "gdn_prefill_prepare",
@@ -667,4 +712,32 @@ pub fn gdn_prefill_checkpointed(
         final_state,
         checkpoints: launch.into_checkpoints(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_groups_cover_every_value_head_without_empty_blocks() {
+        for ratio in 1..=40 {
+            let (groups, per_block) = prepare_groups(ratio);
+            assert!((1..=MAX_PREPARE_GROUP).contains(&per_block), "r = {ratio}");
+            assert!(groups * per_block >= ratio && (groups - 1) * per_block < ratio);
+        }
+        assert_eq!(prepare_groups(1), (1, 1));
+        assert_eq!(prepare_groups(2), (1, 2));
+        assert_eq!(prepare_groups(4), (1, 4));
+        assert_eq!(prepare_groups(6), (2, 3));
+        assert_eq!(prepare_groups(8), (2, 4));
+    }
+
+    #[test]
+    fn prepare_blocks_fit_the_sm_at_k128() {
+        // H100: 228 KB of shared memory per SM, 1 KB reserved per block.
+        let per_sm = |bytes: usize| 233_472 / (bytes + 1024);
+        assert_eq!(prepare_smem(128, 128, 1), 73_280);
+        assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP)) >= 2);
+        assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP)) >= 2);
+    }
 }

@@ -82,3 +82,19 @@ pub(super) fn kernel_operand(
     buffers.push(scratch);
     Ok(address)
 }
+
+/// A scratch copy of bf16 `t` (rows of `pad` elements) that the prepare kernel fills with the
+/// l2-normalised rows as it reads them: returns (the input's address, the copy's address).
+pub(super) fn normalized_copy(
+    cuda: &Cuda,
+    t: &CudaTensor,
+    pad: usize,
+    buffers: &mut Vec<CudaTensor>,
+) -> Result<(u64, u64)> {
+    let rows = t.shape().iter().product::<usize>() / pad.max(1);
+    // The prepare kernel writes every row (every token is in one chunk; K = pad).
+    let scratch = CudaTensor::scratch(cuda, vec![rows, pad], DType::BF16)?;
+    let address = scratch.device_address(cuda);
+    buffers.push(scratch);
+    Ok((t.device_address(cuda), address))
+}

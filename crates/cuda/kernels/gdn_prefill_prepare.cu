@@ -1,0 +1,462 @@
+// GDN chunked prefill, the prepare kernel: A, T = (I + A)^-1, W and U of every chunk (the math
+// and the other kernels are in gdn_prefill.cu, whose helpers this file uses; the library
+// compiles the files as one source, in the order gdn_prefill.cu, this file, the state passes).
+
+// Phase marks for tools/prefill-lab (which defines PF_MARK to record clocks); none here.
+// The prepare kernel marks 0 at entry, 1 when its inputs are in shared memory, then for the
+// j-th value head of its group: 2 + 5j when A is in shared memory (for j = 0 after the
+// products and every head's scores), 3 + 5j after T's diagonal blocks, 4 + 5j after the
+// blocks below them, 5 + 5j after W, 6 + 5j after U.
+#ifndef PF_MARK
+#define PF_MARK(phase)
+#endif
+#define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
+// Prepare blocks per SM: 2 (128 registers: K K^T and T's hi fragments stay in registers) or 3
+// (80 registers: T's fragments are read per column tile in W and U; twice the shared-memory
+// reads there). A switch for tools/prefill-lab, which builds both; the launcher's shared
+// memory fits either at K = V = 128 with two value heads per block.
+#ifndef PF_PREPARE_BLOCKS_PER_SM
+#define PF_PREPARE_BLOCKS_PER_SM 2
+#endif
+
+// T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][LDF] in shared memory, overwritten)
+// into t_mat. Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
+// after the diagonal blocks.
+__device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, int mark) {
+    constexpr int LDF = PF_CHUNK + 1;
+    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution, column j
+    // by the four lanes of a quad: lane part p sums the terms m = p (mod 4) of
+    // T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps those T_mj in registers, the quad's sum
+    // by two shuffles. Then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
+    {
+        const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
+        const int base = j & ~15, c = j & 15;
+        float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int m = 4 * q + part;
+                const float a = a_mat[(base + r) * LDF + base + m];
+                sum += (m >= c && m < r) ? a * column[q] : 0.0f;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
+            if ((r & 3) == part) column[r >> 2] = t;
+            if (part == 0) t_mat[(base + r) * LDF + j] = t;
+        }
+        // The blocks above the diagonal blocks are zero (T is lower triangular); those below
+        // are written next.
+        for (int r = part; r < base; r += 4) t_mat[r * LDF + j] = 0.0f;
+    }
+    __syncthreads();
+    PF_MARK(mark);
+    // The blocks below the diagonal in two levels. Level 1, in both 32 x 32 diagonal blocks
+    // (at 0 and 32): T_21 = -T_22 (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA
+    // T_AA) on the 32 x 32 blocks. Each product A T lands in A's own place (A is not read
+    // again), computed into registers first; each thread owns a 2 x 2 micro-tile (rows
+    // i, i + h; columns j, j + w), so every value it loads feeds two multiply-adds.
+    {
+        // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns
+        // j, j + 8) over threads 0..127.
+        const int level1 = threadIdx.x < 128;
+        const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
+        const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
+        float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
+        if (level1) {
+            const float* a0 = a_mat + row * LDF + 32 * blk;
+            const float* a8 = a0 + 8 * LDF;
+            const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
+#pragma unroll
+            for (int m = 0; m < 16; ++m) {
+                const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
+                x00 += p0 * q0;
+                x08 += p0 * q8;
+                x80 += p8 * q0;
+                x88 += p8 * q8;
+            }
+        }
+        __syncthreads();
+        if (level1) {
+            float* x = a_mat + row * LDF + col;
+            x[0] = x00;
+            x[8] = x08;
+            x[8 * LDF] = x80;
+            x[8 * LDF + 8] = x88;
+        }
+        __syncthreads();
+        if (level1) {
+            // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
+            const float* t0 = t_mat + row * LDF + 32 * blk + 16;
+            const float* t8 = t0 + 8 * LDF;
+            const float* x = a_mat + (32 * blk + 16) * LDF + col;
+            float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
+            for (int m = 0; m <= ii + 8; ++m) {
+                const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
+                y00 -= p0 * q0;
+                y08 -= p0 * q8;
+                y80 -= p8 * q0;
+                y88 -= p8 * q8;
+            }
+            float* out = t_mat + row * LDF + col;
+            out[0] = y00;
+            out[8] = y08;
+            out[8 * LDF] = y80;
+            out[8 * LDF + 8] = y88;
+        }
+        __syncthreads();
+        // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
+        const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
+        const int row2 = 32 + i2;
+        float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
+        {
+            const float* a0 = a_mat + row2 * LDF;
+            const float* a16 = a0 + 16 * LDF;
+            const float* t = t_mat + j2;  // T_AA column j2, rows from 0
+#pragma unroll 8
+            for (int m = 0; m < 32; ++m) {
+                const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
+                z00 += p0 * q0;
+                z0h += p0 * q16;
+                zh0 += p16 * q0;
+                zhh += p16 * q16;
+            }
+        }
+        __syncthreads();
+        {
+            float* x = a_mat + row2 * LDF + j2;
+            x[0] = z00;
+            x[16] = z0h;
+            x[16 * LDF] = zh0;
+            x[16 * LDF + 16] = zhh;
+        }
+        __syncthreads();
+        {
+            // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
+            const float* t0 = t_mat + row2 * LDF + 32;
+            const float* t16 = t0 + 16 * LDF;
+            const float* x = a_mat + 32 * LDF + j2;
+            float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
+            for (int m = 0; m <= i2 + 16; ++m) {
+                const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
+                y00 -= p0 * q0;
+                y0h -= p0 * q16;
+                yh0 -= p16 * q0;
+                yhh -= p16 * q16;
+            }
+            float* out = t_mat + row2 * LDF + j2;
+            out[0] = y00;
+            out[16] = y0h;
+            out[16 * LDF] = yh0;
+            out[16 * LDF + 16] = yhh;
+        }
+        __syncthreads();
+    }
+}
+
+// One value head's share of the chunk products (each warp's 16 x 32 fragments at rows
+// row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
+// when given, and the scores Q K^T o D (bf16) to `scores` when given.
+__device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
+                                                      const ChunkGates& gates, float* a_mat,
+                                                      unsigned short* scores, int row_tile,
+                                                      int half, int lane) {
+    constexpr int LDF = PF_CHUNK + 1;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row_tile + (lane >> 2) + 8 * h;
+            const int j = 8 * (4 * half + n) + 2 * (lane & 3);
+            const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
+            if (a_mat) {
+                a_mat[i * LDF + j] = j < i ? gates.beta[i] * kk[n][2 * h] * d0 : 0.0f;
+                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * kk[n][2 * h + 1] * d1 : 0.0f;
+            }
+            if (scores) {
+                *(unsigned*)(scores + i * PF_CHUNK + j) =
+                    pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            }
+        }
+    }
+}
+
+// One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
+// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
+// when `dst`; skipped when `src` is null.
+struct NormRows {
+    const unsigned short* src;
+    unsigned short* x;
+    unsigned short* dst;
+};
+
+// l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
+// with the convert kernel's arithmetic. Warp w takes rows w, w + 8, ...; each batch of rows
+// of both sets is loaded before any is normalised, so their loads are in flight together.
+template <int KP>
+__device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
+                                               int len, int warp, int lane) {
+    constexpr int PER = KP / 32, WORDS = PER / 2;
+    constexpr int ROWS = PF_CHUNK / 8;                  // per warp
+    constexpr int BATCH = WORDS <= 2 ? ROWS : ROWS / 2;  // 32 registers of loads in flight
+#pragma unroll
+    for (int b = 0; b < ROWS; b += BATCH) {
+        unsigned bits[2][BATCH][WORDS];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int i = 0; i < BATCH; ++i) {
+                const int r = warp + 8 * (b + i);
+                if (sets[s].src && r < len) {
+                    load_bf16_words<PER>(sets[s].src + r * row_stride, lane, bits[s][i]);
+                } else {
+#pragma unroll
+                    for (int w = 0; w < WORDS; ++w) bits[s][i][w] = 0u;
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            if (!sets[s].src) continue;
+#pragma unroll
+            for (int i = 0; i < BATCH; ++i) {
+                const int r = warp + 8 * (b + i);  // the same for the whole warp
+                if (r < len) {
+                    normalize_bf16_words<PER>(bits[s][i]);
+                    if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits[s][i]);
+                }
+                if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prepare: A, T, W, U for one chunk and a group of value heads of one key head (GVA: the
+// heads_per_block consecutive value heads starting at group * heads_per_block of the key
+// head's r = H / Hg). K K^T and Q K^T depend on the key head only: the block loads k and q
+// once, forms both products once (K K^T stays in registers), writes every head's scores,
+// then per value head masks A with its beta and decays, inverts, and forms W and U from its v
+// (the next head's v lands while the current one is inverted). With fused_qk_norm the block
+// l2-normalises k and q itself and the first group writes the copies the state pass reads.
+// 8 warps: warp w computes rows 16 (w % 4) .. + 15 of each product, over half of its columns
+// (w / 4 picks which).
+//
+// Shared memory (the launcher's prepare_smem mirrors it): heads_per_block ChunkGates records
+// (PF_GATES_BYTES each), k [64][LDK], v [64][LDV] (bf16), A [64][LDF] (f32), 816 floats, T
+// [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed; T's bf16 halves
+// [64][LDC] take A's space and the 816 floats once T is complete.
+
+template <int KP, int VP>
+__device__ void prepare_impl(const PrefillParams& p) {
+    constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
+    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int group_heads = p.heads_per_block;
+    auto gates_of = [&](int j) -> ChunkGates& {
+        return *(ChunkGates*)(smem_raw + j * PF_GATES_BYTES);
+    };
+    unsigned short* keys = (unsigned short*)(smem_raw + group_heads * PF_GATES_BYTES);  // [64][LDK]
+    unsigned short* values = keys + PF_CHUNK * LDK;                                    // [64][LDV]
+    float* a_mat = (float*)(values + PF_CHUNK * LDV);                                 // [64][LDF]
+    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
+    // free before T.
+    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
+    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
+    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
+    // The queries (for the scores) in the space T takes later.
+    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
+
+    const int chunk = blockIdx.x;
+    const int key_head = blockIdx.y / p.head_groups, group = blockIdx.y - key_head * p.head_groups;
+    const int ratio = p.value_heads / p.key_heads;
+    const int head0 = key_head * ratio + group * group_heads;
+    const int count = min(group_heads, ratio - group * group_heads);  // >= 1 (the launcher's plan)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row_tile = 16 * (warp & 3), half = warp >> 2;
+    const bool with_scores = p.scores != 0;
+    PF_MARK(0);
+    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+    const int len = ((const int*)p.chunk_len)[chunk];
+    const long long key_offset = (first_row * p.key_heads + key_head) * KP;
+    const long long key_stride = (long long)p.key_heads * KP;
+    const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
+    const long long value_stride = (long long)p.value_heads * VP;
+
+    copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
+    if (!p.fused_qk_norm) {
+        copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + key_offset, key_stride, len);
+        if (with_scores) {
+            copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q + key_offset, key_stride, len);
+        }
+    }
+    cp_async_commit();
+    if (warp < count) {
+        const float* g = (const float*)p.g + first_row * p.value_heads + head0 + warp;
+        const int t0 = 2 * lane;
+        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
+        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
+        scan_chunk_gates(gates_of(warp), g_even, g_odd, len, p.reset_gate);
+    }
+    {
+        const int j = threadIdx.x / PF_CHUNK, t = threadIdx.x % PF_CHUNK;
+        if (j < count) {
+            gates_of(j).beta[t] =
+                t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head0 + j,
+                                     p.beta_dtype)
+                        : 0.0f;
+        }
+    }
+    if (p.fused_qk_norm) {
+        // The first group of the key head writes the normalised copies; q is needed here only
+        // for the scores.
+        const bool write = group == 0;
+        const NormRows sets[2] = {
+            {(const unsigned short*)p.k_src + key_offset, keys,
+             write ? (unsigned short*)p.k + key_offset : nullptr},
+            {with_scores || write ? (const unsigned short*)p.q_src + key_offset : nullptr,
+             with_scores ? queries : nullptr, write ? (unsigned short*)p.q + key_offset : nullptr},
+        };
+        normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    PF_MARK(1);
+    {
+        // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
+        const unsigned* from = (const unsigned*)smem_raw;
+        unsigned* to = (unsigned*)((unsigned char*)p.gates +
+                                   ((long long)chunk * p.value_heads + head0) * PF_GATES_BYTES);
+        for (int i = threadIdx.x; i < count * (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
+    }
+
+    // K K^T and, for the overlapped state pass, Q K^T (both products share the K operands):
+    // K K^T is kept for every head's A; each head's scores Q K^T o D go to device memory now.
+    float kk[4][4];
+    {
+        float qk[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            kk[n][0] = kk[n][1] = kk[n][2] = kk[n][3] = 0.0f;
+            qk[n][0] = qk[n][1] = qk[n][2] = qk[n][3] = 0.0f;
+        }
+#pragma unroll
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4], aq[4];
+            frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
+            if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < 4; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_ldsm(b0, b1, keys, LDK, k0, 8 * (4 * half + n), lane);
+                mma_bf16_16816(kk[n], a, b0);
+                mma_bf16_16816(kk[n + 1], a, b1);
+                if (with_scores) {
+                    mma_bf16_16816(qk[n], aq, b0);
+                    mma_bf16_16816(qk[n + 1], aq, b1);
+                }
+            }
+        }
+        for (int j = 0; j < count; ++j) {
+            unsigned short* scores =
+                with_scores ? (unsigned short*)p.scores +
+                                  ((long long)chunk * p.value_heads + head0 + j) * PF_CHUNK * PF_CHUNK
+                            : nullptr;
+            store_masked_products(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile,
+                                  half, lane);
+        }
+    }
+
+    for (int j = 0; j < count; ++j) {
+        const int head = head0 + j;
+        const ChunkGates& gates = gates_of(j);
+        // A of this head (the first head's was stored with the products).
+        if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        __syncthreads();
+        PF_MARK(2 + 5 * j);
+        invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
+        PF_MARK(4 + 5 * j);
+
+        // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
+        // scaled T times the bf16 operand.
+        for (int pass = 0; pass < 2; ++pass) {
+            for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
+                const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
+                const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
+                const float x1 =
+                    t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
+                const unsigned hi = pack_bf16(x0, x1);
+                *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
+                *(unsigned*)(t_lo + i * PF_LDC + m) =
+                    pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
+                              x1 - bf16_to_f32((unsigned short)(hi >> 16)));
+            }
+            // This head's v (copied in during the previous head's work) is in place.
+            if (pass == 1) cp_async_wait_all();
+            __syncthreads();
+            const unsigned short* operand = pass == 0 ? keys : values;
+            const int ld = pass == 0 ? LDK : LDV;
+            const int cols = pass == 0 ? KP : VP;
+            unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
+            const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
+            // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the
+            // lo fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving
+            // registers to K K^T, which every head of the group reuses.
+            unsigned a_hi[4][4];
+            if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
+#pragma unroll
+                for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
+            }
+            for (int n0 = 16 * half; n0 < cols; n0 += 32) {
+                float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kb = 0; kb < 4; ++kb) {
+                    unsigned hi[4], lo[4], b0[2], b1[2];
+                    if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
+                        hi[0] = a_hi[kb][0], hi[1] = a_hi[kb][1], hi[2] = a_hi[kb][2], hi[3] = a_hi[kb][3];
+                    } else {
+                        frag_a_ldsm(hi, t_hi, PF_LDC, row_tile, 16 * kb, lane);
+                    }
+                    frag_a_ldsm(lo, t_lo, PF_LDC, row_tile, 16 * kb, lane);
+                    frag_b2_rowmajor(b0, b1, operand, ld, 16 * kb, n0, lane);
+                    mma_bf16_16816(acc0, hi, b0);
+                    mma_bf16_16816(acc0, lo, b0);
+                    mma_bf16_16816(acc1, hi, b1);
+                    mma_bf16_16816(acc1, lo, b1);
+                }
+                const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
+                unsigned short* row0 = out + out_base + (long long)r * cols;
+                unsigned short* row8 = row0 + 8LL * cols;
+                *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
+                *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
+                *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
+                *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
+            }
+            __syncthreads();
+            PF_MARK(5 + 5 * j + pass);
+        }
+        // The next head's v into the buffer U has finished reading.
+        if (j + 1 < count) {
+            copy_rows_async<VP>(values, LDV, chunk_values + (long long)(head + 1) * VP, value_stride, len);
+            cp_async_commit();
+        }
+    }
+}
+
+#define PF_ENTRY_POINTS(KP, VP)                                                               \
+    extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
+        gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
+        prepare_impl<KP, VP>(p);                                                              \
+    }
+
+PF_ENTRY_POINTS(64, 64)
+PF_ENTRY_POINTS(64, 128)
+PF_ENTRY_POINTS(64, 256)
+PF_ENTRY_POINTS(128, 64)
+PF_ENTRY_POINTS(128, 128)
+PF_ENTRY_POINTS(128, 256)
+PF_ENTRY_POINTS(256, 64)
+PF_ENTRY_POINTS(256, 128)
+PF_ENTRY_POINTS(256, 256)

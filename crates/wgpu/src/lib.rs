@@ -76,6 +76,13 @@ const CHUNK_CONSTANTS: &[Constants] = &[
     ],
 ];
 
+/// The two-pass prefill's state pass: 32-column tiles at K <= 128, 16-column ones up to 256.
+const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
+    &[("VT", 32.0), ("ROW_BLOCKS", 4.0)],
+    &[("VT", 16.0), ("ROW_BLOCKS", 4.0)],
+    &[("VT", 16.0), ("ROW_BLOCKS", 8.0)],
+];
+
 /// Every shader of the backend, with sets of its `override` constants (each set is one
 /// pipeline).
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
@@ -83,6 +90,8 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
+    (gdn::chunks::PREPARE, &[&[]]),
+    (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (tensor::FILL, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
     (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),

@@ -1,5 +1,6 @@
 //! Gated DeltaNet on wgpu. The math and layouts are the contract's, in `deltakv_contract::gdn`.
 
+pub mod chunks;
 pub mod decode;
 pub mod prefill;
 pub mod recurrent;

@@ -93,6 +93,7 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::chunks::PREPARE, &[&[]]),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (tensor::FILL, &[&[]]),
+    (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
     (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
     (kv::SOURCE_MERGE, &[&[]]),

@@ -105,7 +105,7 @@ impl ChunkLaunch {
         let limits = wgpu.device().limits();
         let bytes = 16 * words as u64;
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
-        if bytes > u64::from(limits.max_storage_buffer_binding_size)
+        if bytes > limits.max_storage_buffer_binding_size
             || bytes > limits.max_buffer_size
             || words > u32::MAX as usize
             || chunks.div_ceil(GRID_ROW) > max_dim

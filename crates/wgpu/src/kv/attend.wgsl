@@ -11,7 +11,8 @@
 //            key row (16-byte loads), masked past each row's causal limit
 //   softmax  the tile's max per row (workgroup atomics on order-preserving keys),
 //            m' = max(m, max s), alpha = e^(m - m'), p = e^(s - m'), w = p norm_v
-//   values   LANES threads share a token, each owning 16 dimensions of it: acc = alpha acc +
+//   values   LANES threads share a token (its value row found in the scores step), each
+//            owning 16 dimensions of it: acc = alpha acc +
 //            sum_t w_t c(idx_v[t]); l = alpha l + sum_t p_t (lane 0 of each token group)
 //
 // then the token groups' accumulators are summed and (m, l, acc) written per (row, split).
@@ -73,6 +74,8 @@ var<workgroup> lk: array<f32, 256>;
 var<workgroup> lv: array<f32, 256>;
 var<workgroup> weights: array<vec4<f32>, 128>;
 var<workgroup> probs: array<vec4<f32>, 128>;
+// The word offset of each tile token's value row (found once, in the scores step).
+var<workgroup> value_rows: array<u32, 128>;
 // The tile's max per row as order-preserving keys, by tile parity.
 var<workgroup> tile_max: array<atomic<u32>, 8>;
 var<workgroup> seq_len: u32;
@@ -289,6 +292,7 @@ fn kv_attend(
         var norm_v = 0.0;
         if t < reach {
             let base = head_base(b, t, h);
+            value_rows[tid] = base.x + kcodes + base.y * p.row_words_v;
             let dots = key_dots(base.x + base.y * p.row_words_k);
             let nk = norm_at(base.x + kcodes + vcodes, base.y);
             norm_v = norm_at(base.x + kcodes + vcodes + p.norm_words, base.y);
@@ -332,8 +336,7 @@ fn kv_attend(
             for (var tt = group_index; tt < TILE; tt += groups) {
                 let w = weights[tt];
                 if any(w != vec4<f32>(0.0)) || any(probs[tt] != vec4<f32>(0.0)) {
-                    let base = head_base(b, tile * TILE + tt, h);
-                    add_values(base.x + kcodes + base.y * p.row_words_v, j, w, &acc);
+                    add_values(value_rows[tt], j, w, &acc);
                     if j == 0u {
                         l += probs[tt];
                     }

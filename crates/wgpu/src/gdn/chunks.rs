@@ -30,6 +30,18 @@ pub const STATE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state",
 };
 
+/// Set to 16 or 32, the environment variable that fixes the state pass's column tile (for
+/// timing one against the other); K > 128 always takes 16.
+pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
+
+/// Which passes a submission runs (both for a prefill; one alone to time it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkPasses {
+    Both,
+    Prepare,
+    State,
+}
+
 /// State-pass workgroups below which a call takes 16-column tiles instead of 32-column ones.
 const NARROW_TILES_BELOW: usize = 256;
 /// Chunks per row of the prepare grid (`wid.z * 32768 + wid.y` in the shader).
@@ -59,6 +71,7 @@ pub struct ChunkLaunch {
     state_group: wgpu::BindGroup,
     prepare_grid: (u32, u32, u32),
     state_grid: (u32, u32, u32),
+    tile: usize,
     /// Kept alive for the bindings.
     _buffers: (WgpuTensor, WgpuTensor),
 }
@@ -116,7 +129,11 @@ impl ChunkLaunch {
             return Ok(None);
         }
         let narrow_tiles = d.key_dim > 128
-            || call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW;
+            || match std::env::var(TILE_ENV).ok().as_deref().map(str::trim) {
+                Some("16") => true,
+                Some("32") => false,
+                _ => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
+            };
         let tile = if narrow_tiles { 16 } else { 32 };
         let row_blocks = kp4.div_ceil(8) as u32;
         let scratch = WgpuTensor::zeros(wgpu, vec![4 * words], DType::F32)?;
@@ -213,13 +230,14 @@ impl ChunkLaunch {
                 heads as u32,
                 call.seqs.len() as u32,
             ),
+            tile,
             _buffers: (scratch, table),
         }))
     }
 
-    /// Records both passes into `pass` (wgpu orders the second after the first's writes).
-    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
-        if self.prepare_grid.1 > 0 {
+    /// Records the passes into `pass` (wgpu orders the second after the first's writes).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, passes: ChunkPasses) {
+        if self.prepare_grid.1 > 0 && passes != ChunkPasses::State {
             pass.set_pipeline(&self.prepare);
             pass.set_bind_group(0, &self.prepare_group, &[]);
             pass.dispatch_workgroups(
@@ -228,20 +246,29 @@ impl ChunkLaunch {
                 self.prepare_grid.2,
             );
         }
+        if passes == ChunkPasses::Prepare {
+            return;
+        }
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_group, &[]);
         pass.dispatch_workgroups(self.state_grid.0, self.state_grid.1, self.state_grid.2);
     }
 
-    /// Submits `repeat` prefills back to back in one command buffer (without waiting).
-    pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+    /// The state pass's column tile.
+    pub fn tile(&self) -> usize {
+        self.tile
+    }
+
+    /// Submits `repeat` rounds of `passes` back to back in one command buffer (without
+    /// waiting).
+    pub fn submit(&self, wgpu: &Wgpu, repeat: usize, passes: ChunkPasses) -> Result<()> {
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for _ in 0..repeat {
-                self.encode(&mut pass);
+                self.encode(&mut pass, passes);
             }
         }
         wgpu.queue().submit([encoder.finish()]);

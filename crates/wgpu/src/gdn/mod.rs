@@ -5,6 +5,7 @@ pub mod decode;
 pub mod prefill;
 pub mod recurrent;
 
+pub use chunks::ChunkPasses;
 pub use decode::{
     DecodeLaunch, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,

@@ -10,7 +10,7 @@
 //! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 
-use super::chunks::{ChunkCall, ChunkLaunch};
+use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses};
 use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
@@ -142,8 +142,26 @@ impl PreparedPrefill {
     /// Queues `repeat` back-to-back dispatches in one submission.
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
         match &self.launch {
-            Launch::Chunks(launch) => launch.submit(wgpu, repeat),
+            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both),
             Launch::Single(launch) => launch.submit(wgpu, repeat),
+        }
+    }
+
+    /// Queues `repeat` rounds of one pass of the two-pass chunked kernel, for timing each
+    /// (the state pass reads whatever the last prepare pass left); `Ok(None)` when this
+    /// prefill runs in one pass. Returns the state pass's column tile.
+    pub fn submit_pass(
+        &self,
+        wgpu: &Wgpu,
+        repeat: usize,
+        passes: ChunkPasses,
+    ) -> Result<Option<usize>> {
+        match &self.launch {
+            Launch::Chunks(launch) => {
+                launch.submit(wgpu, repeat, passes)?;
+                Ok(Some(launch.tile()))
+            }
+            Launch::Single(_) => Ok(None),
         }
     }
 

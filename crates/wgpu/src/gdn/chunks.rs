@@ -34,6 +34,10 @@ pub const STATE: ShaderSource = ShaderSource {
 /// timing one against the other); K > 128 always takes 16.
 pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 
+/// Set to 8, 16 or 32, the environment variable that fixes the state pass's row groups (its
+/// threads are row groups x column pairs, at most 256: 32 groups only with 16-column tiles).
+pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
+
 /// Which passes a submission runs (both for a prefill; one alone to time it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkPasses {
@@ -135,7 +139,12 @@ impl ChunkLaunch {
                 _ => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
             };
         let tile = if narrow_tiles { 16 } else { 32 };
-        let row_blocks = kp4.div_ceil(8) as u32;
+        let row_groups = match std::env::var(GROUPS_ENV).ok().as_deref().map(str::trim) {
+            Some("8") => 8,
+            Some("32") if tile == 16 => 32,
+            _ => 16,
+        };
+        let row_blocks = kp4.div_ceil(row_groups) as u32;
         let scratch = WgpuTensor::zeros(wgpu, vec![4 * words], DType::F32)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
@@ -176,7 +185,14 @@ impl ChunkLaunch {
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let prepare = wgpu.pipeline(&PREPARE, &[])?;
-        let state = wgpu.pipeline(&STATE, &[("VT", tile as u32), ("ROW_BLOCKS", row_blocks)])?;
+        let state = wgpu.pipeline(
+            &STATE,
+            &[
+                ("VT", tile as u32),
+                ("ROW_GROUPS", row_groups as u32),
+                ("ROW_BLOCKS", row_blocks),
+            ],
+        )?;
         let group = |pipeline: &wgpu::ComputePipeline, bound: &[(u32, &wgpu::Buffer)]| {
             let entries: Vec<wgpu::BindGroupEntry> = bound
                 .iter()

@@ -24,9 +24,12 @@ const SLICE: u32 = 32u;
 const RESET_GATE: f32 = -80.0;
 const PREPARE_THREADS: u32 = 256u;
 
-// Value columns per state workgroup (16 or 32; K * VT <= 4096) and the 4-row blocks of S each
-// of its threads keeps (ceil(K / 32)).
+// Value columns per state workgroup (16 or 32; K * VT <= 4096), its row groups (8, 16 or 32;
+// ROW_GROUPS * VT <= 512), the chunk rows of each (C / ROW_GROUPS) and the 4-row blocks of S
+// each thread keeps (ceil(K / (4 ROW_GROUPS))).
 override VT: u32 = 32u;
+override ROW_GROUPS: u32 = 8u;
+override CHUNK_ROWS: u32 = C / ROW_GROUPS;
 override ROW_BLOCKS: u32 = 4u;
 
 struct ChunkParams {
@@ -328,9 +331,10 @@ var<workgroup> s_tile: array<vec2<f32>, 2048>;
 var<workgroup> v_new: array<vec2<f32>, 512>;
 var<workgroup> seq_chunks: vec2<u32>;
 
-// Thread (rg, cp) of 4 VT threads (cp = column pair, rg = 0..8): the products for chunk rows
-// 4 rg .. 4 rg + 3 and its two columns; the state rows of blocks rg + 8 m (4 rows each).
-@compute @workgroup_size(4u * VT)
+// Thread (rg, cp) of ROW_GROUPS * VT / 2 (cp = column pair, rg = 0..ROW_GROUPS): the products
+// for chunk rows CHUNK_ROWS rg .. CHUNK_ROWS (rg + 1) - 1 and its two columns; the state rows of
+// blocks rg + ROW_GROUPS m (4 rows each).
+@compute @workgroup_size(ROW_GROUPS * VT / 2u)
 fn gdn_chunk_state(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -355,7 +359,7 @@ fn gdn_chunk_state(
     let slab = (seq * heads + h) * kd;
     var s: array<vec2<f32>, 32>;
     for (var m = 0u; m < ROW_BLOCKS; m++) {
-        let b = rg + 8u * m;
+        let b = rg + ROW_GROUPS * m;
         for (var e = 0u; e < 4u; e++) {
             let r = 4u * b + e;
             var x = vec2<f32>(0.0);
@@ -374,7 +378,7 @@ fn gdn_chunk_state(
         let ch = n * heads + h;
         // The tile of S where every thread reads it.
         for (var m = 0u; m < ROW_BLOCKS; m++) {
-            let b = rg + 8u * m;
+            let b = rg + ROW_GROUPS * m;
             if b < kp4 {
                 for (var e = 0u; e < 4u; e++) {
                     s_tile[(4u * b + e) * pairs + cp] = s[4u * m + e];
@@ -386,14 +390,14 @@ fn gdn_chunk_state(
         // W S and Qd S for this thread's four rows.
         var ws: array<vec2<f32>, 4>;
         var qs: array<vec2<f32>, 4>;
-        let w_row = p.w_at + (ch * C + 4u * rg) * kp4;
-        let q_row = p.qd_at + (ch * C + 4u * rg) * kp4;
+        let w_row = p.w_at + (ch * C + CHUNK_ROWS * rg) * kp4;
+        let q_row = p.qd_at + (ch * C + CHUNK_ROWS * rg) * kp4;
         for (var r4 = 0u; r4 < kp4; r4++) {
             let s0 = s_tile[(4u * r4) * pairs + cp];
             let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
             let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
             let s3 = s_tile[(4u * r4 + 3u) * pairs + cp];
-            for (var i = 0u; i < 4u; i++) {
+            for (var i = 0u; i < CHUNK_ROWS; i++) {
                 let w = scratch[w_row + i * kp4 + r4];
                 let x = scratch[q_row + i * kp4 + r4];
                 ws[i] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
@@ -401,30 +405,30 @@ fn gdn_chunk_state(
             }
         }
         // V' = U - W S.
-        let u_row = p.u_at + (ch * C + 4u * rg) * p.vp4 + col / 4u;
-        for (var i = 0u; i < 4u; i++) {
+        let u_row = p.u_at + (ch * C + CHUNK_ROWS * rg) * p.vp4 + col / 4u;
+        for (var i = 0u; i < CHUNK_ROWS; i++) {
             let u4 = scratch[u_row + i * p.vp4];
             let u = select(u4.xy, u4.zw, (col & 2u) != 0u);
-            v_new[(4u * rg + i) * pairs + cp] = u - ws[i];
+            v_new[(CHUNK_ROWS * rg + i) * pairs + cp] = u - ws[i];
         }
         workgroupBarrier();
 
         // O = Qd S + P V'.
         let start = chunk_info[2u * n];
         let len = chunk_info[2u * n + 1u];
-        let p_row = p.p_at + (ch * C + 4u * rg) * (C / 4u);
+        let p_row = p.p_at + (ch * C + CHUNK_ROWS * rg) * (C / 4u);
         for (var j4 = 0u; j4 < C / 4u; j4++) {
             let v0 = v_new[(4u * j4) * pairs + cp];
             let v1 = v_new[(4u * j4 + 1u) * pairs + cp];
             let v2 = v_new[(4u * j4 + 2u) * pairs + cp];
             let v3 = v_new[(4u * j4 + 3u) * pairs + cp];
-            for (var i = 0u; i < 4u; i++) {
+            for (var i = 0u; i < CHUNK_ROWS; i++) {
                 let pw = scratch[p_row + i * (C / 4u) + j4];
                 qs[i] += pw.x * v0 + pw.y * v1 + pw.z * v2 + pw.w * v3;
             }
         }
-        for (var i = 0u; i < 4u; i++) {
-            let row = 4u * rg + i;
+        for (var i = 0u; i < CHUNK_ROWS; i++) {
+            let row = CHUNK_ROWS * rg + i;
             if row < len && col_ok.x {
                 store_o(((start + row) * heads + h) * vd + col, qs[i], col_ok.y);
             }
@@ -441,7 +445,7 @@ fn gdn_chunk_state(
         for (var jj = 0u; jj < C; jj++) {
             let vj = v_new[jj * pairs + cp];
             for (var m = 0u; m < ROW_BLOCKS; m++) {
-                let b = rg + 8u * m;
+                let b = rg + ROW_GROUPS * m;
                 if b < kp4 {
                     let kv = scratch[kd_base + jj * kp4 + b];
                     s[4u * m] += kv.x * vj;
@@ -456,7 +460,7 @@ fn gdn_chunk_state(
     }
 
     for (var m = 0u; m < ROW_BLOCKS; m++) {
-        let b = rg + 8u * m;
+        let b = rg + ROW_GROUPS * m;
         for (var e = 0u; e < 4u; e++) {
             let r = 4u * b + e;
             if r < kd && col_ok.x {

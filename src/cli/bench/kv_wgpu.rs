@@ -119,6 +119,30 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
             "bits_v": args.bits_v, "us": us, "bytes_read": read, "tb_s": tb_s,
             "copy_tb_s": copy_tb_s, "splits": launch.splits(),
         }));
+        if ctx == longest {
+            // The same call with other splits of each sequence (the default aims at about
+            // 1024 workgroups), to show where the split count lands.
+            let default_splits = launch.splits();
+            drop(launch);
+            let mut timed = Vec::new();
+            for splits in [default_splits / 4, default_splits / 2, 2 * default_splits] {
+                let options = WgpuAttnOptions {
+                    splits: Some(splits.max(1)),
+                    max_tokens: None,
+                };
+                let launch = prepare_attend(wgpu, &cache, &q, None, &options)?;
+                if launch.splits() == default_splits || timed.contains(&launch.splits()) {
+                    continue;
+                }
+                let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
+                timed.push(launch.splits());
+                lines.push(format!(
+                    "            {} splits: {us:.1} us {:.3} TB/s",
+                    launch.splits(),
+                    read as f64 / (us * 1e-6) / 1e12
+                ));
+            }
+        }
     }
     Ok(lines)
 }

@@ -173,12 +173,16 @@ fn gdn_chunk_prepare(
         beta_c[tid] = bi;
     }
 
-    // The Gram matrices over slices of K: thread (i0, j) sums entries (i0 + 8 m, j).
-    let j = tid % C;
-    let i0 = tid / C;
+    // The Gram matrices over slices of K: thread (a, b) sums the 2 x 2 block of entries
+    // (2a + x, 2b + y), as vec4 (x, y) = (0, 0), (0, 1), (1, 0), (1, 1); threads with b = 0
+    // also sum |q|^2 of their two rows.
+    let a = tid / 16u;
+    let b = tid % 16u;
+    let i0 = 2u * a;
+    let j0 = 2u * b;
     var dkk = vec4<f32>(0.0);
     var dqk = vec4<f32>(0.0);
-    var dqq = 0.0;
+    var dqq = vec2<f32>(0.0);
     for (var r0 = 0u; r0 < kd; r0 += SLICE) {
         workgroupBarrier();
         for (var e = tid; e < C * SLICE; e += PREPARE_THREADS) {
@@ -196,22 +200,23 @@ fn gdn_chunk_prepare(
         }
         workgroupBarrier();
         for (var rr = 0u; rr < SLICE; rr++) {
-            let kj = k_slice[j * CP + rr];
-            for (var m = 0u; m < 4u; m++) {
-                let i = i0 + 8u * m;
-                dkk[m] += k_slice[i * CP + rr] * kj;
-                dqk[m] += q_slice[i * CP + rr] * kj;
-            }
-            let qj = q_slice[j * CP + rr];
-            dqq += qj * qj;
+            let k0 = k_slice[i0 * CP + rr];
+            let k1 = k_slice[(i0 + 1u) * CP + rr];
+            let q0 = q_slice[i0 * CP + rr];
+            let q1 = q_slice[(i0 + 1u) * CP + rr];
+            let kj = vec4<f32>(k_slice[j0 * CP + rr], k_slice[(j0 + 1u) * CP + rr], 0.0, 0.0).xyxy;
+            dkk += vec4<f32>(k0, k0, k1, k1) * kj;
+            dqk += vec4<f32>(q0, q0, q1, q1) * kj;
+            dqq += vec2<f32>(q0 * q0, q1 * q1);
         }
     }
-    for (var m = 0u; m < 4u; m++) {
-        let i = i0 + 8u * m;
-        gram_kk[i * CP + j] = dkk[m];
-    }
-    if tid < C {
-        q_sq[tid] = dqq;
+    gram_kk[i0 * CP + j0] = dkk.x;
+    gram_kk[i0 * CP + j0 + 1u] = dkk.y;
+    gram_kk[(i0 + 1u) * CP + j0] = dkk.z;
+    gram_kk[(i0 + 1u) * CP + j0 + 1u] = dkk.w;
+    if b == 0u {
+        q_sq[i0] = dqq.x;
+        q_sq[i0 + 1u] = dqq.y;
     }
     workgroupBarrier();
 
@@ -233,11 +238,12 @@ fn gdn_chunk_prepare(
     workgroupBarrier();
 
     // A (strictly lower) and P (lower, with the diagonal), each thread its own entries.
-    for (var m = 0u; m < 4u; m++) {
-        let i = i0 + 8u * m;
+    for (var x = 0u; x < 4u; x++) {
+        let i = i0 + x / 2u;
+        let j = j0 + x % 2u;
         let decay = exp(g_cum[i] - g_cum[j]);
-        gram_kk[i * CP + j] = select(0.0, beta_c[i] * decay * dkk[m] * inv_k[i] * inv_k[j], j < i);
-        gram_qk[i * CP + j] = select(0.0, p.scale * decay * dqk[m] * inv_q[i] * inv_k[j], j <= i);
+        gram_kk[i * CP + j] = select(0.0, beta_c[i] * decay * dkk[x] * inv_k[i] * inv_k[j], j < i);
+        gram_qk[i * CP + j] = select(0.0, p.scale * decay * dqk[x] * inv_q[i] * inv_k[j], j <= i);
     }
     workgroupBarrier();
 

@@ -45,8 +45,10 @@
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping; the KV suite included), then `bench gdn` and
 #                                   # `bench kv` (B 8, 32k, 4/2 bits) with `--device wgpu`
-#                                   # beside `--device cuda` and wgpu's own copy rate; summary
-#                                   # last.
+#                                   # beside `--device cuda` and wgpu's own copy rate (the
+#                                   # better of a copy shader and copy_buffer_to_buffer), the
+#                                   # chunked prefill's two passes timed alone and with either
+#                                   # column tile; summary last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
@@ -408,6 +410,13 @@ wgpu)
     summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/wgpu-bench.txt")")
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
+    summary+=("wgpu prefill passes (default: 16-column tiles, 16 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
+    # The chunked prefill's state pass in its other shapes (column tile, row groups).
+    for variant in TILE=32 GROUPS=8 GROUPS=32; do
+        env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
+            --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
+        summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")
+    done
     summary+=("wgpu prefill: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
     # Compressed KV at the issue's shape: B 8, 32k context, Hq 32, Hkv 8, d 128, 4/2 bits.
     .carry/deltakv bench kv --device wgpu --batch 8 --contexts 32768 --bits-k 4 --bits-v 2 \

@@ -76,6 +76,16 @@ const CHUNK_CONSTANTS: &[Constants] = &[
     ],
 ];
 
+/// The two-pass prefill's state pass: 32- and 16-column tiles with 16 row groups at K = 128
+/// and 256, and the other row groups.
+const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
+    &[("VT", 32.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],
+    &[("VT", 16.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],
+    &[("VT", 16.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 4.0)],
+    &[("VT", 32.0), ("ROW_GROUPS", 8.0), ("ROW_BLOCKS", 8.0)],
+    &[("VT", 16.0), ("ROW_GROUPS", 32.0), ("ROW_BLOCKS", 1.0)],
+];
+
 /// Every shader of the backend, with sets of its `override` constants (each set is one
 /// pipeline).
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
@@ -83,7 +93,10 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
+    (gdn::chunks::PREPARE, &[&[]]),
+    (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (tensor::FILL, &[&[]]),
+    (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
     (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
     (kv::SOURCE_MERGE, &[&[]]),

@@ -1,10 +1,12 @@
 //! Device time of a dispatch for benchmarks: `per_sample` back-to-back dispatches recorded in
 //! one submission, timed from submission to the queue going idle; the median over `samples`
 //! of (elapsed / per_sample). What remains of submission overhead is spread over the batch.
+//! The copy rates are the reference for memory-bound kernels.
 
-use crate::runtime::Wgpu;
+use crate::runtime::{ShaderSource, Wgpu};
 use deltakv_contract::Result;
 use std::time::Instant;
+use wgpu::util::DeviceExt;
 
 /// The median time of one dispatch in microseconds. `submit(n)` must queue `n` back-to-back
 /// dispatches without waiting.
@@ -28,22 +30,58 @@ pub fn median_dispatch_us(
     Ok(times[times.len() / 2])
 }
 
-/// The device-to-device copy rate in TB/s (bytes read plus bytes written per second), from
-/// back-to-back buffer copies of `bytes` (capped by the adapter's largest buffer): the ceiling
-/// that a memory-bound kernel's traffic is compared with.
+/// The copy shader behind [`copy_rates`].
+pub const COPY: ShaderSource = ShaderSource {
+    name: "copy_words",
+    text: include_str!("copy.wgsl"),
+    entry_point: "copy_words",
+};
+
+/// Device-to-device copy rates in TB/s (bytes read plus bytes written per second).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CopyRates {
+    /// `copy.wgsl`: 16-byte loads and stores, 4 per thread.
+    pub shader: f64,
+    /// `copy_buffer_to_buffer` (the driver's copy).
+    pub buffer: f64,
+}
+
+impl CopyRates {
+    /// The faster of the two: the ceiling a memory-bound kernel's traffic is compared with.
+    pub fn best(&self) -> f64 {
+        self.shader.max(self.buffer)
+    }
+}
+
+/// The best device-to-device copy rate in TB/s (see [`copy_rates`]).
 pub fn copy_tb_per_s(wgpu: &Wgpu, bytes: u64) -> Result<f64> {
-    let size = bytes.min(wgpu.device().limits().max_buffer_size) / 4 * 4;
+    Ok(copy_rates(wgpu, bytes)?.best())
+}
+
+/// The device-to-device copy rates from back-to-back copies of `bytes` (capped by the
+/// adapter's largest buffer and storage binding), through the copy shader and through
+/// `copy_buffer_to_buffer`.
+pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
+    let limits = wgpu.device().limits();
+    let size = bytes
+        .min(limits.max_buffer_size)
+        .min(limits.max_storage_buffer_binding_size)
+        / 16
+        * 16;
     let make = || {
         wgpu.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some("deltakv copy rate"),
             size,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         })
     };
     let (src, dst) = (make(), make());
     wgpu.check("allocating the copy-rate buffers")?;
-    let us = median_dispatch_us(wgpu, 20, 9, |n| {
+    let rate = |us: f64| 2.0 * size as f64 / (us * 1e-6) / 1e12;
+    let buffer_us = median_dispatch_us(wgpu, 20, 9, |n| {
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -53,5 +91,59 @@ pub fn copy_tb_per_s(wgpu: &Wgpu, bytes: u64) -> Result<f64> {
         wgpu.queue().submit([encoder.finish()]);
         wgpu.check("copying buffers")
     })?;
-    Ok(2.0 * size as f64 / (us * 1e-6) / 1e12)
+
+    let words = size / 16;
+    let groups = words.div_ceil(256 * 4);
+    let row = groups.min(u64::from(limits.max_compute_workgroups_per_dimension));
+    let rows = groups.div_ceil(row.max(1));
+    let pipeline = wgpu.pipeline(&COPY, &[])?;
+    let params: Vec<u8> = [words as u32, row as u32, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    let uniform = wgpu
+        .device()
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("copy params"),
+            contents: &params,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+    let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("copy"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: src.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: dst.as_entire_binding(),
+            },
+        ],
+    });
+    wgpu.check("binding the copy shader")?;
+    let shader_us = median_dispatch_us(wgpu, 20, 9, |n| {
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            for _ in 0..n {
+                pass.dispatch_workgroups(row as u32, rows as u32, 1);
+            }
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("running the copy shader")
+    })?;
+    Ok(CopyRates {
+        shader: rate(shader_us),
+        buffer: rate(buffer_us),
+    })
 }

@@ -83,6 +83,18 @@ fn batch_of_two_with_initial_state_and_l2norm() {
 }
 
 #[test]
+fn enough_heads_for_the_wide_state_tiles() {
+    let Some(wgpu) = common::device("prefill wide tiles") else {
+        return;
+    };
+    // 4 x 16 heads x 4 tiles of 32 columns: the state pass takes 32-column tiles.
+    let mut spec = GdnSpec::new(70, 4, 16, 64, 128);
+    spec.batch = 4;
+    spec.with_initial_state = true;
+    check(wgpu, "wide tiles", &spec, &options(false), 10);
+}
+
+#[test]
 fn varlen_with_length_one_sequences() {
     let Some(wgpu) = common::device("prefill varlen") else {
         return;

@@ -48,3 +48,21 @@ fn host_round_trips_poison_and_device_copies() {
     let view = WgpuTensor::from_buffer(small.buffer().clone(), vec![2], DType::F32).unwrap();
     assert_eq!(view.download(wgpu).unwrap().to_le_bytes(), vec![0; 8]);
 }
+
+#[test]
+fn copy_reference_runs_both_copies() {
+    let Some(wgpu) = common::device("copy rates") else {
+        return;
+    };
+    let rates = deltakv_wgpu::timing::copy_rates(wgpu, 4 << 20).unwrap();
+    println!(
+        "copy on {}: shader {:.4} TB/s, copy_buffer_to_buffer {:.4} TB/s",
+        wgpu.name(),
+        rates.shader,
+        rates.buffer
+    );
+    for rate in [rates.shader, rates.buffer] {
+        assert!(rate.is_finite() && rate > 0.0, "{rates:?}");
+    }
+    assert_eq!(rates.best(), rates.shader.max(rates.buffer));
+}

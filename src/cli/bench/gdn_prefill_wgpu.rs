@@ -1,14 +1,14 @@
 //! `deltakv bench gdn --device wgpu` (prefill part): device time of one prefill at the model
 //! shapes, inputs resident on the device (copies not counted): the median over samples of a
-//! dispatch timed from submission to idle, for each of `--modes` (chunk: `chunk.wgsl`;
-//! recurrent: the token loop).
+//! dispatch timed from submission to idle, for each of `--modes` (chunk: the two passes of
+//! `chunks.wgsl`, each also timed alone; recurrent: the token loop).
 
 use super::gdn::{SHAPES, prefill_flops};
 use deltakv::Result;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{GdnOptions, PrefillMode};
 use deltakv::wgpu::Wgpu;
-use deltakv::wgpu::gdn::PreparedPrefill;
+use deltakv::wgpu::gdn::{ChunkPasses, PreparedPrefill};
 use deltakv::wgpu::timing::median_dispatch_us;
 use serde_json::json;
 
@@ -44,11 +44,34 @@ pub fn run(
                 );
                 // Read back once: a device fault shows here rather than passing unseen.
                 prepared.outputs(wgpu)?;
+                let mut passes = serde_json::Map::new();
+                if mode == PrefillMode::Chunk {
+                    let mut parts = Vec::new();
+                    for (label, which) in [
+                        ("prepare", ChunkPasses::Prepare),
+                        ("state", ChunkPasses::State),
+                    ] {
+                        let tile = std::cell::Cell::new(None);
+                        let us = median_dispatch_us(wgpu, 1, 3, |n| {
+                            tile.set(prepared.submit_pass(wgpu, n, which)?);
+                            Ok(())
+                        })?;
+                        if let Some(tile) = tile.get() {
+                            parts.push(format!("{label} {:.2} ms", us / 1e3));
+                            passes.insert(format!("{label}_ms"), json!(us / 1e3));
+                            passes.insert("state_tile".to_string(), json!(tile));
+                        }
+                    }
+                    if !parts.is_empty() {
+                        println!("{:<12} passes: {}", "", parts.join(", "));
+                    }
+                }
                 records.push(json!({
                     "op": "gdn_prefill", "device": "wgpu", "adapter": wgpu.name(),
                     "mode": name, "shape": shape, "B": 1, "T": tokens, "Hg": key_heads,
                     "H": value_heads, "K": key_dim, "V": value_dim, "dtype": "bf16",
                     "median_ms": ms, "tokens_per_s": tokens_per_s, "gflop_per_s": gflops,
+                    "passes": passes,
                 }));
             }
         }

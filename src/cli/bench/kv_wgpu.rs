@@ -3,7 +3,8 @@
 //! submission, timed from submission to idle (`deltakv::wgpu::timing`), beside wgpu's own
 //! buffer copy measured in the same run:
 //!
-//! * copy: back-to-back 256 MiB buffer copies; TB/s counts the bytes read plus the bytes
+//! * copy: back-to-back 256 MiB copies, the better of a vec4 copy shader and
+//!   `copy_buffer_to_buffer`; TB/s counts the bytes read plus the bytes
 //!   written.
 //! * encode: `ENCODE_B x ENCODE_T` new bf16 tokens (K and V, every KV head) encoded into their
 //!   pages; TB/s counts the bf16 input read.
@@ -15,7 +16,7 @@ use super::kv::KvBenchArgs;
 use deltakv::kv::{KvScheme, PagedLayout};
 use deltakv::rng::Rng;
 use deltakv::wgpu::kv::{WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
-use deltakv::wgpu::timing::{copy_tb_per_s, median_dispatch_us};
+use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
 use deltakv::{DType, HostTensor, Result};
 use serde_json::json;
@@ -49,12 +50,16 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
         args.bits_v
     )];
 
-    let copy_tb_s = copy_tb_per_s(wgpu, 256 << 20)?;
+    let rates = copy_rates(wgpu, 256 << 20)?;
+    let copy_tb_s = rates.best();
     lines.push(format!(
-        "copy        256 MiB buffer to buffer on wgpu {copy_tb_s:>6.3} TB/s (read + write)"
+        "copy        256 MiB buffer to buffer on wgpu {copy_tb_s:>6.3} TB/s (read + write; the better of a vec4 copy shader, {:.3}, and copy_buffer_to_buffer, {:.3})",
+        rates.shader, rates.buffer
     ));
-    records
-        .push(json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_s": copy_tb_s}));
+    records.push(
+        json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_s": copy_tb_s,
+        "shader_tb_s": rates.shader, "buffer_tb_s": rates.buffer}),
+    );
 
     // Encode: ENCODE_B x ENCODE_T bf16 tokens into a fresh cache.
     let pages = layout.pages_for(ENCODE_T);
@@ -114,6 +119,30 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
             "bits_v": args.bits_v, "us": us, "bytes_read": read, "tb_s": tb_s,
             "copy_tb_s": copy_tb_s, "splits": launch.splits(),
         }));
+        if ctx == longest {
+            // The same call with other splits of each sequence (the default aims at about
+            // 1024 workgroups), to show where the split count lands.
+            let default_splits = launch.splits();
+            drop(launch);
+            let mut timed = Vec::new();
+            for splits in [default_splits / 4, default_splits / 2, 2 * default_splits] {
+                let options = WgpuAttnOptions {
+                    splits: Some(splits.max(1)),
+                    max_tokens: None,
+                };
+                let launch = prepare_attend(wgpu, &cache, &q, None, &options)?;
+                if launch.splits() == default_splits || timed.contains(&launch.splits()) {
+                    continue;
+                }
+                let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
+                timed.push(launch.splits());
+                lines.push(format!(
+                    "            {} splits: {us:.1} us {:.3} TB/s",
+                    launch.splits(),
+                    read as f64 / (us * 1e-6) / 1e12
+                ));
+            }
+        }
     }
     Ok(lines)
 }

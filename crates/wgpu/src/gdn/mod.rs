@@ -1,9 +1,11 @@
 //! Gated DeltaNet on wgpu. The math and layouts are the contract's, in `deltakv_contract::gdn`.
 
+pub mod chunks;
 pub mod decode;
 pub mod prefill;
 pub mod recurrent;
 
+pub use chunks::ChunkPasses;
 pub use decode::{
     DecodeLaunch, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,

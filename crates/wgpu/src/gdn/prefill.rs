@@ -4,10 +4,13 @@
 //!
 //! One workgroup per (sequence, value head, tile of columns), the tile's state in registers for
 //! the whole sequence: `final_state` is seeded with the initial state (or zeros) and advanced
-//! in place. [`PrefillMode::Chunk`] runs `chunk.wgsl` (the recurrence unrolled over chunks of
-//! 16 tokens, 8 for K > 128: a triangular solve per column from the chunk's Gram matrices),
+//! in place. [`PrefillMode::Chunk`] runs the two passes of `chunks.wgsl` (every chunk's WY
+//! factors at once, then the state walk per (sequence, head, column tile); see `chunks.rs`),
+//! or, where their scratch buffer would not fit one binding, `chunk.wgsl` (the recurrence
+//! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 
+use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses};
 use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
@@ -20,10 +23,15 @@ use deltakv_contract::{DType, HostTensor, Result};
 /// workgroups, for the few long sequences of a prefill).
 const NARROW_TILES_BELOW: usize = 1024;
 
+enum Launch {
+    Chunks(ChunkLaunch),
+    Single(RecurrentLaunch),
+}
+
 /// A validated prefill with its inputs on the device: submitted once by [`gdn_prefill`], any
 /// number of times by a benchmark (each submission advances the final states again).
 pub struct PreparedPrefill {
-    launch: RecurrentLaunch,
+    launch: Launch,
     o: WgpuTensor,
     state: WgpuTensor,
     /// Kept alive for the bindings.
@@ -76,30 +84,53 @@ impl PreparedPrefill {
             Some(t) => Rows::Offsets(t),
             None => Rows::Dense,
         };
-        let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
-        let launch = RecurrentLaunch::new(
-            wgpu,
-            &RecurrentCall {
-                dims: d,
-                rows: sequences,
-                q: &q,
-                k: &k,
-                v: &v,
-                gates: &[&g, &beta],
-                row_source,
-                state: &state,
-                o: &o,
-                intermediate: None,
-                scale: shapes.scale,
-                l2norm: options.use_qk_l2norm,
-                col_pairs: if wide_groups < NARROW_TILES_BELOW {
-                    8
-                } else {
-                    32
+        let chunked = if mode == PrefillMode::Chunk {
+            ChunkLaunch::new(
+                wgpu,
+                &ChunkCall {
+                    dims: d,
+                    seqs: &shapes.seqs,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    state: &state,
+                    o: &o,
+                    scale: shapes.scale,
+                    l2norm: options.use_qk_l2norm,
                 },
-                chunked: mode == PrefillMode::Chunk,
-            },
-        )?;
+            )?
+        } else {
+            None
+        };
+        let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
+        let launch = match chunked {
+            Some(launch) => Launch::Chunks(launch),
+            None => Launch::Single(RecurrentLaunch::new(
+                wgpu,
+                &RecurrentCall {
+                    dims: d,
+                    rows: sequences,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    gates: &[&g, &beta],
+                    row_source,
+                    state: &state,
+                    o: &o,
+                    intermediate: None,
+                    scale: shapes.scale,
+                    l2norm: options.use_qk_l2norm,
+                    col_pairs: if wide_groups < NARROW_TILES_BELOW {
+                        8
+                    } else {
+                        32
+                    },
+                    chunked: mode == PrefillMode::Chunk,
+                },
+            )?),
+        };
         Ok(Self {
             launch,
             o,
@@ -110,7 +141,28 @@ impl PreparedPrefill {
 
     /// Queues `repeat` back-to-back dispatches in one submission.
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
-        self.launch.submit(wgpu, repeat)
+        match &self.launch {
+            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both),
+            Launch::Single(launch) => launch.submit(wgpu, repeat),
+        }
+    }
+
+    /// Queues `repeat` rounds of one pass of the two-pass chunked kernel, for timing each
+    /// (the state pass reads whatever the last prepare pass left); `Ok(None)` when this
+    /// prefill runs in one pass. Returns the state pass's column tile.
+    pub fn submit_pass(
+        &self,
+        wgpu: &Wgpu,
+        repeat: usize,
+        passes: ChunkPasses,
+    ) -> Result<Option<usize>> {
+        match &self.launch {
+            Launch::Chunks(launch) => {
+                launch.submit(wgpu, repeat, passes)?;
+                Ok(Some(launch.tile()))
+            }
+            Launch::Single(_) => Ok(None),
+        }
     }
 
     /// Copies `o` and the final states back, refusing a result that overflowed f32.

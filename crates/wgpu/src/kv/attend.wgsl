@@ -11,7 +11,9 @@
 //            key row (16-byte loads), masked past each row's causal limit
 //   softmax  the tile's max per row (workgroup atomics on order-preserving keys),
 //            m' = max(m, max s), alpha = e^(m - m'), p = e^(s - m'), w = p norm_v
-//   values   LANES threads share a token, each owning 16 dimensions of it: acc = alpha acc +
+//   values   LANES threads share a token (its value row found, and when it has at most 16
+//            words loaded into workgroup memory, by the scores step, so those loads are in
+//            flight with the key row's), each owning 16 dimensions of it: acc = alpha acc +
 //            sum_t w_t c(idx_v[t]); l = alpha l + sum_t p_t (lane 0 of each token group)
 //
 // then the token groups' accumulators are summed and (m, l, acc) written per (row, split).
@@ -73,6 +75,12 @@ var<workgroup> lk: array<f32, 256>;
 var<workgroup> lv: array<f32, 256>;
 var<workgroup> weights: array<vec4<f32>, 128>;
 var<workgroup> probs: array<vec4<f32>, 128>;
+// The word offset of each tile token's value row (found once, in the scores step).
+var<workgroup> value_rows: array<u32, 128>;
+// Each tile token's value row, loaded in the scores step beside its key row (rows of at most
+// STAGED_WORDS words; longer rows are read from the pool in the values step).
+const STAGED_WORDS: u32 = 16u;
+var<workgroup> value_codes: array<vec4<u32>, 512>;
 // The tile's max per row as order-preserving keys, by tile parity.
 var<workgroup> tile_max: array<atomic<u32>, 8>;
 var<workgroup> seq_len: u32;
@@ -152,28 +160,37 @@ fn key_dots(row: u32) -> vec4<f32> {
     return s;
 }
 
-// acc[c] += w * level(code c) for the 16 value codes of lane j of the value row at `row`.
-fn add_values(row: u32, j: u32, w: vec4<f32>, acc: ptr<function, array<vec4<f32>, 16>>) {
+// Word `off` of the value row of tile token `tt` (at word `row` of the pool).
+fn value_word(row: u32, tt: u32, off: u32) -> u32 {
+    if p.row_words_v <= STAGED_WORDS {
+        return value_codes[tt * (STAGED_WORDS / 4u) + off / 4u][off % 4u];
+    }
+    return pool[row + off];
+}
+
+// acc[c] += w * level(code c) for the 16 value codes of lane j of tile token tt's value row
+// (at word `row` of the pool).
+fn add_values(row: u32, tt: u32, j: u32, w: vec4<f32>, acc: ptr<function, array<vec4<f32>, 16>>) {
     let bit0 = j * 16u * BITS_V;
-    let w0 = row + bit0 / 32u;
+    let w0 = bit0 / 32u;
     let sh = bit0 % 32u;
     let mask = (1u << BITS_V) - 1u;
     var x: array<u32, 4>;
     if BITS_V == 3u {
-        let a = pool[w0];
-        let b = pool[w0 + 1u];
-        let c = pool[w0 + 2u];
+        let a = value_word(row, tt, w0);
+        let b = value_word(row, tt, w0 + 1u);
+        let c = value_word(row, tt, w0 + 2u);
         x[0] = select(a, (a >> sh) | (b << (32u - sh)), sh != 0u);
         x[1] = select(b, (b >> sh) | (c << (32u - sh)), sh != 0u);
-    } else if BITS_V == 8u {
-        let v = pool4[w0 / 4u];
+    } else if BITS_V == 8u && p.row_words_v > STAGED_WORDS {
+        let v = pool4[(row + w0) / 4u];
         x[0] = v.x;
         x[1] = v.y;
         x[2] = v.z;
         x[3] = v.w;
     } else {
         for (var k = 0u; k < BITS_V / 2u; k++) {
-            x[k] = pool[w0 + k];
+            x[k] = value_word(row, tt, w0 + k);
         }
     }
     for (var c = 0u; c < 16u; c++) {
@@ -289,6 +306,14 @@ fn kv_attend(
         var norm_v = 0.0;
         if t < reach {
             let base = head_base(b, t, h);
+            let value_row = base.x + kcodes + base.y * p.row_words_v;
+            value_rows[tid] = value_row;
+            if p.row_words_v <= STAGED_WORDS {
+                // Rows are whole 16-byte words (the layout pads them).
+                for (var e = 0u; e < p.row_words_v / 4u; e++) {
+                    value_codes[tid * (STAGED_WORDS / 4u) + e] = pool4[value_row / 4u + e];
+                }
+            }
             let dots = key_dots(base.x + base.y * p.row_words_k);
             let nk = norm_at(base.x + kcodes + vcodes, base.y);
             norm_v = norm_at(base.x + kcodes + vcodes + p.norm_words, base.y);
@@ -332,8 +357,7 @@ fn kv_attend(
             for (var tt = group_index; tt < TILE; tt += groups) {
                 let w = weights[tt];
                 if any(w != vec4<f32>(0.0)) || any(probs[tt] != vec4<f32>(0.0)) {
-                    let base = head_base(b, tile * TILE + tt, h);
-                    add_values(base.x + kcodes + base.y * p.row_words_v, j, w, &acc);
+                    add_values(value_rows[tt], tt, j, w, &acc);
                     if j == 0u {
                         l += probs[tt];
                     }

@@ -1,0 +1,481 @@
+// GDN prefill in two passes over chunks of C = 32 tokens (the WY form of FLA's chunk algorithm,
+// f32 throughout). For a chunk with normalised q_i, k_i, gates clamped at RESET_GATE and
+// G_i = g_0 + ... + g_i counted from the chunk's start, and the state S at its start:
+//
+//     A_ij = beta_i exp(G_i - G_j) (k_i . k_j)  (j < i),     T = (I + A)^-1
+//     W = T diag(beta exp(G)) K,     U = T diag(beta) V        (the u of the recurrence: U - W S)
+//     V' = U - W S
+//     O  = diag(scale exp(G)) Q S + P V',   P_ij = scale exp(G_i - G_j) (q_i . k_j)  (j <= i)
+//     S <- exp(G_last) S + Kd^T V',         Kd_j = exp(G_last - G_j) k_j
+//
+// `gdn_chunk_prepare` (one workgroup per (chunk, value head), every chunk at once) computes the
+// Gram matrices, T by forward substitution, and stores W, Qd = diag(scale exp(G)) Q, Kd, U, P
+// and exp(G_last) in the scratch buffer (rows past a chunk's end are zeros). `gdn_chunk_state`
+// (one workgroup per (sequence, value head, tile of VT columns)) walks the sequence's chunks in
+// order with the tile of S in registers and in workgroup memory, and writes o and the final
+// state. Both are plain tiled f32 loops (no subgroup operations), so one source serves every
+// adapter.
+
+const C: u32 = 32u;
+// Row stride of the C x C matrices and of the staged slices in workgroup memory (one more than
+// 32: a column walk touches 32 different banks).
+const CP: u32 = 33u;
+const SLICE: u32 = 32u;
+const RESET_GATE: f32 = -80.0;
+const PREPARE_THREADS: u32 = 256u;
+
+// Value columns per state workgroup (16 or 32; K * VT <= 4096), its row groups (8, 16 or 32;
+// ROW_GROUPS * VT <= 512), the chunk rows of each (C / ROW_GROUPS) and the 4-row blocks of S
+// each thread keeps (ceil(K / (4 ROW_GROUPS))).
+override VT: u32 = 32u;
+override ROW_GROUPS: u32 = 8u;
+override CHUNK_ROWS: u32 = C / ROW_GROUPS;
+override ROW_BLOCKS: u32 = 4u;
+
+struct ChunkParams {
+    key_heads: u32,
+    value_heads: u32,
+    key_dim: u32,
+    value_dim: u32,
+    group: u32,       // H / Hg
+    act_dtype: u32,   // q, k, v
+    out_dtype: u32,   // o
+    g_dtype: u32,
+    beta_dtype: u32,
+    l2norm: u32,
+    scale: f32,
+    chunks: u32,      // chunks over every sequence
+    kp4: u32,         // ceil(K / 4): vec4 words per row of W, Qd, Kd
+    vp4: u32,         // ceil(V / 4): vec4 words per row of U
+    w_at: u32,        // offsets in the scratch buffer, in vec4 words
+    qd_at: u32,
+    kd_at: u32,
+    u_at: u32,
+    p_at: u32,
+    decay_at: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: ChunkParams;
+@group(0) @binding(1) var<storage, read> q: array<u32>;
+@group(0) @binding(2) var<storage, read> k: array<u32>;
+@group(0) @binding(3) var<storage, read> v: array<u32>;
+@group(0) @binding(4) var<storage, read> g: array<u32>;
+@group(0) @binding(5) var<storage, read> beta: array<u32>;
+// [chunks, 2]: first token and length of each chunk; then [N + 1]: each sequence's first chunk.
+@group(0) @binding(6) var<storage, read> chunk_info: array<u32>;
+@group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;
+// [N, H, K, V] f32: the initial states in, the final states out.
+@group(0) @binding(8) var<storage, read_write> state: array<f32>;
+// Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
+// may fall in one word (odd V), written by different workgroups.
+@group(0) @binding(9) var<storage, read_write> o: array<atomic<u32>>;
+
+fn load_elem(which: u32, i: u32) -> f32 {
+    let d = p.act_dtype;
+    let w = word_of(i, d);
+    if which == 0u {
+        return widen(q[w], i, d);
+    }
+    if which == 1u {
+        return widen(k[w], i, d);
+    }
+    return widen(v[w], i, d);
+}
+
+// Elements 4 c4 .. 4 c4 + 3 of the row of `token` and `head` (zeros past the row's `dim`).
+fn load_row4(which: u32, token: u32, head: u32, heads: u32, dim: u32, c4: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    let base = (token * heads + head) * dim;
+    for (var e = 0u; e < 4u; e++) {
+        let c = 4u * c4 + e;
+        if c < dim {
+            x[e] = load_elem(which, base + c);
+        }
+    }
+    return x;
+}
+
+// Stores o element i (two consecutive elements starting at i when `pair`).
+fn store_o(i: u32, x: vec2<f32>, pair: bool) {
+    let d = p.out_dtype;
+    if d == DT_F32 {
+        atomicStore(&o[i], bitcast<u32>(x.x));
+        if pair {
+            atomicStore(&o[i + 1u], bitcast<u32>(x.y));
+        }
+        return;
+    }
+    if pair && (i & 1u) == 0u {
+        atomicStore(&o[i >> 1u], half_bits(x.x, d) | (half_bits(x.y, d) << 16u));
+        return;
+    }
+    store_o_half(i, half_bits(x.x, d));
+    if pair {
+        store_o_half(i + 1u, half_bits(x.y, d));
+    }
+}
+
+// One 16-bit element of o, leaving the other half of its word as it is.
+fn store_o_half(i: u32, bits: u32) {
+    let shift = (i & 1u) * 16u;
+    atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
+    atomicOr(&o[i >> 1u], bits << shift);
+}
+
+// ---- gdn_chunk_prepare ----
+
+// A slice of SLICE columns of the chunk's k and q, [C][CP].
+var<workgroup> k_slice: array<f32, 1056>;
+var<workgroup> q_slice: array<f32, 1056>;
+// K K^T (its diagonal gives |k_i|^2), then A; Q K^T, then P; T.
+var<workgroup> gram_kk: array<f32, 1056>;
+var<workgroup> gram_qk: array<f32, 1056>;
+var<workgroup> t_inv: array<f32, 1056>;
+var<workgroup> g_cum: array<f32, C>;
+var<workgroup> beta_c: array<f32, C>;
+var<workgroup> q_sq: array<f32, C>;
+var<workgroup> inv_q: array<f32, C>;
+var<workgroup> inv_k: array<f32, C>;
+// Row coefficients: of K in W (beta exp(G) / |k|), of q in Qd, of k in Kd.
+var<workgroup> coef_w: array<f32, C>;
+var<workgroup> coef_qd: array<f32, C>;
+var<workgroup> coef_kd: array<f32, C>;
+var<workgroup> chunk_range: vec2<u32>;
+
+@compute @workgroup_size(PREPARE_THREADS)
+fn gdn_chunk_prepare(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let n = wid.z * 32768u + wid.y;
+    if n >= p.chunks {
+        return;
+    }
+    let h = wid.x;
+    let heads = p.value_heads;
+    let kh = h / p.group;
+    let kd = p.key_dim;
+    if tid == 0u {
+        chunk_range = vec2<u32>(chunk_info[2u * n], chunk_info[2u * n + 1u]);
+    }
+    let range = workgroupUniformLoad(&chunk_range);
+    let start = range.x;
+    let len = range.y;
+    if tid < C {
+        var gi = 0.0;
+        var bi = 0.0;
+        if tid < len {
+            let at = (start + tid) * heads + h;
+            gi = max(widen(g[word_of(at, p.g_dtype)], at, p.g_dtype), RESET_GATE);
+            bi = widen(beta[word_of(at, p.beta_dtype)], at, p.beta_dtype);
+        }
+        g_cum[tid] = gi;
+        beta_c[tid] = bi;
+    }
+
+    // The Gram matrices over slices of K: thread (a, b) sums the 2 x 2 block of entries
+    // (2a + x, 2b + y), as vec4 (x, y) = (0, 0), (0, 1), (1, 0), (1, 1); threads with b = 0
+    // also sum |q|^2 of their two rows.
+    let a = tid / 16u;
+    let b = tid % 16u;
+    let i0 = 2u * a;
+    let j0 = 2u * b;
+    var dkk = vec4<f32>(0.0);
+    var dqk = vec4<f32>(0.0);
+    var dqq = vec2<f32>(0.0);
+    for (var r0 = 0u; r0 < kd; r0 += SLICE) {
+        workgroupBarrier();
+        for (var e = tid; e < C * SLICE; e += PREPARE_THREADS) {
+            let i = e / SLICE;
+            let r = r0 + e % SLICE;
+            var kx = 0.0;
+            var qx = 0.0;
+            if i < len && r < kd {
+                let at = ((start + i) * p.key_heads + kh) * kd + r;
+                kx = load_elem(1u, at);
+                qx = load_elem(0u, at);
+            }
+            k_slice[i * CP + e % SLICE] = kx;
+            q_slice[i * CP + e % SLICE] = qx;
+        }
+        workgroupBarrier();
+        for (var rr = 0u; rr < SLICE; rr++) {
+            let k0 = k_slice[i0 * CP + rr];
+            let k1 = k_slice[(i0 + 1u) * CP + rr];
+            let q0 = q_slice[i0 * CP + rr];
+            let q1 = q_slice[(i0 + 1u) * CP + rr];
+            let kj = vec4<f32>(k_slice[j0 * CP + rr], k_slice[(j0 + 1u) * CP + rr], 0.0, 0.0).xyxy;
+            dkk += vec4<f32>(k0, k0, k1, k1) * kj;
+            dqk += vec4<f32>(q0, q0, q1, q1) * kj;
+            dqq += vec2<f32>(q0 * q0, q1 * q1);
+        }
+    }
+    gram_kk[i0 * CP + j0] = dkk.x;
+    gram_kk[i0 * CP + j0 + 1u] = dkk.y;
+    gram_kk[(i0 + 1u) * CP + j0] = dkk.z;
+    gram_kk[(i0 + 1u) * CP + j0 + 1u] = dkk.w;
+    if b == 0u {
+        q_sq[i0] = dqq.x;
+        q_sq[i0 + 1u] = dqq.y;
+    }
+    workgroupBarrier();
+
+    // Inverse norms (threads 0..C) and the cumulative gates (thread C).
+    if tid < C {
+        var iq = 1.0;
+        var ik = 1.0;
+        if p.l2norm != 0u {
+            iq = inverseSqrt(q_sq[tid] + 1e-6);
+            ik = inverseSqrt(gram_kk[tid * CP + tid] + 1e-6);
+        }
+        inv_q[tid] = iq;
+        inv_k[tid] = ik;
+    } else if tid == C {
+        for (var i = 1u; i < C; i++) {
+            g_cum[i] += g_cum[i - 1u];
+        }
+    }
+    workgroupBarrier();
+
+    // A (strictly lower) and P (lower, with the diagonal), each thread its own entries.
+    for (var x = 0u; x < 4u; x++) {
+        let i = i0 + x / 2u;
+        let j = j0 + x % 2u;
+        let decay = exp(g_cum[i] - g_cum[j]);
+        gram_kk[i * CP + j] = select(0.0, beta_c[i] * decay * dkk[x] * inv_k[i] * inv_k[j], j < i);
+        gram_qk[i * CP + j] = select(0.0, p.scale * decay * dqk[x] * inv_q[i] * inv_k[j], j <= i);
+    }
+    workgroupBarrier();
+
+    // T = (I + A)^-1 by forward substitution, a column per thread (threads 0..C); the row
+    // coefficients (threads C..2C).
+    if tid < C {
+        for (var i = 0u; i < C; i++) {
+            var x = select(0.0, 1.0, i == tid);
+            if i > tid {
+                var acc = 0.0;
+                for (var m = tid; m < i; m++) {
+                    acc += gram_kk[i * CP + m] * t_inv[m * CP + tid];
+                }
+                x = -acc;
+            }
+            t_inv[i * CP + tid] = x;
+        }
+    } else if tid < 2u * C {
+        let i = tid - C;
+        let g_last = g_cum[C - 1u];
+        let live = i < len;
+        coef_w[i] = select(0.0, beta_c[i] * exp(g_cum[i]) * inv_k[i], live);
+        coef_qd[i] = select(0.0, p.scale * exp(g_cum[i]) * inv_q[i], live);
+        coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
+    }
+    workgroupBarrier();
+
+    let ch = n * heads + h;
+    let kp4 = p.kp4;
+    let vp4 = p.vp4;
+    // W and U: item (block of 8 rows, vec4 column); the chunk's rows of k (or v) read once per
+    // item, the 8 rows' sums in registers.
+    let w_items = 4u * kp4;
+    for (var e = tid; e < w_items + 4u * vp4; e += PREPARE_THREADS) {
+        let is_w = e < w_items;
+        let item = select(e - w_items, e, is_w);
+        let dim4 = select(vp4, kp4, is_w);
+        let block = item / dim4;
+        let c4 = item % dim4;
+        var acc: array<vec4<f32>, 8>;
+        for (var m = 0u; m < len; m++) {
+            var x: vec4<f32>;
+            if is_w {
+                x = load_row4(1u, start + m, kh, p.key_heads, kd, c4) * coef_w[m];
+            } else {
+                x = load_row4(2u, start + m, h, heads, p.value_dim, c4) * beta_c[m];
+            }
+            for (var r = 0u; r < 8u; r++) {
+                acc[r] += t_inv[(8u * block + r) * CP + m] * x;
+            }
+        }
+        let base = select(p.u_at + ch * C * vp4, p.w_at + ch * C * kp4, is_w);
+        for (var r = 0u; r < 8u; r++) {
+            scratch[base + (8u * block + r) * dim4 + c4] = acc[r];
+        }
+    }
+    // Qd and Kd: item (row, vec4 column).
+    for (var e = tid; e < C * kp4; e += PREPARE_THREADS) {
+        let i = e / kp4;
+        let c4 = e % kp4;
+        var xq = vec4<f32>(0.0);
+        var xk = vec4<f32>(0.0);
+        if i < len {
+            xq = load_row4(0u, start + i, kh, p.key_heads, kd, c4) * coef_qd[i];
+            xk = load_row4(1u, start + i, kh, p.key_heads, kd, c4) * coef_kd[i];
+        }
+        scratch[p.qd_at + ch * C * kp4 + e] = xq;
+        scratch[p.kd_at + ch * C * kp4 + e] = xk;
+    }
+    // P, a vec4 of a row per thread.
+    for (var e = tid; e < C * C / 4u; e += PREPARE_THREADS) {
+        let i = e / (C / 4u);
+        let j0 = 4u * (e % (C / 4u));
+        scratch[p.p_at + ch * C * C / 4u + e] = vec4<f32>(
+            gram_qk[i * CP + j0],
+            gram_qk[i * CP + j0 + 1u],
+            gram_qk[i * CP + j0 + 2u],
+            gram_qk[i * CP + j0 + 3u],
+        );
+    }
+    if tid == 0u {
+        scratch[p.decay_at + ch] = vec4<f32>(exp(g_cum[C - 1u]), 0.0, 0.0, 0.0);
+    }
+}
+
+// ---- gdn_chunk_state ----
+
+// The tile of S, [K rounded up to 4][VT / 2] column pairs.
+var<workgroup> s_tile: array<vec2<f32>, 2048>;
+// V' of the chunk, [C][VT / 2].
+var<workgroup> v_new: array<vec2<f32>, 512>;
+var<workgroup> seq_chunks: vec2<u32>;
+
+// Thread (rg, cp) of ROW_GROUPS * VT / 2 (cp = column pair, rg = 0..ROW_GROUPS): the products
+// for chunk rows CHUNK_ROWS rg .. CHUNK_ROWS (rg + 1) - 1 and its two columns; the state rows of
+// blocks rg + ROW_GROUPS m (4 rows each).
+@compute @workgroup_size(ROW_GROUPS * VT / 2u)
+fn gdn_chunk_state(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let pairs = VT / 2u;
+    let cp = tid % pairs;
+    let rg = tid / pairs;
+    let h = wid.y;
+    let seq = wid.z;
+    let heads = p.value_heads;
+    let kd = p.key_dim;
+    let vd = p.value_dim;
+    let kp4 = p.kp4;
+    let col = wid.x * VT + 2u * cp;
+    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
+    if tid == 0u {
+        let first = chunk_info[2u * p.chunks + seq];
+        seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
+    }
+    let chunks = workgroupUniformLoad(&seq_chunks);
+
+    let slab = (seq * heads + h) * kd;
+    var s: array<vec2<f32>, 32>;
+    for (var m = 0u; m < ROW_BLOCKS; m++) {
+        let b = rg + ROW_GROUPS * m;
+        for (var e = 0u; e < 4u; e++) {
+            let r = 4u * b + e;
+            var x = vec2<f32>(0.0);
+            if r < kd && col_ok.x {
+                let at = (slab + r) * vd + col;
+                x.x = state[at];
+                if col_ok.y {
+                    x.y = state[at + 1u];
+                }
+            }
+            s[4u * m + e] = x;
+        }
+    }
+
+    for (var n = chunks.x; n < chunks.y; n++) {
+        let ch = n * heads + h;
+        // The tile of S where every thread reads it.
+        for (var m = 0u; m < ROW_BLOCKS; m++) {
+            let b = rg + ROW_GROUPS * m;
+            if b < kp4 {
+                for (var e = 0u; e < 4u; e++) {
+                    s_tile[(4u * b + e) * pairs + cp] = s[4u * m + e];
+                }
+            }
+        }
+        workgroupBarrier();
+
+        // W S and Qd S for this thread's four rows.
+        var ws: array<vec2<f32>, 4>;
+        var qs: array<vec2<f32>, 4>;
+        let w_row = p.w_at + (ch * C + CHUNK_ROWS * rg) * kp4;
+        let q_row = p.qd_at + (ch * C + CHUNK_ROWS * rg) * kp4;
+        for (var r4 = 0u; r4 < kp4; r4++) {
+            let s0 = s_tile[(4u * r4) * pairs + cp];
+            let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
+            let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
+            let s3 = s_tile[(4u * r4 + 3u) * pairs + cp];
+            for (var i = 0u; i < CHUNK_ROWS; i++) {
+                let w = scratch[w_row + i * kp4 + r4];
+                let x = scratch[q_row + i * kp4 + r4];
+                ws[i] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+                qs[i] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
+            }
+        }
+        // V' = U - W S.
+        let u_row = p.u_at + (ch * C + CHUNK_ROWS * rg) * p.vp4 + col / 4u;
+        for (var i = 0u; i < CHUNK_ROWS; i++) {
+            let u4 = scratch[u_row + i * p.vp4];
+            let u = select(u4.xy, u4.zw, (col & 2u) != 0u);
+            v_new[(CHUNK_ROWS * rg + i) * pairs + cp] = u - ws[i];
+        }
+        workgroupBarrier();
+
+        // O = Qd S + P V'.
+        let start = chunk_info[2u * n];
+        let len = chunk_info[2u * n + 1u];
+        let p_row = p.p_at + (ch * C + CHUNK_ROWS * rg) * (C / 4u);
+        for (var j4 = 0u; j4 < C / 4u; j4++) {
+            let v0 = v_new[(4u * j4) * pairs + cp];
+            let v1 = v_new[(4u * j4 + 1u) * pairs + cp];
+            let v2 = v_new[(4u * j4 + 2u) * pairs + cp];
+            let v3 = v_new[(4u * j4 + 3u) * pairs + cp];
+            for (var i = 0u; i < CHUNK_ROWS; i++) {
+                let pw = scratch[p_row + i * (C / 4u) + j4];
+                qs[i] += pw.x * v0 + pw.y * v1 + pw.z * v2 + pw.w * v3;
+            }
+        }
+        for (var i = 0u; i < CHUNK_ROWS; i++) {
+            let row = CHUNK_ROWS * rg + i;
+            if row < len && col_ok.x {
+                store_o(((start + row) * heads + h) * vd + col, qs[i], col_ok.y);
+            }
+        }
+
+        // S <- exp(G_last) S + Kd^T V'.
+        let decay = scratch[p.decay_at + ch].x;
+        for (var m = 0u; m < ROW_BLOCKS; m++) {
+            for (var e = 0u; e < 4u; e++) {
+                s[4u * m + e] *= decay;
+            }
+        }
+        let kd_base = p.kd_at + ch * C * kp4;
+        for (var jj = 0u; jj < C; jj++) {
+            let vj = v_new[jj * pairs + cp];
+            for (var m = 0u; m < ROW_BLOCKS; m++) {
+                let b = rg + ROW_GROUPS * m;
+                if b < kp4 {
+                    let kv = scratch[kd_base + jj * kp4 + b];
+                    s[4u * m] += kv.x * vj;
+                    s[4u * m + 1u] += kv.y * vj;
+                    s[4u * m + 2u] += kv.z * vj;
+                    s[4u * m + 3u] += kv.w * vj;
+                }
+            }
+        }
+        // The next chunk writes s_tile and v_new only after its first barrier, which every
+        // thread reaches after this chunk's reads.
+    }
+
+    for (var m = 0u; m < ROW_BLOCKS; m++) {
+        let b = rg + ROW_GROUPS * m;
+        for (var e = 0u; e < 4u; e++) {
+            let r = 4u * b + e;
+            if r < kd && col_ok.x {
+                let at = (slab + r) * vd + col;
+                state[at] = s[4u * m + e].x;
+                if col_ok.y {
+                    state[at + 1u] = s[4u * m + e].y;
+                }
+            }
+        }
+    }
+}

@@ -56,7 +56,7 @@ last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
 mode=${1:?usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
-# `.carry/prefill_lab [T]` (`prefill_lab3`: its prepare at 3 blocks per SM).
+# `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
 kv_lab_build() {
     local cuda=/opt/cu13/nvidia/cu13 nvcc=nvcc
     command -v nvcc >/dev/null || nvcc=$cuda/bin/nvcc
@@ -120,7 +120,7 @@ for line in sys.stdin:
     strip .carry/deltakv .carry/tests/*
     kv_lab_build .carry/kv_lab
     kv_lab_build .carry/prefill_lab tools/prefill-lab/prefill_lab.cu
-    kv_lab_build .carry/prefill_lab3 tools/prefill-lab/prefill_lab.cu -DPF_PREPARE_BLOCKS_PER_SM=3
+    kv_lab_build .carry/prefill_lab2 tools/prefill-lab/prefill_lab.cu -DPF_PREPARE_BLOCKS_PER_SM=2
     [ -d .whl ] || bash ../shared/tools/fla-wheels.sh .whl
     build_python
     du -sh .carry .whl

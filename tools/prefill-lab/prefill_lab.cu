@@ -10,8 +10,8 @@
 // l2 norm fused (raw q and k in, the normalised copies written).
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -o prefill_lab tools/prefill-lab/prefill_lab.cu
-//        (add -DPF_PREPARE_BLOCKS_PER_SM=3 for the prepare at 80 registers, 3 blocks per SM;
-//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab3)
+//        (add -DPF_PREPARE_BLOCKS_PER_SM=2 for the prepare at 128 registers, 2 blocks per SM;
+//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab2)
 // Run:   prefill_lab [T]
 #include <cuda_runtime.h>
 

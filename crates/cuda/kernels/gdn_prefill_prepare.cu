@@ -11,12 +11,13 @@
 #define PF_MARK(phase)
 #endif
 #define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
-// Prepare blocks per SM: 2 (128 registers: K K^T and T's hi fragments stay in registers) or 3
-// (80 registers: T's fragments are read per column tile in W and U; twice the shared-memory
-// reads there). A switch for tools/prefill-lab, which builds both; the launcher's shared
-// memory fits either at K = V = 128 with two value heads per block.
+// Prepare blocks per SM: 3, the library's (80 registers: T's fragments are read per column
+// tile in W and U), or 2 (128 registers: K K^T and T's hi fragments stay in registers, half
+// the shared-memory reads in W and U; slower on the H100, kernel log row 18). A switch for
+// tools/prefill-lab, which builds both; the launcher's shared memory fits either at
+// K = V = 128 with two value heads per block.
 #ifndef PF_PREPARE_BLOCKS_PER_SM
-#define PF_PREPARE_BLOCKS_PER_SM 2
+#define PF_PREPARE_BLOCKS_PER_SM 3
 #endif
 
 // T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][LDF] in shared memory, overwritten)

@@ -1,7 +1,7 @@
 // Compressed-KV lab: times deltakv's attention over the paged compressed cache (the library's
-// tensor-core kernels, included as they are, beside candidate kernels from attend_v3.cuh and
-// attend_v4.cuh) and its encode (the library's Hadamard kernel beside encode_v3.cuh and
-// encode_v4.cuh) on one GPU in one process, with a
+// tensor-core kernels, included as they are, beside candidate kernels from attend_v3.cuh) and
+// its encode (the library's Hadamard kernel beside encode_v3.cuh) on one GPU in one process,
+// with a
 // device copy and a device read measured in the same run. Every attention output is checked
 // against a plain f64 reference kernel here (rel_rms; FAIL past 1e-5), every encode's pool word
 // for word against the library kernel (which the Rust suite checks against the CPU codec).
@@ -35,9 +35,7 @@
 #include "../../crates/cuda/kernels/kv_attend_pages.cu"
 #include "../../crates/cuda/kernels/kv_encode.cu"
 #include "attend_v3.cuh"
-#include "attend_v4.cuh"
 #include "encode_v3.cuh"
-#include "encode_v4.cuh"
 
 #define CHECK(x)                                                                              \
     do {                                                                                      \
@@ -564,12 +562,6 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
     if (d == 64) {
         runs.push_back(make_run(c, scale, "pages library kv_attend_pages_k4v2_d64",
                                 (const void*)kv_attend_pages_k4v2_d64, pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "v4 kp + vp d64", (const void*)kv4_d64_kpvp, pages_smem,
-                                c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "v4 kp half + vp d64", (const void*)kv4_d64_kphalf_vp,
-                                pages_smem, c.page_tokens, 0));
-        runs.push_back(make_run(c, scale, "v4 step32 + kp half + vp d64",
-                                (const void*)kv4_d64_step32_kphalf_vp, pages_smem, c.page_tokens, 0));
     } else if (d == 128) {
         runs.push_back(make_run(c, scale, "v2 library kv_attend_mma_k4v2_d128",
                                 (const void*)kv_attend_mma_k4v2_d128, v2_smem, 16, 0));
@@ -584,18 +576,6 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 v3s3, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "pages library, 2x splits",
                                 (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, -2));
-        const struct {
-            const char* name;
-            const void* kernel;
-        } v4[] = {{"v4 keys prmt (kp)", (const void*)kv4_d128_kp},
-                  {"v4 values prmt (vp)", (const void*)kv4_d128_vp},
-                  {"v4 kp + vp", (const void*)kv4_d128_kpvp},
-                  {"v4 kp on half the keys + vp", (const void*)kv4_d128_kphalf_vp},
-                  {"v4 kp half + vp half", (const void*)kv4_d128_kphalf_vphalf},
-                  {"v4 kp on a quarter of the keys + vp", (const void*)kv4_d128_kpquarter_vp},
-                  {"v4 step32 + kp half + vp", (const void*)kv4_d128_step32_kphalf_vp}};
-        for (const auto& v : v4)
-            runs.push_back(make_run(c, scale, v.name, v.kernel, pages_smem, c.page_tokens, 0));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
         runs.back().check = false;
@@ -695,8 +675,6 @@ static void encode_lab() {
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},
                         {"pred + register nearest + next prefetched", (const void*)kv3_encode_pred_reg_next},
                         {"pred + grid (keys) / compares (values)", (const void*)kv3_encode_pred_grid},
-                        {"v4 four lanes per vector, 4 blocks/SM", (const void*)kv4_encode_lanes4_b4},
-                        {"v4 four lanes per vector, 5 blocks/SM", (const void*)kv4_encode_lanes4_b5},
                         {"ablation of grid: f32 sqrt/div (no check)", (const void*)kv3_abl_f64},
                         {"ablation of grid: no lane butterflies (no check)", (const void*)kv3_abl_lanes},
                         {"ablation of grid: no search (no check)", (const void*)kv3_abl_search},

@@ -41,6 +41,15 @@
 #                                   # signatures against the f64 references, zero copies, the
 #                                   # stream handshake) and the patched tiny Qwen3-Next on CUDA,
 #                                   # then the rest of the suite; logs and figures under $OUT.
+#   tools/gpu-check.sh build-candle # here: deltakv-candle's `candle-cuda` build (candle's CUDA
+#                                   # backend beside deltakv's: nvcc 13.0 from /opt/cu13, CCCL
+#                                   # headers from pip, link stubs for the driver's libraries),
+#                                   # its tests and example in .carry/candle, the CUDA test and the
+#                                   # example packed in .carry/candle.tar.xz (~11 MB)
+#   tools/gpu-check.sh candle-cuda  # there, carrying .carry/candle.tar.xz: the candle ops on
+#                                   # candle's CUDA tensors against the f64 oracles
+#                                   # (tests/cuda.rs), compute-sanitizer memcheck over them, the
+#                                   # Qwen3-Next layer example on cpu and cuda; logs in $OUT.
 #   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
 #                                   # skipping; the KV suite included), then `bench gdn` and
@@ -53,7 +62,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda}
+mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
 # `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
@@ -87,7 +96,76 @@ for line in sys.stdin:
     du -sh .carry/python
 }
 
+# candle's CUDA build (deltakv-candle's `candle-cuda` feature) on a machine without the driver:
+# nvcc and NVRTC 13.0 from pip's wheels under $CUDA_WHEELS (default /opt/cu13/nvidia/cu13),
+# CCCL's headers from pip, and link stubs for libcuda, cuBLAS, cuBLASLt and cuRAND
+# (tools/cuda_link_stubs.py); the GPU machine's real libraries load at run time. The test
+# executables and the example go to .carry/candle.
+build_candle() {
+    local cuda=${CUDA_WHEELS:-/opt/cu13/nvidia/cu13} root=$PWD/target/candle-cuda-toolkit
+    [ -x "$cuda/bin/nvcc" ] || { echo "build-candle: no nvcc under $cuda (set CUDA_WHEELS)" >&2; exit 1; }
+    mkdir -p "$root/include"
+    [ -d "$root/cccl/nvidia/cu13/include/cccl" ] ||
+        python3 -m pip install -q --disable-pip-version-check --no-deps --target "$root/cccl" nvidia-cuda-cccl==13.0.85
+    python3 tools/cuda_link_stubs.py "$root/lib64"
+    ln -sf "$cuda/lib/libnvrtc.so.13" "$root/lib64/libnvrtc.so"
+    ln -sf "$cuda/lib/libcudart.so.13" "$root/lib64/libcudart.so"
+    ln -sfn "$cuda/bin" "$root/bin"
+    for f in "$cuda"/include/* "$root"/cccl/nvidia/cu13/include/*; do ln -sfn "$f" "$root/include/${f##*/}"; done
+    local cccl=$root/cccl/nvidia/cu13/include
+    export CUDA_HOME=$root PATH=$root/bin:$PATH CUDA_COMPUTE_CAP=90 CARGO_TARGET_DIR=$PWD/target/candle-cuda
+    export NVCC_APPEND_FLAGS="-I$cccl/cccl -I$cccl"
+    rm -rf .carry/candle && mkdir -p .carry/candle
+    cargo test --release -p deltakv-candle --features candle-cuda --no-run --message-format=json |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".carry/candle/" + m["target"]["name"])
+'
+    cargo build --release -p deltakv-candle --features candle-cuda --example qwen3_next_gdn
+    cp "$CARGO_TARGET_DIR/release/examples/qwen3_next_gdn" .carry/candle/
+    strip .carry/candle/*
+    # Each executable holds candle's kernels (~40 MB); the GPU run needs the CUDA test and the
+    # example, packed small enough to carry beside other things.
+    tar -C .carry/candle -cJf .carry/candle.tar.xz cuda qwen3_next_gdn
+    ls -la .carry/candle .carry/candle.tar.xz
+}
+
 case "$mode" in
+build-candle)
+    build_candle
+    ;;
+candle-cuda)
+    out=${OUT:-gpu-check-out}
+    mkdir -p "$out/candle"
+    log=$out/candle
+    nvidia-smi -L > "$log/gpu.txt" 2>&1 || true
+    ldconfig -p | grep -E "libcuda.so|libcublas|libcurand|libcudart|libnvrtc" > "$log/libs.txt" 2>&1 || true
+    bin=$(mktemp -d)
+    tar -C "$bin" -xJf .carry/candle.tar.xz
+    status=0
+    echo "== tests/cuda.rs" | tee -a "$log/summary.txt"
+    if "$bin/cuda" --nocapture --test-threads 1 > "$log/test-cuda.txt" 2>&1; then
+        grep -E "test result|skipped|qwen3-next layer" "$log/test-cuda.txt" | tee -a "$log/summary.txt"
+    else
+        status=1
+        tail -n 30 "$log/test-cuda.txt" | tee -a "$log/summary.txt"
+    fi
+    echo "== memcheck over tests/cuda.rs" | tee -a "$log/summary.txt"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/cuda" --test-threads 1 \
+        > "$log/memcheck.txt" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|test result" "$log/memcheck.txt" | tee -a "$log/summary.txt"
+    for tokens in 200 4096; do
+        for dev in cpu cuda; do
+            echo "== example $tokens $dev" | tee -a "$log/summary.txt"
+            "$bin/qwen3_next_gdn" "$tokens" "$dev" 2>&1 | tee -a "$log/summary.txt" || status=1
+        done
+    done
+    tar -czf "$out/candle-logs.tar.gz" -C "$out" candle
+    exit $status
+    ;;
 build-py)
     build_python
     ;;

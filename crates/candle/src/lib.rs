@@ -13,8 +13,10 @@
 //!   example `qwen3_next_gdn` runs it).
 //!
 //! The math, shapes and rules are deltakv's contract (`docs/contract.md`); errors carry
-//! deltakv's one-line message. CPU tensors only in this version: a CUDA tensor gets candle's
-//! "no cuda implementation for deltakv-gdn-..." error.
+//! deltakv's one-line message. CPU tensors run deltakv's CPU kernels; with the `candle-cuda` feature
+//! (candle's CUDA build beside deltakv's CUDA backend) CUDA tensors run deltakv's CUDA kernels
+//! on candle's memory and stream, with outputs in buffers candle owns. Without it a CUDA
+//! tensor gets candle's "no cuda implementation for deltakv-gdn-..." error.
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -36,6 +38,8 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+#[cfg(feature = "candle-cuda")]
+mod cuda;
 mod ops;
 pub mod qwen3_next;
 

@@ -1,4 +1,5 @@
-//! The two ops: candle's CPU storage viewed as deltakv host views, the kernels run in place.
+//! The two ops: candle's CPU storage viewed as deltakv host views (and, with the `candle-cuda`
+//! feature, candle's CUDA storage as deltakv device tensors), the kernels run in place.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -13,7 +14,7 @@ fn err(e: deltakv::Error) -> Error {
 }
 
 /// Elements `start..end` of a contiguous layout, or an error naming the tensor.
-fn range(name: &str, layout: &Layout) -> Result<(usize, usize)> {
+pub(crate) fn range(name: &str, layout: &Layout) -> Result<(usize, usize)> {
     layout.contiguous_offsets().ok_or_else(|| {
         Error::Msg(format!(
             "tensor `{name}` is not contiguous (deltakv reads tensors in place)"
@@ -81,10 +82,16 @@ impl<'a> Locked<'a> {
         match &*self.storage {
             Storage::Cpu(s) => view(self.name, s, self.layout),
             _ => Err(Error::Msg(format!(
-                "tensor `{}` is not on the CPU (deltakv's candle ops run on the CPU)",
+                "tensor `{}` is not on the CPU, where q, k and v are",
                 self.name
             ))),
         }
+    }
+
+    /// The locked storage and its layout (the CUDA path borrows them as device tensors).
+    #[cfg(feature = "candle-cuda")]
+    fn parts(&self) -> (&Storage, &Layout) {
+        (&self.storage, self.layout)
     }
 }
 
@@ -144,6 +151,9 @@ struct Prefill {
     options: GdnOptions,
     mode: PrefillMode,
     final_state: Mutex<Option<HostTensor>>,
+    /// On CUDA: the final state's buffer `[N, H, K, V]` f32, allocated before the call.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    final_state_buffer: Option<Tensor>,
 }
 
 impl CustomOp3 for Prefill {
@@ -179,13 +189,66 @@ impl CustomOp3 for Prefill {
         put(&self.final_state, out.final_state);
         Ok(into_storage(out.o))
     }
+
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let buffer = self
+            .final_state_buffer
+            .as_ref()
+            .ok_or_else(|| Error::Msg("deltakv's CUDA prefill has no final-state buffer".into()))?;
+        let (g, beta) = (Locked::new("g", &self.g), Locked::new("beta", &self.beta));
+        let initial_state = lock_opt("initial_state", &self.initial_state);
+        let cu_seqlens = lock_opt("cu_seqlens", &self.cu_seqlens);
+        let state = Locked::new("final_state", buffer);
+        crate::cuda::prefill(
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            g.parts(),
+            beta.parts(),
+            initial_state.as_ref().map(Locked::parts),
+            cu_seqlens.as_ref().map(Locked::parts),
+            state.parts(),
+            &self.options,
+        )
+    }
 }
 
-/// GDN prefill (deltakv's CPU kernels) on candle tensors: q, k `[B, T, Hg, K]`, v
-/// `[B, T, H, V]` (one float dtype), g, beta `[B, T, H]` float, optional `initial_state`
-/// `[N, H, K, V]` f32 and `cu_seqlens` `[N + 1]` i32/i64 (then B == 1). Returns
-/// `(o [B, T, H, V] in v's dtype, final_state [N, H, K, V] f32)`. Non-contiguous inputs are
-/// made contiguous first (candle's `contiguous`, a no-op for contiguous ones).
+/// `[N, H, K, V]` f32 for a prefill of `q` `[B, T, Hg, K]` and `v` `[B, T, H, V]` (N: B, or the
+/// number of `cu_seqlens` sequences); a placeholder when the ranks are wrong (the contract's
+/// check then names the bad tensor).
+fn final_state_shape(q: &Tensor, v: &Tensor, cu_seqlens: Option<&Tensor>) -> Vec<usize> {
+    match (q.dims(), v.dims()) {
+        (&[batch, _, _, key_dim], &[_, _, value_heads, value_dim]) => {
+            let sequences = match cu_seqlens.map(Tensor::dims) {
+                Some(&[len]) => len.saturating_sub(1),
+                Some(_) => 0,
+                None => batch,
+            };
+            vec![sequences, value_heads, key_dim, value_dim]
+        }
+        _ => vec![0],
+    }
+}
+
+/// GDN prefill on candle tensors: q, k `[B, T, Hg, K]`, v `[B, T, H, V]` (one float dtype), g,
+/// beta `[B, T, H]` float, optional `initial_state` `[N, H, K, V]` f32 and `cu_seqlens`
+/// `[N + 1]` i32/i64 (then B == 1). Returns `(o [B, T, H, V] in v's dtype, final_state
+/// [N, H, K, V] f32)`. Non-contiguous inputs are made contiguous first (candle's `contiguous`,
+/// a no-op for contiguous ones).
+///
+/// CPU tensors run deltakv's CPU kernels (`mode` picks the chunked or the token-by-token
+/// form). CUDA tensors (feature `candle-cuda`; every tensor on one GPU) run deltakv's chunked CUDA
+/// kernels in either mode (bf16 products, f32 accumulation and states: o within ~4e-3 of the
+/// f64 oracle), on candle's stream; their values are not checked on the host.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_prefill(
     q: &Tensor,
@@ -198,6 +261,14 @@ pub fn gdn_prefill(
     options: &GdnOptions,
     mode: PrefillMode,
 ) -> Result<(Tensor, Tensor)> {
+    let final_state_buffer = match q.device() {
+        candle_core::Device::Cpu => None,
+        device => Some(Tensor::zeros(
+            final_state_shape(q, v, cu_seqlens),
+            candle_core::DType::F32,
+            device,
+        )?),
+    };
     let op = Prefill {
         g: g.contiguous()?,
         beta: beta.contiguous()?,
@@ -206,11 +277,15 @@ pub fn gdn_prefill(
         options: options.clone(),
         mode,
         final_state: Mutex::new(None),
+        final_state_buffer,
     };
     let o = q
         .contiguous()?
         .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
-    let final_state = into_tensor(take(&op.final_state, "prefill")?)?;
+    let final_state = match op.final_state_buffer {
+        Some(buffer) => buffer,
+        None => into_tensor(take(&op.final_state, "prefill")?)?,
+    };
     Ok((o, final_state))
 }
 
@@ -240,6 +315,9 @@ struct Decode {
     fused: bool,
     options: DecodeOptions,
     out: Mutex<Option<deltakv::gdn::DecodeOutput>>,
+    /// On CUDA: `o` and the intermediate states' buffers, allocated before the call.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    device_outputs: Option<(Tensor, Option<Tensor>)>,
 }
 
 const DIRECT_NAMES: [&str; 2] = ["g", "beta"];
@@ -293,6 +371,58 @@ impl InplaceOp3 for Decode {
         put(&self.out, out);
         Ok(())
     }
+
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        pool: &mut candle_core::CudaStorage,
+        pool_layout: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let (o, states) = self
+            .device_outputs
+            .as_ref()
+            .ok_or_else(|| Error::Msg("deltakv's CUDA decode has no output buffers".into()))?;
+        let v = Locked::new("v", &self.v);
+        let slots = Locked::new("slot_indices", &self.slot_indices);
+        let names: &[&'static str] = if self.fused {
+            &FUSED_NAMES
+        } else {
+            &DIRECT_NAMES
+        };
+        let gates: Vec<Locked<'_>> = names
+            .iter()
+            .zip(&self.gates)
+            .map(|(name, t)| Locked::new(name, t))
+            .collect();
+        let gate_parts: Vec<(&'static str, &Storage, &Layout)> = gates
+            .iter()
+            .map(|l| {
+                let (s, layout) = l.parts();
+                (l.name, s, layout)
+            })
+            .collect();
+        let o = Locked::new("o", o);
+        let states = states
+            .as_ref()
+            .map(|t| Locked::new("intermediate_states", t));
+        crate::cuda::decode(
+            (pool, pool_layout),
+            (s2, l2),
+            (s3, l3),
+            v.parts(),
+            slots.parts(),
+            &gate_parts,
+            crate::cuda::DecodeBuffers {
+                o: o.parts(),
+                intermediate_states: states.as_ref().map(Locked::parts),
+            },
+            &self.options,
+        )
+    }
 }
 
 /// The address of a tensor's storage (equal for tensors sharing one allocation).
@@ -301,11 +431,13 @@ fn storage_address(t: &Tensor) -> usize {
     &*storage as *const Storage as usize
 }
 
-/// GDN decode (deltakv's CPU kernels) on candle tensors, updating `state_pool` `[S, H, K, V]`
-/// (f32 or bf16, contiguous) in place: row `b` advances slot `slot_indices[b]` (`[B]` i32/i64;
-/// negative skips the row) by its T <= 16 tokens. q, k `[B, T, Hg, K]`, v `[B, T, H, V]`.
-/// Returns `(o [B, T, H, V] in v's dtype, intermediate states [B, T, H, K, V] f32 when
-/// `options.intermediate_states`)`. No input may share storage with the pool.
+/// GDN decode on candle tensors, updating `state_pool` `[S, H, K, V]` (f32 or bf16, contiguous)
+/// in place: row `b` advances slot `slot_indices[b]` (`[B]` i32/i64; negative skips the row) by
+/// its T <= 16 tokens. q, k `[B, T, Hg, K]`, v `[B, T, H, V]`. Returns `(o [B, T, H, V] in v's
+/// dtype, intermediate states [B, T, H, K, V] f32 when `options.intermediate_states`)`. No
+/// input may share storage with the pool. CPU tensors run deltakv's CPU kernels; CUDA tensors
+/// (feature `candle-cuda`, every tensor on one GPU) its CUDA kernels on candle's stream, in f32 like
+/// the CPU (the slot indices are read to the host to check them; other values are not).
 pub fn gdn_decode(
     q: &Tensor,
     k: &Tensor,
@@ -337,7 +469,20 @@ pub fn gdn_decode(
             )));
         }
     }
+    let device_outputs = match q.device() {
+        candle_core::Device::Cpu => None,
+        device => {
+            let (o_shape, states_shape) = decode_output_shapes(q, v);
+            let o = Tensor::zeros(o_shape, v.dtype(), device)?;
+            let states = options
+                .intermediate_states
+                .then(|| Tensor::zeros(states_shape, candle_core::DType::F32, device))
+                .transpose()?;
+            Some((o, states))
+        }
+    };
     let op = Decode {
+        device_outputs,
         v: v.contiguous()?,
         slot_indices: slot_indices.contiguous()?,
         gates: gates
@@ -349,9 +494,25 @@ pub fn gdn_decode(
         out: Mutex::new(None),
     };
     state_pool.inplace_op3(&q.contiguous()?, &k.contiguous()?, &op)?;
+    if let Some(outputs) = op.device_outputs {
+        return Ok(outputs);
+    }
     let out = take(&op.out, "decode")?;
     Ok((
         into_tensor(out.o)?,
         out.intermediate_states.map(into_tensor).transpose()?,
     ))
+}
+
+/// `(o [B, T, H, V], intermediate states [B, T, H, K, V])` of a decode of `q` `[B, T, Hg, K]`
+/// and `v` `[B, T, H, V]`; placeholders when the ranks are wrong (the contract's check then
+/// names the bad tensor).
+fn decode_output_shapes(q: &Tensor, v: &Tensor) -> (Vec<usize>, Vec<usize>) {
+    match (q.dims(), v.dims()) {
+        (&[.., key_dim], &[batch, tokens, value_heads, value_dim]) => (
+            vec![batch, tokens, value_heads, value_dim],
+            vec![batch, tokens, value_heads, key_dim, value_dim],
+        ),
+        _ => (vec![0], vec![0]),
+    }
 }

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! [`GdnCore::Reference`] runs the recurrence in plain candle ops instead (f32, token by
-//! token): the test holds deltakv's layer to it.
+//! token): the test holds deltakv's layer to it. The layer runs where its weights and cache
+//! are: on the CPU, or on a CUDA device ([`GatedDeltaNetLayer::to_device`],
+//! [`LayerCache::new_on`]) with the `candle-cuda` feature.
 
 use crate::ops::{Gates, gdn_decode, gdn_prefill};
 use candle_core::{D, DType, Device, Result, Tensor};
@@ -55,7 +57,8 @@ impl GdnLayerConfig {
 /// Which implementation of the recurrence the layer calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GdnCore {
-    /// deltakv's CPU kernels through [`gdn_prefill`] and [`gdn_decode`].
+    /// deltakv's kernels (CPU or CUDA, where the tensors are) through [`gdn_prefill`] and
+    /// [`gdn_decode`].
     Deltakv,
     /// The recurrence in plain candle ops (f32), the test's reference.
     Reference,
@@ -92,15 +95,25 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
-    /// An empty cache for `batch` sequences in slots `slots` of a pool of `pool_slots`.
+    /// An empty cache on the CPU for `batch` sequences in slots `slots` of a pool of
+    /// `pool_slots`.
     pub fn new(config: &GdnLayerConfig, slots: &[i64], pool_slots: usize) -> Result<Self> {
-        let dev = Device::Cpu;
+        Self::new_on(config, slots, pool_slots, &Device::Cpu)
+    }
+
+    /// [`LayerCache::new`] on `dev`.
+    pub fn new_on(
+        config: &GdnLayerConfig,
+        slots: &[i64],
+        pool_slots: usize,
+        dev: &Device,
+    ) -> Result<Self> {
         let batch = slots.len();
         Ok(Self {
             conv_state: Tensor::zeros(
                 (batch, config.conv_kernel - 1, config.conv_dim()),
                 DType::F32,
-                &dev,
+                dev,
             )?,
             state_pool: Tensor::zeros(
                 (
@@ -110,9 +123,9 @@ impl LayerCache {
                     config.value_dim,
                 ),
                 DType::F32,
-                &dev,
+                dev,
             )?,
-            slots: Tensor::new(slots, &dev)?,
+            slots: Tensor::new(slots, dev)?,
         })
     }
 }
@@ -156,6 +169,20 @@ impl GatedDeltaNetLayer {
             norm_weight: (random(&mut rng, &[c.value_dim], 0.1)? + 1.0)?,
             out_proj: random(&mut rng, &[c.hidden, hv], (hv as f64).powf(-0.5))?,
             config,
+        })
+    }
+
+    /// The same weights on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Self> {
+        Ok(Self {
+            config: self.config,
+            in_proj_qkvz: self.in_proj_qkvz.to_device(device)?,
+            in_proj_ba: self.in_proj_ba.to_device(device)?,
+            conv_weight: self.conv_weight.to_device(device)?,
+            a_log: self.a_log.to_device(device)?,
+            dt_bias: self.dt_bias.to_device(device)?,
+            norm_weight: self.norm_weight.to_device(device)?,
+            out_proj: self.out_proj.to_device(device)?,
         })
     }
 

@@ -2,40 +2,20 @@
 //! 63, 65, 1000, varlen, GQA, K != V, f32 and bf16), the whole decode suite that every backend
 //! runs (with its tolerances), the pool updated in place, and errors.
 
+mod common;
+
 use candle_core::{Device, Tensor};
-use deltakv::gdn::decode::check::{BackendRun, decode_suite, run_decode_check};
-use deltakv::gdn::decode::random::DecodeCase;
+use common::{candle_backend, to_host};
+use deltakv::gdn::decode::check::{decode_suite, run_decode_check};
 use deltakv::gdn::prefill::oracle::gdn_reference;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{DecodeOptions, GdnOptions, PrefillMode};
 use deltakv::metrics::rel_rms;
-use deltakv::{DType, HostTensor, TensorData};
+use deltakv::{DType, HostTensor};
 use deltakv_candle::{Gates, gdn_decode, gdn_prefill};
 
-/// A host tensor as a candle CPU tensor (one copy, test setup only).
 fn to_candle(t: &HostTensor) -> Tensor {
-    let dev = Device::Cpu;
-    let shape = t.shape().to_vec();
-    match t.data() {
-        TensorData::F32(v) => Tensor::from_vec(v.clone(), shape, &dev),
-        TensorData::F16(v) => Tensor::from_vec(v.clone(), shape, &dev),
-        TensorData::BF16(v) => Tensor::from_vec(v.clone(), shape, &dev),
-        TensorData::I32(v) => Tensor::from_vec(v.clone(), shape, &dev),
-        TensorData::I64(v) => Tensor::from_vec(v.clone(), shape, &dev),
-    }
-    .unwrap()
-}
-
-fn to_host(t: &Tensor) -> HostTensor {
-    let shape = t.dims().to_vec();
-    let flat = t.flatten_all().unwrap();
-    let data = match t.dtype() {
-        candle_core::DType::F32 => TensorData::F32(flat.to_vec1().unwrap()),
-        candle_core::DType::F16 => TensorData::F16(flat.to_vec1().unwrap()),
-        candle_core::DType::BF16 => TensorData::BF16(flat.to_vec1().unwrap()),
-        other => panic!("unexpected dtype {other:?}"),
-    };
-    HostTensor::new(shape, data).unwrap()
+    common::to_candle(t, &Device::Cpu)
 }
 
 #[test]
@@ -94,47 +74,14 @@ fn prefill_matches_the_oracle() {
     }
 }
 
-/// The decode suite's backend: the case's tensors as candle tensors, the candle op, the
-/// results back as host tensors.
-fn candle_backend(case: &DecodeCase, options: &DecodeOptions) -> deltakv::Result<BackendRun> {
-    let pool = to_candle(&case.state_pool);
-    let [q, k, v, slots] = [&case.q, &case.k, &case.v, &case.slot_indices].map(to_candle);
-    let gate = |name: &str| case.gate(name).map(to_candle);
-    let (g, beta, a, b, a_log, dt_bias) = (
-        gate("g"),
-        gate("beta"),
-        gate("a"),
-        gate("b"),
-        gate("A_log"),
-        gate("dt_bias"),
-    );
-    let gates = match (&g, &beta, &a, &b, &a_log, &dt_bias) {
-        (Some(g), Some(beta), ..) => Gates::Direct { g, beta },
-        (_, _, Some(a), Some(b), Some(a_log), Some(dt_bias)) => Gates::Fused {
-            a,
-            b,
-            a_log,
-            dt_bias,
-        },
-        _ => panic!("case without gates"),
-    };
-    let (o, states) = gdn_decode(&q, &k, &v, gates, &slots, &pool, options)
-        .map_err(|e| deltakv::Error::InvalidValue(e.to_string()))?;
-    Ok(BackendRun {
-        output: deltakv::gdn::DecodeOutput {
-            o: to_host(&o),
-            intermediate_states: states.as_ref().map(to_host),
-        },
-        pool: to_host(&pool),
-    })
-}
-
 #[test]
 fn the_decode_suite_through_candle() {
     let suite = decode_suite();
     assert!(suite.len() > 40);
     for check in &suite {
-        if let Err(e) = run_decode_check(check, &candle_backend) {
+        if let Err(e) = run_decode_check(check, &|case, options| {
+            candle_backend(&Device::Cpu, case, options)
+        }) {
             panic!("{e}");
         }
     }

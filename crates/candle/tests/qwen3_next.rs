@@ -3,23 +3,11 @@
 //! sequences in slots of a pool, then decode steps (deltakv's in-place decode with fused
 //! gating); and the prompt + decode equal one longer prefill.
 
-use candle_core::{Device, Tensor};
-use deltakv_candle::qwen3_next::{GatedDeltaNetLayer, GdnCore, GdnLayerConfig, LayerCache};
+mod common;
 
-fn rel_rms(x: &Tensor, reference: &Tensor) -> f64 {
-    let x = x.to_dtype(candle_core::DType::F64).unwrap();
-    let r = reference.to_dtype(candle_core::DType::F64).unwrap();
-    let diff: f64 = (x - &r)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap();
-    let norm: f64 = r.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
-    (diff / norm).sqrt()
-}
+use candle_core::{Device, Tensor};
+use common::tensor_rel_rms as rel_rms;
+use deltakv_candle::qwen3_next::{GatedDeltaNetLayer, GdnCore, GdnLayerConfig, LayerCache};
 
 fn config() -> GdnLayerConfig {
     GdnLayerConfig {

@@ -28,6 +28,7 @@ pub struct Wgpu {
     subgroups: bool,
     errors: Arc<Mutex<Vec<String>>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    placeholder: wgpu::Buffer,
 }
 
 /// The backends deltakv uses: Vulkan (Linux, Windows, Android) and Metal (Apple).
@@ -133,6 +134,12 @@ impl Wgpu {
         device.set_device_lost_callback(move |reason, message| {
             lock(&sink).push(format!("device lost ({reason:?}): {message}"));
         });
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("deltakv placeholder"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Wgpu {
             device,
             queue,
@@ -140,6 +147,7 @@ impl Wgpu {
             subgroups,
             errors,
             pipelines: Mutex::new(HashMap::new()),
+            placeholder,
         })
     }
 
@@ -180,6 +188,12 @@ impl Wgpu {
 
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
+    }
+
+    /// A 16-byte storage buffer that no shader reads, bound where a kernel's optional output is
+    /// not asked for (made once, so a call allocates nothing for it).
+    pub(crate) fn placeholder(&self) -> &wgpu::Buffer {
+        &self.placeholder
     }
 
     /// `Err` with the first error wgpu reported since the last check (validation, out of

@@ -485,7 +485,8 @@ wgpu)
     .carry/deltakv bench gdn --device cuda --seq-lens 16384 --decode-batches 1,8,32,64,256 \
         --json "$out/cuda-gdn.json" 2>&1 | tee "$out/cuda-bench.txt"
     summary+=("wgpu copy: $(last 'copy on wgpu' "$out/wgpu-bench.txt")")
-    summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/wgpu-bench.txt")")
+    summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32     ' "$out/wgpu-bench.txt")")
+    summary+=("wgpu decode tiles: $(grep -h ' tile ' "$out/wgpu-bench.txt" | sed 's/  */ /g' | tr '\n' ';')")
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill passes (default: 16-column tiles, 16 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")

@@ -46,12 +46,21 @@ pub use tensor::WgpuTensor;
 pub type Constants = &'static [(&'static str, f64)];
 
 /// The recurrent kernel's constants as its launchers set them (rows per thread, column pairs,
-/// bf16 state): decode's 64-column tiles and narrow prefills' 16-column tiles.
+/// bf16 state): the column-pair decode's 64-column tiles and narrow prefills' 16-column tiles.
 const RECURRENT_CONSTANTS: &[Constants] = &[
     &[("ROWS", 4.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
     &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 0.0)],
     &[("ROWS", 16.0), ("COL_PAIRS", 32.0), ("STATE_BF16", 1.0)],
     &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
+];
+
+/// The decode kernel's constants: rows per thread at K <= 32, 64, 128, 256, and both tiles.
+const DECODE_CONSTANTS: &[Constants] = &[
+    &[("QUADS", 8.0), ("ROWS", 4.0)],
+    &[("QUADS", 8.0), ("ROWS", 8.0)],
+    &[("QUADS", 8.0), ("ROWS", 16.0)],
+    &[("QUADS", 32.0), ("ROWS", 16.0)],
+    &[("QUADS", 8.0), ("ROWS", 32.0)],
 ];
 
 /// The chunked prefill's constants: decode's tile and the narrow one, K <= 128 and above.
@@ -89,6 +98,10 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
 /// Every shader of the backend, with sets of its `override` constants (each set is one
 /// pipeline).
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
+    (gdn::recurrent::DECODE_SUBGROUP_F32, DECODE_CONSTANTS),
+    (gdn::recurrent::DECODE_SUBGROUP_BF16, DECODE_CONSTANTS),
+    (gdn::recurrent::DECODE_SHARED_F32, DECODE_CONSTANTS),
+    (gdn::recurrent::DECODE_SHARED_BF16, DECODE_CONSTANTS),
     (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),

@@ -20,6 +20,13 @@ pub const ADAPTER_ENV: &str = "DELTAKV_WGPU_ADAPTER";
 /// workgroup-memory path, as on an adapter without them).
 pub const SUBGROUPS_ENV: &str = "DELTAKV_WGPU_SUBGROUPS";
 
+/// A size in MiB, the environment variable that caps the scratch buffer the runtime keeps
+/// between calls (the chunked prefill's; default 2048, `0` keeps none): a call whose scratch
+/// fits reuses it instead of allocating (and wgpu zero-filling) a new one.
+pub const SCRATCH_CACHE_ENV: &str = "DELTAKV_WGPU_SCRATCH_CACHE_MIB";
+
+const SCRATCH_CACHE_DEFAULT_MIB: u64 = 2048;
+
 /// The GPU (or software device) that deltakv's wgpu ops run on.
 pub struct Wgpu {
     device: wgpu::Device,
@@ -28,6 +35,8 @@ pub struct Wgpu {
     subgroups: bool,
     errors: Arc<Mutex<Vec<String>>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    placeholder: wgpu::Buffer,
+    scratch: Mutex<Option<wgpu::Buffer>>,
 }
 
 /// The backends deltakv uses: Vulkan (Linux, Windows, Android) and Metal (Apple).
@@ -133,6 +142,12 @@ impl Wgpu {
         device.set_device_lost_callback(move |reason, message| {
             lock(&sink).push(format!("device lost ({reason:?}): {message}"));
         });
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("deltakv placeholder"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Wgpu {
             device,
             queue,
@@ -140,6 +155,8 @@ impl Wgpu {
             subgroups,
             errors,
             pipelines: Mutex::new(HashMap::new()),
+            placeholder,
+            scratch: Mutex::new(None),
         })
     }
 
@@ -180,6 +197,38 @@ impl Wgpu {
 
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
+    }
+
+    /// A 16-byte storage buffer that no shader reads, bound where a kernel's optional output is
+    /// not asked for (made once, so a call allocates nothing for it).
+    pub(crate) fn placeholder(&self) -> &wgpu::Buffer {
+        &self.placeholder
+    }
+
+    /// A storage buffer of at least `bytes` for a call's scratch: the one kept from an earlier
+    /// call where it is large enough, else a new one, kept for later calls when it is within
+    /// `DELTAKV_WGPU_SCRATCH_CACHE_MIB`. Calls share it, so a submission must write every
+    /// scratch word it reads before reading it (the queue orders submissions, and wgpu the
+    /// passes within one).
+    pub(crate) fn scratch(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut kept = lock(&self.scratch);
+        if let Some(buffer) = kept.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(buffer.clone());
+        }
+        let cap_mib = std::env::var(SCRATCH_CACHE_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(SCRATCH_CACHE_DEFAULT_MIB);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("deltakv scratch"),
+            size: bytes.max(16),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        self.check(&format!("allocating {bytes} bytes of scratch"))?;
+        // A smaller kept buffer is released here (and freed once the launches holding it are).
+        *kept = (bytes <= cap_mib << 20).then(|| buffer.clone());
+        Ok(buffer)
     }
 
     /// `Err` with the first error wgpu reported since the last check (validation, out of

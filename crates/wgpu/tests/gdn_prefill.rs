@@ -202,3 +202,27 @@ fn bad_inputs_are_refused_before_anything_runs() {
         .to_string();
     assert!(err.contains('g'), "{err}");
 }
+
+#[test]
+fn the_kept_scratch_serves_calls_of_other_sizes() {
+    let Some(wgpu) = common::device("prefill scratch") else {
+        return;
+    };
+    // The runtime keeps the chunked prefill's scratch between calls: a long call, a short one
+    // (reusing the long one's buffer and its leftovers), the long one again. Each matches the
+    // oracle, and the repeat is bit-identical to the first.
+    let long = GdnCase::random(&GdnSpec::new(300, 2, 4, 64, 64), 500).unwrap();
+    let short = GdnCase::random(&GdnSpec::new(40, 1, 2, 32, 48), 501).unwrap();
+    let run = |case: &GdnCase| {
+        gdn_prefill(wgpu, &case.inputs(), &options(true), PrefillMode::Chunk).unwrap()
+    };
+    let first = run(&long);
+    check_case(wgpu, "short after long", &short, &options(true));
+    let again = run(&long);
+    assert_eq!(first.o, again.o, "o of the repeated call");
+    assert_eq!(
+        first.final_state, again.final_state,
+        "final state of the repeated call"
+    );
+    check_case(wgpu, "long again", &long, &options(true));
+}

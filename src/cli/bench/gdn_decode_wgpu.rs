@@ -3,11 +3,14 @@
 //! Each figure is the median over samples of back-to-back dispatches in one submission, timed
 //! from submission to idle (`deltakv::wgpu::timing`).
 //!
+//! After the table, the decode kernels and tiles side by side at B = 1 and 256 (`tile` lines:
+//! `quads8`, the default, `quads32` and `pairs`, the column-pair kernel of `recurrent.wgsl`).
+//!
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
 use deltakv::gdn::GdnOptions;
-use deltakv::wgpu::gdn::{UploadedInputs, prepare_decode_launch};
+use deltakv::wgpu::gdn::{DecodeTile, UploadedInputs, prepare_decode_launch_tiled};
 use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
 use deltakv::{DType, Result};
@@ -20,7 +23,6 @@ pub fn run(
     records: &mut Vec<serde_json::Value>,
 ) -> Result<Vec<String>> {
     let wgpu = Wgpu::get()?;
-    let (name, key_heads, value_heads, key_dim, value_dim) = shape;
     let mut lines = vec![format!(
         "GDN decode on wgpu ({}), bf16 q/k/v, fused gating, l2 norm, pool of B slots updated in place; median device time per call over batches of back-to-back dispatches",
         wgpu.describe()
@@ -36,44 +38,86 @@ pub fn run(
         "shader_tb_per_s": rates.shader, "buffer_tb_per_s": rates.buffer}),
     );
     for &(batch, tokens, pool_dtype, intermediate) in configs {
-        let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
-        let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;
-        let inputs = uploaded.inputs()?;
-        let mut pool = WgpuTensor::upload(wgpu, &case.state_pool)?;
-        let dims = [batch, tokens, value_heads];
-        let mut o = WgpuTensor::zeros(wgpu, [&dims[..], &[value_dim]].concat(), DType::BF16)?;
-        let mut states = if intermediate {
-            Some(WgpuTensor::zeros(
-                wgpu,
-                [&dims[..], &[key_dim, value_dim]].concat(),
-                DType::F32,
-            )?)
-        } else {
-            None
-        };
-        let options = GdnOptions {
-            scale: None,
-            use_qk_l2norm: true,
-        };
-        let launch =
-            prepare_decode_launch(wgpu, &inputs, &mut pool, &options, &mut o, states.as_mut())?;
-        let per_sample = if batch >= 64 { 20 } else { 100 };
-        let us = median_dispatch_us(wgpu, per_sample, 15, |n| launch.submit(wgpu, n))?;
-        let pool_bytes =
-            (batch * value_heads * key_dim * value_dim * pool_dtype.size_in_bytes()) as f64;
-        let state_tb_s = 2.0 * pool_bytes / (us * 1e-6) / 1e12;
-        lines.push(format!(
-            "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {:<13} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
-            if intermediate { "+intermediate" } else { "" },
-            us / tokens as f64
-        ));
-        records.push(json!({
-            "op": "gdn_decode", "device": "wgpu", "adapter": wgpu.name(), "shape": name,
-            "B": batch, "T": tokens, "Hg": key_heads, "H": value_heads, "K": key_dim,
-            "V": value_dim, "dtype": "bf16", "pool_dtype": pool_dtype.to_string(),
-            "intermediate_states": intermediate, "fused_gating": true, "use_qk_l2norm": true,
-            "median_us": us, "dispatches_per_sample": per_sample, "state_tb_per_s": state_tb_s,
-        }));
+        let config = (batch, tokens, pool_dtype, intermediate);
+        let (line, record) = time_config(shape, config, DecodeTile::Auto, "")?;
+        lines.push(line);
+        records.push(record);
+    }
+    let tiles = [
+        (DecodeTile::Quads(8), "tile quads8"),
+        (DecodeTile::Quads(32), "tile quads32"),
+        (DecodeTile::Pairs, "tile pairs"),
+    ];
+    let compared = [(1, DType::F32), (256, DType::F32), (256, DType::BF16)];
+    for (batch, pool_dtype) in compared
+        .into_iter()
+        .filter(|_| configs.iter().any(|c| c.0 == 256))
+    {
+        for (tile, label) in tiles {
+            let config = (batch, 1, pool_dtype, false);
+            let (line, mut record) = time_config(shape, config, tile, label)?;
+            record["tile"] = json!(label);
+            lines.push(line);
+            records.push(record);
+        }
     }
     Ok(lines)
+}
+
+/// Times one configuration with `tile`; the table line (its label after the pool) and the
+/// JSON record.
+fn time_config(
+    shape: (&str, usize, usize, usize, usize),
+    (batch, tokens, pool_dtype, intermediate): (usize, usize, DType, bool),
+    tile: DecodeTile,
+    label: &str,
+) -> Result<(String, serde_json::Value)> {
+    let wgpu = Wgpu::get()?;
+    let (name, key_heads, value_heads, key_dim, value_dim) = shape;
+    let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
+    let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;
+    let inputs = uploaded.inputs()?;
+    let mut pool = WgpuTensor::upload(wgpu, &case.state_pool)?;
+    let dims = [batch, tokens, value_heads];
+    let mut o = WgpuTensor::zeros(wgpu, [&dims[..], &[value_dim]].concat(), DType::BF16)?;
+    let mut states = if intermediate {
+        Some(WgpuTensor::zeros(
+            wgpu,
+            [&dims[..], &[key_dim, value_dim]].concat(),
+            DType::F32,
+        )?)
+    } else {
+        None
+    };
+    let options = GdnOptions {
+        scale: None,
+        use_qk_l2norm: true,
+    };
+    let launch = prepare_decode_launch_tiled(
+        wgpu,
+        &inputs,
+        &mut pool,
+        &options,
+        &mut o,
+        states.as_mut(),
+        tile,
+    )?;
+    let per_sample = if batch >= 64 { 20 } else { 100 };
+    let us = median_dispatch_us(wgpu, per_sample, 15, |n| launch.submit(wgpu, n))?;
+    let pool_bytes =
+        (batch * value_heads * key_dim * value_dim * pool_dtype.size_in_bytes()) as f64;
+    let state_tb_s = 2.0 * pool_bytes / (us * 1e-6) / 1e12;
+    let label = if intermediate { "+intermediate" } else { label };
+    let line = format!(
+        "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {label:<13} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
+        us / tokens as f64
+    );
+    let record = json!({
+        "op": "gdn_decode", "device": "wgpu", "adapter": wgpu.name(), "shape": name,
+        "B": batch, "T": tokens, "Hg": key_heads, "H": value_heads, "K": key_dim,
+        "V": value_dim, "dtype": "bf16", "pool_dtype": pool_dtype.to_string(),
+        "intermediate_states": intermediate, "fused_gating": true, "use_qk_l2norm": true,
+        "median_us": us, "dispatches_per_sample": per_sample, "state_tb_per_s": state_tb_s,
+    });
+    Ok((line, record))
 }

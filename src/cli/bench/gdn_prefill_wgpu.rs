@@ -1,7 +1,7 @@
 //! `deltakv bench gdn --device wgpu` (prefill part): device time of one prefill at the model
 //! shapes, inputs resident on the device (copies not counted): the median over samples of a
 //! dispatch timed from submission to idle, for each of `--modes` (chunk: the two passes of
-//! `chunks.wgsl`, each also timed alone; recurrent: the token loop).
+//! `chunks.wgsl`, each also timed alone, then the whole call again; recurrent: the token loop).
 
 use super::gdn::{SHAPES, prefill_flops};
 use deltakv::Result;
@@ -63,6 +63,11 @@ pub fn run(
                         }
                     }
                     if !parts.is_empty() {
+                        // The whole call once more, after the passes: the first figure is taken
+                        // right after the buffers are made, this one with everything warm.
+                        let again = median_dispatch_us(wgpu, 1, 5, |n| prepared.submit(wgpu, n))?;
+                        parts.push(format!("whole call again {:.2} ms", again / 1e3));
+                        passes.insert("again_ms".to_string(), json!(again / 1e3));
                         println!("{:<12} passes: {}", "", parts.join(", "));
                     }
                 }

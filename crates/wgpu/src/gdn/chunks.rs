@@ -2,8 +2,9 @@
 //! `gdn_chunk_prepare` over every (chunk, value head) at once, then `gdn_chunk_state` over
 //! (sequence, value head, tile of value columns), in one compute pass. The prepare pass leaves
 //! W, Qd, Kd (`[chunks, H, 32, ceil(K/4)]` vec4 words each), U, P and the chunk decays in one
-//! f32 scratch buffer; a call whose scratch would not fit one storage binding returns `None`
-//! and the caller runs the single-pass kernel instead.
+//! f32 scratch buffer (the runtime's, kept between calls up to `DELTAKV_WGPU_SCRATCH_CACHE_MIB`:
+//! the prepare pass writes every word the state pass reads); a call whose scratch would not
+//! fit one storage binding returns `None` and the caller runs the single-pass kernel instead.
 
 use super::recurrent::dtype_code;
 use crate::runtime::{ShaderSource, Wgpu};
@@ -76,8 +77,9 @@ pub struct ChunkLaunch {
     prepare_grid: (u32, u32, u32),
     state_grid: (u32, u32, u32),
     tile: usize,
-    /// Kept alive for the bindings.
-    _buffers: (WgpuTensor, WgpuTensor),
+    /// The scratch (shared with other calls: see `Wgpu::scratch`) and the chunk table, kept
+    /// alive for the bindings.
+    _buffers: (wgpu::Buffer, WgpuTensor),
 }
 
 impl ChunkLaunch {
@@ -145,7 +147,7 @@ impl ChunkLaunch {
             _ => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;
-        let scratch = WgpuTensor::zeros(wgpu, vec![4 * words], DType::F32)?;
+        let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
             wgpu,
@@ -217,7 +219,7 @@ impl ChunkLaunch {
                 (4, call.g.buffer()),
                 (5, call.beta.buffer()),
                 (6, table.buffer()),
-                (7, scratch.buffer()),
+                (7, &scratch),
             ],
         );
         let state_group = group(
@@ -225,7 +227,7 @@ impl ChunkLaunch {
             &[
                 (0, &uniform),
                 (6, table.buffer()),
-                (7, scratch.buffer()),
+                (7, &scratch),
                 (8, call.state.buffer()),
                 (9, call.o.buffer()),
             ],

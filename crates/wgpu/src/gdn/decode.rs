@@ -4,14 +4,16 @@
 //! The math, layouts and rules are the contract's (see `deltakv_contract::gdn::decode`): row `b`
 //! reads and writes slot `slot_indices[b]`, a negative index skips the row (zero output, no slot
 //! touched), f32 or bf16 pool (bf16 with an even V) with f32 arithmetic, optional fused gating,
-//! l2 norm and intermediate states. The shader is `recurrent.wgsl`.
+//! l2 norm and intermediate states. The shader is `decode.wgsl` (16-byte state accesses, V a
+//! multiple of 4), else `recurrent.wgsl` (column pairs); [`DecodeTile`] picks one for
+//! comparisons.
 //!
 //! Validation before dispatch: every shape and dtype (the contract's own check), and the slot
 //! indices, which are copied to the host (B integers) to reject out-of-range and duplicate
 //! slots before the pool is touched. Values on the device are not scanned for NaN;
 //! [`gdn_decode_checked`] does it, and [`gdn_decode_host`] runs host tensors with it.
 
-use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
+use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::decode::validate::{
@@ -29,6 +31,32 @@ pub struct WgpuDecodeOutput {
     pub o: WgpuTensor,
     /// `[B, T, H, K, V]` f32 when asked; zeros for skipped rows.
     pub intermediate_states: Option<WgpuTensor>,
+}
+
+/// The kernel and tile of a decode call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeTile {
+    /// `decode.wgsl` with 32-column workgroups where V is a multiple of 4, else
+    /// [`DecodeTile::Pairs`].
+    #[default]
+    Auto,
+    /// `decode.wgsl` with `quads` column quads (4 columns each) per workgroup, 8 or 32 (V a
+    /// multiple of 4).
+    Quads(usize),
+    /// `recurrent.wgsl`: threads own column pairs, 64 columns per workgroup (any V).
+    Pairs,
+}
+
+impl DecodeTile {
+    fn kernel(self, value_dim: usize) -> Kernel {
+        match self {
+            DecodeTile::Auto if value_dim.is_multiple_of(4) => Kernel::Quads { quads: 8 },
+            DecodeTile::Quads(quads) => Kernel::Quads { quads },
+            // 64 columns per workgroup: each row group's 32 threads read 256 contiguous bytes
+            // of an f32 state row.
+            DecodeTile::Auto | DecodeTile::Pairs => Kernel::Pairs { col_pairs: 32 },
+        }
+    }
 }
 
 /// A validated decode call, ready to submit any number of times (each submission advances the
@@ -75,6 +103,27 @@ pub fn prepare_decode_launch(
     o: &mut WgpuTensor,
     intermediate_states: Option<&mut WgpuTensor>,
 ) -> Result<DecodeLaunch> {
+    prepare_decode_launch_tiled(
+        wgpu,
+        inputs,
+        state_pool,
+        options,
+        o,
+        intermediate_states,
+        DecodeTile::Auto,
+    )
+}
+
+/// [`prepare_decode_launch`] with the kernel and tile given (for comparing them).
+pub fn prepare_decode_launch_tiled(
+    wgpu: &Wgpu,
+    inputs: &DecodeInputs<'_, WgpuTensor>,
+    state_pool: &mut WgpuTensor,
+    options: &GdnOptions,
+    o: &mut WgpuTensor,
+    intermediate_states: Option<&mut WgpuTensor>,
+    tile: DecodeTile,
+) -> Result<DecodeLaunch> {
     let DecodeShapes { dims, .. } = validate_on_device(wgpu, inputs, state_pool)?;
     build_launch(
         wgpu,
@@ -84,9 +133,11 @@ pub fn prepare_decode_launch(
         dims,
         o,
         intermediate_states.map(|t| &*t),
+        tile,
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_launch(
     wgpu: &Wgpu,
     inputs: &DecodeInputs<'_, WgpuTensor>,
@@ -95,6 +146,7 @@ fn build_launch(
     dims: GdnDims,
     o: &WgpuTensor,
     intermediate_states: Option<&WgpuTensor>,
+    tile: DecodeTile,
 ) -> Result<DecodeLaunch> {
     let scale = resolve_scale(options, dims.key_dim)?;
     let expect = |name: &str, t: &WgpuTensor, shape: &[usize], dtype: DType| -> Result<()> {
@@ -128,10 +180,7 @@ fn build_launch(
             intermediate: intermediate_states,
             scale,
             l2norm: options.use_qk_l2norm,
-            // 64 columns per workgroup: each row group's 32 threads read 256 contiguous bytes
-            // of an f32 state row.
-            col_pairs: 32,
-            chunked: false,
+            kernel: tile.kernel(dims.value_dim),
         },
     )?;
     Ok(DecodeLaunch { launch })
@@ -160,6 +209,7 @@ fn run_validated(
         dims,
         &o,
         intermediate_states.as_ref(),
+        DecodeTile::Auto,
     )?
     .submit(wgpu, 1)?;
     Ok(WgpuDecodeOutput {

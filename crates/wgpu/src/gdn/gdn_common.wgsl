@@ -1,18 +1,15 @@
-// What the GDN kernels share: their tile shape, parameters, bindings, input loads, gating
-// and output stores. `recurrent.wgsl` (token by token) and `chunk.wgsl` (chunks of tokens)
-// follow it.
+// What the GDN kernels share: their parameters, bindings (all but the state and the
+// intermediate states, whose element types differ between kernels), input loads, gating and
+// output stores. `state_words.wgsl` then `recurrent.wgsl` (token by token) or `chunk.wgsl`
+// (chunks of tokens), or a `decode_state_*.wgsl` then `decode.wgsl` (the decode kernel), follow
+// it.
 
 const ROW_GROUPS: u32 = 8u;
 const MAX_K: u32 = 256u;
-const MAX_COL_PAIRS: u32 = 32u;
 const RESET_GATE: f32 = -80.0;
 
 // Rows per thread: ceil(K / 8), rounded up to 4, 8, 16 or 32.
 override ROWS: u32 = 16u;
-// Threads per row group; a workgroup covers 2 * COL_PAIRS columns (8 or 32).
-override COL_PAIRS: u32 = 32u;
-// The state is bf16 (V even: a thread's column pair is one word); else f32.
-override STATE_BF16: bool = false;
 
 struct Params {
     rows: u32,          // B (decode), or sequences N (prefill)
@@ -47,11 +44,11 @@ struct Params {
 @group(0) @binding(7) var<storage, read> dt_bias: array<u32>;
 // Slot indices [B] (i32 or i64), or varlen token offsets [N + 1] (u32).
 @group(0) @binding(8) var<storage, read> row_info: array<u32>;
-@group(0) @binding(9) var<storage, read_write> state: array<u32>;
+// (binding 9: the state, declared by the kernel's state module)
 // Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
 // may fall in one word (odd V), written by different workgroups.
 @group(0) @binding(10) var<storage, read_write> o: array<atomic<u32>>;
-@group(0) @binding(11) var<storage, read_write> intermediate: array<u32>;
+// (binding 11: the intermediate states, declared with the state)
 
 var<workgroup> row_range: vec2<u32>;
 var<workgroup> row_slot: i32;
@@ -118,33 +115,4 @@ fn store_o_half(i: u32, bits: u32) {
     let shift = (i & 1u) * 16u;
     atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
     atomicOr(&o[i >> 1u], bits << shift);
-}
-
-// Two state elements (columns col, col + 1 of row r of the slab starting at row `slab`),
-// widened to f32; `col_ok` says which exist.
-fn load_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
-    var x = vec2<f32>(0.0);
-    let at = (slab + r) * p.value_dim + col;
-    if STATE_BF16 {
-        let word = state[at >> 1u];
-        x = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-    } else {
-        x.x = bitcast<f32>(state[at]);
-        if col_ok.y {
-            x.y = bitcast<f32>(state[at + 1u]);
-        }
-    }
-    return x;
-}
-
-fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
-    let at = (slab + r) * p.value_dim + col;
-    if STATE_BF16 {
-        state[at >> 1u] = bf16_bits(x.x) | (bf16_bits(x.y) << 16u);
-    } else {
-        state[at] = bitcast<u32>(x.x);
-        if col_ok.y {
-            state[at + 1u] = bitcast<u32>(x.y);
-        }
-    }
 }

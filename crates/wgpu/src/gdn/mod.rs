@@ -7,7 +7,7 @@ pub mod recurrent;
 
 pub use chunks::ChunkPasses;
 pub use decode::{
-    DecodeLaunch, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
-    gdn_decode_host, prepare_decode_launch,
+    DecodeLaunch, DecodeTile, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
+    gdn_decode_host, prepare_decode_launch, prepare_decode_launch_tiled,
 };
 pub use prefill::{PreparedPrefill, gdn_prefill};

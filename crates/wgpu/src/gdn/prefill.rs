@@ -11,7 +11,7 @@
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 
 use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses};
-use super::recurrent::{RecurrentCall, RecurrentLaunch, Rows};
+use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::validate::validate_prefill;
@@ -122,12 +122,18 @@ impl PreparedPrefill {
                     intermediate: None,
                     scale: shapes.scale,
                     l2norm: options.use_qk_l2norm,
-                    col_pairs: if wide_groups < NARROW_TILES_BELOW {
-                        8
-                    } else {
-                        32
+                    kernel: {
+                        let col_pairs = if wide_groups < NARROW_TILES_BELOW {
+                            8
+                        } else {
+                            32
+                        };
+                        if mode == PrefillMode::Chunk {
+                            Kernel::Chunk { col_pairs }
+                        } else {
+                            Kernel::Pairs { col_pairs }
+                        }
                     },
-                    chunked: mode == PrefillMode::Chunk,
                 },
             )?),
         };

@@ -1,7 +1,8 @@
 //! The launcher of the GDN kernels, which share their parameters and bindings
-//! (`gdn_common.wgsl`): `recurrent.wgsl`, the token loop behind GDN decode (a slot of a pool
-//! per row) and the recurrent prefill (a sequence per row), and `chunk.wgsl`, the chunked
-//! prefill. Callers validate first; this only encodes the dispatch.
+//! (`gdn_common.wgsl`): `decode.wgsl`, GDN decode (a slot of a pool per row) in 16-byte state
+//! accesses; `recurrent.wgsl`, the token loop behind the recurrent prefill (a sequence per row)
+//! and the decode of shapes `decode.wgsl` does not take (V not a multiple of 4); and
+//! `chunk.wgsl`, the chunked prefill. Callers validate first; this only encodes the dispatch.
 
 use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
@@ -17,6 +18,7 @@ pub const SOURCE_SUBGROUP: ShaderSource = ShaderSource {
         include_str!("reduce_subgroup.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("state_words.wgsl"),
         include_str!("recurrent.wgsl")
     ),
     entry_point: "gdn_recurrent",
@@ -29,6 +31,7 @@ pub const SOURCE_SHARED: ShaderSource = ShaderSource {
         include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("state_words.wgsl"),
         include_str!("recurrent.wgsl")
     ),
     entry_point: "gdn_recurrent",
@@ -41,6 +44,7 @@ pub const CHUNK_SUBGROUP: ShaderSource = ShaderSource {
         include_str!("reduce_subgroup.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("state_words.wgsl"),
         include_str!("chunk.wgsl")
     ),
     entry_point: "gdn_chunk",
@@ -53,10 +57,54 @@ pub const CHUNK_SHARED: ShaderSource = ShaderSource {
         include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("state_words.wgsl"),
         include_str!("chunk.wgsl")
     ),
     entry_point: "gdn_chunk",
 };
+
+/// Declares one decode shader: its row-lane sums, the dtype helpers, the shared bindings, the
+/// state pool's accessors, then the kernel.
+macro_rules! decode_source {
+    ($name:literal, $reduce:literal, $state:literal) => {
+        ShaderSource {
+            name: $name,
+            text: concat!(
+                include_str!($reduce),
+                include_str!("../dtype.wgsl"),
+                include_str!("gdn_common.wgsl"),
+                include_str!($state),
+                include_str!("decode.wgsl")
+            ),
+            entry_point: "gdn_decode",
+        }
+    };
+}
+
+/// The decode kernel over an f32 pool, for adapters with subgroup operations.
+pub const DECODE_SUBGROUP_F32: ShaderSource = decode_source!(
+    "gdn_decode_subgroup_f32",
+    "reduce_quads_subgroup.wgsl",
+    "decode_state_f32.wgsl"
+);
+/// The decode kernel over a bf16 pool, for adapters with subgroup operations.
+pub const DECODE_SUBGROUP_BF16: ShaderSource = decode_source!(
+    "gdn_decode_subgroup_bf16",
+    "reduce_quads_subgroup.wgsl",
+    "decode_state_bf16.wgsl"
+);
+/// The decode kernel over an f32 pool, for adapters without.
+pub const DECODE_SHARED_F32: ShaderSource = decode_source!(
+    "gdn_decode_shared_f32",
+    "reduce_quads_shared.wgsl",
+    "decode_state_f32.wgsl"
+);
+/// The decode kernel over a bf16 pool, for adapters without.
+pub const DECODE_SHARED_BF16: ShaderSource = decode_source!(
+    "gdn_decode_shared_bf16",
+    "reduce_quads_shared.wgsl",
+    "decode_state_bf16.wgsl"
+);
 
 const ROW_GROUPS: usize = 8;
 
@@ -151,10 +199,21 @@ pub struct RecurrentCall<'a> {
     pub intermediate: Option<&'a WgpuTensor>,
     pub scale: f32,
     pub l2norm: bool,
-    /// Threads per row group: 32 (64 columns per workgroup) or 8 (16 columns).
-    pub col_pairs: usize,
-    /// The chunked kernel (`chunk.wgsl`, prefill only) instead of the token loop.
-    pub chunked: bool,
+    pub kernel: Kernel,
+}
+
+/// Which kernel runs a call, and its tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// `recurrent.wgsl`, the token loop: threads own column pairs, `col_pairs` threads per row
+    /// group, 32 (64 columns per workgroup) or 8 (16 columns).
+    Pairs { col_pairs: usize },
+    /// `chunk.wgsl`, the chunked prefill (dense or varlen rows, no intermediate states), in the
+    /// tile of [`Kernel::Pairs`].
+    Chunk { col_pairs: usize },
+    /// `decode.wgsl` (slot rows, V a multiple of 4): threads own four columns, `quads` column
+    /// quads per workgroup, 32 (256 invocations, 128 columns) or 8 (64, 32 columns).
+    Quads { quads: usize },
 }
 
 /// A prepared dispatch: pipeline, bindings and grid, to encode any number of times.
@@ -181,23 +240,21 @@ impl RecurrentLaunch {
             9..=16 => 16,
             _ => 32,
         };
-        let tiles = d.value_dim.div_ceil(2 * call.col_pairs);
-        let max = wgpu.device().limits().max_compute_workgroups_per_dimension as usize;
-        if call.rows > max || d.value_heads > max || tiles > max {
-            return Err(Error::Unsupported(format!(
-                "wgpu runs at most {max} rows and heads per call, got {} rows and H = {}",
-                call.rows, d.value_heads
-            )));
-        }
-        let mut constants = vec![
-            ("ROWS", rows_per_thread),
-            ("COL_PAIRS", call.col_pairs as u32),
-            ("STATE_BF16", u32::from(state_bf16)),
-        ];
-        let source = match (call.chunked, wgpu.has_subgroups()) {
-            (false, true) => &SOURCE_SUBGROUP,
-            (false, false) => &SOURCE_SHARED,
-            (true, subgroups) => {
+        let subgroups = wgpu.has_subgroups();
+        let (source, columns_per_group, mut constants) = match call.kernel {
+            Kernel::Pairs { col_pairs } => (
+                if subgroups {
+                    &SOURCE_SUBGROUP
+                } else {
+                    &SOURCE_SHARED
+                },
+                2 * col_pairs,
+                vec![
+                    ("COL_PAIRS", col_pairs as u32),
+                    ("STATE_BF16", u32::from(state_bf16)),
+                ],
+            ),
+            Kernel::Chunk { col_pairs } => {
                 if call.intermediate.is_some()
                     || !matches!(call.row_source, Rows::Dense | Rows::Offsets(_))
                 {
@@ -206,14 +263,49 @@ impl RecurrentLaunch {
                             .to_string(),
                     ));
                 }
-                constants.push(("CHUNK_TOKENS", if d.key_dim <= 128 { 16 } else { 8 }));
-                if subgroups {
-                    &CHUNK_SUBGROUP
-                } else {
-                    &CHUNK_SHARED
+                let tokens = if d.key_dim <= 128 { 16 } else { 8 };
+                (
+                    if subgroups {
+                        &CHUNK_SUBGROUP
+                    } else {
+                        &CHUNK_SHARED
+                    },
+                    2 * col_pairs,
+                    vec![
+                        ("COL_PAIRS", col_pairs as u32),
+                        ("STATE_BF16", u32::from(state_bf16)),
+                        ("CHUNK_TOKENS", tokens),
+                    ],
+                )
+            }
+            Kernel::Quads { quads } => {
+                if !matches!(call.row_source, Rows::Slots(_))
+                    || !d.value_dim.is_multiple_of(4)
+                    || !matches!(quads, 8 | 32)
+                {
+                    return Err(Error::InvalidValue(format!(
+                        "the decode kernel runs slot rows with V a multiple of 4 in tiles of 8 or 32 quads, got V = {} and {quads} quads",
+                        d.value_dim
+                    )));
                 }
+                let source = match (subgroups, state_bf16) {
+                    (true, false) => &DECODE_SUBGROUP_F32,
+                    (true, true) => &DECODE_SUBGROUP_BF16,
+                    (false, false) => &DECODE_SHARED_F32,
+                    (false, true) => &DECODE_SHARED_BF16,
+                };
+                (source, 4 * quads, vec![("QUADS", quads as u32)])
             }
         };
+        constants.push(("ROWS", rows_per_thread));
+        let tiles = d.value_dim.div_ceil(columns_per_group);
+        let max = wgpu.device().limits().max_compute_workgroups_per_dimension as usize;
+        if call.rows > max || d.value_heads > max || tiles > max {
+            return Err(Error::Unsupported(format!(
+                "wgpu runs at most {max} rows and heads per call, got {} rows and H = {}",
+                call.rows, d.value_heads
+            )));
+        }
         let pipeline = wgpu.pipeline(source, &constants)?;
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
@@ -259,14 +351,11 @@ impl RecurrentLaunch {
                 contents: &params.to_bytes(),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        // A write-only binding nothing reads, when no intermediate states are asked for.
-        let no_intermediate;
+        // A write-only binding nothing writes, when no intermediate states are asked for (one
+        // vec4, the smallest the decode kernel's binding takes).
         let intermediate = match call.intermediate {
             Some(t) => t.buffer(),
-            None => {
-                no_intermediate = WgpuTensor::zeros(wgpu, vec![1], DType::F32)?;
-                no_intermediate.buffer()
-            }
+            None => wgpu.placeholder(),
         };
         let buffers = [
             &uniform,
@@ -283,7 +372,11 @@ impl RecurrentLaunch {
             intermediate,
         ];
         // The chunked kernel writes no intermediate states: its layout ends at `o`.
-        let used = if call.chunked { 11 } else { 12 };
+        let used = if matches!(call.kernel, Kernel::Chunk { .. }) {
+            11
+        } else {
+            12
+        };
         let entries: Vec<wgpu::BindGroupEntry> = buffers[..used]
             .iter()
             .enumerate()
@@ -307,9 +400,16 @@ impl RecurrentLaunch {
 
     /// Records the dispatch into `pass`.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        self.encode_repeated(pass, 1);
+    }
+
+    /// Records `repeat` dispatches into `pass`, binding once.
+    fn encode_repeated(&self, pass: &mut wgpu::ComputePass<'_>, repeat: usize) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+        for _ in 0..repeat {
+            pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+        }
     }
 
     /// Submits `repeat` back-to-back dispatches in one command buffer (without waiting).
@@ -319,9 +419,7 @@ impl RecurrentLaunch {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for _ in 0..repeat {
-                self.encode(&mut pass);
-            }
+            self.encode_repeated(&mut pass, repeat);
         }
         wgpu.queue().submit([encoder.finish()]);
         wgpu.check("running gdn_recurrent")

@@ -14,7 +14,7 @@ Two parts:
 
 Usage (on the GPU machine, FLA importable):
     python3 tools/compare_fla_prefill.py --deltakv-json DK.json --deltakv-bin .carry/deltakv \
-        [--csv OUT.csv] [--plot OUT.png] [--skip-accuracy]
+        [--csv OUT.csv] [--plot OUT.png] [--skip-accuracy | --skip-speed]
 """
 
 import argparse
@@ -261,10 +261,12 @@ def main():
     parser.add_argument("--csv")
     parser.add_argument("--plot")
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--skip-speed", action="store_true", help="only the accuracy part")
     parser.add_argument("--flashinfer", action="store_true",
                         help="also time FlashInfer 0.7's chunk_gated_delta_rule (importable from PYTHONPATH)")
     args = parser.parse_args()
-    speed(args)
+    if not args.skip_speed:
+        speed(args)
     if not args.skip_accuracy:
         accuracy(args)
 

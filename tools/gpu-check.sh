@@ -14,6 +14,11 @@
 #                                   # and FLA in the same call (tools/compare_fla.py); logs
 #                                   # under $OUT (or ./gpu-check-out), a summary printed last.
 #                                   # `quick` skips the sanitizers.
+#   tools/gpu-check.sh build-prefill  # here: only .carry/deltakv and the four CUDA test
+#                                   # executables that prefill-variants runs (~14 MB)
+#   tools/gpu-check.sh prefill-variants  # there, carrying those: each prepare kernel
+#                                   # (DELTAKV_PREFILL_PREPARE) through the prefill suites,
+#                                   # bench and ncu; see the mode
 #   tools/gpu-check.sh run-kv [quick|sanitize]  # there: compressed KV on CUDA: the KV tests (CUDA pool
 #                                   # against the CPU's word for word, attention against the
 #                                   # oracle and the CPU at every bits pair; `kv --device cuda`
@@ -62,7 +67,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda|candle-cuda}
+mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
 # `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
@@ -408,6 +413,103 @@ prefill)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+build-prefill)
+    # Here: only what `prefill-variants` carries (~14 MB): the binary as `build` makes it and
+    # the four CUDA test executables it runs, in .carry/ (other files there are kept).
+    cargo build --release --features cuda,wgpu
+    mkdir -p .carry/tests
+    cp target/release/deltakv .carry/deltakv
+    cargo test --release -p deltakv-cuda --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"]
+        if name in ("gdn_prefill", "gdn_prefill_checkpoints", "gdn_prefill_streams", "kernels_compile"):
+            shutil.copy(exe, f".carry/tests/deltakv-cuda-{name}")
+'
+    strip .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
+    du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
+    ;;
+prefill-variants)
+    # Each prepare kernel (PREFILL_VARIANTS, default "default mma mma-prefetch":
+    # DELTAKV_PREFILL_PREPARE unset, =mma, =mma-prefetch) through the prefill suites, then
+    # `bench gdn` at T 4096 and 16384 and ncu's per-kernel times at T 16384; then, while the
+    # call has time (PREFILL_VARIANTS_BUDGET seconds, default 470), compute-sanitizer memcheck
+    # and racecheck over one small test with the last variant, the loaded kernels' local
+    # memory (spills), and FLA's accuracy beside each variant's (when .whl is carried).
+    # Carries only .carry/deltakv and .carry/tests/deltakv-cuda-{gdn_prefill,
+    # gdn_prefill_checkpoints,gdn_prefill_streams,kernels_compile} (from `build`). Results:
+    # $out/prefill-variants.tar.gz and $out/summary.txt (printed last).
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/prefill-variants
+    mkdir -p "$out" "$logs"
+    summary=()
+    budget=${PREFILL_VARIANTS_BUDGET:-470}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
+    variants=${PREFILL_VARIANTS:-default mma mma-prefetch}
+    use() { if [ "$1" = default ]; then unset DELTAKV_PREFILL_PREPARE; else export DELTAKV_PREFILL_PREPARE=$1; fi; }
+    for variant in $variants; do
+        use "$variant"
+        for suite in gdn_prefill gdn_prefill_checkpoints gdn_prefill_streams; do
+            log=$logs/$variant-$suite.log
+            if timeout 150 ".carry/tests/deltakv-cuda-$suite" --test-threads=1 --nocapture >"$log" 2>&1; then
+                summary+=("PASS $variant: $suite ($(last 'test result' "$log"))")
+            else
+                summary+=("FAIL $variant: $suite: $(grep -h 'panicked\|FAILED\|failed' "$log" | head -n 3 | tr '\n' ' ')")
+            fi
+        done
+        worst=$(grep -ho ': o [0-9.e+-]*' "$logs/$variant-gdn_prefill.log" | awk '{print $3}' | sort -g | tail -n 1)
+        summary+=("$variant: worst o rel_rms over the prefill suite ${worst:-?}")
+        timeout 120 .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
+            --json "$logs/$variant-bench.json" >"$logs/$variant-bench.txt" 2>&1 ||
+            summary+=("FAIL $variant: bench (exit $?)")
+        summary+=("$variant bench: $(grep -h 'T=16384\|T=4096' "$logs/$variant-bench.txt" | tr -s ' ' | tr '\n' ';')")
+        timeout 120 ncu --clock-control none --graph-profiling node -k regex:gdn_prefill -c 12 \
+            --metrics gpu__time_duration.sum .carry/deltakv bench gdn --device cuda --seq-lens 16384 \
+            --decode-batches 1 >"$logs/$variant-ncu.txt" 2>&1 || summary+=("FAIL $variant: ncu (exit $?)")
+        summary+=("$variant ncu (us): $(grep -E '^  gdn|duration' "$logs/$variant-ncu.txt" |
+            awk '/^  gdn/ {name=$1} /duration/ {sum[name] += $NF; n[name]++}
+                END {for (k in sum) printf "%s %.1f (mean of %d); ", k, sum[k] / n[k], n[k]}')")
+    done
+    # The last variant under the sanitizers, on small shapes (segments, varlen, resets).
+    for tool in memcheck racecheck; do
+        [ "$SECONDS" -lt "$budget" ] || { summary+=("skipped compute-sanitizer $tool: out of time"); continue; }
+        t=.carry/tests/deltakv-cuda-gdn_prefill
+        if timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
+            gate_extremes >"$logs/sanitizer-$tool.log" 2>&1; then
+            summary+=("PASS compute-sanitizer $tool (${DELTAKV_PREFILL_PREPARE:-default}, gate_extremes): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+        else
+            summary+=("FAIL compute-sanitizer $tool (${DELTAKV_PREFILL_PREPARE:-default}, gate_extremes, exit $?): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+        fi
+    done
+    t=.carry/tests/deltakv-cuda-kernels_compile
+    if [ "$SECONDS" -ge "$budget" ]; then
+        summary+=("skipped loaded kernels' local memory: out of time")
+    elif timeout 90 "$t" --test-threads=1 --nocapture every_loaded_kernel >"$logs/local-memory.log" 2>&1; then
+        summary+=("PASS loaded kernels use no local memory: $(grep -h 'prepare.*k128_v128' "$logs/local-memory.log" | tr '\n' ' ')")
+    else
+        summary+=("FAIL loaded kernels' local memory: $(grep -h 'panicked' "$logs/local-memory.log" | head -n 2 | tr '\n' ' ')")
+    fi
+    if [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl 2>/dev/null; then
+        for variant in $variants; do
+            [ "$SECONDS" -lt "$budget" ] || { summary+=("skipped $variant: FLA accuracy: out of time"); continue; }
+            use "$variant"
+            PYTHONPATH=/tmp/fla-site timeout 90 python3 -u tools/compare_fla_prefill.py --skip-speed \
+                --deltakv-json "$logs/$variant-bench.json" --deltakv-bin .carry/deltakv \
+                >"$logs/$variant-accuracy.txt" 2>&1 || summary+=("FAIL $variant: FLA accuracy (exit $?)")
+            summary+=("$variant accuracy (dk o, dk state, FLA o, FLA state): $(grep -h 'Hg16 H32' "$logs/$variant-accuracy.txt" | tr -s ' ')")
+        done
+    fi
+    unset DELTAKV_PREFILL_PREPARE
+    printf '%s\n' "${summary[@]}" >"$logs/summary.txt"
+    tar czf "$out/prefill-variants.tar.gz" -C "$(dirname "$logs")" prefill-variants
+    cp "$logs/summary.txt" "$out/summary.txt"
+    echo "== summary ($SECONDS s)"
+    cat "$out/summary.txt"
+    ;;
 kv-lab-build)
     # Here: only the lab, into .carry/kv_lab (what `build` also does).
     mkdir -p .carry
@@ -513,7 +615,7 @@ wgpu)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda" >&2
+    echo "usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|build-prefill|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda" >&2
     exit 2
     ;;
 esac

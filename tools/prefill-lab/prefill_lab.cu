@@ -34,6 +34,7 @@ __device__ long long* lab_phase_clock;
         lab_phase_clock[((long long)blockIdx.y * gridDim.x + blockIdx.x) * LAB_MARKS + (phase)] = clock64();
 
 #include "../../crates/cuda/kernels/gdn_prefill.cu"
+#include "../../crates/cuda/kernels/gdn_prefill_inverse.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_prepare.cu"
 
 #define CHECK(x)                                                                              \

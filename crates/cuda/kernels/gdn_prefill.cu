@@ -15,8 +15,8 @@
 //   gdn_prefill_prepare_* (gdn_prefill_prepare.cu): every (chunk, key head, group of its
 //     value heads) in parallel, K K^T and Q K^T once per key head, then per value head: A,
 //     T (blockwise forward substitution in f32: 16 x 16 diagonal blocks, then the blocks
-//     below them), W and U (T split into two bf16 halves so the products keep ~16 bits),
-//     stored bf16.
+//     below them; gdn_prefill_inverse.cu), W and U (T split into two bf16 halves so the
+//     products keep ~16 bits), stored bf16.
 //   gdn_prefill_state_*: one block per (segment of chunks, head, 64 value columns) walks its
 //     chunks in order with S in registers (f32), computing V', O and the next S. In transition
 //     mode it runs without outputs from a zero state (the segment's own contribution D) or
@@ -77,6 +77,9 @@ struct PrefillParams {
     int fused_qk_norm;       // the prepare l2-normalises q_src/k_src into q/k (bf16, K == KP)
     float scale;
     float reset_gate;
+    int prefetch_ahead;      // prepare (tensor-core module): prefetch into L2 the inputs of the
+                             // block this many launch positions ahead (the blocks resident
+                             // at once), or 0
 };
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],

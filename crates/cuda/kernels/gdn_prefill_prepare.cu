@@ -20,140 +20,19 @@
 #define PF_PREPARE_BLOCKS_PER_SM 3
 #endif
 
-// T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][LDF] in shared memory, overwritten)
-// into t_mat. Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
-// after the diagonal blocks.
+// T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][PF_LDF] in shared memory) into
+// t_mat (gdn_prefill_inverse.cu): the blocks below the diagonal blocks on f32 FMAs (A
+// overwritten) or, with MMA_INVERSE, on tf32 tensor cores (A only read). Every thread of the
+// block (256) takes part; ends with a barrier. Marks `mark` after the diagonal blocks.
+template <bool MMA_INVERSE>
 __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, int mark) {
-    constexpr int LDF = PF_CHUNK + 1;
-    // T = (I + A)^-1 blockwise. The 16 x 16 diagonal blocks by forward substitution, column j
-    // by the four lanes of a quad: lane part p sums the terms m = p (mod 4) of
-    // T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps those T_mj in registers, the quad's sum
-    // by two shuffles. Then block row I = 1..3: T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
-    {
-        const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
-        const int base = j & ~15, c = j & 15;
-        float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int m = 4 * q + part;
-                const float a = a_mat[(base + r) * LDF + base + m];
-                sum += (m >= c && m < r) ? a * column[q] : 0.0f;
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
-            if ((r & 3) == part) column[r >> 2] = t;
-            if (part == 0) t_mat[(base + r) * LDF + j] = t;
-        }
-        // The blocks above the diagonal blocks are zero (T is lower triangular); those below
-        // are written next.
-        for (int r = part; r < base; r += 4) t_mat[r * LDF + j] = 0.0f;
-    }
+    invert_diagonal_blocks(a_mat, t_mat);
     __syncthreads();
     PF_MARK(mark);
-    // The blocks below the diagonal in two levels. Level 1, in both 32 x 32 diagonal blocks
-    // (at 0 and 32): T_21 = -T_22 (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA
-    // T_AA) on the 32 x 32 blocks. Each product A T lands in A's own place (A is not read
-    // again), computed into registers first; each thread owns a 2 x 2 micro-tile (rows
-    // i, i + h; columns j, j + w), so every value it loads feeds two multiply-adds.
-    {
-        // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns
-        // j, j + 8) over threads 0..127.
-        const int level1 = threadIdx.x < 128;
-        const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
-        const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
-        float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
-        if (level1) {
-            const float* a0 = a_mat + row * LDF + 32 * blk;
-            const float* a8 = a0 + 8 * LDF;
-            const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
-#pragma unroll
-            for (int m = 0; m < 16; ++m) {
-                const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
-                x00 += p0 * q0;
-                x08 += p0 * q8;
-                x80 += p8 * q0;
-                x88 += p8 * q8;
-            }
-        }
-        __syncthreads();
-        if (level1) {
-            float* x = a_mat + row * LDF + col;
-            x[0] = x00;
-            x[8] = x08;
-            x[8 * LDF] = x80;
-            x[8 * LDF + 8] = x88;
-        }
-        __syncthreads();
-        if (level1) {
-            // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
-            const float* t0 = t_mat + row * LDF + 32 * blk + 16;
-            const float* t8 = t0 + 8 * LDF;
-            const float* x = a_mat + (32 * blk + 16) * LDF + col;
-            float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
-            for (int m = 0; m <= ii + 8; ++m) {
-                const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
-                y00 -= p0 * q0;
-                y08 -= p0 * q8;
-                y80 -= p8 * q0;
-                y88 -= p8 * q8;
-            }
-            float* out = t_mat + row * LDF + col;
-            out[0] = y00;
-            out[8] = y08;
-            out[8 * LDF] = y80;
-            out[8 * LDF + 8] = y88;
-        }
-        __syncthreads();
-        // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
-        const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
-        const int row2 = 32 + i2;
-        float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
-        {
-            const float* a0 = a_mat + row2 * LDF;
-            const float* a16 = a0 + 16 * LDF;
-            const float* t = t_mat + j2;  // T_AA column j2, rows from 0
-#pragma unroll 8
-            for (int m = 0; m < 32; ++m) {
-                const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
-                z00 += p0 * q0;
-                z0h += p0 * q16;
-                zh0 += p16 * q0;
-                zhh += p16 * q16;
-            }
-        }
-        __syncthreads();
-        {
-            float* x = a_mat + row2 * LDF + j2;
-            x[0] = z00;
-            x[16] = z0h;
-            x[16 * LDF] = zh0;
-            x[16 * LDF + 16] = zhh;
-        }
-        __syncthreads();
-        {
-            // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
-            const float* t0 = t_mat + row2 * LDF + 32;
-            const float* t16 = t0 + 16 * LDF;
-            const float* x = a_mat + 32 * LDF + j2;
-            float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
-            for (int m = 0; m <= i2 + 16; ++m) {
-                const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
-                y00 -= p0 * q0;
-                y0h -= p0 * q16;
-                yh0 -= p16 * q0;
-                yhh -= p16 * q16;
-            }
-            float* out = t_mat + row2 * LDF + j2;
-            out[0] = y00;
-            out[16] = y0h;
-            out[16 * LDF] = yh0;
-            out[16 * LDF + 16] = yhh;
-        }
-        __syncthreads();
+    if constexpr (MMA_INVERSE) {
+        invert_below_mma(a_mat, t_mat);
+    } else {
+        invert_below_scalar(a_mat, t_mat);
     }
 }
 
@@ -164,7 +43,7 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                                                       const ChunkGates& gates, float* a_mat,
                                                       unsigned short* scores, int row_tile,
                                                       int half, int lane) {
-    constexpr int LDF = PF_CHUNK + 1;
+    constexpr int LDF = PF_LDF;
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
 #pragma unroll
@@ -181,6 +60,46 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                     pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
             }
         }
+    }
+}
+
+// T diag(beta d) (with_decay) or T diag(beta), f32 [64][PF_LDF], as bf16 hi + lo halves into
+// t_hi and t_lo ([64][PF_LDC]): two columns per thread and step. The whole block; no barrier.
+__device__ __forceinline__ void build_scaled_halves_x2(const float* t_mat, const ChunkGates& gates,
+                                                       bool with_decay, unsigned short* t_hi,
+                                                       unsigned short* t_lo) {
+    constexpr int LDF = PF_LDF;
+    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
+        const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
+        const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (with_decay ? gates.start_decay[m] : 1.0f);
+        const float x1 = t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (with_decay ? gates.start_decay[m + 1] : 1.0f);
+        const unsigned hi = pack_bf16(x0, x1);
+        *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
+        *(unsigned*)(t_lo + i * PF_LDC + m) = pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
+                                                        x1 - bf16_to_f32((unsigned short)(hi >> 16)));
+    }
+}
+
+// build_scaled_halves_x2 with four columns per thread and step (16-byte loads of T, beta and
+// d, 8-byte stores): for rows of T whose length LDF is a multiple of 4 floats.
+template <int LDF>
+__device__ __forceinline__ void build_scaled_halves_x4(const float* t_mat, const ChunkGates& gates,
+                                                       bool with_decay, unsigned short* t_hi,
+                                                       unsigned short* t_lo) {
+    static_assert(LDF % 4 == 0, "16-byte rows");
+    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 4; idx += blockDim.x) {
+        const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
+        const float4 t = *(const float4*)(t_mat + i * LDF + m);
+        const float4 b = *(const float4*)(gates.beta + m);
+        const float4 d = with_decay ? *(const float4*)(gates.start_decay + m) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        const float x[4] = {t.x * b.x * d.x, t.y * b.y * d.y, t.z * b.z * d.z, t.w * b.w * d.w};
+        const unsigned hi0 = pack_bf16(x[0], x[1]), hi1 = pack_bf16(x[2], x[3]);
+        const unsigned lo0 = pack_bf16(x[0] - bf16_to_f32((unsigned short)(hi0 & 0xffffu)),
+                                       x[1] - bf16_to_f32((unsigned short)(hi0 >> 16)));
+        const unsigned lo1 = pack_bf16(x[2] - bf16_to_f32((unsigned short)(hi1 & 0xffffu)),
+                                       x[3] - bf16_to_f32((unsigned short)(hi1 >> 16)));
+        *(uint2*)(t_hi + i * PF_LDC + m) = make_uint2(hi0, hi1);
+        *(uint2*)(t_lo + i * PF_LDC + m) = make_uint2(lo0, lo1);
     }
 }
 
@@ -234,6 +153,42 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
     }
 }
 
+#ifdef PF_PREPARE_MMA
+// Prefetches into L2 (evict-last) the k, q and v rows that the prepare block at launch
+// position `block` (x fastest) will read: with `prefetch_ahead` = the blocks resident at once,
+// that block starts about when this one ends, so its loads find L2 rather than every block of
+// a wave asking DRAM at once while DRAM idles through the waves' compute.
+template <int KP, int VP>
+__device__ __forceinline__ void prefetch_block_inputs(const PrefillParams& p, long long block) {
+    const long long chunks = gridDim.x;
+    if (block >= chunks * gridDim.y) return;
+    const int chunk = (int)(block % chunks), row = (int)(block / chunks);
+    const int key_head = row / p.head_groups, group = row - key_head * p.head_groups;
+    const int ratio = p.value_heads / p.key_heads;
+    const int head0 = key_head * ratio + group * p.heads_per_block;
+    const int count = min(p.heads_per_block, ratio - group * p.heads_per_block);
+    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
+    const int len = ((const int*)p.chunk_len)[chunk];
+    const unsigned short* keys = (const unsigned short*)(p.fused_qk_norm ? p.k_src : p.k);
+    const unsigned short* queries = (const unsigned short*)(p.fused_qk_norm ? p.q_src : p.q);
+    const unsigned short* values = (const unsigned short*)p.v;
+    constexpr int KEY_LINES = KP * 2 / 128, VALUE_LINES = VP * 2 / 128;  // per row and head
+    const int lines = 2 * KEY_LINES + count * VALUE_LINES;
+    for (int idx = threadIdx.x; idx < len * lines; idx += blockDim.x) {
+        const int t = idx / lines, line = idx - t * lines;
+        const long long r = first_row + t;
+        const unsigned short* at;
+        if (line < 2 * KEY_LINES) {
+            const int part = line % KEY_LINES;
+            at = (line < KEY_LINES ? keys : queries) + (r * p.key_heads + key_head) * KP + 64 * part;
+        } else {
+            at = values + (r * p.value_heads + head0) * VP + 64 * (line - 2 * KEY_LINES);
+        }
+        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(at));
+    }
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Prepare: A, T, W, U for one chunk and a group of value heads of one key head (GVA: the
 // heads_per_block consecutive value heads starting at group * heads_per_block of the key
@@ -250,10 +205,10 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
 // [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed; T's bf16 halves
 // [64][LDC] take A's space and the 816 floats once T is complete.
 
-template <int KP, int VP>
+template <int KP, int VP, bool MMA_INVERSE>
 __device__ void prepare_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
-    constexpr int LDF = PF_CHUNK + 1;  // f32 rows of A and T
+    constexpr int LDF = PF_LDF;  // f32 rows of A and T
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int group_heads = p.heads_per_block;
     auto gates_of = [&](int j) -> ChunkGates& {
@@ -325,6 +280,12 @@ __device__ void prepare_impl(const PrefillParams& p) {
     cp_async_wait_all();
     __syncthreads();
     PF_MARK(1);
+#ifdef PF_PREPARE_MMA
+    // Here, before K K^T holds registers for the rest of the block (later it would spill).
+    if (p.prefetch_ahead > 0) {
+        prefetch_block_inputs<KP, VP>(p, blockIdx.x + (long long)gridDim.x * blockIdx.y + p.prefetch_ahead);
+    }
+#endif
     {
         // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
         const unsigned* from = (const unsigned*)smem_raw;
@@ -377,22 +338,16 @@ __device__ void prepare_impl(const PrefillParams& p) {
         if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
         __syncthreads();
         PF_MARK(2 + 5 * j);
-        invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
+        invert_unit_lower<MMA_INVERSE>(a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
         // scaled T times the bf16 operand.
         for (int pass = 0; pass < 2; ++pass) {
-            for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 2; idx += blockDim.x) {
-                const int i = idx / (PF_CHUNK / 2), m = 2 * (idx % (PF_CHUNK / 2));
-                const float x0 = t_mat[i * LDF + m] * gates.beta[m] * (pass == 0 ? gates.start_decay[m] : 1.0f);
-                const float x1 =
-                    t_mat[i * LDF + m + 1] * gates.beta[m + 1] * (pass == 0 ? gates.start_decay[m + 1] : 1.0f);
-                const unsigned hi = pack_bf16(x0, x1);
-                *(unsigned*)(t_hi + i * PF_LDC + m) = hi;
-                *(unsigned*)(t_lo + i * PF_LDC + m) =
-                    pack_bf16(x0 - bf16_to_f32((unsigned short)(hi & 0xffffu)),
-                              x1 - bf16_to_f32((unsigned short)(hi >> 16)));
+            if constexpr (LDF % 4 == 0) {
+                build_scaled_halves_x4<LDF>(t_mat, gates, pass == 0, t_hi, t_lo);
+            } else {
+                build_scaled_halves_x2(t_mat, gates, pass == 0, t_hi, t_lo);
             }
             // This head's v (copied in during the previous head's work) is in place.
             if (pass == 1) cp_async_wait_all();
@@ -446,11 +401,22 @@ __device__ void prepare_impl(const PrefillParams& p) {
     }
 }
 
+// `gdn_prefill_prepare_*` (the inverse's levels on f32 FMAs) or, where the source defines
+// PF_PREPARE_MMA (the library's second prefill source, loaded only for
+// DELTAKV_PREFILL_PREPARE=mma), `gdn_prefill_prepare_mma_*` (on tf32 tensor cores).
+#ifdef PF_PREPARE_MMA
+#define PF_ENTRY_POINTS(KP, VP)                                                               \
+    extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
+        gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
+        prepare_impl<KP, VP, true>(p);                                                        \
+    }
+#else
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
     extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
         gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
-        prepare_impl<KP, VP>(p);                                                              \
+        prepare_impl<KP, VP, false>(p);                                                       \
     }
+#endif
 
 PF_ENTRY_POINTS(64, 64)
 PF_ENTRY_POINTS(64, 128)

@@ -21,6 +21,7 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 pub const SOURCES: &[KernelSource] = &[
     crate::gdn::decode::SOURCE,
     crate::gdn::prefill::SOURCE,
+    crate::gdn::prefill::SOURCE_PREPARE_MMA,
     crate::kv::SOURCE_ENCODE,
     crate::kv::SOURCE_ATTEND,
     crate::kv::SOURCES_ATTEND_MMA[0],

@@ -47,9 +47,23 @@ pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_inverse.cu"),
         include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu")
+    ),
+};
+
+/// The prepare kernels with T's blocks below its diagonal on tensor cores
+/// (`gdn_prefill_prepare_mma_*`, see `PrepareKernel`), a module of their own so the default
+/// source does not grow: loaded only when `DELTAKV_PREFILL_PREPARE` asks for them.
+pub const SOURCE_PREPARE_MMA: KernelSource = KernelSource {
+    name: "gdn_prefill_prepare_mma",
+    text: concat!(
+        "#define PF_PREPARE_MMA 1\n",
+        include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_inverse.cu"),
+        include_str!("../../../kernels/gdn_prefill_prepare.cu")
     ),
 };
 
@@ -95,6 +109,7 @@ struct PrefillParams {
     fused_qk_norm: i32,
     scale: f32,
     reset_gate: f32,
+    prefetch_ahead: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -146,16 +161,21 @@ pub struct PrefillLaunch {
 /// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`): one gates
 /// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32).
 /// q takes the space after A until T is formed; T's bf16 halves reuse A's space and the 816
-/// floats. At K = V = 128: 73,280 bytes for one head, 75,200 for two, 79,040 for four; the
-/// kernel's 128 registers per thread hold it to 2 blocks per SM (this leaves room for 2 at
-/// any K and V).
-fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usize {
+/// floats. At K = V = 128: 73,280 bytes for one head, 75,200 for two, 79,040 for four (the
+/// tensor-core inverse's rows of 68 floats: 76,736 for two); 3 blocks per SM at two heads,
+/// and room for 2 at any K and V.
+fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize, kind: PrepareKernel) -> usize {
     let ldc = CHUNK + 8;
-    debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17));
-    debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * (CHUNK + 1) + 3 * 16 * 17) || kp == 256);
+    // f32 elements per row of A and T (the kernels' PF_LDF).
+    let ldf = match kind {
+        PrepareKernel::Scalar => CHUNK + 1,
+        PrepareKernel::Mma | PrepareKernel::MmaPrefetch => CHUNK + 4,
+    };
+    debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * ldf + 3 * 16 * 17));
+    debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
     heads_per_block * gates_bytes()
         + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
-        + 4 * (2 * CHUNK * (CHUNK + 1) + 3 * 16 * 17)
+        + 4 * (2 * CHUNK * ldf + 3 * 16 * 17)
 }
 
 /// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
@@ -403,7 +423,7 @@ impl PrefillLaunch {
             }
             _ => None,
         };
-        let params = PrefillParams {
+        let mut params = PrefillParams {
             q,
             k,
             v,
@@ -452,6 +472,7 @@ impl PrefillLaunch {
             fused_qk_norm: i32::from(fused_qk_norm),
             scale,
             reset_gate: RESET_GATE,
+            prefetch_ahead: 0,
         };
         if heads > 65535 || chunks > i32::MAX as usize {
             return Err(Error::Unsupported(format!(
@@ -459,7 +480,20 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let prepare = cuda.function(&SOURCE, prepare_name(kp, vp))?;
+        let prepare_kernel = prepare_kernel_from_env();
+        let prepare = match prepare_kernel {
+            PrepareKernel::Scalar => &SOURCE,
+            PrepareKernel::Mma | PrepareKernel::MmaPrefetch => &SOURCE_PREPARE_MMA,
+        };
+        let prepare = cuda.function(prepare, prepare_name(kp, vp, prepare_kernel))?;
+        let prepare_bytes = prepare_smem(kp, vp, heads_per_block, prepare_kernel);
+        if prepare_kernel == PrepareKernel::MmaPrefetch {
+            let per_sm = prepare
+                .occupancy_max_active_blocks_per_multiprocessor(256, prepare_bytes, None)
+                .map_err(|e| driver_error("occupancy of the prepare kernel", e))?;
+            params.prefetch_ahead =
+                (per_sm as usize * cuda.multiprocessors()).min(i32::MAX as usize) as i32;
+        }
         let (state, transition, combine) = state_names(kp);
         let state_pass = match pass {
             StatePass::Overlap => (
@@ -495,7 +529,7 @@ impl PrefillLaunch {
             params,
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
-            prepare: (prepare, prepare_smem(kp, vp, heads_per_block) as u32),
+            prepare: (prepare, prepare_bytes as u32),
             state: state_pass,
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
@@ -596,17 +630,52 @@ fn segment_chunks_from_env() -> Option<usize> {
         .filter(|&n: &usize| n > 0)
 }
 
-fn prepare_name(kp: usize, vp: usize) -> &'static str {
-    match (kp, vp) {
-        (64, 64) => "gdn_prefill_prepare_k64_v64",
-        (64, 128) => "gdn_prefill_prepare_k64_v128",
-        (64, _) => "gdn_prefill_prepare_k64_v256",
-        (128, 64) => "gdn_prefill_prepare_k128_v64",
-        (128, 128) => "gdn_prefill_prepare_k128_v128",
-        (128, _) => "gdn_prefill_prepare_k128_v256",
-        (_, 64) => "gdn_prefill_prepare_k256_v64",
-        (_, 128) => "gdn_prefill_prepare_k256_v128",
-        _ => "gdn_prefill_prepare_k256_v256",
+/// Which prepare kernel runs (the same math): the default, or the second module's
+/// (`PF_PREPARE_MMA`), which forms T's blocks below its diagonal blocks on tensor cores
+/// (`kernels/gdn_prefill_inverse.cu`), keeps rows of 68 floats for A and T and splits T four
+/// columns per thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PrepareKernel {
+    /// `gdn_prefill_prepare_*`: f32 FMAs on the CUDA cores (the default).
+    Scalar,
+    /// `gdn_prefill_prepare_mma_*`: tf32 tensor cores, each operand split hi + lo (~22 bits).
+    Mma,
+    /// `Mma`, each block also prefetching into L2 the inputs of the block one wave of
+    /// resident blocks after it.
+    MmaPrefetch,
+}
+
+/// `DELTAKV_PREFILL_PREPARE=mma` or `mma-prefetch` asks for the tensor-core inverse, without
+/// or with the L2 prefetch (for comparisons).
+fn prepare_kernel_from_env() -> PrepareKernel {
+    match std::env::var("DELTAKV_PREFILL_PREPARE").as_deref() {
+        Ok("mma") => PrepareKernel::Mma,
+        Ok("mma-prefetch") => PrepareKernel::MmaPrefetch,
+        _ => PrepareKernel::Scalar,
+    }
+}
+
+fn prepare_name(kp: usize, vp: usize, kind: PrepareKernel) -> &'static str {
+    let mma = kind != PrepareKernel::Scalar;
+    match (mma, kp, vp) {
+        (false, 64, 64) => "gdn_prefill_prepare_k64_v64",
+        (false, 64, 128) => "gdn_prefill_prepare_k64_v128",
+        (false, 64, _) => "gdn_prefill_prepare_k64_v256",
+        (false, 128, 64) => "gdn_prefill_prepare_k128_v64",
+        (false, 128, 128) => "gdn_prefill_prepare_k128_v128",
+        (false, 128, _) => "gdn_prefill_prepare_k128_v256",
+        (false, _, 64) => "gdn_prefill_prepare_k256_v64",
+        (false, _, 128) => "gdn_prefill_prepare_k256_v128",
+        (false, _, _) => "gdn_prefill_prepare_k256_v256",
+        (true, 64, 64) => "gdn_prefill_prepare_mma_k64_v64",
+        (true, 64, 128) => "gdn_prefill_prepare_mma_k64_v128",
+        (true, 64, _) => "gdn_prefill_prepare_mma_k64_v256",
+        (true, 128, 64) => "gdn_prefill_prepare_mma_k128_v64",
+        (true, 128, 128) => "gdn_prefill_prepare_mma_k128_v128",
+        (true, 128, _) => "gdn_prefill_prepare_mma_k128_v256",
+        (true, _, 64) => "gdn_prefill_prepare_mma_k256_v64",
+        (true, _, 128) => "gdn_prefill_prepare_mma_k256_v128",
+        (true, _, _) => "gdn_prefill_prepare_mma_k256_v256",
     }
 }
 
@@ -736,8 +805,13 @@ mod tests {
     fn prepare_blocks_fit_the_sm_at_k128() {
         // H100: 228 KB of shared memory per SM, 1 KB reserved per block.
         let per_sm = |bytes: usize| 233_472 / (bytes + 1024);
-        assert_eq!(prepare_smem(128, 128, 1), 73_280);
-        assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP)) >= 2);
-        assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP)) >= 2);
+        for kind in [PrepareKernel::Scalar, PrepareKernel::Mma] {
+            assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP, kind)) >= 2);
+            assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP, kind)) >= 2);
+            // Qwen3-Next (two value heads per key head): 3 blocks per SM, as the registers.
+            assert_eq!(per_sm(prepare_smem(128, 128, 2, kind)), 3);
+        }
+        assert_eq!(prepare_smem(128, 128, 1, PrepareKernel::Scalar), 73_280);
+        assert_eq!(prepare_smem(128, 128, 2, PrepareKernel::Mma), 76_736);
     }
 }

@@ -1,0 +1,296 @@
+// GDN chunked prefill: T = (I + A)^-1 of a chunk's strictly lower A (f32 [64][PF_LDF] in
+// shared memory) for the prepare kernel (gdn_prefill_prepare.cu). The library compiles the
+// files as one source, in the order gdn_prefill.cu, this file, the prepare, the state passes.
+//
+// Blockwise: the 16 x 16 diagonal blocks T_II by forward substitution, then the blocks below
+// them in two levels. Level 1, in both 32 x 32 diagonal blocks (at 0 and 32): T_21 = -T_22
+// (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA T_AA) on the 32 x 32 blocks.
+// Two forms of the levels: `invert_below_scalar` (f32 FMAs, 2 x 2 micro-tiles per thread)
+// and `invert_below_mma` (tensor cores, tf32 m16n8k8 with each operand split hi + lo, three
+// products per step, ~22 bits: each warp keeps its product A T in registers and feeds it to
+// the second product through shuffles, so a level needs no barrier inside).
+
+// f32 elements per row of A and T: 65 (every column access of the f32 FMA forms lands in
+// distinct banks) or, in the tensor-core module, 68 (each tf32 A-fragment load reads 32
+// distinct banks, B-fragment loads and accumulator stores two ways).
+#ifdef PF_PREPARE_MMA
+#define PF_LDF (PF_CHUNK + 4)
+#else
+#define PF_LDF (PF_CHUNK + 1)
+#endif
+
+// The diagonal blocks of T (and zeros above them). Column j by the four lanes of a quad:
+// lane part p sums the terms m = p (mod 4) of T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps
+// those T_mj in registers, the quad's sum by two shuffles. 256 threads; no barrier at the end.
+__device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float* t_mat) {
+    const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
+    const int base = j & ~15, c = j & 15;
+    float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = 4 * q + part;
+            const float a = a_mat[(base + r) * PF_LDF + base + m];
+            sum += (m >= c && m < r) ? a * column[q] : 0.0f;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
+        if ((r & 3) == part) column[r >> 2] = t;
+        if (part == 0) t_mat[(base + r) * PF_LDF + j] = t;
+    }
+    // The blocks above the diagonal blocks are zero (T is lower triangular); those below are
+    // written by the levels.
+    for (int r = part; r < base; r += 4) t_mat[r * PF_LDF + j] = 0.0f;
+}
+
+// The levels on f32 FMAs. Each product A T lands in A's own place (A is not read again),
+// computed into registers first; each thread owns a 2 x 2 micro-tile (rows i, i + h; columns
+// j, j + w), so every value it loads feeds two multiply-adds. Ends with a barrier.
+__device__ __forceinline__ void invert_below_scalar(float* a_mat, float* t_mat) {
+    constexpr int LDF = PF_LDF;
+    // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns j, j + 8)
+    // over threads 0..127.
+    const int level1 = threadIdx.x < 128;
+    const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
+    const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
+    float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
+    if (level1) {
+        const float* a0 = a_mat + row * LDF + 32 * blk;
+        const float* a8 = a0 + 8 * LDF;
+        const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+            const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
+            x00 += p0 * q0;
+            x08 += p0 * q8;
+            x80 += p8 * q0;
+            x88 += p8 * q8;
+        }
+    }
+    __syncthreads();
+    if (level1) {
+        float* x = a_mat + row * LDF + col;
+        x[0] = x00;
+        x[8] = x08;
+        x[8 * LDF] = x80;
+        x[8 * LDF + 8] = x88;
+    }
+    __syncthreads();
+    if (level1) {
+        // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
+        const float* t0 = t_mat + row * LDF + 32 * blk + 16;
+        const float* t8 = t0 + 8 * LDF;
+        const float* x = a_mat + (32 * blk + 16) * LDF + col;
+        float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
+        for (int m = 0; m <= ii + 8; ++m) {
+            const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
+            y00 -= p0 * q0;
+            y08 -= p0 * q8;
+            y80 -= p8 * q0;
+            y88 -= p8 * q8;
+        }
+        float* out = t_mat + row * LDF + col;
+        out[0] = y00;
+        out[8] = y08;
+        out[8 * LDF] = y80;
+        out[8 * LDF + 8] = y88;
+    }
+    __syncthreads();
+    // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
+    const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
+    const int row2 = 32 + i2;
+    float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
+    {
+        const float* a0 = a_mat + row2 * LDF;
+        const float* a16 = a0 + 16 * LDF;
+        const float* t = t_mat + j2;  // T_AA column j2, rows from 0
+#pragma unroll 8
+        for (int m = 0; m < 32; ++m) {
+            const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
+            z00 += p0 * q0;
+            z0h += p0 * q16;
+            zh0 += p16 * q0;
+            zhh += p16 * q16;
+        }
+    }
+    __syncthreads();
+    {
+        float* x = a_mat + row2 * LDF + j2;
+        x[0] = z00;
+        x[16] = z0h;
+        x[16 * LDF] = zh0;
+        x[16 * LDF + 16] = zhh;
+    }
+    __syncthreads();
+    {
+        // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
+        const float* t0 = t_mat + row2 * LDF + 32;
+        const float* t16 = t0 + 16 * LDF;
+        const float* x = a_mat + 32 * LDF + j2;
+        float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
+        for (int m = 0; m <= i2 + 16; ++m) {
+            const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
+            y00 -= p0 * q0;
+            y0h -= p0 * q16;
+            yh0 -= p16 * q0;
+            yhh -= p16 * q16;
+        }
+        float* out = t_mat + row2 * LDF + j2;
+        out[0] = y00;
+        out[16] = y0h;
+        out[16 * LDF] = yh0;
+        out[16 * LDF + 16] = yhh;
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------
+// tf32 tensor-core pieces. Fragments of m16n8k8 (g = lane / 4, t = lane % 4): A (16 x 8)
+// a0 = (g, t), a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4); B (8 x 8) b0 = (t, g),
+// b1 = (t + 4, g); C (16 x 8) c0 = (g, 2t), c1 = (g, 2t + 1), c2 = (g + 8, 2t), c3 = (g + 8,
+// 2t + 1).
+
+// x rounded to tf32 (nearest, ties away), as the 32-bit pattern the mma reads.
+__device__ __forceinline__ unsigned tf32_bits(float x) {
+    unsigned bits;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+    return bits;
+}
+
+__device__ __forceinline__ void mma_tf32_1688(float (&d)[4], const unsigned (&a)[4],
+                                              const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a b in ~f32 accuracy: each operand as hi + lo tf32 halves, the products lo hi, hi lo,
+// hi hi (small terms first; lo lo, ~2^-22 relative, is left out).
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        a_hi[i] = tf32_bits(a[i]);
+        a_lo[i] = tf32_bits(a[i] - __uint_as_float(a_hi[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        b_hi[i] = tf32_bits(b[i]);
+        b_lo[i] = tf32_bits(b[i] - __uint_as_float(b_hi[i]));
+    }
+    mma_tf32_1688(d, a_lo, b_hi);
+    mma_tf32_1688(d, a_hi, b_lo);
+    mma_tf32_1688(d, a_hi, b_hi);
+}
+
+// The A operand (16 x 8 at row0, col0) of a row-major f32 matrix x with leading dimension ld.
+__device__ __forceinline__ void frag_a_f32(float (&a)[4], const float* x, int ld, int row0,
+                                           int col0, int lane) {
+    const float* p = x + (row0 + (lane >> 2)) * ld + col0 + (lane & 3);
+    a[0] = p[0];
+    a[1] = p[8 * ld];
+    a[2] = p[4];
+    a[3] = p[8 * ld + 4];
+}
+
+// The B operand (8 x 8 at k0, n0) of a row-major f32 matrix x[k][n].
+__device__ __forceinline__ void frag_b_f32(float (&b)[2], const float* x, int ld, int k0, int n0,
+                                           int lane) {
+    const float* p = x + (k0 + (lane & 3)) * ld + n0 + (lane >> 2);
+    b[0] = p[0];
+    b[1] = p[4 * ld];
+}
+
+// The B operand of rows 8 H .. 8 H + 7 of a 16 x 8 matrix the warp holds as an accumulator c:
+// b0 = (8 H + t, g) sits in lane 4 t + g / 2, element 2 H + g % 2; b1 four rows further down.
+template <int H>
+__device__ __forceinline__ void frag_b_from_acc(float (&b)[2], const float (&c)[4], int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int from = 4 * t + (g >> 1);
+    const float even0 = __shfl_sync(0xffffffffu, c[2 * H], from);
+    const float odd0 = __shfl_sync(0xffffffffu, c[2 * H + 1], from);
+    const float even1 = __shfl_sync(0xffffffffu, c[2 * H], from + 16);
+    const float odd1 = __shfl_sync(0xffffffffu, c[2 * H + 1], from + 16);
+    b[0] = (g & 1) ? odd0 : even0;
+    b[1] = (g & 1) ? odd1 : even1;
+}
+
+// -c (16 x 8 accumulator) into the row-major f32 x at (row0, col0).
+__device__ __forceinline__ void store_negated_acc(float* x, int ld, int row0, int col0,
+                                                  const float (&c)[4], int lane) {
+    float* p = x + (row0 + (lane >> 2)) * ld + col0 + 2 * (lane & 3);
+    p[0] = -c[0];
+    p[1] = -c[1];
+    p[8 * ld] = -c[2];
+    p[8 * ld + 1] = -c[3];
+}
+
+// The levels on tensor cores. A is only read. Each warp owns 8 columns of one output tile and
+// forms the A T product rows that tile needs itself (X = A T in registers), so the second
+// product reads X through shuffles; blocks of T known to be zero (above its diagonal) are
+// skipped. 8 warps; ends with a barrier.
+__device__ __forceinline__ void invert_below_mma(const float* a_mat, float* t_mat) {
+    constexpr int LDF = PF_LDF;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Level 1 on warps 0-3: block blk (rows 32 blk + 16.., columns 32 blk..), strip of 8
+    // columns ns.
+    if (warp < 4) {
+        const int blk = warp >> 1, ns = warp & 1;
+        const int r0 = 32 * blk + 16, c0 = 32 * blk;
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            if (kk < ns) continue;  // T_11 rows above the strip's first column are zero
+            float a[4], b[2];
+            frag_a_f32(a, a_mat, LDF, r0, c0 + 8 * kk, lane);
+            frag_b_f32(b, t_mat, LDF, c0 + 8 * kk, c0 + 8 * ns, lane);
+            mma_tf32x3(x, a, b);
+        }
+        float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        {
+            float a[4], b[2];
+            frag_a_f32(a, t_mat, LDF, r0, r0, lane);
+            frag_b_from_acc<0>(b, x, lane);
+            mma_tf32x3(y, a, b);
+            frag_a_f32(a, t_mat, LDF, r0, r0 + 8, lane);
+            frag_b_from_acc<1>(b, x, lane);
+            mma_tf32x3(y, a, b);
+        }
+        store_negated_acc(t_mat, LDF, r0, c0 + 8 * ns, y, lane);
+    }
+    __syncthreads();
+    // Level 2 on all 8 warps: output rows 32 + 16 mt.., strip of 8 columns ns. The tile needs
+    // X rows 16 kt.. for kt <= mt (T_BB is lower triangular).
+    {
+        const int mt = warp >> 2, ns = warp & 3;
+        float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kt = 0; kt < 2; ++kt) {
+            if (kt > mt) continue;
+            // X rows 16 kt.., then its share of the output: y += T_BB[mt][kt] X.
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                if (kk < ns) continue;  // T_AA rows above the strip's first column are zero
+                float a[4], b[2];
+                frag_a_f32(a, a_mat, LDF, 32 + 16 * kt, 8 * kk, lane);
+                frag_b_f32(b, t_mat, LDF, 8 * kk, 8 * ns, lane);
+                mma_tf32x3(x, a, b);
+            }
+            float a[4], b[2];
+            frag_a_f32(a, t_mat, LDF, 32 + 16 * mt, 32 + 16 * kt, lane);
+            frag_b_from_acc<0>(b, x, lane);
+            mma_tf32x3(y, a, b);
+            frag_a_f32(a, t_mat, LDF, 32 + 16 * mt, 32 + 16 * kt + 8, lane);
+            frag_b_from_acc<1>(b, x, lane);
+            mma_tf32x3(y, a, b);
+        }
+        store_negated_acc(t_mat, LDF, 32 + 16 * mt, 8 * ns, y, lane);
+    }
+    __syncthreads();
+}

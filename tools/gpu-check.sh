@@ -434,8 +434,8 @@ for line in sys.stdin:
     du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
     ;;
 prefill-variants)
-    # Each prepare kernel (PREFILL_VARIANTS, default "default mma mma-prefetch":
-    # DELTAKV_PREFILL_PREPARE unset, =mma, =mma-prefetch) through the prefill suites, then
+    # Each prepare kernel (PREFILL_VARIANTS, default "scalar mma mma-prefetch":
+    # DELTAKV_PREFILL_PREPARE=scalar, =mma (the library default), =mma-prefetch) through the prefill suites, then
     # `bench gdn` at T 4096 and 16384 and ncu's per-kernel times at T 16384; then, while the
     # call has time (PREFILL_VARIANTS_BUDGET seconds, default 470), compute-sanitizer memcheck
     # and racecheck over one small test with the last variant, the loaded kernels' local
@@ -449,7 +449,7 @@ prefill-variants)
     summary=()
     budget=${PREFILL_VARIANTS_BUDGET:-470}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-    variants=${PREFILL_VARIANTS:-default mma mma-prefetch}
+    variants=${PREFILL_VARIANTS:-scalar mma mma-prefetch}
     use() { if [ "$1" = default ]; then unset DELTAKV_PREFILL_PREPARE; else export DELTAKV_PREFILL_PREPARE=$1; fi; }
     for variant in $variants; do
         use "$variant"

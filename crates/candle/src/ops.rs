@@ -323,6 +323,23 @@ struct Decode {
 const DIRECT_NAMES: [&str; 2] = ["g", "beta"];
 const FUSED_NAMES: [&str; 4] = ["a", "b", "A_log", "dt_bias"];
 
+impl Decode {
+    /// The gates' names (`[g, beta]` or `[a, b, A_log, dt_bias]`), each gate read-locked.
+    fn locked_gates(&self) -> (&'static [&'static str], Vec<Locked<'_>>) {
+        let names: &'static [&'static str] = if self.fused {
+            &FUSED_NAMES
+        } else {
+            &DIRECT_NAMES
+        };
+        let gates = names
+            .iter()
+            .zip(&self.gates)
+            .map(|(name, t)| Locked::new(name, t))
+            .collect();
+        (names, gates)
+    }
+}
+
 impl InplaceOp3 for Decode {
     fn name(&self) -> &'static str {
         "deltakv-gdn-decode"
@@ -340,16 +357,7 @@ impl InplaceOp3 for Decode {
         let (q, k) = (view("q", s2, l2)?, view("k", s3, l3)?);
         let v = Locked::new("v", &self.v);
         let slots = Locked::new("slot_indices", &self.slot_indices);
-        let names: &[&'static str] = if self.fused {
-            &FUSED_NAMES
-        } else {
-            &DIRECT_NAMES
-        };
-        let gates: Vec<Locked<'_>> = names
-            .iter()
-            .zip(&self.gates)
-            .map(|(name, t)| Locked::new(name, t))
-            .collect();
+        let (names, gates) = self.locked_gates();
         let (v, slots) = (v.view()?, slots.view()?);
         let gate_views = gates.iter().map(Locked::view).collect::<Result<Vec<_>>>()?;
         let gating = Gating::from_lookup(|name| {
@@ -388,16 +396,7 @@ impl InplaceOp3 for Decode {
             .ok_or_else(|| Error::Msg("deltakv's CUDA decode has no output buffers".into()))?;
         let v = Locked::new("v", &self.v);
         let slots = Locked::new("slot_indices", &self.slot_indices);
-        let names: &[&'static str] = if self.fused {
-            &FUSED_NAMES
-        } else {
-            &DIRECT_NAMES
-        };
-        let gates: Vec<Locked<'_>> = names
-            .iter()
-            .zip(&self.gates)
-            .map(|(name, t)| Locked::new(name, t))
-            .collect();
+        let (_, gates) = self.locked_gates();
         let gate_parts: Vec<(&'static str, &Storage, &Layout)> = gates
             .iter()
             .map(|l| {

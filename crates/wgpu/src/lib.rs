@@ -85,8 +85,8 @@ const CHUNK_CONSTANTS: &[Constants] = &[
     ],
 ];
 
-/// The two-pass prefill's state pass: 32- and 16-column tiles with 16 row groups at K = 128
-/// and 256, and the other row groups.
+/// The two-pass prefill's state pass: its default shapes (16-column tiles with 32 row groups,
+/// 32-column tiles with 16) and the others its environment variables select.
 const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
     &[("VT", 32.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],
     &[("VT", 16.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],

@@ -141,9 +141,13 @@ impl ChunkLaunch {
                 _ => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
             };
         let tile = if narrow_tiles { 16 } else { 32 };
+        // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
+        // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
+        // threads of 16 groups for the same products.
         let row_groups = match std::env::var(GROUPS_ENV).ok().as_deref().map(str::trim) {
             Some("8") => 8,
-            Some("32") if tile == 16 => 32,
+            Some("16") => 16,
+            _ if tile == 16 => 32,
             _ => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;

@@ -88,11 +88,49 @@ const CHUNK_CONSTANTS: &[Constants] = &[
 /// The two-pass prefill's state pass: its default shapes (16-column tiles with 32 row groups,
 /// 32-column tiles with 16) and the others its environment variables select.
 const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
-    &[("VT", 32.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],
-    &[("VT", 16.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 2.0)],
-    &[("VT", 16.0), ("ROW_GROUPS", 16.0), ("ROW_BLOCKS", 4.0)],
-    &[("VT", 32.0), ("ROW_GROUPS", 8.0), ("ROW_BLOCKS", 8.0)],
-    &[("VT", 16.0), ("ROW_GROUPS", 32.0), ("ROW_BLOCKS", 1.0)],
+    &[
+        ("VT", 32.0),
+        ("ROW_GROUPS", 16.0),
+        ("ROW_BLOCKS", 2.0),
+        ("STATE_KP4", 32.0),
+    ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 16.0),
+        ("ROW_BLOCKS", 2.0),
+        ("STATE_KP4", 32.0),
+    ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 16.0),
+        ("ROW_BLOCKS", 4.0),
+        ("STATE_KP4", 64.0),
+    ],
+    &[
+        ("VT", 32.0),
+        ("ROW_GROUPS", 8.0),
+        ("ROW_BLOCKS", 8.0),
+        ("STATE_KP4", 0.0),
+    ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 32.0),
+        ("ROW_BLOCKS", 1.0),
+        ("STATE_KP4", 32.0),
+    ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 32.0),
+        ("ROW_BLOCKS", 1.0),
+        ("STATE_KP4", 32.0),
+        ("BATCHED_LOADS", 0.0),
+    ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 32.0),
+        ("ROW_BLOCKS", 1.0),
+        ("STATE_KP4", 0.0),
+    ],
 ];
 
 /// Every shader of the backend, with sets of its `override` constants (each set is one

@@ -39,6 +39,15 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// threads are row groups x column pairs, at most 256: 32 groups only with 16-column tiles).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
+/// Set to `0`, the environment variable that makes the state pass read the row width of W, Qd
+/// and Kd (ceil(K / 4) words) at run time instead of fixing it in the pipeline (for timing one
+/// against the other).
+pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
+
+/// Set to `0`, the environment variable that makes the state pass issue one scratch load per
+/// loop trip instead of batches of four or eight (for timing one against the other).
+pub const BATCHED_ENV: &str = "DELTAKV_WGPU_PREFILL_BATCHED";
+
 /// Which passes a submission runs (both for a prefill; one alone to time it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkPasses {
@@ -151,6 +160,19 @@ impl ChunkLaunch {
             _ => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;
+        let batched_loads = u32::from(
+            std::env::var(BATCHED_ENV)
+                .ok()
+                .is_none_or(|v| v.trim() != "0"),
+        );
+        let state_kp4 = match std::env::var(FIXED_WIDTH_ENV)
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0") => 0,
+            _ => kp4 as u32,
+        };
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
@@ -197,6 +219,8 @@ impl ChunkLaunch {
                 ("VT", tile as u32),
                 ("ROW_GROUPS", row_groups as u32),
                 ("ROW_BLOCKS", row_blocks),
+                ("STATE_KP4", state_kp4),
+                ("BATCHED_LOADS", batched_loads),
             ],
         )?;
         let group = |pipeline: &wgpu::ComputePipeline, bound: &[(u32, &wgpu::Buffer)]| {

@@ -63,11 +63,34 @@
 #                                   # better of a copy shader and copy_buffer_to_buffer), the
 #                                   # chunked prefill's two passes timed alone and with either
 #                                   # column tile; summary last.
+#   tools/gpu-check.sh wgpu-prefill # there, carrying .carry/deltakv, .carry/vulkan and the two
+#                                   # wgpu prefill test executables: those suites on NVIDIA's
+#                                   # Vulkan driver, the chunked prefill timed in its default
+#                                   # shape and with each state-pass variable, CUDA's beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
-mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda|candle-cuda}
+
+# The Vulkan loader unpacked from the carried .deb files, NVIDIA's ICD named where the image
+# keeps it, and what was found written to $1/vulkan.txt.
+vulkan_setup() {
+    for f in .carry/vulkan/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 &&
+        [ -e "$icd" ]; then
+        export VK_DRIVER_FILES="$icd"
+        export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+    fi
+    export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+    {
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+        echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
+        ldconfig -p | grep libvulkan || true
+    } | tee "$1/vulkan.txt"
+}
+mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|wgpu-prefill|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
 # `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
@@ -558,6 +581,34 @@ kv-lab)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+wgpu-prefill)
+    # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
+    # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
+    # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384) in the default
+    # shape and with each state-pass variable, beside `bench gdn --device cuda`'s prefill.
+    out=${OUT:-gpu-check-out}
+    mkdir -p "$out"
+    vulkan_setup "$out"
+    summary=()
+    for t in .carry/tests/deltakv-wgpu-gdn_prefill .carry/tests/deltakv-wgpu-prefill_state_shapes; do
+        name=$(basename "$t")
+        if CI=true "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'worst rel_rms\|device: ' "$out/$name.log")")
+        else
+            summary+=("FAIL $name (see $name.log)")
+        fi
+    done
+    for variant in default GROUPS=16 FIXED_WIDTH=0 BATCHED=0; do
+        setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
+        env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
+            --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
+        summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-prefill-bench.txt" | tail -n 2 | tr '\n' ' ')")
+    done
+    .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
+        >"$out/cuda-prefill-bench.txt" 2>&1 || true
+    summary+=("cuda prefill: $(grep -h 'B=1  T=16384' "$out/cuda-prefill-bench.txt" | head -n 1)")
+    printf '%s\n' "== summary" "${summary[@]}" | tee "$out/summary.txt"
+    ;;
 wgpu)
     # Results in $out: vulkan.txt, wgpu-bench.txt, cuda-bench.txt, the JSON records,
     # summary.txt and every log in logs.tar.gz.
@@ -565,20 +616,7 @@ wgpu)
     logs=$(mktemp -d)/logs
     mkdir -p "$out" "$logs"
     summary=()
-    for f in .carry/vulkan/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-    icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 &&
-        [ -e "$icd" ]; then
-        export VK_DRIVER_FILES="$icd"
-        export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-    fi
-    export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-    {
-        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-        echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
-        ldconfig -p | grep libvulkan || true
-    } | tee "$out/vulkan.txt"
+    vulkan_setup "$out"
     # Every wgpu test (CI=true: a test that finds no adapter fails), the CLI's device tests
     # (gdn, gdn-decode --device wgpu against --device cpu) and the facade's device tensors.
     for t in .carry/tests/deltakv-wgpu-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor; do
@@ -626,7 +664,7 @@ wgpu)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 *)
-    echo "usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|build-prefill|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|py-cuda" >&2
+    echo "usage: tools/gpu-check.sh build|build-py|run [quick]|prefill [quick]|build-prefill|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|wgpu-prefill|py-cuda|candle-cuda" >&2
     exit 2
     ;;
 esac

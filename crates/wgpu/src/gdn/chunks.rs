@@ -212,7 +212,7 @@ impl ChunkLaunch {
                     .collect::<Vec<u8>>(),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        let prepare = wgpu.pipeline(&PREPARE, &[])?;
+        let prepare = wgpu.pipeline(&PREPARE, &[("BATCHED_LOADS", batched_loads)])?;
         let state = wgpu.pipeline(
             &STATE,
             &[

@@ -292,7 +292,25 @@ fn gdn_chunk_prepare(
         let block = item / dim4;
         let c4 = item % dim4;
         var acc: array<vec4<f32>, 8>;
-        for (var m = 0u; m < len; m++) {
+        // Four rows of k (or v) loaded before they are used, then the rest one at a time.
+        let batched_rows = select(0u, len & ~3u, BATCHED_LOADS != 0u);
+        for (var m = 0u; m < batched_rows; m += 4u) {
+            var rows: array<vec4<f32>, 4>;
+            for (var j = 0u; j < 4u; j++) {
+                if is_w {
+                    rows[j] = load_row4(1u, start + m + j, kh, p.key_heads, kd, c4);
+                } else {
+                    rows[j] = load_row4(2u, start + m + j, h, heads, p.value_dim, c4);
+                }
+            }
+            for (var j = 0u; j < 4u; j++) {
+                let x = rows[j] * select(beta_c[m + j], coef_w[m + j], is_w);
+                for (var r = 0u; r < 8u; r++) {
+                    acc[r] += t_inv[(8u * block + r) * CP + m + j] * x;
+                }
+            }
+        }
+        for (var m = batched_rows; m < len; m++) {
             var x: vec4<f32>;
             if is_w {
                 x = load_row4(1u, start + m, kh, p.key_heads, kd, c4) * coef_w[m];

@@ -122,13 +122,6 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
         ("VT", 16.0),
         ("ROW_GROUPS", 32.0),
         ("ROW_BLOCKS", 1.0),
-        ("STATE_KP4", 32.0),
-        ("BATCHED_LOADS", 0.0),
-    ],
-    &[
-        ("VT", 16.0),
-        ("ROW_GROUPS", 32.0),
-        ("ROW_BLOCKS", 1.0),
         ("STATE_KP4", 0.0),
     ],
 ];
@@ -144,8 +137,15 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
-    (gdn::chunks::PREPARE, &[&[], &[("BATCHED_LOADS", 0.0)]]),
+    (gdn::chunks::PREPARE, &[&[]]),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
+    (
+        gdn::chunks::STATE_BLOCK,
+        &[
+            &[("VT", 16.0), ("STATE_KP4", 32.0)],
+            &[("VT", 16.0), ("STATE_KP4", 0.0)],
+        ],
+    ),
     (tensor::FILL, &[&[]]),
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),

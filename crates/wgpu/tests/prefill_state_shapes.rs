@@ -1,6 +1,6 @@
 //! The chunked prefill's state pass in every shape its environment variables select (column
 //! tiles of 16 or 32, 8, 16 or 32 row groups, the row width fixed in the pipeline or read at run
-//! time, scratch loads batched or one per trip), not only the default one, against the f64 oracle:
+//! time, the one-block kernel or the general one), not only the default one, against the f64 oracle:
 //! K = 128 (one 4-row block per thread at 32 groups) and K = 64 / V = 96 (row groups past K,
 //! a partial column tile), with initial states, l2 norm and odd lengths. Its own test binary,
 //! so setting the variables between calls reaches no other test.
@@ -11,7 +11,7 @@ use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::gdn::chunks::{BATCHED_ENV, FIXED_WIDTH_ENV, GROUPS_ENV, TILE_ENV};
+use deltakv_wgpu::gdn::chunks::{FIXED_WIDTH_ENV, GROUPS_ENV, STATE_KERNEL_ENV, TILE_ENV};
 use deltakv_wgpu::gdn::gdn_prefill;
 
 #[test]
@@ -35,22 +35,22 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         .collect();
     let mut worst = [0f64; 2];
     let shapes = [
-        ("16", "8", "1", "1"),
-        ("16", "16", "1", "1"),
-        ("16", "32", "1", "1"),
-        ("16", "32", "1", "0"),
-        ("16", "32", "0", "1"),
-        ("32", "8", "1", "1"),
-        ("32", "16", "1", "1"),
-        ("32", "16", "0", "1"),
+        ("16", "8", "1", "block"),
+        ("16", "16", "1", "block"),
+        ("16", "32", "1", "block"),
+        ("16", "32", "0", "block"),
+        ("16", "32", "1", "loops"),
+        ("32", "8", "1", "block"),
+        ("32", "16", "1", "block"),
+        ("32", "16", "0", "block"),
     ];
-    for (tile, groups, fixed_width, batched) in shapes {
+    for (tile, groups, fixed_width, kernel) in shapes {
         // SAFETY: this binary's only test sets the variables; the prefill reads them per call.
         unsafe {
             std::env::set_var(TILE_ENV, tile);
             std::env::set_var(GROUPS_ENV, groups);
             std::env::set_var(FIXED_WIDTH_ENV, fixed_width);
-            std::env::set_var(BATCHED_ENV, batched);
+            std::env::set_var(STATE_KERNEL_ENV, kernel);
         }
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();
@@ -60,7 +60,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
             let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
             println!(
-                "tile {tile}, {groups} row groups, fixed width {fixed_width}, batched {batched}, T={} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e}",
+                "tile {tile}, {groups} row groups, fixed width {fixed_width}, kernel {kernel}, T={} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e}",
                 spec.tokens, spec.key_dim, spec.value_dim
             );
             assert!(

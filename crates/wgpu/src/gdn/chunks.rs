@@ -31,6 +31,17 @@ pub const STATE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state",
 };
 
+/// The state pass with one chunk row and one 4-row block of S per thread, in straight-line code.
+pub const STATE_BLOCK: ShaderSource = ShaderSource {
+    name: "gdn_chunk_state_block",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state_block.wgsl")
+    ),
+    entry_point: "gdn_chunk_state_block",
+};
+
 /// Set to 16 or 32, the environment variable that fixes the state pass's column tile (for
 /// timing one against the other); K > 128 always takes 16.
 pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
@@ -44,9 +55,10 @@ pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 /// against the other).
 pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
 
-/// Set to `0`, the environment variable that makes the state pass issue one scratch load per
-/// loop trip instead of batches of four or eight (for timing one against the other).
-pub const BATCHED_ENV: &str = "DELTAKV_WGPU_PREFILL_BATCHED";
+/// Set to `loops`, the environment variable that makes the state pass run its general kernel
+/// (`gdn_chunk_state`) where the one-block kernel (`gdn_chunk_state_block`: 16-column tiles,
+/// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
+pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
 /// Which passes a submission runs (both for a prefill; one alone to time it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,11 +172,15 @@ impl ChunkLaunch {
             _ => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;
-        let batched_loads = u32::from(
-            std::env::var(BATCHED_ENV)
+        let block_kernel = tile == 16
+            && row_groups == 32
+            && kp4 <= 32
+            && kp4 % 4 == 0
+            && std::env::var(STATE_KERNEL_ENV)
                 .ok()
-                .is_none_or(|v| v.trim() != "0"),
-        );
+                .as_deref()
+                .map(str::trim)
+                != Some("loops");
         let state_kp4 = match std::env::var(FIXED_WIDTH_ENV)
             .ok()
             .as_deref()
@@ -212,17 +228,20 @@ impl ChunkLaunch {
                     .collect::<Vec<u8>>(),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        let prepare = wgpu.pipeline(&PREPARE, &[("BATCHED_LOADS", batched_loads)])?;
-        let state = wgpu.pipeline(
-            &STATE,
-            &[
-                ("VT", tile as u32),
-                ("ROW_GROUPS", row_groups as u32),
-                ("ROW_BLOCKS", row_blocks),
-                ("STATE_KP4", state_kp4),
-                ("BATCHED_LOADS", batched_loads),
-            ],
-        )?;
+        let prepare = wgpu.pipeline(&PREPARE, &[])?;
+        let state = if block_kernel {
+            wgpu.pipeline(&STATE_BLOCK, &[("VT", 16), ("STATE_KP4", state_kp4)])?
+        } else {
+            wgpu.pipeline(
+                &STATE,
+                &[
+                    ("VT", tile as u32),
+                    ("ROW_GROUPS", row_groups as u32),
+                    ("ROW_BLOCKS", row_blocks),
+                    ("STATE_KP4", state_kp4),
+                ],
+            )?
+        };
         let group = |pipeline: &wgpu::ComputePipeline, bound: &[(u32, &wgpu::Buffer)]| {
             let entries: Vec<wgpu::BindGroupEntry> = bound
                 .iter()

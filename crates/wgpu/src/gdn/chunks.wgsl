@@ -35,10 +35,6 @@ override ROW_BLOCKS: u32 = 4u;
 // the loops over a row of W, Qd and Kd have constant trip counts, so the driver can unroll them
 // and issue the row's loads together instead of one load per trip.
 override STATE_KP4: u32 = 0u;
-// 1: with one chunk row and one 4-row block of S per thread and K a multiple of 16, the state
-// pass issues its scratch loads four (W, Qd, Kd) or eight (P) at a time before using them, so
-// each thread has that many loads in flight instead of one per loop trip. 0: one per trip.
-override BATCHED_LOADS: u32 = 1u;
 
 struct ChunkParams {
     key_heads: u32,
@@ -292,25 +288,7 @@ fn gdn_chunk_prepare(
         let block = item / dim4;
         let c4 = item % dim4;
         var acc: array<vec4<f32>, 8>;
-        // Four rows of k (or v) loaded before they are used, then the rest one at a time.
-        let batched_rows = select(0u, len & ~3u, BATCHED_LOADS != 0u);
-        for (var m = 0u; m < batched_rows; m += 4u) {
-            var rows: array<vec4<f32>, 4>;
-            for (var j = 0u; j < 4u; j++) {
-                if is_w {
-                    rows[j] = load_row4(1u, start + m + j, kh, p.key_heads, kd, c4);
-                } else {
-                    rows[j] = load_row4(2u, start + m + j, h, heads, p.value_dim, c4);
-                }
-            }
-            for (var j = 0u; j < 4u; j++) {
-                let x = rows[j] * select(beta_c[m + j], coef_w[m + j], is_w);
-                for (var r = 0u; r < 8u; r++) {
-                    acc[r] += t_inv[(8u * block + r) * CP + m + j] * x;
-                }
-            }
-        }
-        for (var m = batched_rows; m < len; m++) {
+        for (var m = 0u; m < len; m++) {
             var x: vec4<f32>;
             if is_w {
                 x = load_row4(1u, start + m, kh, p.key_heads, kd, c4) * coef_w[m];
@@ -363,79 +341,6 @@ var<workgroup> s_tile: array<vec2<f32>, 2048>;
 var<workgroup> v_new: array<vec2<f32>, 512>;
 var<workgroup> seq_chunks: vec2<u32>;
 
-// The batched forms of the state pass's three products for a thread with one chunk row and one
-// 4-row block of S (the loads of a batch are independent, so they are all in flight at once).
-
-// (W S, Qd S) for the chunk row starting at words w_row of W and q_row of Qd (kp4 % 4 == 0).
-fn row_products_batched(w_row: u32, q_row: u32, kp4: u32, cp: u32) -> array<vec2<f32>, 2> {
-    let pairs = VT / 2u;
-    var ws = vec2<f32>(0.0);
-    var qs = vec2<f32>(0.0);
-    for (var r16 = 0u; r16 < kp4; r16 += 4u) {
-        let w0 = scratch[w_row + r16];
-        let w1 = scratch[w_row + r16 + 1u];
-        let w2 = scratch[w_row + r16 + 2u];
-        let w3 = scratch[w_row + r16 + 3u];
-        let x0 = scratch[q_row + r16];
-        let x1 = scratch[q_row + r16 + 1u];
-        let x2 = scratch[q_row + r16 + 2u];
-        let x3 = scratch[q_row + r16 + 3u];
-        let ww = array<vec4<f32>, 4>(w0, w1, w2, w3);
-        let xx = array<vec4<f32>, 4>(x0, x1, x2, x3);
-        for (var j = 0u; j < 4u; j++) {
-            let r = 4u * (r16 + j);
-            let s0 = s_tile[r * pairs + cp];
-            let s1 = s_tile[(r + 1u) * pairs + cp];
-            let s2 = s_tile[(r + 2u) * pairs + cp];
-            let s3 = s_tile[(r + 3u) * pairs + cp];
-            let w = ww[j];
-            let x = xx[j];
-            ws += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
-            qs += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
-        }
-    }
-    return array<vec2<f32>, 2>(ws, qs);
-}
-
-// P V' for the chunk row starting at word p_row of P: its eight words loaded first.
-fn p_times_v_new_batched(p_row: u32, cp: u32) -> vec2<f32> {
-    let pairs = VT / 2u;
-    var words: array<vec4<f32>, 8>;
-    for (var j4 = 0u; j4 < 8u; j4++) {
-        words[j4] = scratch[p_row + j4];
-    }
-    var acc = vec2<f32>(0.0);
-    for (var j4 = 0u; j4 < 8u; j4++) {
-        let pw = words[j4];
-        acc += pw.x * v_new[(4u * j4) * pairs + cp] + pw.y * v_new[(4u * j4 + 1u) * pairs + cp]
-            + pw.z * v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * v_new[(4u * j4 + 3u) * pairs + cp];
-    }
-    return acc;
-}
-
-// Kd^T V' for the four state rows of word column `kd_col` of Kd (rows kd_col, + kp4, ...),
-// four chunk rows per batch of loads.
-fn kd_times_v_new_batched(kd_col: u32, kp4: u32, cp: u32) -> array<vec2<f32>, 4> {
-    let pairs = VT / 2u;
-    var added: array<vec2<f32>, 4>;
-    for (var j4 = 0u; j4 < C; j4 += 4u) {
-        let k0 = scratch[kd_col + j4 * kp4];
-        let k1 = scratch[kd_col + (j4 + 1u) * kp4];
-        let k2 = scratch[kd_col + (j4 + 2u) * kp4];
-        let k3 = scratch[kd_col + (j4 + 3u) * kp4];
-        let kk = array<vec4<f32>, 4>(k0, k1, k2, k3);
-        for (var j = 0u; j < 4u; j++) {
-            let vj = v_new[(j4 + j) * pairs + cp];
-            let kv = kk[j];
-            added[0] += kv.x * vj;
-            added[1] += kv.y * vj;
-            added[2] += kv.z * vj;
-            added[3] += kv.w * vj;
-        }
-    }
-    return added;
-}
-
 // Thread (rg, cp) of ROW_GROUPS * VT / 2 (cp = column pair, rg = 0..ROW_GROUPS): the products
 // for chunk rows CHUNK_ROWS rg .. CHUNK_ROWS (rg + 1) - 1 and its two columns; the state rows of
 // blocks rg + ROW_GROUPS m (4 rows each).
@@ -453,7 +358,6 @@ fn gdn_chunk_state(
     let kd = p.key_dim;
     let vd = p.value_dim;
     let kp4 = select(p.kp4, STATE_KP4, STATE_KP4 != 0u);
-    let batched = BATCHED_LOADS != 0u && CHUNK_ROWS == 1u && ROW_BLOCKS == 1u && kp4 % 4u == 0u;
     let col = wid.x * VT + 2u * cp;
     let col_ok = vec2<bool>(col < vd, col + 1u < vd);
     if tid == 0u {
@@ -498,12 +402,7 @@ fn gdn_chunk_state(
         var qs: array<vec2<f32>, 4>;
         let w_row = p.w_at + (ch * C + CHUNK_ROWS * rg) * kp4;
         let q_row = p.qd_at + (ch * C + CHUNK_ROWS * rg) * kp4;
-        if batched {
-            let products = row_products_batched(w_row, q_row, kp4, cp);
-            ws[0] = products[0];
-            qs[0] = products[1];
-        }
-        for (var r4 = 0u; r4 < select(kp4, 0u, batched); r4++) {
+        for (var r4 = 0u; r4 < kp4; r4++) {
             let s0 = s_tile[(4u * r4) * pairs + cp];
             let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
             let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
@@ -528,10 +427,7 @@ fn gdn_chunk_state(
         let start = chunk_info[2u * n];
         let len = chunk_info[2u * n + 1u];
         let p_row = p.p_at + (ch * C + CHUNK_ROWS * rg) * (C / 4u);
-        if batched {
-            qs[0] += p_times_v_new_batched(p_row, cp);
-        }
-        for (var j4 = 0u; j4 < select(C / 4u, 0u, batched); j4++) {
+        for (var j4 = 0u; j4 < C / 4u; j4++) {
             let v0 = v_new[(4u * j4) * pairs + cp];
             let v1 = v_new[(4u * j4 + 1u) * pairs + cp];
             let v2 = v_new[(4u * j4 + 2u) * pairs + cp];
@@ -556,13 +452,7 @@ fn gdn_chunk_state(
             }
         }
         let kd_base = p.kd_at + ch * C * kp4;
-        if batched && rg < kp4 {
-            let added = kd_times_v_new_batched(kd_base + rg, kp4, cp);
-            for (var e = 0u; e < 4u; e++) {
-                s[e] += added[e];
-            }
-        }
-        for (var jj = 0u; jj < select(C, 0u, batched); jj++) {
+        for (var jj = 0u; jj < C; jj++) {
             let vj = v_new[jj * pairs + cp];
             for (var m = 0u; m < ROW_BLOCKS; m++) {
                 let b = rg + ROW_GROUPS * m;

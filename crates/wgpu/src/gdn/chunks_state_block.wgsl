@@ -1,0 +1,191 @@
+// ---- gdn_chunk_state_block ----
+//
+// The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
+// owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
+// so K <= 128), with K a multiple of 16. Same math and the same order of every sum as
+// `gdn_chunk_state`. Written without function-scope arrays: the state rows, the loaded words and
+// the sums are named values, so nothing can be placed in a thread's off-chip local memory, and
+// the loops issue four (W, Qd, Kd) or eight (P) independent scratch loads before using them. U
+// and P are loaded before the barriers that precede their use.
+
+// (W S, Qd S) of one 4-row block r4 of the tile of S, for the words w of W and x of Qd.
+fn tile_block_products(w: vec4<f32>, x: vec4<f32>, r4: u32, cp: u32) -> vec4<f32> {
+    let pairs = VT / 2u;
+    let s0 = s_tile[(4u * r4) * pairs + cp];
+    let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
+    let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
+    let s3 = s_tile[(4u * r4 + 3u) * pairs + cp];
+    let ws = w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+    let qs = x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
+    return vec4<f32>(ws, qs);
+}
+
+// P V' over the chunk rows 4 j4 .. 4 j4 + 3, for the word pw of P.
+fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
+    let pairs = VT / 2u;
+    return pw.x * v_new[(4u * j4) * pairs + cp] + pw.y * v_new[(4u * j4 + 1u) * pairs + cp]
+        + pw.z * v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * v_new[(4u * j4 + 3u) * pairs + cp];
+}
+
+// Row r of the state slab at columns col, col + 1 (zeros past K and V).
+fn state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
+    var x = vec2<f32>(0.0);
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        x.x = state[at];
+        if col_ok.y {
+            x.y = state[at + 1u];
+        }
+    }
+    return x;
+}
+
+fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        state[at] = x.x;
+        if col_ok.y {
+            state[at + 1u] = x.y;
+        }
+    }
+}
+
+@compute @workgroup_size(C * VT / 2u)
+fn gdn_chunk_state_block(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let pairs = VT / 2u;
+    let cp = tid % pairs;
+    let rg = tid / pairs;
+    let h = wid.y;
+    let seq = wid.z;
+    let heads = p.value_heads;
+    let vd = p.value_dim;
+    let kp4 = select(p.kp4, STATE_KP4, STATE_KP4 != 0u);
+    let col = wid.x * VT + 2u * cp;
+    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
+    if tid == 0u {
+        let first = chunk_info[2u * p.chunks + seq];
+        seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
+    }
+    let chunks = workgroupUniformLoad(&seq_chunks);
+
+    let slab = (seq * heads + h) * p.key_dim;
+    let has_rows = rg < kp4;
+    let r = 4u * rg;
+    var s0 = state_pair(slab, r, col, col_ok);
+    var s1 = state_pair(slab, r + 1u, col, col_ok);
+    var s2 = state_pair(slab, r + 2u, col, col_ok);
+    var s3 = state_pair(slab, r + 3u, col, col_ok);
+
+    for (var n = chunks.x; n < chunks.y; n++) {
+        let ch = n * heads + h;
+        if has_rows {
+            s_tile[r * pairs + cp] = s0;
+            s_tile[(r + 1u) * pairs + cp] = s1;
+            s_tile[(r + 2u) * pairs + cp] = s2;
+            s_tile[(r + 3u) * pairs + cp] = s3;
+        }
+        let u4 = scratch[p.u_at + (ch * C + rg) * p.vp4 + col / 4u];
+        workgroupBarrier();
+
+        // W S and Qd S for chunk row rg.
+        let w_row = p.w_at + (ch * C + rg) * kp4;
+        let q_row = p.qd_at + (ch * C + rg) * kp4;
+        var ws = vec2<f32>(0.0);
+        var qs = vec2<f32>(0.0);
+        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
+            let w0 = scratch[w_row + r4];
+            let w1 = scratch[w_row + r4 + 1u];
+            let w2 = scratch[w_row + r4 + 2u];
+            let w3 = scratch[w_row + r4 + 3u];
+            let x0 = scratch[q_row + r4];
+            let x1 = scratch[q_row + r4 + 1u];
+            let x2 = scratch[q_row + r4 + 2u];
+            let x3 = scratch[q_row + r4 + 3u];
+            let t0 = tile_block_products(w0, x0, r4, cp);
+            let t1 = tile_block_products(w1, x1, r4 + 1u, cp);
+            let t2 = tile_block_products(w2, x2, r4 + 2u, cp);
+            let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
+            ws += t0.xy;
+            qs += t0.zw;
+            ws += t1.xy;
+            qs += t1.zw;
+            ws += t2.xy;
+            qs += t2.zw;
+            ws += t3.xy;
+            qs += t3.zw;
+        }
+        // V' = U - W S; P's row and the chunk's decay loaded before the barrier.
+        v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
+        let p_row = p.p_at + (ch * C + rg) * (C / 4u);
+        let p0 = scratch[p_row];
+        let p1 = scratch[p_row + 1u];
+        let p2 = scratch[p_row + 2u];
+        let p3 = scratch[p_row + 3u];
+        let p4 = scratch[p_row + 4u];
+        let p5 = scratch[p_row + 5u];
+        let p6 = scratch[p_row + 6u];
+        let p7 = scratch[p_row + 7u];
+        let decay = scratch[p.decay_at + ch].x;
+        workgroupBarrier();
+
+        // O = Qd S + P V'.
+        qs += new_value_products(p0, 0u, cp);
+        qs += new_value_products(p1, 1u, cp);
+        qs += new_value_products(p2, 2u, cp);
+        qs += new_value_products(p3, 3u, cp);
+        qs += new_value_products(p4, 4u, cp);
+        qs += new_value_products(p5, 5u, cp);
+        qs += new_value_products(p6, 6u, cp);
+        qs += new_value_products(p7, 7u, cp);
+        let start = chunk_info[2u * n];
+        let len = chunk_info[2u * n + 1u];
+        if rg < len && col_ok.x {
+            store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
+        }
+
+        // S <- exp(G_last) S + Kd^T V'.
+        s0 *= decay;
+        s1 *= decay;
+        s2 *= decay;
+        s3 *= decay;
+        if has_rows {
+            let kd_col = p.kd_at + ch * C * kp4 + rg;
+            for (var j4 = 0u; j4 < C; j4 += 4u) {
+                let k0 = scratch[kd_col + j4 * kp4];
+                let k1 = scratch[kd_col + (j4 + 1u) * kp4];
+                let k2 = scratch[kd_col + (j4 + 2u) * kp4];
+                let k3 = scratch[kd_col + (j4 + 3u) * kp4];
+                let v0 = v_new[j4 * pairs + cp];
+                let v1 = v_new[(j4 + 1u) * pairs + cp];
+                let v2 = v_new[(j4 + 2u) * pairs + cp];
+                let v3 = v_new[(j4 + 3u) * pairs + cp];
+                s0 += k0.x * v0;
+                s1 += k0.y * v0;
+                s2 += k0.z * v0;
+                s3 += k0.w * v0;
+                s0 += k1.x * v1;
+                s1 += k1.y * v1;
+                s2 += k1.z * v1;
+                s3 += k1.w * v1;
+                s0 += k2.x * v2;
+                s1 += k2.y * v2;
+                s2 += k2.z * v2;
+                s3 += k2.w * v2;
+                s0 += k3.x * v3;
+                s1 += k3.y * v3;
+                s2 += k3.z * v3;
+                s3 += k3.w * v3;
+            }
+        }
+        // The next chunk writes s_tile and v_new only after its first barrier, which every
+        // thread reaches after this chunk's reads.
+    }
+
+    store_state_pair(slab, r, col, col_ok, s0);
+    store_state_pair(slab, r + 1u, col, col_ok, s1);
+    store_state_pair(slab, r + 2u, col, col_ok, s2);
+    store_state_pair(slab, r + 3u, col, col_ok, s3);
+}

@@ -86,17 +86,25 @@ fn load_elem(which: u32, i: u32) -> f32 {
     return widen(v[w], i, d);
 }
 
-// Elements 4 c4 .. 4 c4 + 3 of the row of `token` and `head` (zeros past the row's `dim`).
-fn load_row4(which: u32, token: u32, head: u32, heads: u32, dim: u32, c4: u32) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
-    let base = (token * heads + head) * dim;
-    for (var e = 0u; e < 4u; e++) {
-        let c = 4u * c4 + e;
-        if c < dim {
-            x[e] = load_elem(which, base + c);
-        }
+// Element c of the row starting at element `base` (0 past the row's `dim`).
+fn load_row_elem(which: u32, base: u32, c: u32, dim: u32) -> f32 {
+    if c < dim {
+        return load_elem(which, base + c);
     }
-    return x;
+    return 0.0;
+}
+
+// Elements 4 c4 .. 4 c4 + 3 of the row of `token` and `head` (zeros past the row's `dim`),
+// each component named (no dynamic index into the vector).
+fn load_row4(which: u32, token: u32, head: u32, heads: u32, dim: u32, c4: u32) -> vec4<f32> {
+    let base = (token * heads + head) * dim;
+    let c = 4u * c4;
+    return vec4<f32>(
+        load_row_elem(which, base, c, dim),
+        load_row_elem(which, base, c + 1u, dim),
+        load_row_elem(which, base, c + 2u, dim),
+        load_row_elem(which, base, c + 3u, dim),
+    );
 }
 
 // Stores o element i (two consecutive elements starting at i when `pair`).
@@ -145,6 +153,14 @@ var<workgroup> coef_w: array<f32, C>;
 var<workgroup> coef_qd: array<f32, C>;
 var<workgroup> coef_kd: array<f32, C>;
 var<workgroup> chunk_range: vec2<u32>;
+
+// Entry (i, j) of A (beta_i exp(G_i - G_j) k_i . k_j / (|k_i| |k_j|), j < i) and of P
+// (scale exp(G_i - G_j) q_i . k_j / (|q_i| |k_j|), j <= i), from the raw dot products.
+fn store_a_and_p(i: u32, j: u32, kk: f32, qk: f32) {
+    let decay = exp(g_cum[i] - g_cum[j]);
+    gram_kk[i * CP + j] = select(0.0, beta_c[i] * decay * kk * inv_k[i] * inv_k[j], j < i);
+    gram_qk[i * CP + j] = select(0.0, p.scale * decay * qk * inv_q[i] * inv_k[j], j <= i);
+}
 
 @compute @workgroup_size(PREPARE_THREADS)
 fn gdn_chunk_prepare(
@@ -242,13 +258,10 @@ fn gdn_chunk_prepare(
     workgroupBarrier();
 
     // A (strictly lower) and P (lower, with the diagonal), each thread its own entries.
-    for (var x = 0u; x < 4u; x++) {
-        let i = i0 + x / 2u;
-        let j = j0 + x % 2u;
-        let decay = exp(g_cum[i] - g_cum[j]);
-        gram_kk[i * CP + j] = select(0.0, beta_c[i] * decay * dkk[x] * inv_k[i] * inv_k[j], j < i);
-        gram_qk[i * CP + j] = select(0.0, p.scale * decay * dqk[x] * inv_q[i] * inv_k[j], j <= i);
-    }
+    store_a_and_p(i0, j0, dkk.x, dqk.x);
+    store_a_and_p(i0, j0 + 1u, dkk.y, dqk.y);
+    store_a_and_p(i0 + 1u, j0, dkk.z, dqk.z);
+    store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
     workgroupBarrier();
 
     // T = (I + A)^-1 by forward substitution, a column per thread (threads 0..C); the row
@@ -287,7 +300,16 @@ fn gdn_chunk_prepare(
         let dim4 = select(vp4, kp4, is_w);
         let block = item / dim4;
         let c4 = item % dim4;
-        var acc: array<vec4<f32>, 8>;
+        // The 8 rows' sums as named values (no function-scope array).
+        let tr = 8u * block * CP;
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        var a2 = vec4<f32>(0.0);
+        var a3 = vec4<f32>(0.0);
+        var a4 = vec4<f32>(0.0);
+        var a5 = vec4<f32>(0.0);
+        var a6 = vec4<f32>(0.0);
+        var a7 = vec4<f32>(0.0);
         for (var m = 0u; m < len; m++) {
             var x: vec4<f32>;
             if is_w {
@@ -295,14 +317,25 @@ fn gdn_chunk_prepare(
             } else {
                 x = load_row4(2u, start + m, h, heads, p.value_dim, c4) * beta_c[m];
             }
-            for (var r = 0u; r < 8u; r++) {
-                acc[r] += t_inv[(8u * block + r) * CP + m] * x;
-            }
+            a0 += t_inv[tr + m] * x;
+            a1 += t_inv[tr + CP + m] * x;
+            a2 += t_inv[tr + 2u * CP + m] * x;
+            a3 += t_inv[tr + 3u * CP + m] * x;
+            a4 += t_inv[tr + 4u * CP + m] * x;
+            a5 += t_inv[tr + 5u * CP + m] * x;
+            a6 += t_inv[tr + 6u * CP + m] * x;
+            a7 += t_inv[tr + 7u * CP + m] * x;
         }
         let base = select(p.u_at + ch * C * vp4, p.w_at + ch * C * kp4, is_w);
-        for (var r = 0u; r < 8u; r++) {
-            scratch[base + (8u * block + r) * dim4 + c4] = acc[r];
-        }
+        let out = base + 8u * block * dim4 + c4;
+        scratch[out] = a0;
+        scratch[out + dim4] = a1;
+        scratch[out + 2u * dim4] = a2;
+        scratch[out + 3u * dim4] = a3;
+        scratch[out + 4u * dim4] = a4;
+        scratch[out + 5u * dim4] = a5;
+        scratch[out + 6u * dim4] = a6;
+        scratch[out + 7u * dim4] = a7;
     }
     // Qd and Kd: item (row, vec4 column).
     for (var e = tid; e < C * kp4; e += PREPARE_THREADS) {

@@ -154,6 +154,15 @@ var<workgroup> coef_qd: array<f32, C>;
 var<workgroup> coef_kd: array<f32, C>;
 var<workgroup> chunk_range: vec2<u32>;
 
+// Words c4 of row m of the chunk starting at token `start`: of k times its W coefficient when
+// `is_w`, else of v times beta.
+fn chunk_row4(is_w: bool, start: u32, m: u32, key_head: u32, head: u32, c4: u32) -> vec4<f32> {
+    if is_w {
+        return load_row4(1u, start + m, key_head, p.key_heads, p.key_dim, c4) * coef_w[m];
+    }
+    return load_row4(2u, start + m, head, p.value_heads, p.value_dim, c4) * beta_c[m];
+}
+
 // Entry (i, j) of A (beta_i exp(G_i - G_j) k_i . k_j / (|k_i| |k_j|), j < i) and of P
 // (scale exp(G_i - G_j) q_i . k_j / (|q_i| |k_j|), j <= i), from the raw dot products.
 fn store_a_and_p(i: u32, j: u32, kk: f32, qk: f32) {
@@ -310,13 +319,49 @@ fn gdn_chunk_prepare(
         var a5 = vec4<f32>(0.0);
         var a6 = vec4<f32>(0.0);
         var a7 = vec4<f32>(0.0);
-        for (var m = 0u; m < len; m++) {
-            var x: vec4<f32>;
-            if is_w {
-                x = load_row4(1u, start + m, kh, p.key_heads, kd, c4) * coef_w[m];
-            } else {
-                x = load_row4(2u, start + m, h, heads, p.value_dim, c4) * beta_c[m];
-            }
+        // Rows of k (or v) four at a time, all four loaded before the first is used, then the
+        // chunk's last len % 4 rows one at a time; the sums in the same order either way.
+        var m = 0u;
+        for (; m + 4u <= len; m += 4u) {
+            let x0 = chunk_row4(is_w, start, m, kh, h, c4);
+            let x1 = chunk_row4(is_w, start, m + 1u, kh, h, c4);
+            let x2 = chunk_row4(is_w, start, m + 2u, kh, h, c4);
+            let x3 = chunk_row4(is_w, start, m + 3u, kh, h, c4);
+            a0 += t_inv[tr + m] * x0;
+            a1 += t_inv[tr + CP + m] * x0;
+            a2 += t_inv[tr + 2u * CP + m] * x0;
+            a3 += t_inv[tr + 3u * CP + m] * x0;
+            a4 += t_inv[tr + 4u * CP + m] * x0;
+            a5 += t_inv[tr + 5u * CP + m] * x0;
+            a6 += t_inv[tr + 6u * CP + m] * x0;
+            a7 += t_inv[tr + 7u * CP + m] * x0;
+            a0 += t_inv[tr + m + 1u] * x1;
+            a1 += t_inv[tr + CP + m + 1u] * x1;
+            a2 += t_inv[tr + 2u * CP + m + 1u] * x1;
+            a3 += t_inv[tr + 3u * CP + m + 1u] * x1;
+            a4 += t_inv[tr + 4u * CP + m + 1u] * x1;
+            a5 += t_inv[tr + 5u * CP + m + 1u] * x1;
+            a6 += t_inv[tr + 6u * CP + m + 1u] * x1;
+            a7 += t_inv[tr + 7u * CP + m + 1u] * x1;
+            a0 += t_inv[tr + m + 2u] * x2;
+            a1 += t_inv[tr + CP + m + 2u] * x2;
+            a2 += t_inv[tr + 2u * CP + m + 2u] * x2;
+            a3 += t_inv[tr + 3u * CP + m + 2u] * x2;
+            a4 += t_inv[tr + 4u * CP + m + 2u] * x2;
+            a5 += t_inv[tr + 5u * CP + m + 2u] * x2;
+            a6 += t_inv[tr + 6u * CP + m + 2u] * x2;
+            a7 += t_inv[tr + 7u * CP + m + 2u] * x2;
+            a0 += t_inv[tr + m + 3u] * x3;
+            a1 += t_inv[tr + CP + m + 3u] * x3;
+            a2 += t_inv[tr + 2u * CP + m + 3u] * x3;
+            a3 += t_inv[tr + 3u * CP + m + 3u] * x3;
+            a4 += t_inv[tr + 4u * CP + m + 3u] * x3;
+            a5 += t_inv[tr + 5u * CP + m + 3u] * x3;
+            a6 += t_inv[tr + 6u * CP + m + 3u] * x3;
+            a7 += t_inv[tr + 7u * CP + m + 3u] * x3;
+        }
+        for (; m < len; m++) {
+            let x = chunk_row4(is_w, start, m, kh, h, c4);
             a0 += t_inv[tr + m] * x;
             a1 += t_inv[tr + CP + m] * x;
             a2 += t_inv[tr + 2u * CP + m] * x;

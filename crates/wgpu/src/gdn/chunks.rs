@@ -175,7 +175,7 @@ impl ChunkLaunch {
         let block_kernel = tile == 16
             && row_groups == 32
             && kp4 <= 32
-            && kp4 % 4 == 0
+            && kp4 % 8 == 0
             && std::env::var(STATE_KERNEL_ENV)
                 .ok()
                 .as_deref()

@@ -2,19 +2,28 @@
 //
 // The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
 // owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
-// so K <= 128), with K a multiple of 16. Same math and the same order of every sum as
-// `gdn_chunk_state`. Written without function-scope arrays: the state rows, the loaded words and
-// the sums are named values, so nothing can be placed in a thread's off-chip local memory, and
-// the loops issue four (W, Qd, Kd) or eight (P) independent scratch loads before using them. U
-// and P are loaded before the barriers that precede their use.
+// so K <= 128), with K a multiple of 32 and 16-column tiles. Same math and the same order of
+// every sum as `gdn_chunk_state`. Written without function-scope arrays: the state rows, the
+// loaded words and the sums are named values, so nothing can be placed in a thread's off-chip
+// local memory. Each chunk's step waits on as few rounds of scratch loads as it can: W and Qd
+// eight words at a time, U, P and the decay loaded ahead of the barriers that precede their
+// use, and the chunk's Kd (shared by every thread) loaded into workgroup memory by all threads
+// at the step's start and stored there after the W S products, so its loads are in flight
+// while those run.
+
+// The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's Kd.
+var<workgroup> block_s: array<vec2<f32>, 1024>;
+var<workgroup> block_v_new: array<vec2<f32>, 256>;
+var<workgroup> block_kd: array<vec4<f32>, 1024>;
+var<workgroup> block_seq_chunks: vec2<u32>;
 
 // (W S, Qd S) of one 4-row block r4 of the tile of S, for the words w of W and x of Qd.
 fn tile_block_products(w: vec4<f32>, x: vec4<f32>, r4: u32, cp: u32) -> vec4<f32> {
     let pairs = VT / 2u;
-    let s0 = s_tile[(4u * r4) * pairs + cp];
-    let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
-    let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
-    let s3 = s_tile[(4u * r4 + 3u) * pairs + cp];
+    let s0 = block_s[(4u * r4) * pairs + cp];
+    let s1 = block_s[(4u * r4 + 1u) * pairs + cp];
+    let s2 = block_s[(4u * r4 + 2u) * pairs + cp];
+    let s3 = block_s[(4u * r4 + 3u) * pairs + cp];
     let ws = w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
     let qs = x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
     return vec4<f32>(ws, qs);
@@ -23,8 +32,8 @@ fn tile_block_products(w: vec4<f32>, x: vec4<f32>, r4: u32, cp: u32) -> vec4<f32
 // P V' over the chunk rows 4 j4 .. 4 j4 + 3, for the word pw of P.
 fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
     let pairs = VT / 2u;
-    return pw.x * v_new[(4u * j4) * pairs + cp] + pw.y * v_new[(4u * j4 + 1u) * pairs + cp]
-        + pw.z * v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * v_new[(4u * j4 + 3u) * pairs + cp];
+    return pw.x * block_v_new[(4u * j4) * pairs + cp] + pw.y * block_v_new[(4u * j4 + 1u) * pairs + cp]
+        + pw.z * block_v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * block_v_new[(4u * j4 + 3u) * pairs + cp];
 }
 
 // Row r of the state slab at columns col, col + 1 (zeros past K and V).
@@ -67,9 +76,9 @@ fn gdn_chunk_state_block(
     let col_ok = vec2<bool>(col < vd, col + 1u < vd);
     if tid == 0u {
         let first = chunk_info[2u * p.chunks + seq];
-        seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
+        block_seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
     }
-    let chunks = workgroupUniformLoad(&seq_chunks);
+    let chunks = workgroupUniformLoad(&block_seq_chunks);
 
     let slab = (seq * heads + h) * p.key_dim;
     let has_rows = rg < kp4;
@@ -82,12 +91,20 @@ fn gdn_chunk_state_block(
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
         if has_rows {
-            s_tile[r * pairs + cp] = s0;
-            s_tile[(r + 1u) * pairs + cp] = s1;
-            s_tile[(r + 2u) * pairs + cp] = s2;
-            s_tile[(r + 3u) * pairs + cp] = s3;
+            block_s[r * pairs + cp] = s0;
+            block_s[(r + 1u) * pairs + cp] = s1;
+            block_s[(r + 2u) * pairs + cp] = s2;
+            block_s[(r + 3u) * pairs + cp] = s3;
         }
         let u4 = scratch[p.u_at + (ch * C + rg) * p.vp4 + col / 4u];
+        // The chunk's Kd, C * kp4 <= 1024 words, four per thread.
+        let kd_words = C * kp4;
+        let kd_base = p.kd_at + ch * kd_words;
+        let threads = C * VT / 2u;
+        let kd0 = scratch[kd_base + min(tid, kd_words - 1u)];
+        let kd1 = scratch[kd_base + min(tid + threads, kd_words - 1u)];
+        let kd2 = scratch[kd_base + min(tid + 2u * threads, kd_words - 1u)];
+        let kd3 = scratch[kd_base + min(tid + 3u * threads, kd_words - 1u)];
         workgroupBarrier();
 
         // W S and Qd S for chunk row rg.
@@ -95,30 +112,50 @@ fn gdn_chunk_state_block(
         let q_row = p.qd_at + (ch * C + rg) * kp4;
         var ws = vec2<f32>(0.0);
         var qs = vec2<f32>(0.0);
-        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
+        for (var r4 = 0u; r4 < kp4; r4 += 8u) {
             let w0 = scratch[w_row + r4];
             let w1 = scratch[w_row + r4 + 1u];
             let w2 = scratch[w_row + r4 + 2u];
             let w3 = scratch[w_row + r4 + 3u];
+            let w4 = scratch[w_row + r4 + 4u];
+            let w5 = scratch[w_row + r4 + 5u];
+            let w6 = scratch[w_row + r4 + 6u];
+            let w7 = scratch[w_row + r4 + 7u];
             let x0 = scratch[q_row + r4];
             let x1 = scratch[q_row + r4 + 1u];
             let x2 = scratch[q_row + r4 + 2u];
             let x3 = scratch[q_row + r4 + 3u];
+            let x4 = scratch[q_row + r4 + 4u];
+            let x5 = scratch[q_row + r4 + 5u];
+            let x6 = scratch[q_row + r4 + 6u];
+            let x7 = scratch[q_row + r4 + 7u];
             let t0 = tile_block_products(w0, x0, r4, cp);
-            let t1 = tile_block_products(w1, x1, r4 + 1u, cp);
-            let t2 = tile_block_products(w2, x2, r4 + 2u, cp);
-            let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
             ws += t0.xy;
             qs += t0.zw;
+            let t1 = tile_block_products(w1, x1, r4 + 1u, cp);
             ws += t1.xy;
             qs += t1.zw;
+            let t2 = tile_block_products(w2, x2, r4 + 2u, cp);
             ws += t2.xy;
             qs += t2.zw;
+            let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
             ws += t3.xy;
             qs += t3.zw;
+            let t4 = tile_block_products(w4, x4, r4 + 4u, cp);
+            ws += t4.xy;
+            qs += t4.zw;
+            let t5 = tile_block_products(w5, x5, r4 + 5u, cp);
+            ws += t5.xy;
+            qs += t5.zw;
+            let t6 = tile_block_products(w6, x6, r4 + 6u, cp);
+            ws += t6.xy;
+            qs += t6.zw;
+            let t7 = tile_block_products(w7, x7, r4 + 7u, cp);
+            ws += t7.xy;
+            qs += t7.zw;
         }
         // V' = U - W S; P's row and the chunk's decay loaded before the barrier.
-        v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
+        block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
         let p_row = p.p_at + (ch * C + rg) * (C / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
@@ -129,6 +166,12 @@ fn gdn_chunk_state_block(
         let p6 = scratch[p_row + 6u];
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
+        // Kd into workgroup memory: its last readers (the previous step's update) passed this
+        // step's first barrier.
+        block_kd[tid] = kd0;
+        block_kd[tid + threads] = kd1;
+        block_kd[tid + 2u * threads] = kd2;
+        block_kd[tid + 3u * threads] = kd3;
         workgroupBarrier();
 
         // O = Qd S + P V'.
@@ -152,16 +195,15 @@ fn gdn_chunk_state_block(
         s2 *= decay;
         s3 *= decay;
         if has_rows {
-            let kd_col = p.kd_at + ch * C * kp4 + rg;
             for (var j4 = 0u; j4 < C; j4 += 4u) {
-                let k0 = scratch[kd_col + j4 * kp4];
-                let k1 = scratch[kd_col + (j4 + 1u) * kp4];
-                let k2 = scratch[kd_col + (j4 + 2u) * kp4];
-                let k3 = scratch[kd_col + (j4 + 3u) * kp4];
-                let v0 = v_new[j4 * pairs + cp];
-                let v1 = v_new[(j4 + 1u) * pairs + cp];
-                let v2 = v_new[(j4 + 2u) * pairs + cp];
-                let v3 = v_new[(j4 + 3u) * pairs + cp];
+                let k0 = block_kd[j4 * kp4 + rg];
+                let k1 = block_kd[(j4 + 1u) * kp4 + rg];
+                let k2 = block_kd[(j4 + 2u) * kp4 + rg];
+                let k3 = block_kd[(j4 + 3u) * kp4 + rg];
+                let v0 = block_v_new[j4 * pairs + cp];
+                let v1 = block_v_new[(j4 + 1u) * pairs + cp];
+                let v2 = block_v_new[(j4 + 2u) * pairs + cp];
+                let v3 = block_v_new[(j4 + 3u) * pairs + cp];
                 s0 += k0.x * v0;
                 s1 += k0.y * v0;
                 s2 += k0.z * v0;
@@ -180,8 +222,8 @@ fn gdn_chunk_state_block(
                 s3 += k3.w * v3;
             }
         }
-        // The next chunk writes s_tile and v_new only after its first barrier, which every
-        // thread reaches after this chunk's reads.
+        // The next step writes block_s before its first barrier (its last readers passed this
+        // step's second one), block_v_new and block_kd after it.
     }
 
     store_state_pair(slab, r, col, col_ok, s0);

@@ -144,6 +144,7 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
         &[
             &[("VT", 16.0), ("STATE_KP4", 32.0)],
             &[("VT", 16.0), ("STATE_KP4", 0.0)],
+            &[("VT", 16.0), ("STATE_KP4", 32.0), ("STAGE_KD", 0.0)],
         ],
     ),
     (tensor::FILL, &[&[]]),

@@ -11,7 +11,9 @@ use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::gdn::chunks::{FIXED_WIDTH_ENV, GROUPS_ENV, STATE_KERNEL_ENV, TILE_ENV};
+use deltakv_wgpu::gdn::chunks::{
+    FIXED_WIDTH_ENV, GROUPS_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV, TILE_ENV,
+};
 use deltakv_wgpu::gdn::gdn_prefill;
 
 #[test]
@@ -40,6 +42,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         ("16", "32", "1", "block"),
         ("16", "32", "0", "block"),
         ("16", "32", "1", "loops"),
+        ("16", "32", "1", "block, Kd not staged"),
         ("32", "8", "1", "block"),
         ("32", "16", "1", "block"),
         ("32", "16", "0", "block"),
@@ -51,6 +54,14 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             std::env::set_var(GROUPS_ENV, groups);
             std::env::set_var(FIXED_WIDTH_ENV, fixed_width);
             std::env::set_var(STATE_KERNEL_ENV, kernel);
+            std::env::set_var(
+                STAGE_KD_ENV,
+                if kernel.ends_with("not staged") {
+                    "0"
+                } else {
+                    "1"
+                },
+            );
         }
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();

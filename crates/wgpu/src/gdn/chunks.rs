@@ -60,6 +60,11 @@ pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
 /// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
+/// Set to `0`, the environment variable that makes the one-block state kernel read Kd from the
+/// scratch buffer in its update instead of staging the chunk's Kd in workgroup memory (for
+/// timing one against the other).
+pub const STAGE_KD_ENV: &str = "DELTAKV_WGPU_PREFILL_STAGE_KD";
+
 /// Which passes a submission runs (both for a prefill; one alone to time it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkPasses {
@@ -175,7 +180,7 @@ impl ChunkLaunch {
         let block_kernel = tile == 16
             && row_groups == 32
             && kp4 <= 32
-            && kp4 % 8 == 0
+            && kp4 % 4 == 0
             && std::env::var(STATE_KERNEL_ENV)
                 .ok()
                 .as_deref()
@@ -230,7 +235,15 @@ impl ChunkLaunch {
             });
         let prepare = wgpu.pipeline(&PREPARE, &[])?;
         let state = if block_kernel {
-            wgpu.pipeline(&STATE_BLOCK, &[("VT", 16), ("STATE_KP4", state_kp4)])?
+            let stage_kd = u32::from(
+                std::env::var(STAGE_KD_ENV)
+                    .ok()
+                    .is_none_or(|v| v.trim() != "0"),
+            );
+            wgpu.pipeline(
+                &STATE_BLOCK,
+                &[("VT", 16), ("STATE_KP4", state_kp4), ("STAGE_KD", stage_kd)],
+            )?
         } else {
             wgpu.pipeline(
                 &STATE,

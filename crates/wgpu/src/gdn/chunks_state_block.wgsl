@@ -6,10 +6,14 @@
 // every sum as `gdn_chunk_state`. Written without function-scope arrays: the state rows, the
 // loaded words and the sums are named values, so nothing can be placed in a thread's off-chip
 // local memory. Each chunk's step waits on as few rounds of scratch loads as it can: W and Qd
-// eight words at a time, U, P and the decay loaded ahead of the barriers that precede their
+// four words at a time, U, P and the decay loaded ahead of the barriers that precede their
 // use, and the chunk's Kd (shared by every thread) loaded into workgroup memory by all threads
 // at the step's start and stored there after the W S products, so its loads are in flight
 // while those run.
+
+// 1: the chunk's Kd staged in workgroup memory as described above; 0: each thread loads its
+// column of Kd from the scratch buffer, four words at a time, in the update.
+override STAGE_KD: u32 = 1u;
 
 // The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's Kd.
 var<workgroup> block_s: array<vec2<f32>, 1024>;
@@ -101,10 +105,16 @@ fn gdn_chunk_state_block(
         let kd_words = C * kp4;
         let kd_base = p.kd_at + ch * kd_words;
         let threads = C * VT / 2u;
-        let kd0 = scratch[kd_base + min(tid, kd_words - 1u)];
-        let kd1 = scratch[kd_base + min(tid + threads, kd_words - 1u)];
-        let kd2 = scratch[kd_base + min(tid + 2u * threads, kd_words - 1u)];
-        let kd3 = scratch[kd_base + min(tid + 3u * threads, kd_words - 1u)];
+        var kd0 = vec4<f32>(0.0);
+        var kd1 = vec4<f32>(0.0);
+        var kd2 = vec4<f32>(0.0);
+        var kd3 = vec4<f32>(0.0);
+        if STAGE_KD != 0u {
+            kd0 = scratch[kd_base + min(tid, kd_words - 1u)];
+            kd1 = scratch[kd_base + min(tid + threads, kd_words - 1u)];
+            kd2 = scratch[kd_base + min(tid + 2u * threads, kd_words - 1u)];
+            kd3 = scratch[kd_base + min(tid + 3u * threads, kd_words - 1u)];
+        }
         workgroupBarrier();
 
         // W S and Qd S for chunk row rg.
@@ -112,23 +122,15 @@ fn gdn_chunk_state_block(
         let q_row = p.qd_at + (ch * C + rg) * kp4;
         var ws = vec2<f32>(0.0);
         var qs = vec2<f32>(0.0);
-        for (var r4 = 0u; r4 < kp4; r4 += 8u) {
+        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
             let w0 = scratch[w_row + r4];
             let w1 = scratch[w_row + r4 + 1u];
             let w2 = scratch[w_row + r4 + 2u];
             let w3 = scratch[w_row + r4 + 3u];
-            let w4 = scratch[w_row + r4 + 4u];
-            let w5 = scratch[w_row + r4 + 5u];
-            let w6 = scratch[w_row + r4 + 6u];
-            let w7 = scratch[w_row + r4 + 7u];
             let x0 = scratch[q_row + r4];
             let x1 = scratch[q_row + r4 + 1u];
             let x2 = scratch[q_row + r4 + 2u];
             let x3 = scratch[q_row + r4 + 3u];
-            let x4 = scratch[q_row + r4 + 4u];
-            let x5 = scratch[q_row + r4 + 5u];
-            let x6 = scratch[q_row + r4 + 6u];
-            let x7 = scratch[q_row + r4 + 7u];
             let t0 = tile_block_products(w0, x0, r4, cp);
             ws += t0.xy;
             qs += t0.zw;
@@ -141,18 +143,14 @@ fn gdn_chunk_state_block(
             let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
             ws += t3.xy;
             qs += t3.zw;
-            let t4 = tile_block_products(w4, x4, r4 + 4u, cp);
-            ws += t4.xy;
-            qs += t4.zw;
-            let t5 = tile_block_products(w5, x5, r4 + 5u, cp);
-            ws += t5.xy;
-            qs += t5.zw;
-            let t6 = tile_block_products(w6, x6, r4 + 6u, cp);
-            ws += t6.xy;
-            qs += t6.zw;
-            let t7 = tile_block_products(w7, x7, r4 + 7u, cp);
-            ws += t7.xy;
-            qs += t7.zw;
+        }
+        // Kd into workgroup memory: its last readers (the previous step's update) passed this
+        // step's first barrier.
+        if STAGE_KD != 0u {
+            block_kd[tid] = kd0;
+            block_kd[tid + threads] = kd1;
+            block_kd[tid + 2u * threads] = kd2;
+            block_kd[tid + 3u * threads] = kd3;
         }
         // V' = U - W S; P's row and the chunk's decay loaded before the barrier.
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
@@ -166,12 +164,6 @@ fn gdn_chunk_state_block(
         let p6 = scratch[p_row + 6u];
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
-        // Kd into workgroup memory: its last readers (the previous step's update) passed this
-        // step's first barrier.
-        block_kd[tid] = kd0;
-        block_kd[tid + threads] = kd1;
-        block_kd[tid + 2u * threads] = kd2;
-        block_kd[tid + 3u * threads] = kd3;
         workgroupBarrier();
 
         // O = Qd S + P V'.
@@ -196,10 +188,21 @@ fn gdn_chunk_state_block(
         s3 *= decay;
         if has_rows {
             for (var j4 = 0u; j4 < C; j4 += 4u) {
-                let k0 = block_kd[j4 * kp4 + rg];
-                let k1 = block_kd[(j4 + 1u) * kp4 + rg];
-                let k2 = block_kd[(j4 + 2u) * kp4 + rg];
-                let k3 = block_kd[(j4 + 3u) * kp4 + rg];
+                var k0: vec4<f32>;
+                var k1: vec4<f32>;
+                var k2: vec4<f32>;
+                var k3: vec4<f32>;
+                if STAGE_KD != 0u {
+                    k0 = block_kd[j4 * kp4 + rg];
+                    k1 = block_kd[(j4 + 1u) * kp4 + rg];
+                    k2 = block_kd[(j4 + 2u) * kp4 + rg];
+                    k3 = block_kd[(j4 + 3u) * kp4 + rg];
+                } else {
+                    k0 = scratch[kd_base + j4 * kp4 + rg];
+                    k1 = scratch[kd_base + (j4 + 1u) * kp4 + rg];
+                    k2 = scratch[kd_base + (j4 + 2u) * kp4 + rg];
+                    k3 = scratch[kd_base + (j4 + 3u) * kp4 + rg];
+                }
                 let v0 = block_v_new[j4 * pairs + cp];
                 let v1 = block_v_new[(j4 + 1u) * pairs + cp];
                 let v2 = block_v_new[(j4 + 2u) * pairs + cp];

@@ -163,6 +163,32 @@ fn chunk_row4(is_w: bool, start: u32, m: u32, key_head: u32, head: u32, c4: u32)
     return load_row4(2u, start + m, head, p.value_heads, p.value_dim, c4) * beta_c[m];
 }
 
+// Words of a row of Qd and of Kd.
+struct QdKd {
+    qd: vec4<f32>,
+    kd: vec4<f32>,
+}
+
+// Item e (row e / kp4, vec4 column e % kp4) of Qd and Kd: q and k scaled by their row
+// coefficients; zeros for rows past the chunk's end and items past the last.
+fn scaled_q_and_k(e: u32, items: u32, start: u32, len: u32, key_head: u32, kp4: u32) -> QdKd {
+    let i = e / kp4;
+    let c4 = e % kp4;
+    var out = QdKd(vec4<f32>(0.0), vec4<f32>(0.0));
+    if e < items && i < len {
+        out.qd = load_row4(0u, start + i, key_head, p.key_heads, p.key_dim, c4) * coef_qd[i];
+        out.kd = load_row4(1u, start + i, key_head, p.key_heads, p.key_dim, c4) * coef_kd[i];
+    }
+    return out;
+}
+
+fn store_q_and_k(e: u32, items: u32, base: u32, x: QdKd) {
+    if e < items {
+        scratch[p.qd_at + base + e] = x.qd;
+        scratch[p.kd_at + base + e] = x.kd;
+    }
+}
+
 // Entry (i, j) of A (beta_i exp(G_i - G_j) k_i . k_j / (|k_i| |k_j|), j < i) and of P
 // (scale exp(G_i - G_j) q_i . k_j / (|q_i| |k_j|), j <= i), from the raw dot products.
 fn store_a_and_p(i: u32, j: u32, kk: f32, qk: f32) {
@@ -382,18 +408,19 @@ fn gdn_chunk_prepare(
         scratch[out + 6u * dim4] = a6;
         scratch[out + 7u * dim4] = a7;
     }
-    // Qd and Kd: item (row, vec4 column).
-    for (var e = tid; e < C * kp4; e += PREPARE_THREADS) {
-        let i = e / kp4;
-        let c4 = e % kp4;
-        var xq = vec4<f32>(0.0);
-        var xk = vec4<f32>(0.0);
-        if i < len {
-            xq = load_row4(0u, start + i, kh, p.key_heads, kd, c4) * coef_qd[i];
-            xk = load_row4(1u, start + i, kh, p.key_heads, kd, c4) * coef_kd[i];
-        }
-        scratch[p.qd_at + ch * C * kp4 + e] = xq;
-        scratch[p.kd_at + ch * C * kp4 + e] = xk;
+    // Qd and Kd: item (row, vec4 column), four items per thread and trip, all their loads
+    // issued before the first store.
+    let qk_items = C * kp4;
+    let qk_base = ch * qk_items;
+    for (var e = tid; e < qk_items; e += 4u * PREPARE_THREADS) {
+        let r0 = scaled_q_and_k(e, qk_items, start, len, kh, kp4);
+        let r1 = scaled_q_and_k(e + PREPARE_THREADS, qk_items, start, len, kh, kp4);
+        let r2 = scaled_q_and_k(e + 2u * PREPARE_THREADS, qk_items, start, len, kh, kp4);
+        let r3 = scaled_q_and_k(e + 3u * PREPARE_THREADS, qk_items, start, len, kh, kp4);
+        store_q_and_k(e, qk_items, qk_base, r0);
+        store_q_and_k(e + PREPARE_THREADS, qk_items, qk_base, r1);
+        store_q_and_k(e + 2u * PREPARE_THREADS, qk_items, qk_base, r2);
+        store_q_and_k(e + 3u * PREPARE_THREADS, qk_items, qk_base, r3);
     }
     // P, a vec4 of a row per thread.
     for (var e = tid; e < C * C / 4u; e += PREPARE_THREADS) {

@@ -154,6 +154,32 @@ var<workgroup> coef_qd: array<f32, C>;
 var<workgroup> coef_kd: array<f32, C>;
 var<workgroup> chunk_range: vec2<u32>;
 
+// Eight rows of W or U being summed (named fields: no dynamically indexed array).
+struct Rows8 {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+    r4: vec4<f32>,
+    r5: vec4<f32>,
+    r6: vec4<f32>,
+    r7: vec4<f32>,
+}
+
+// acc + (column m of T's eight rows starting at word `at` = row * CP + m) times x.
+fn add_t_column(acc: Rows8, at: u32, x: vec4<f32>) -> Rows8 {
+    return Rows8(
+        acc.r0 + t_inv[at] * x,
+        acc.r1 + t_inv[at + CP] * x,
+        acc.r2 + t_inv[at + 2u * CP] * x,
+        acc.r3 + t_inv[at + 3u * CP] * x,
+        acc.r4 + t_inv[at + 4u * CP] * x,
+        acc.r5 + t_inv[at + 5u * CP] * x,
+        acc.r6 + t_inv[at + 6u * CP] * x,
+        acc.r7 + t_inv[at + 7u * CP] * x,
+    );
+}
+
 // Words c4 of row m of the chunk starting at token `start`: of k times its W coefficient when
 // `is_w`, else of v times beta.
 fn chunk_row4(is_w: bool, start: u32, m: u32, key_head: u32, head: u32, c4: u32) -> vec4<f32> {
@@ -335,78 +361,36 @@ fn gdn_chunk_prepare(
         let dim4 = select(vp4, kp4, is_w);
         let block = item / dim4;
         let c4 = item % dim4;
-        // The 8 rows' sums as named values (no function-scope array).
+        // The 8 rows' sums as named values (no function-scope array). Rows of k (or v) four at
+        // a time, all four loaded before the first is used, then the chunk's last len % 4 rows
+        // one at a time; the sums in the same order either way.
         let tr = 8u * block * CP;
-        var a0 = vec4<f32>(0.0);
-        var a1 = vec4<f32>(0.0);
-        var a2 = vec4<f32>(0.0);
-        var a3 = vec4<f32>(0.0);
-        var a4 = vec4<f32>(0.0);
-        var a5 = vec4<f32>(0.0);
-        var a6 = vec4<f32>(0.0);
-        var a7 = vec4<f32>(0.0);
-        // Rows of k (or v) four at a time, all four loaded before the first is used, then the
-        // chunk's last len % 4 rows one at a time; the sums in the same order either way.
+        var acc = Rows8(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0),
+            vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
         var m = 0u;
         for (; m + 4u <= len; m += 4u) {
             let x0 = chunk_row4(is_w, start, m, kh, h, c4);
             let x1 = chunk_row4(is_w, start, m + 1u, kh, h, c4);
             let x2 = chunk_row4(is_w, start, m + 2u, kh, h, c4);
             let x3 = chunk_row4(is_w, start, m + 3u, kh, h, c4);
-            a0 += t_inv[tr + m] * x0;
-            a1 += t_inv[tr + CP + m] * x0;
-            a2 += t_inv[tr + 2u * CP + m] * x0;
-            a3 += t_inv[tr + 3u * CP + m] * x0;
-            a4 += t_inv[tr + 4u * CP + m] * x0;
-            a5 += t_inv[tr + 5u * CP + m] * x0;
-            a6 += t_inv[tr + 6u * CP + m] * x0;
-            a7 += t_inv[tr + 7u * CP + m] * x0;
-            a0 += t_inv[tr + m + 1u] * x1;
-            a1 += t_inv[tr + CP + m + 1u] * x1;
-            a2 += t_inv[tr + 2u * CP + m + 1u] * x1;
-            a3 += t_inv[tr + 3u * CP + m + 1u] * x1;
-            a4 += t_inv[tr + 4u * CP + m + 1u] * x1;
-            a5 += t_inv[tr + 5u * CP + m + 1u] * x1;
-            a6 += t_inv[tr + 6u * CP + m + 1u] * x1;
-            a7 += t_inv[tr + 7u * CP + m + 1u] * x1;
-            a0 += t_inv[tr + m + 2u] * x2;
-            a1 += t_inv[tr + CP + m + 2u] * x2;
-            a2 += t_inv[tr + 2u * CP + m + 2u] * x2;
-            a3 += t_inv[tr + 3u * CP + m + 2u] * x2;
-            a4 += t_inv[tr + 4u * CP + m + 2u] * x2;
-            a5 += t_inv[tr + 5u * CP + m + 2u] * x2;
-            a6 += t_inv[tr + 6u * CP + m + 2u] * x2;
-            a7 += t_inv[tr + 7u * CP + m + 2u] * x2;
-            a0 += t_inv[tr + m + 3u] * x3;
-            a1 += t_inv[tr + CP + m + 3u] * x3;
-            a2 += t_inv[tr + 2u * CP + m + 3u] * x3;
-            a3 += t_inv[tr + 3u * CP + m + 3u] * x3;
-            a4 += t_inv[tr + 4u * CP + m + 3u] * x3;
-            a5 += t_inv[tr + 5u * CP + m + 3u] * x3;
-            a6 += t_inv[tr + 6u * CP + m + 3u] * x3;
-            a7 += t_inv[tr + 7u * CP + m + 3u] * x3;
+            acc = add_t_column(acc, tr + m, x0);
+            acc = add_t_column(acc, tr + m + 1u, x1);
+            acc = add_t_column(acc, tr + m + 2u, x2);
+            acc = add_t_column(acc, tr + m + 3u, x3);
         }
         for (; m < len; m++) {
-            let x = chunk_row4(is_w, start, m, kh, h, c4);
-            a0 += t_inv[tr + m] * x;
-            a1 += t_inv[tr + CP + m] * x;
-            a2 += t_inv[tr + 2u * CP + m] * x;
-            a3 += t_inv[tr + 3u * CP + m] * x;
-            a4 += t_inv[tr + 4u * CP + m] * x;
-            a5 += t_inv[tr + 5u * CP + m] * x;
-            a6 += t_inv[tr + 6u * CP + m] * x;
-            a7 += t_inv[tr + 7u * CP + m] * x;
+            acc = add_t_column(acc, tr + m, chunk_row4(is_w, start, m, kh, h, c4));
         }
         let base = select(p.u_at + ch * C * vp4, p.w_at + ch * C * kp4, is_w);
         let out = base + 8u * block * dim4 + c4;
-        scratch[out] = a0;
-        scratch[out + dim4] = a1;
-        scratch[out + 2u * dim4] = a2;
-        scratch[out + 3u * dim4] = a3;
-        scratch[out + 4u * dim4] = a4;
-        scratch[out + 5u * dim4] = a5;
-        scratch[out + 6u * dim4] = a6;
-        scratch[out + 7u * dim4] = a7;
+        scratch[out] = acc.r0;
+        scratch[out + dim4] = acc.r1;
+        scratch[out + 2u * dim4] = acc.r2;
+        scratch[out + 3u * dim4] = acc.r3;
+        scratch[out + 4u * dim4] = acc.r4;
+        scratch[out + 5u * dim4] = acc.r5;
+        scratch[out + 6u * dim4] = acc.r6;
+        scratch[out + 7u * dim4] = acc.r7;
     }
     // Qd and Kd: item (row, vec4 column), four items per thread and trip, all their loads
     // issued before the first store.

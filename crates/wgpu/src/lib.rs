@@ -137,7 +137,7 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
-    (gdn::chunks::PREPARE, &[&[]]),
+    (gdn::chunks::PREPARE, &[&[], &[("BLOCKED_INVERSE", 0.0)]]),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (
         gdn::chunks::STATE_BLOCK,

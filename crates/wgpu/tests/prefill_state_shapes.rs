@@ -1,6 +1,7 @@
 //! The chunked prefill's state pass in every shape its environment variables select (column
 //! tiles of 16 or 32, 8, 16 or 32 row groups, the row width fixed in the pipeline or read at run
-//! time, the one-block kernel or the general one), not only the default one, against the f64 oracle:
+//! time, the one-block kernel or the general one, Kd staged or not, the prepare's inverse by
+//! blocks or serial), not only the default one, against the f64 oracle:
 //! K = 128 (one 4-row block per thread at 32 groups) and K = 64 / V = 96 (row groups past K,
 //! a partial column tile), with initial states, l2 norm and odd lengths. Its own test binary,
 //! so setting the variables between calls reaches no other test.
@@ -12,7 +13,7 @@ use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_wgpu::gdn::chunks::{
-    FIXED_WIDTH_ENV, GROUPS_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV, TILE_ENV,
+    FIXED_WIDTH_ENV, GROUPS_ENV, INVERSE_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV, TILE_ENV,
 };
 use deltakv_wgpu::gdn::gdn_prefill;
 
@@ -43,6 +44,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         ("16", "32", "0", "block"),
         ("16", "32", "1", "loops"),
         ("16", "32", "1", "block, Kd not staged"),
+        ("16", "32", "1", "block, serial inverse"),
         ("32", "8", "1", "block"),
         ("32", "16", "1", "block"),
         ("32", "16", "0", "block"),
@@ -54,14 +56,18 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             std::env::set_var(GROUPS_ENV, groups);
             std::env::set_var(FIXED_WIDTH_ENV, fixed_width);
             std::env::set_var(STATE_KERNEL_ENV, kernel);
-            std::env::set_var(
-                STAGE_KD_ENV,
-                if kernel.ends_with("not staged") {
-                    "0"
-                } else {
-                    "1"
-                },
-            );
+            let stage_kd = if kernel.ends_with("not staged") {
+                "0"
+            } else {
+                "1"
+            };
+            std::env::set_var(STAGE_KD_ENV, stage_kd);
+            let inverse = if kernel.ends_with("serial inverse") {
+                "serial"
+            } else {
+                "blocked"
+            };
+            std::env::set_var(INVERSE_ENV, inverse);
         }
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();

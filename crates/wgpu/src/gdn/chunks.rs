@@ -60,6 +60,10 @@ pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
 /// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
+/// Set to `serial`, the environment variable that makes the prepare invert I + A by one forward
+/// substitution instead of by 16 x 16 blocks (for timing one against the other).
+pub const INVERSE_ENV: &str = "DELTAKV_WGPU_PREFILL_INVERSE";
+
 /// Set to `0`, the environment variable that makes the one-block state kernel read Kd from the
 /// scratch buffer in its update instead of staging the chunk's Kd in workgroup memory (for
 /// timing one against the other).
@@ -233,7 +237,9 @@ impl ChunkLaunch {
                     .collect::<Vec<u8>>(),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        let prepare = wgpu.pipeline(&PREPARE, &[])?;
+        let blocked_inverse =
+            u32::from(std::env::var(INVERSE_ENV).ok().as_deref().map(str::trim) != Some("serial"));
+        let prepare = wgpu.pipeline(&PREPARE, &[("BLOCKED_INVERSE", blocked_inverse)])?;
         let state = if block_kernel {
             let stage_kd = u32::from(
                 std::env::var(STAGE_KD_ENV)

@@ -23,6 +23,8 @@ const CP: u32 = 33u;
 const SLICE: u32 = 32u;
 const RESET_GATE: f32 = -80.0;
 const PREPARE_THREADS: u32 = 256u;
+// 1: the prepare inverts I + A by 16 x 16 blocks; 0: by one forward substitution.
+override BLOCKED_INVERSE: u32 = 1u;
 
 // Value columns per state workgroup (16 or 32; K * VT <= 4096), its row groups (8, 16 or 32;
 // ROW_GROUPS * VT <= 512), the chunk rows of each (C / ROW_GROUPS) and the 4-row blocks of S
@@ -325,10 +327,17 @@ fn gdn_chunk_prepare(
     store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
     workgroupBarrier();
 
-    // T = (I + A)^-1 by forward substitution, a column per thread (threads 0..C); the row
-    // coefficients (threads C..2C).
+    // T = (I + A)^-1 (threads 0..C) and the row coefficients (threads C..2C). Blocked (the
+    // default): the two 16 x 16 diagonal blocks T11, T22 by forward substitution, a column per
+    // thread, then T21 = -T22 (A21 T11) by all threads, an entry each; so the longest serial
+    // chain is a 16-row substitution instead of a 32-row one. Serial: the whole T by forward
+    // substitution, a column per thread.
+    let blocked = BLOCKED_INVERSE != 0u;
     if tid < C {
-        for (var i = 0u; i < C; i++) {
+        // Column tid: rows below `rows_end` by substitution (its diagonal block only when
+        // blocked), rows above the diagonal zero.
+        let rows_end = select(C, (tid & 16u) + 16u, blocked);
+        for (var i = 0u; i < rows_end; i++) {
             var x = select(0.0, 1.0, i == tid);
             if i > tid {
                 var acc = 0.0;
@@ -348,6 +357,25 @@ fn gdn_chunk_prepare(
         coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
     }
     workgroupBarrier();
+    if blocked {
+        // Entry (bi, bj) of the lower-left block (rows 16 + bi, columns bj): first A21 T11 in
+        // its place, then -T22 times that.
+        let bi = 16u + tid / 16u;
+        let bj = tid % 16u;
+        var x = 0.0;
+        for (var m = bj; m < 16u; m++) {
+            x += gram_kk[bi * CP + m] * t_inv[m * CP + bj];
+        }
+        t_inv[bi * CP + bj] = x;
+        workgroupBarrier();
+        var y = 0.0;
+        for (var m = 16u; m <= bi; m++) {
+            y += t_inv[bi * CP + m] * t_inv[m * CP + bj];
+        }
+        workgroupBarrier();
+        t_inv[bi * CP + bj] = -y;
+        workgroupBarrier();
+    }
 
     let ch = n * heads + h;
     let kp4 = p.kp4;

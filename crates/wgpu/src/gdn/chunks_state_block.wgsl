@@ -2,7 +2,7 @@
 //
 // The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
 // owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
-// so K <= 128), with K a multiple of 32 and 16-column tiles. Same math and the same order of
+// so K <= 128), with K a multiple of 16 and 16-column tiles. Same math and the same order of
 // every sum as `gdn_chunk_state`. Written without function-scope arrays: the state rows, the
 // loaded words and the sums are named values, so nothing can be placed in a thread's off-chip
 // local memory. Each chunk's step waits on as few rounds of scratch loads as it can: W and Qd
@@ -132,15 +132,15 @@ fn gdn_chunk_state_block(
             let x2 = scratch[q_row + r4 + 2u];
             let x3 = scratch[q_row + r4 + 3u];
             let t0 = tile_block_products(w0, x0, r4, cp);
+            let t1 = tile_block_products(w1, x1, r4 + 1u, cp);
+            let t2 = tile_block_products(w2, x2, r4 + 2u, cp);
+            let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
             ws += t0.xy;
             qs += t0.zw;
-            let t1 = tile_block_products(w1, x1, r4 + 1u, cp);
             ws += t1.xy;
             qs += t1.zw;
-            let t2 = tile_block_products(w2, x2, r4 + 2u, cp);
             ws += t2.xy;
             qs += t2.zw;
-            let t3 = tile_block_products(w3, x3, r4 + 3u, cp);
             ws += t3.xy;
             qs += t3.zw;
         }

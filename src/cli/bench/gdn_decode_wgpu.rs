@@ -3,8 +3,10 @@
 //! Each figure is the median over samples of back-to-back dispatches in one submission, timed
 //! from submission to idle (`deltakv::wgpu::timing`).
 //!
-//! After the table, the decode kernels and tiles side by side at B = 1 and 256 (`tile` lines:
-//! `quads8`, the default, `quads32` and `pairs`, the column-pair kernel of `recurrent.wgsl`).
+//! After the table, the decode kernels and tiles side by side at B = 1 and 256, f32 and bf16
+//! pools (`tile` lines, one per `DecodeTile::COMPARED`: `quads8`, the default, the same kernel
+//! with its row loops written out or without wgpu's loop bounding, `quads32`, the row-band
+//! kernel in 8 and 16 bands, and `pairs`, the column-pair kernel of `recurrent.wgsl`).
 //!
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
@@ -43,19 +45,15 @@ pub fn run(
         lines.push(line);
         records.push(record);
     }
-    let tiles = [
-        (DecodeTile::Quads(8), "tile quads8"),
-        (DecodeTile::Quads(32), "tile quads32"),
-        (DecodeTile::Pairs, "tile pairs"),
-    ];
     let compared = [(1, DType::F32), (256, DType::F32), (256, DType::BF16)];
     for (batch, pool_dtype) in compared
         .into_iter()
         .filter(|_| configs.iter().any(|c| c.0 == 256))
     {
-        for (tile, label) in tiles {
+        for tile in DecodeTile::COMPARED {
             let config = (batch, 1, pool_dtype, false);
-            let (line, mut record) = time_config(shape, config, tile, label)?;
+            let label = format!("tile {}", tile.label());
+            let (line, mut record) = time_config(shape, config, tile, &label)?;
             record["tile"] = json!(label);
             lines.push(line);
             records.push(record);
@@ -109,7 +107,7 @@ fn time_config(
     let state_tb_s = 2.0 * pool_bytes / (us * 1e-6) / 1e12;
     let label = if intermediate { "+intermediate" } else { label };
     let line = format!(
-        "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {label:<13} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
+        "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {label:<21} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
         us / tokens as f64
     );
     let record = json!({

@@ -63,11 +63,12 @@ pub enum DecodeTile {
 
 impl DecodeTile {
     /// Every tile but `Auto`, for comparisons (tests, the benchmark).
-    pub const COMPARED: [DecodeTile; 8] = [
+    pub const COMPARED: [DecodeTile; 9] = [
         DecodeTile::Quads(8),
         DecodeTile::QuadsUnrolled(8),
         DecodeTile::QuadsUnbounded(8),
         DecodeTile::Quads(32),
+        DecodeTile::QuadsUnrolled(32),
         DecodeTile::Bands(8),
         DecodeTile::Bands(16),
         DecodeTile::BandsLoops(8),

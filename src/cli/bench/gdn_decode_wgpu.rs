@@ -12,6 +12,7 @@
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
 use deltakv::gdn::GdnOptions;
+use deltakv::gdn::decode::random::DecodeCase;
 use deltakv::wgpu::gdn::{DecodeTile, UploadedInputs, prepare_decode_launch_tiled};
 use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
@@ -41,7 +42,8 @@ pub fn run(
     );
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let config = (batch, tokens, pool_dtype, intermediate);
-        let (line, record) = time_config(shape, config, DecodeTile::Auto, "")?;
+        let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
+        let (line, record) = time_config(shape, config, &case, DecodeTile::Auto, "")?;
         lines.push(line);
         records.push(record);
     }
@@ -50,10 +52,12 @@ pub fn run(
         .into_iter()
         .filter(|_| configs.iter().any(|c| c.0 == 256))
     {
+        // The same inputs (a 512 MiB pool at B = 256, made once) for every tile.
+        let case = super::gdn_decode::bench_case(batch, 1, pool_dtype)?;
         for tile in DecodeTile::COMPARED {
             let config = (batch, 1, pool_dtype, false);
             let label = format!("tile {}", tile.label());
-            let (line, mut record) = time_config(shape, config, tile, &label)?;
+            let (line, mut record) = time_config(shape, config, &case, tile, &label)?;
             record["tile"] = json!(label);
             lines.push(line);
             records.push(record);
@@ -62,17 +66,17 @@ pub fn run(
     Ok(lines)
 }
 
-/// Times one configuration with `tile`; the table line (its label after the pool) and the
-/// JSON record.
+/// Times one configuration (its inputs `case`) with `tile`; the table line (its label after the
+/// pool) and the JSON record.
 fn time_config(
     shape: (&str, usize, usize, usize, usize),
     (batch, tokens, pool_dtype, intermediate): (usize, usize, DType, bool),
+    case: &DecodeCase,
     tile: DecodeTile,
     label: &str,
 ) -> Result<(String, serde_json::Value)> {
     let wgpu = Wgpu::get()?;
     let (name, key_heads, value_heads, key_dim, value_dim) = shape;
-    let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
     let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;
     let inputs = uploaded.inputs()?;
     let mut pool = WgpuTensor::upload(wgpu, &case.state_pool)?;

@@ -53,8 +53,9 @@ pub const BANDS_BF16: ShaderSource =
 /// The header of a loop over a thread's rows, as the decode kernels write it.
 const ROW_LOOP: &str = "for (var i = 0u; i < ROWS; i++) {";
 
-/// `text` with every loop over a thread's rows (a line [`ROW_LOOP`], up to the `}` at its
-/// indentation) written out `rows` times, each copy a block that declares `const i`.
+/// `text` with every loop over a thread's rows (a line `for (var i = 0u; i < ROWS; i++) {`, up
+/// to the `}` at its indentation) written out `rows` times, each copy a block that declares
+/// `const i`.
 pub fn unroll_rows(text: &str, rows: u32) -> Result<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = String::with_capacity(text.len() * 4);

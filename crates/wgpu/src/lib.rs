@@ -31,7 +31,8 @@
 //! ```
 //!
 //! The `.wgsl` sources sit beside the Rust that launches them; [`SHADERS`] lists them, and a
-//! test translates each one to Metal Shading Language with naga on every commit.
+//! test translates each one to Metal Shading Language with naga on every commit (the decode
+//! kernels also with their row loops written out, `gdn::decode_sources::unrolled`).
 
 pub mod gdn;
 pub mod kv;
@@ -55,12 +56,21 @@ const RECURRENT_CONSTANTS: &[Constants] = &[
 ];
 
 /// The decode kernel's constants: rows per thread at K <= 32, 64, 128, 256, and both tiles.
-const DECODE_CONSTANTS: &[Constants] = &[
+pub const DECODE_CONSTANTS: &[Constants] = &[
     &[("QUADS", 8.0), ("ROWS", 4.0)],
     &[("QUADS", 8.0), ("ROWS", 8.0)],
     &[("QUADS", 8.0), ("ROWS", 16.0)],
     &[("QUADS", 32.0), ("ROWS", 16.0)],
     &[("QUADS", 8.0), ("ROWS", 32.0)],
+];
+
+/// The bands decode kernel's constants: 8 and 16 bands, rows per thread at K = 128 and 256.
+pub const BANDS_CONSTANTS: &[Constants] = &[
+    &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 16.0)],
+    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 8.0)],
+    &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 32.0)],
+    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 16.0)],
+    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 4.0)],
 ];
 
 /// The chunked prefill's constants: decode's tile and the narrow one, K <= 128 and above.
@@ -133,6 +143,8 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::DECODE_SUBGROUP_BF16, DECODE_CONSTANTS),
     (gdn::recurrent::DECODE_SHARED_F32, DECODE_CONSTANTS),
     (gdn::recurrent::DECODE_SHARED_BF16, DECODE_CONSTANTS),
+    (gdn::decode_sources::BANDS_F32, BANDS_CONSTANTS),
+    (gdn::decode_sources::BANDS_BF16, BANDS_CONSTANTS),
     (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),

@@ -42,7 +42,8 @@ pub struct Wgpu {
 /// The backends deltakv uses: Vulkan (Linux, Windows, Android) and Metal (Apple).
 const BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::METAL);
 
-type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
+/// The shader's name, its constants, and whether wgpu bounds its loops.
+type PipelineKey = (&'static str, Vec<(&'static str, u64)>, bool);
 
 impl std::fmt::Debug for Wgpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -264,20 +265,52 @@ impl Wgpu {
         source: &ShaderSource,
         constants: &[(&'static str, u32)],
     ) -> Result<wgpu::ComputePipeline> {
+        self.build_pipeline(source, constants, true)
+    }
+
+    /// [`Wgpu::pipeline`] without wgpu's loop bounding (a counter naga adds to every loop so
+    /// that no shader loops forever, which can keep a driver's compiler from unrolling them).
+    ///
+    /// # Safety
+    ///
+    /// Every loop of `source` must end for every input (wgpu's rule for
+    /// `ShaderRuntimeChecks::force_loop_bounding`); bounds checks stay on.
+    pub unsafe fn pipeline_without_loop_bounding(
+        &self,
+        source: &ShaderSource,
+        constants: &[(&'static str, u32)],
+    ) -> Result<wgpu::ComputePipeline> {
+        self.build_pipeline(source, constants, false)
+    }
+
+    fn build_pipeline(
+        &self,
+        source: &ShaderSource,
+        constants: &[(&'static str, u32)],
+        loop_bounding: bool,
+    ) -> Result<wgpu::ComputePipeline> {
         let key: PipelineKey = (
             source.name,
             constants.iter().map(|&(n, v)| (n, u64::from(v))).collect(),
+            loop_bounding,
         );
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());
         }
         self.check("before building a pipeline")?;
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(source.name),
-                source: wgpu::ShaderSource::Wgsl(source.text.into()),
-            });
+        let descriptor = wgpu::ShaderModuleDescriptor {
+            label: Some(source.name),
+            source: wgpu::ShaderSource::Wgsl(source.text.into()),
+        };
+        let module = if loop_bounding {
+            self.device.create_shader_module(descriptor)
+        } else {
+            let mut checks = wgpu::ShaderRuntimeChecks::checked();
+            checks.force_loop_bounding = false;
+            // SAFETY: the caller's promise (`pipeline_without_loop_bounding`): every loop of
+            // the shader ends; every other check stays on.
+            unsafe { self.device.create_shader_module_trusted(descriptor, checks) }
+        };
         self.check(&format!("compiling shader `{}`", source.name))?;
         let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
         let pipeline = self

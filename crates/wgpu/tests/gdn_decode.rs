@@ -175,16 +175,13 @@ fn every_decode_tile_against_the_oracle() {
     let Some(wgpu) = common::device("decode tiles") else {
         return;
     };
-    for (tile, name) in [
-        (DecodeTile::Quads(8), "quads8"),
-        (DecodeTile::Quads(32), "quads32"),
-        (DecodeTile::Pairs, "pairs"),
-    ] {
+    for tile in DecodeTile::COMPARED {
+        let name = tile.label();
         let backend = tiled_backend(wgpu, tile);
         let mut worst = [0f64; 3];
         let mut ran = 0;
         for case in decode_suite() {
-            let quads = matches!(tile, DecodeTile::Quads(_));
+            let quads = tile != DecodeTile::Pairs;
             if quads && !case.spec.value_dim.is_multiple_of(4) {
                 // The quad kernels refuse V not a multiple of 4 (Auto takes `pairs` there).
                 let c = DecodeCase::random(&case.spec, case.seed).unwrap();

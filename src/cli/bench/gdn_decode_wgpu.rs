@@ -3,13 +3,16 @@
 //! Each figure is the median over samples of back-to-back dispatches in one submission, timed
 //! from submission to idle (`deltakv::wgpu::timing`).
 //!
-//! After the table, the decode kernels and tiles side by side at B = 1 and 256 (`tile` lines:
-//! `quads8`, the default, `quads32` and `pairs`, the column-pair kernel of `recurrent.wgsl`).
+//! After the table, the decode kernels and tiles side by side at B = 1 and 256, f32 and bf16
+//! pools (`tile` lines, one per `DecodeTile::COMPARED`: `quads8`, the default, the same kernel
+//! with its row loops written out or without wgpu's loop bounding, `quads32`, the row-band
+//! kernel in 8 and 16 bands, and `pairs`, the column-pair kernel of `recurrent.wgsl`).
 //!
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
 use deltakv::gdn::GdnOptions;
+use deltakv::gdn::decode::random::DecodeCase;
 use deltakv::wgpu::gdn::{DecodeTile, UploadedInputs, prepare_decode_launch_tiled};
 use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
@@ -39,23 +42,22 @@ pub fn run(
     );
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let config = (batch, tokens, pool_dtype, intermediate);
-        let (line, record) = time_config(shape, config, DecodeTile::Auto, "")?;
+        let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
+        let (line, record) = time_config(shape, config, &case, DecodeTile::Auto, "")?;
         lines.push(line);
         records.push(record);
     }
-    let tiles = [
-        (DecodeTile::Quads(8), "tile quads8"),
-        (DecodeTile::Quads(32), "tile quads32"),
-        (DecodeTile::Pairs, "tile pairs"),
-    ];
     let compared = [(1, DType::F32), (256, DType::F32), (256, DType::BF16)];
     for (batch, pool_dtype) in compared
         .into_iter()
         .filter(|_| configs.iter().any(|c| c.0 == 256))
     {
-        for (tile, label) in tiles {
+        // The same inputs (a 512 MiB pool at B = 256, made once) for every tile.
+        let case = super::gdn_decode::bench_case(batch, 1, pool_dtype)?;
+        for tile in DecodeTile::COMPARED {
             let config = (batch, 1, pool_dtype, false);
-            let (line, mut record) = time_config(shape, config, tile, label)?;
+            let label = format!("tile {}", tile.label());
+            let (line, mut record) = time_config(shape, config, &case, tile, &label)?;
             record["tile"] = json!(label);
             lines.push(line);
             records.push(record);
@@ -64,17 +66,17 @@ pub fn run(
     Ok(lines)
 }
 
-/// Times one configuration with `tile`; the table line (its label after the pool) and the
-/// JSON record.
+/// Times one configuration (its inputs `case`) with `tile`; the table line (its label after the
+/// pool) and the JSON record.
 fn time_config(
     shape: (&str, usize, usize, usize, usize),
     (batch, tokens, pool_dtype, intermediate): (usize, usize, DType, bool),
+    case: &DecodeCase,
     tile: DecodeTile,
     label: &str,
 ) -> Result<(String, serde_json::Value)> {
     let wgpu = Wgpu::get()?;
     let (name, key_heads, value_heads, key_dim, value_dim) = shape;
-    let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
     let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;
     let inputs = uploaded.inputs()?;
     let mut pool = WgpuTensor::upload(wgpu, &case.state_pool)?;
@@ -109,7 +111,7 @@ fn time_config(
     let state_tb_s = 2.0 * pool_bytes / (us * 1e-6) / 1e12;
     let label = if intermediate { "+intermediate" } else { label };
     let line = format!(
-        "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {label:<13} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
+        "{name:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} {label:<21} {us:>10.2} us/call {:>8.2} us/token {state_tb_s:>6.3} state TB/s",
         us / tokens as f64
     );
     let record = json!({

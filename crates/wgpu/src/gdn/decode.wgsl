@@ -24,6 +24,9 @@
 // q and k of a token sit in workgroup memory (zeros past K, so rows past K need no test),
 // double-buffered by token parity, so one barrier per token guards them.
 //
+// The launcher may write the loops over a thread's rows out row by row (`DecodeTile`), so that
+// `s` is indexed by constants only.
+//
 // A negative slot writes zeros to o and the intermediate states and touches no slot.
 
 // Column quads per workgroup: 32 (256 invocations, 128 columns) or 8 (64, 32 columns).
@@ -35,20 +38,6 @@ override QUADS: u32 = 32u;
 // q and k of the token, by token parity.
 var<workgroup> q_shared: array<array<f32, MAX_K>, 2>;
 var<workgroup> k_shared: array<array<f32, MAX_K>, 2>;
-
-// The slot of row `row` (i32 or i64 slot indices); negative skips the row.
-fn slot_of(row: u32) -> i32 {
-    if p.row_mode == 2u {
-        return select(bitcast<i32>(row_info[2u * row]), -1, row_info[2u * row + 1u] != 0u);
-    }
-    return bitcast<i32>(row_info[row]);
-}
-
-// o of columns col .. col + 3 (col a multiple of 4, so the pairs are whole words of a 16-bit o).
-fn store_o4(at: u32, x: vec4<f32>) {
-    store_o(at, x.xy, true);
-    store_o(at + 2u, x.zw, true);
-}
 
 @compute @workgroup_size(ROW_GROUPS * QUADS)
 fn gdn_decode(

@@ -2,6 +2,7 @@
 
 pub mod chunks;
 pub mod decode;
+pub mod decode_sources;
 pub mod prefill;
 pub mod recurrent;
 

@@ -4,6 +4,7 @@
 //! and the decode of shapes `decode.wgsl` does not take (V not a multiple of 4); and
 //! `chunk.wgsl`, the chunked prefill. Callers validate first; this only encodes the dispatch.
 
+use super::decode_sources::{BANDS_BF16, BANDS_F32, RowLoops, unrolled};
 use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
@@ -64,7 +65,7 @@ pub const CHUNK_SHARED: ShaderSource = ShaderSource {
 };
 
 /// Declares one decode shader: its row-lane sums, the dtype helpers, the shared bindings, the
-/// state pool's accessors, then the kernel.
+/// state pool's accessors, the decode helpers, then the kernel.
 macro_rules! decode_source {
     ($name:literal, $reduce:literal, $state:literal) => {
         ShaderSource {
@@ -74,6 +75,7 @@ macro_rules! decode_source {
                 include_str!("../dtype.wgsl"),
                 include_str!("gdn_common.wgsl"),
                 include_str!($state),
+                include_str!("decode_rows.wgsl"),
                 include_str!("decode.wgsl")
             ),
             entry_point: "gdn_decode",
@@ -213,7 +215,10 @@ pub enum Kernel {
     Chunk { col_pairs: usize },
     /// `decode.wgsl` (slot rows, V a multiple of 4): threads own four columns, `quads` column
     /// quads per workgroup, 32 (256 invocations, 128 columns) or 8 (64, 32 columns).
-    Quads { quads: usize },
+    Quads { quads: usize, loops: RowLoops },
+    /// `decode_bands.wgsl` (slot rows, V a multiple of 4): `bands` bands of contiguous rows, 8
+    /// (32 column quads per workgroup) or 16 (16 quads); 256 invocations.
+    Bands { bands: usize, loops: RowLoops },
 }
 
 /// A prepared dispatch: pipeline, bindings and grid, to encode any number of times.
@@ -234,19 +239,20 @@ impl RecurrentLaunch {
                 d.value_dim
             )));
         }
-        let rows_per_thread = match d.key_dim.div_ceil(ROW_GROUPS) {
+        let mut rows_per_thread = match d.key_dim.div_ceil(ROW_GROUPS) {
             0..=4 => 4,
             5..=8 => 8,
             9..=16 => 16,
             _ => 32,
         };
         let subgroups = wgpu.has_subgroups();
-        let (source, columns_per_group, mut constants) = match call.kernel {
+        let mut loops = RowLoops::Loops;
+        let (mut source, columns_per_group, mut constants) = match call.kernel {
             Kernel::Pairs { col_pairs } => (
                 if subgroups {
-                    &SOURCE_SUBGROUP
+                    SOURCE_SUBGROUP
                 } else {
-                    &SOURCE_SHARED
+                    SOURCE_SHARED
                 },
                 2 * col_pairs,
                 vec![
@@ -266,9 +272,9 @@ impl RecurrentLaunch {
                 let tokens = if d.key_dim <= 128 { 16 } else { 8 };
                 (
                     if subgroups {
-                        &CHUNK_SUBGROUP
+                        CHUNK_SUBGROUP
                     } else {
-                        &CHUNK_SHARED
+                        CHUNK_SHARED
                     },
                     2 * col_pairs,
                     vec![
@@ -278,7 +284,7 @@ impl RecurrentLaunch {
                     ],
                 )
             }
-            Kernel::Quads { quads } => {
+            Kernel::Quads { quads, loops: form } => {
                 if !matches!(call.row_source, Rows::Slots(_))
                     || !d.value_dim.is_multiple_of(4)
                     || !matches!(quads, 8 | 32)
@@ -288,13 +294,40 @@ impl RecurrentLaunch {
                         d.value_dim
                     )));
                 }
+                loops = form;
                 let source = match (subgroups, state_bf16) {
-                    (true, false) => &DECODE_SUBGROUP_F32,
-                    (true, true) => &DECODE_SUBGROUP_BF16,
-                    (false, false) => &DECODE_SHARED_F32,
-                    (false, true) => &DECODE_SHARED_BF16,
+                    (true, false) => DECODE_SUBGROUP_F32,
+                    (true, true) => DECODE_SUBGROUP_BF16,
+                    (false, false) => DECODE_SHARED_F32,
+                    (false, true) => DECODE_SHARED_BF16,
                 };
                 (source, 4 * quads, vec![("QUADS", quads as u32)])
+            }
+            Kernel::Bands { bands, loops: form } => {
+                if !matches!(call.row_source, Rows::Slots(_))
+                    || !d.value_dim.is_multiple_of(4)
+                    || !matches!(bands, 8 | 16)
+                {
+                    return Err(Error::InvalidValue(format!(
+                        "the bands decode kernel runs slot rows with V a multiple of 4 in 8 or 16 bands, got V = {} and {bands} bands",
+                        d.value_dim
+                    )));
+                }
+                loops = form;
+                // Rows per band: ceil(K / bands) rounded up as above (at most 256 / bands).
+                rows_per_thread = match d.key_dim.div_ceil(bands) {
+                    0..=4 => 4,
+                    5..=8 => 8,
+                    9..=16 => 16,
+                    _ => 32,
+                };
+                let quads = 256 / bands;
+                let source = if state_bf16 { BANDS_BF16 } else { BANDS_F32 };
+                (
+                    source,
+                    4 * quads,
+                    vec![("QUADS", quads as u32), ("BANDS", bands as u32)],
+                )
             }
         };
         constants.push(("ROWS", rows_per_thread));
@@ -306,7 +339,16 @@ impl RecurrentLaunch {
                 call.rows, d.value_heads
             )));
         }
-        let pipeline = wgpu.pipeline(source, &constants)?;
+        if loops == RowLoops::Unrolled {
+            source = unrolled(&source, rows_per_thread)?;
+        }
+        let pipeline = if loops == RowLoops::Unbounded {
+            // SAFETY: every loop of the decode kernels ends: counters run up to ROWS, T, K or
+            // the bands, all fixed for the dispatch.
+            unsafe { wgpu.pipeline_without_loop_bounding(&source, &constants)? }
+        } else {
+            wgpu.pipeline(&source, &constants)?
+        };
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
             [g, beta] => (false, *g, *beta, *g, *g),

@@ -1,7 +1,7 @@
 //! The chunked prefill's state pass in every shape its environment variables select (column
 //! tiles of 16 or 32, 8, 16 or 32 row groups, the row width fixed in the pipeline or read at run
 //! time, the one-block kernel or the general one, Kd staged or not, the prepare's inverse by
-//! blocks or serial), not only the default one, against the f64 oracle:
+//! blocks or serial, with or without wgpu's loop bounding), not only the default one, against the f64 oracle:
 //! K = 128 (one 4-row block per thread at 32 groups) and K = 64 / V = 96 (row groups past K,
 //! a partial column tile), with initial states, l2 norm and odd lengths. Its own test binary,
 //! so setting the variables between calls reaches no other test.
@@ -13,7 +13,8 @@ use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_wgpu::gdn::chunks::{
-    FIXED_WIDTH_ENV, GROUPS_ENV, INVERSE_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV, TILE_ENV,
+    FIXED_WIDTH_ENV, GROUPS_ENV, INVERSE_ENV, LOOP_BOUNDING_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV,
+    TILE_ENV,
 };
 use deltakv_wgpu::gdn::gdn_prefill;
 
@@ -45,6 +46,8 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         ("16", "32", "1", "loops"),
         ("16", "32", "1", "block, Kd not staged"),
         ("16", "32", "1", "block, serial inverse"),
+        ("16", "32", "1", "block, no loop bounding"),
+        ("16", "32", "1", "loops, no loop bounding"),
         ("32", "8", "1", "block"),
         ("32", "16", "1", "block"),
         ("32", "16", "0", "block"),
@@ -68,6 +71,12 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
                 "blocked"
             };
             std::env::set_var(INVERSE_ENV, inverse);
+            let bounded = if kernel.ends_with("no loop bounding") {
+                "0"
+            } else {
+                "1"
+            };
+            std::env::set_var(LOOP_BOUNDING_ENV, bounded);
         }
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();

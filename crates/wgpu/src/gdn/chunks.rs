@@ -60,6 +60,12 @@ pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
 /// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
+/// Set to `0`, the environment variable that builds the two passes without wgpu's loop bounding
+/// (the counter naga adds to every loop, which can keep the driver from unrolling), for timing.
+/// Every loop of both passes ends: their trip counts come from the chunk table and the head
+/// dimensions, which the launch has checked.
+pub const LOOP_BOUNDING_ENV: &str = "DELTAKV_WGPU_PREFILL_LOOP_BOUNDING";
+
 /// Set to `serial`, the environment variable that makes the prepare invert I + A by one forward
 /// substitution instead of by 16 x 16 blocks (for timing one against the other).
 pub const INVERSE_ENV: &str = "DELTAKV_WGPU_PREFILL_INVERSE";
@@ -239,19 +245,33 @@ impl ChunkLaunch {
             });
         let blocked_inverse =
             u32::from(std::env::var(INVERSE_ENV).ok().as_deref().map(str::trim) != Some("serial"));
-        let prepare = wgpu.pipeline(&PREPARE, &[("BLOCKED_INVERSE", blocked_inverse)])?;
+        let bounded = std::env::var(LOOP_BOUNDING_ENV)
+            .ok()
+            .as_deref()
+            .map(str::trim)
+            != Some("0");
+        let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| {
+            if bounded {
+                wgpu.pipeline(source, constants)
+            } else {
+                // SAFETY: every loop of chunks.wgsl and chunks_state_block.wgsl ends (see
+                // LOOP_BOUNDING_ENV).
+                unsafe { wgpu.pipeline_without_loop_bounding(source, constants) }
+            }
+        };
+        let prepare = pipeline(&PREPARE, &[("BLOCKED_INVERSE", blocked_inverse)])?;
         let state = if block_kernel {
             let stage_kd = u32::from(
                 std::env::var(STAGE_KD_ENV)
                     .ok()
                     .is_none_or(|v| v.trim() != "0"),
             );
-            wgpu.pipeline(
+            pipeline(
                 &STATE_BLOCK,
                 &[("VT", 16), ("STATE_KP4", state_kp4), ("STAGE_KD", stage_kd)],
             )?
         } else {
-            wgpu.pipeline(
+            pipeline(
                 &STATE,
                 &[
                     ("VT", tile as u32),

@@ -190,7 +190,7 @@ impl ChunkLaunch {
         let block_kernel = tile == 16
             && row_groups == 32
             && kp4 <= 32
-            && kp4 % 4 == 0
+            && kp4.is_multiple_of(4)
             && std::env::var(STATE_KERNEL_ENV)
                 .ok()
                 .as_deref()

@@ -20,7 +20,7 @@ use super::{
     Dispatch, SOURCE_ATTEND, SOURCE_ATTEND_LANES_SHARED, SOURCE_ATTEND_LANES_SUBGROUP,
     SOURCE_MERGE, submit, uniform_bytes,
 };
-use crate::runtime::Wgpu;
+use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::kv::NormDType;
 use deltakv_contract::{DType, Error, Result};
@@ -52,16 +52,23 @@ pub enum AttendKernel {
     LanesQShared,
     /// [`AttendKernel::Lanes`] with the dots summed through workgroup memory, subgroups or not.
     LanesNoShuffle,
+    /// [`AttendKernel::Lanes`] built without wgpu's loop bounding
+    /// ([`Wgpu::pipeline_without_loop_bounding`]).
+    LanesUnbounded,
+    /// [`AttendKernel::Tiled`] built without wgpu's loop bounding.
+    TiledUnbounded,
 }
 
 impl AttendKernel {
     /// Every explicit form.
-    pub const ALL: [AttendKernel; 5] = [
+    pub const ALL: [AttendKernel; 7] = [
         AttendKernel::Tiled,
         AttendKernel::Lanes,
         AttendKernel::LanesTile64,
         AttendKernel::LanesQShared,
         AttendKernel::LanesNoShuffle,
+        AttendKernel::LanesUnbounded,
+        AttendKernel::TiledUnbounded,
     ];
 
     /// The form's name (as `DELTAKV_WGPU_KV_ATTEND` takes it).
@@ -73,6 +80,8 @@ impl AttendKernel {
             AttendKernel::LanesTile64 => "lanes-tile64",
             AttendKernel::LanesQShared => "lanes-qshared",
             AttendKernel::LanesNoShuffle => "lanes-noshuffle",
+            AttendKernel::LanesUnbounded => "lanes-unbounded",
+            AttendKernel::TiledUnbounded => "tiled-unbounded",
         }
     }
 
@@ -84,7 +93,7 @@ impl AttendKernel {
             .find(|k| k.name() == name)
             .ok_or_else(|| {
                 Error::InvalidValue(format!(
-                    "{KERNEL_ENV}={name}: expected one of auto, tiled, lanes, lanes-tile64, lanes-qshared, lanes-noshuffle"
+                    "{KERNEL_ENV}={name}: expected one of auto, tiled, lanes, lanes-tile64, lanes-qshared, lanes-noshuffle, lanes-unbounded, tiled-unbounded"
                 ))
             })
     }
@@ -106,17 +115,30 @@ impl AttendKernel {
         };
         let lanes_serve =
             matches!(dim, 64 | 128 | 256) && [bits_k, bits_v].iter().all(|b| [2, 4, 8].contains(b));
-        Ok(if asked != AttendKernel::Tiled && !lanes_serve {
-            AttendKernel::Tiled
-        } else {
+        Ok(if asked.is_tiled() || lanes_serve {
             asked
+        } else if asked == AttendKernel::LanesUnbounded {
+            AttendKernel::TiledUnbounded
+        } else {
+            AttendKernel::Tiled
         })
+    }
+
+    fn is_tiled(self) -> bool {
+        matches!(self, AttendKernel::Tiled | AttendKernel::TiledUnbounded)
+    }
+
+    fn is_unbounded(self) -> bool {
+        matches!(
+            self,
+            AttendKernel::LanesUnbounded | AttendKernel::TiledUnbounded
+        )
     }
 
     /// Tokens per tile of pass 1 at head dim `dim`.
     fn tile(self, dim: usize) -> usize {
         match self {
-            AttendKernel::Auto | AttendKernel::Tiled => TILE,
+            AttendKernel::Auto | AttendKernel::Tiled | AttendKernel::TiledUnbounded => TILE,
             AttendKernel::LanesTile64 => 64,
             _ => (1024 / (dim / 16)).min(128),
         }
@@ -284,13 +306,22 @@ pub fn prepare_attend(
             contents: &uniform_bytes(&params),
             usage: wgpu::BufferUsages::UNIFORM,
         });
-    let pipeline = if kernel == AttendKernel::Tiled {
+    let build = |source: &ShaderSource, constants: &[(&'static str, u32)]| {
+        if kernel.is_unbounded() {
+            // SAFETY: every loop of both pass-1 shaders ends: its bounds are pipeline
+            // constants, the head dim (64..=256, validated) and the validated parameters.
+            unsafe { wgpu.pipeline_without_loop_bounding(source, constants) }
+        } else {
+            wgpu.pipeline(source, constants)
+        }
+    };
+    let pipeline = if kernel.is_tiled() {
         let constants = [
             ("BITS_K", s.bits_k),
             ("BITS_V", s.bits_v),
             ("LANES", lanes as u32),
         ];
-        wgpu.pipeline(&SOURCE_ATTEND, &constants)?
+        build(&SOURCE_ATTEND, &constants)?
     } else {
         let lanes = s.dim / 16;
         let shuffles = kernel != AttendKernel::LanesNoShuffle
@@ -311,7 +342,7 @@ pub fn prepare_attend(
         } else {
             &SOURCE_ATTEND_LANES_SHARED
         };
-        wgpu.pipeline(source, &constants)?
+        build(source, &constants)?
     };
     let pool = cache.pool().buffer();
     let pass1 = Dispatch::new(

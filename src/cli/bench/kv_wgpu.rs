@@ -117,11 +117,25 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
                 kernel,
                 ..Default::default()
             };
-            let launch = prepare_attend(wgpu, &cache, &q, None, &options)?;
+            // A form other than the default that fails gets its line and the rest go on.
+            let timed = prepare_attend(wgpu, &cache, &q, None, &options).and_then(|launch| {
+                let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
+                Ok((launch, us))
+            });
+            let (launch, us) = match timed {
+                Ok(x) => x,
+                Err(e) if kernel != AttendKernel::Auto => {
+                    lines.push(format!(
+                        "decode      B={b} ctx={ctx:<7} kernel {}: failed: {e}",
+                        kernel.name()
+                    ));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if kernel != AttendKernel::Auto && launch.kernel() != kernel {
                 continue; // a form that does not serve this shape (it ran the tiled one)
             }
-            let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
             let tb_s = read as f64 / (us * 1e-6) / 1e12;
             lines.push(format!(
                 "decode      B={b} ctx={ctx:<7} Hq={hq} Hkv={hkv} D={d} {us:>10.1} us {tb_s:>6.3} TB/s of codes + norms ({:.0}% of copy), {} splits, kernel {}",

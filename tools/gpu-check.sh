@@ -656,8 +656,9 @@ wgpu)
         --json "$logs/cuda-kv.json" 2>&1 | tee -a "$out/wgpu-kv-bench.txt" ||
         summary+=("FAIL bench kv --device cuda (see wgpu-kv-bench.txt)")
     summary+=("wgpu kv copy: $(last 'buffer to buffer on wgpu' "$out/wgpu-kv-bench.txt")")
-    summary+=("wgpu kv encode: $(last 'encode .*bf16.*M tokens' "$out/wgpu-kv-bench.txt" | head -c 300)")
-    summary+=("kv decode B=8 32k (wgpu first, then cuda): $(grep -h 'decode      B=8 ctx=32768' "$out/wgpu-kv-bench.txt" | tr '\n' ';')")
+    summary+=("wgpu kv encode: $({ grep -h 'encode .*bf16.*M tokens' "$out/wgpu-kv-bench.txt" || true; } | head -n 1 | head -c 300)")
+    summary+=("kv decode B=8 32k (wgpu forms first, then cuda): $({ grep -h 'decode      B=8 ctx=32768' "$out/wgpu-kv-bench.txt" || true; } | sed 's/  */ /g' | tr '\n' ';')")
+    summary+=("wgpu kv decode splits (default form): $({ grep -h '^            [0-9]* splits:' "$out/wgpu-kv-bench.txt" || true; } | sed 's/  */ /g' | tr '\n' ';')")
     summary+=("demo kv: $(last 'compressed KV on wgpu' "$logs/demo.txt")")
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"

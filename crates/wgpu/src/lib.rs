@@ -163,7 +163,105 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
     (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
+    (kv::SOURCE_ATTEND_LANES_SUBGROUP, KV_LANES_CONSTANTS),
+    (kv::SOURCE_ATTEND_LANES_SHARED, KV_LANES_CONSTANTS),
     (kv::SOURCE_MERGE, &[&[]]),
+];
+
+/// The lanes attention's constants: every pair of 2/4/8-bit widths at d = 128 in tiles of 128,
+/// the other knobs (tiles of 64, q' in workgroup memory), d = 64 and d = 256 (tiles of 64).
+const KV_LANES_CONSTANTS: &[Constants] = &[
+    &[
+        ("BITS_K", 2.0),
+        ("BITS_V", 2.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 2.0),
+        ("BITS_V", 4.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 2.0),
+        ("BITS_V", 8.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 2.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 4.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 8.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 8.0),
+        ("BITS_V", 2.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 8.0),
+        ("BITS_V", 4.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 8.0),
+        ("BITS_V", 8.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 2.0),
+        ("LANES", 8.0),
+        ("TILE", 64.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 2.0),
+        ("LANES", 8.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 0.0),
+    ],
+    &[
+        ("BITS_K", 4.0),
+        ("BITS_V", 2.0),
+        ("LANES", 4.0),
+        ("TILE", 128.0),
+        ("Q_REGISTERS", 1.0),
+    ],
+    &[
+        ("BITS_K", 8.0),
+        ("BITS_V", 4.0),
+        ("LANES", 16.0),
+        ("TILE", 64.0),
+        ("Q_REGISTERS", 1.0),
+    ],
 ];
 
 /// The attention's constants: every pair of bit widths at d = 128 (8 lanes per token), and the

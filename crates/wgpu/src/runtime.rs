@@ -192,6 +192,11 @@ impl Wgpu {
         self.subgroups
     }
 
+    /// The adapter's smallest subgroup size (meaningful where [`Wgpu::has_subgroups`]).
+    pub fn subgroup_min_size(&self) -> u32 {
+        self.info.subgroup_min_size
+    }
+
     pub fn device(&self) -> &wgpu::Device {
         &self.device
     }

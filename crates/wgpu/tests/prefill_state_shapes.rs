@@ -46,8 +46,8 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         ("16", "32", "1", "loops"),
         ("16", "32", "1", "block, Kd not staged"),
         ("16", "32", "1", "block, serial inverse"),
-        ("16", "32", "1", "block, no loop bounding"),
-        ("16", "32", "1", "loops, no loop bounding"),
+        ("16", "32", "1", "block, loop bounding"),
+        ("16", "32", "1", "loops, loop bounding"),
         ("32", "8", "1", "block"),
         ("32", "16", "1", "block"),
         ("32", "16", "0", "block"),
@@ -71,10 +71,10 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
                 "blocked"
             };
             std::env::set_var(INVERSE_ENV, inverse);
-            let bounded = if kernel.ends_with("no loop bounding") {
-                "0"
-            } else {
+            let bounded = if kernel.ends_with(", loop bounding") {
                 "1"
+            } else {
+                "0"
             };
             std::env::set_var(LOOP_BOUNDING_ENV, bounded);
         }

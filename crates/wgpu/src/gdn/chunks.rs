@@ -60,10 +60,11 @@ pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
 /// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
-/// Set to `0`, the environment variable that builds the two passes without wgpu's loop bounding
-/// (the counter naga adds to every loop, which can keep the driver from unrolling), for timing.
-/// Every loop of both passes ends: their trip counts come from the chunk table and the head
-/// dimensions, which the launch has checked.
+/// Set to `1`, the environment variable that builds the two passes with wgpu's loop bounding
+/// (the counter naga adds to every loop, which can keep the driver from unrolling; measured
+/// slower on the H100), for timing. Without it, as by default, every loop of both passes still
+/// ends: their trip counts come from the chunk table and the head dimensions, which the launch
+/// has checked.
 pub const LOOP_BOUNDING_ENV: &str = "DELTAKV_WGPU_PREFILL_LOOP_BOUNDING";
 
 /// Set to `serial`, the environment variable that makes the prepare invert I + A by one forward
@@ -249,7 +250,7 @@ impl ChunkLaunch {
             .ok()
             .as_deref()
             .map(str::trim)
-            != Some("0");
+            == Some("1");
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| {
             if bounded {
                 wgpu.pipeline(source, constants)

@@ -35,14 +35,15 @@ pub struct WgpuDecodeOutput {
 }
 
 /// The environment variable that sets the kernel [`DecodeTile::Auto`] takes where V is a
-/// multiple of 4: a [`DecodeTile::label`] (`quads8` when unset), for comparing them in whole runs.
+/// multiple of 4: a [`DecodeTile::label`] (`bands8` when unset), for comparing them in whole runs.
 pub const DECODE_VARIANT_ENV: &str = "DELTAKV_WGPU_DECODE_VARIANT";
 
 /// The kernel and tile of a decode call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeTile {
-    /// `decode.wgsl` with 32-column workgroups where V is a multiple of 4 (or the tile that
-    /// `DELTAKV_WGPU_DECODE_VARIANT` names), else [`DecodeTile::Pairs`].
+    /// `decode_bands.wgsl` in 8 bands ([`DecodeTile::Bands`]`(8)`, the fastest measured on the
+    /// H100) where V is a multiple of 4 (or the tile that `DELTAKV_WGPU_DECODE_VARIANT` names),
+    /// else [`DecodeTile::Pairs`].
     #[default]
     Auto,
     /// `decode.wgsl` with `quads` column quads (4 columns each) per workgroup, 8 or 32 (V a
@@ -114,7 +115,7 @@ impl DecodeTile {
                             .map_err(|e| Error::InvalidValue(format!("{DECODE_VARIANT_ENV}: {e}")))?
                             .kernel(value_dim)?
                     }
-                    _ => quads(8, RowLoops::Loops),
+                    _ => bands(8, RowLoops::Unrolled),
                 }
             }
             DecodeTile::Quads(n) => quads(n, RowLoops::Loops),

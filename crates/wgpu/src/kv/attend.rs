@@ -38,7 +38,8 @@ const TARGET_WORKGROUPS: usize = 1024;
 /// or 256, 3-bit codes) runs the tiled one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttendKernel {
-    /// `DELTAKV_WGPU_KV_ATTEND` if set, else [`AttendKernel::Lanes`].
+    /// `DELTAKV_WGPU_KV_ATTEND` if set, else [`AttendKernel::TiledUnbounded`] (the fastest
+    /// form measured on the H100).
     #[default]
     Auto,
     /// `attend.wgsl`: a thread per token scores its whole key row; tiles of 128 tokens.
@@ -104,12 +105,12 @@ impl AttendKernel {
         let asked = match self {
             AttendKernel::Auto => match std::env::var(KERNEL_ENV) {
                 Ok(v) if !v.trim().is_empty() => AttendKernel::from_name(&v)?,
-                _ => AttendKernel::Lanes,
+                _ => AttendKernel::TiledUnbounded,
             },
             k => k,
         };
         let asked = if asked == AttendKernel::Auto {
-            AttendKernel::Lanes
+            AttendKernel::TiledUnbounded
         } else {
             asked
         };

@@ -97,6 +97,10 @@ mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|ru
 kv_lab_build() {
     local cuda=/opt/cu13/nvidia/cu13 nvcc=nvcc
     command -v nvcc >/dev/null || nvcc=$cuda/bin/nvcc
+    if ! command -v "$nvcc" >/dev/null; then
+        echo "no nvcc (PATH or $cuda/bin): $1 not built (the lab modes build it on the GPU machine)"
+        return 0
+    fi
     "$nvcc" -O3 -std=c++17 -arch=sm_90a -L"$cuda/lib" -o "$1" "${2:-tools/kv-lab/kv_lab.cu}" "${@:3}"
 }
 
@@ -598,7 +602,7 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default STAGE_KD=0 LOOP_BOUNDING=1 INVERSE=serial STATE=loops; do
+    for variant in default STATE=block STATE=general GROUPS=16; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
@@ -642,7 +646,7 @@ wgpu)
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
     # The chunked prefill's state pass in its other forms (the variables of docs/wgpu.md).
-    for variant in STAGE_KD=0 LOOP_BOUNDING=1; do
+    for variant in STATE=block STATE=general; do
         env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
             --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
         summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")

@@ -32,7 +32,8 @@
 //!
 //! The `.wgsl` sources sit beside the Rust that launches them; [`SHADERS`] lists them, and a
 //! test translates each one to Metal Shading Language with naga on every commit (the decode
-//! kernels also with their row loops written out, `gdn::decode_sources::unrolled`).
+//! kernel as the launcher builds it, its row loops written out by
+//! `gdn::decode_sources::unrolled`).
 
 pub mod gdn;
 pub mod kv;
@@ -55,22 +56,13 @@ const RECURRENT_CONSTANTS: &[Constants] = &[
     &[("ROWS", 32.0), ("COL_PAIRS", 8.0), ("STATE_BF16", 0.0)],
 ];
 
-/// The decode kernel's constants: rows per thread at K <= 32, 64, 128, 256, and both tiles.
-pub const DECODE_CONSTANTS: &[Constants] = &[
-    &[("QUADS", 8.0), ("ROWS", 4.0)],
-    &[("QUADS", 8.0), ("ROWS", 8.0)],
-    &[("QUADS", 8.0), ("ROWS", 16.0)],
-    &[("QUADS", 32.0), ("ROWS", 16.0)],
-    &[("QUADS", 8.0), ("ROWS", 32.0)],
-];
-
-/// The bands decode kernel's constants: 8 and 16 bands, rows per thread at K = 128 and 256.
+/// The decode kernel's constants: 8 bands of 32 column quads, rows per thread at K <= 32, 64,
+/// 128 and 256.
 pub const BANDS_CONSTANTS: &[Constants] = &[
+    &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 4.0)],
+    &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 8.0)],
     &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 16.0)],
-    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 8.0)],
     &[("QUADS", 32.0), ("BANDS", 8.0), ("ROWS", 32.0)],
-    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 16.0)],
-    &[("QUADS", 16.0), ("BANDS", 16.0), ("ROWS", 4.0)],
 ];
 
 /// The chunked prefill's constants: decode's tile and the narrow one, K <= 128 and above.
@@ -96,7 +88,7 @@ const CHUNK_CONSTANTS: &[Constants] = &[
 ];
 
 /// The two-pass prefill's state pass: its default shapes (16-column tiles with 32 row groups,
-/// 32-column tiles with 16) and the others its environment variables select.
+/// 32-column tiles with 16) and the others a `StatePlan` selects.
 const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
     &[
         ("VT", 32.0),
@@ -120,7 +112,7 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
         ("VT", 32.0),
         ("ROW_GROUPS", 8.0),
         ("ROW_BLOCKS", 8.0),
-        ("STATE_KP4", 0.0),
+        ("STATE_KP4", 64.0),
     ],
     &[
         ("VT", 16.0),
@@ -128,140 +120,38 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
         ("ROW_BLOCKS", 1.0),
         ("STATE_KP4", 32.0),
     ],
-    &[
-        ("VT", 16.0),
-        ("ROW_GROUPS", 32.0),
-        ("ROW_BLOCKS", 1.0),
-        ("STATE_KP4", 0.0),
-    ],
 ];
 
 /// Every shader of the backend, with sets of its `override` constants (each set is one
 /// pipeline).
 pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
-    (gdn::recurrent::DECODE_SUBGROUP_F32, DECODE_CONSTANTS),
-    (gdn::recurrent::DECODE_SUBGROUP_BF16, DECODE_CONSTANTS),
-    (gdn::recurrent::DECODE_SHARED_F32, DECODE_CONSTANTS),
-    (gdn::recurrent::DECODE_SHARED_BF16, DECODE_CONSTANTS),
     (gdn::decode_sources::BANDS_F32, BANDS_CONSTANTS),
     (gdn::decode_sources::BANDS_BF16, BANDS_CONSTANTS),
     (gdn::recurrent::SOURCE_SUBGROUP, RECURRENT_CONSTANTS),
     (gdn::recurrent::SOURCE_SHARED, RECURRENT_CONSTANTS),
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
-    (gdn::chunks::PREPARE, &[&[], &[("BLOCKED_INVERSE", 0.0)]]),
+    (gdn::chunks::PREPARE, &[&[]]),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (
         gdn::chunks::STATE_BLOCK,
         &[
             &[("VT", 16.0), ("STATE_KP4", 32.0)],
-            &[("VT", 16.0), ("STATE_KP4", 0.0)],
-            &[("VT", 16.0), ("STATE_KP4", 32.0), ("STAGE_KD", 0.0)],
+            &[("VT", 16.0), ("STATE_KP4", 16.0)],
+        ],
+    ),
+    (
+        gdn::chunks::STATE_STAGED,
+        &[
+            &[("VT", 16.0), ("STATE_KP4", 32.0)],
+            &[("VT", 16.0), ("STATE_KP4", 16.0)],
         ],
     ),
     (tensor::FILL, &[&[]]),
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
     (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
-    (kv::SOURCE_ATTEND_LANES_SUBGROUP, KV_LANES_CONSTANTS),
-    (kv::SOURCE_ATTEND_LANES_SHARED, KV_LANES_CONSTANTS),
     (kv::SOURCE_MERGE, &[&[]]),
-];
-
-/// The lanes attention's constants: every pair of 2/4/8-bit widths at d = 128 in tiles of 128,
-/// the other knobs (tiles of 64, q' in workgroup memory), d = 64 and d = 256 (tiles of 64).
-const KV_LANES_CONSTANTS: &[Constants] = &[
-    &[
-        ("BITS_K", 2.0),
-        ("BITS_V", 2.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 2.0),
-        ("BITS_V", 4.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 2.0),
-        ("BITS_V", 8.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 2.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 4.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 8.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 8.0),
-        ("BITS_V", 2.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 8.0),
-        ("BITS_V", 4.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 8.0),
-        ("BITS_V", 8.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 2.0),
-        ("LANES", 8.0),
-        ("TILE", 64.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 2.0),
-        ("LANES", 8.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 0.0),
-    ],
-    &[
-        ("BITS_K", 4.0),
-        ("BITS_V", 2.0),
-        ("LANES", 4.0),
-        ("TILE", 128.0),
-        ("Q_REGISTERS", 1.0),
-    ],
-    &[
-        ("BITS_K", 8.0),
-        ("BITS_V", 4.0),
-        ("LANES", 16.0),
-        ("TILE", 64.0),
-        ("Q_REGISTERS", 1.0),
-    ],
 ];
 
 /// The attention's constants: every pair of bit widths at d = 128 (8 lanes per token), and the

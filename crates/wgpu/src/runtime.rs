@@ -169,12 +169,13 @@ impl Wgpu {
     /// The adapter's name, backend, driver and reduction path in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {:?}, driver {} {}; {})",
+            "{} ({:?}, {:?}, driver {} {}; {} KiB of workgroup memory; {})",
             self.info.name,
             self.info.backend,
             self.info.device_type,
             self.info.driver,
             self.info.driver_info,
+            self.device.limits().max_compute_workgroup_storage_size / 1024,
             if self.subgroups {
                 format!(
                     "subgroups of {}..={}",

@@ -13,7 +13,7 @@ use deltakv_contract::kv::{KvScheme, NormDType, PagedLayout};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, HostTensor};
 use deltakv_cpu::kv::{AttnOptions, PagedKvCache, attend_paged};
-use deltakv_wgpu::kv::{AttendKernel, WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
+use deltakv_wgpu::kv::{WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
 use deltakv_wgpu::{Wgpu, WgpuTensor};
 
 /// The case's keys and values rounded to `dtype` (what both backends then encode).
@@ -189,40 +189,13 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
             let on_cpu: Vec<f64> = on_cpu.iter().map(|&x| f64::from(x)).collect();
             let q = HostTensor::from_f32(vec![lens.len(), tq, hq, d], case.q.clone()).unwrap();
             let q = WgpuTensor::upload(wgpu, &q).unwrap();
-            // Every form with the automatic splits (at shape 0 for three bits pairs), the tiled
-            // and default lanes forms with 1 and 3 too; lanes forms fall back to tiled at
-            // d 96 / 100 and 3-bit codes.
-            let every_form = i != 0 || [(4, 2), (2, 8), (8, 4)].contains(&(bits_k, bits_v));
-            let forms: &[AttendKernel] = if every_form {
-                &AttendKernel::ALL
-            } else {
-                &[AttendKernel::Tiled, AttendKernel::Lanes]
-            };
-            let runs = forms.iter().map(|&k| (None, k)).chain(
-                [Some(1), Some(3)]
-                    .into_iter()
-                    .flat_map(|s| [(s, AttendKernel::Tiled), (s, AttendKernel::Lanes)]),
-            );
-            let lanes_serve = matches!(d, 64 | 128 | 256) && bits_k != 3 && bits_v != 3;
-            for (splits, kernel) in runs {
+            // The automatic splits, then 1 and 3.
+            for splits in [None, Some(1), Some(3)] {
                 let options = WgpuAttnOptions {
                     splits,
                     max_tokens: None,
-                    kernel,
                 };
                 let launch = prepare_attend(wgpu, &gpu, &q, Some(case.scale), &options).unwrap();
-                let expected = match kernel {
-                    _ if lanes_serve => kernel,
-                    AttendKernel::LanesUnbounded | AttendKernel::TiledUnbounded => {
-                        AttendKernel::TiledUnbounded
-                    }
-                    _ => AttendKernel::Tiled,
-                };
-                assert_eq!(
-                    launch.kernel(),
-                    expected,
-                    "shape {i} bits {bits_k}/{bits_v}"
-                );
                 launch.submit(wgpu, 1).unwrap();
                 let o = launch
                     .output()
@@ -232,21 +205,18 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
                     .unwrap();
                 assert!(
                     o.iter().all(|x| x.is_finite()),
-                    "shape {i} {}: unwritten or non-finite o",
-                    kernel.name()
+                    "shape {i} splits {splits:?}: unwritten or non-finite o"
                 );
                 let err = rel_rms(&o, &ideal);
                 worst = worst.max(err);
                 assert!(
                     err < 1e-5,
-                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?} {}: vs decoded oracle {err:.3e}",
-                    kernel.name()
+                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?}: vs decoded oracle {err:.3e}"
                 );
                 let err = rel_rms(&o, &on_cpu);
                 assert!(
                     err < 1e-5,
-                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?} {}: vs CPU {err:.3e}",
-                    kernel.name()
+                    "shape {i} bits {bits_k}/{bits_v} splits {splits:?}: vs CPU {err:.3e}"
                 );
             }
         }
@@ -299,7 +269,6 @@ fn a_prepared_launch_follows_the_cache_as_it_grows() {
             let options = WgpuAttnOptions {
                 splits: None,
                 max_tokens: Some(90),
-                ..Default::default()
             };
             prepare_attend(wgpu, &gpu, &q, None, &options).unwrap()
         });

@@ -1,14 +1,11 @@
 //! Every shader of the backend, with every set of `override` constants its launchers use,
 //! parsed and validated by naga and translated to Metal Shading Language by naga's MSL writer
-//! (the path wgpu takes on Apple hardware), and the decode kernels also with their row loops
-//! written out. Runs without any adapter; it checks translation
+//! (the path wgpu takes on Apple hardware), and the decode kernel also with its row loops
+//! written out, as the launcher builds it. Runs without any adapter; it checks translation
 //! only, not execution on a Mac.
 
 use deltakv_wgpu::gdn::decode_sources::{BANDS_BF16, BANDS_F32, unrolled};
-use deltakv_wgpu::gdn::recurrent::{
-    DECODE_SHARED_BF16, DECODE_SHARED_F32, DECODE_SUBGROUP_BF16, DECODE_SUBGROUP_F32,
-};
-use deltakv_wgpu::{BANDS_CONSTANTS, Constants, DECODE_CONSTANTS, SHADERS, ShaderSource};
+use deltakv_wgpu::{BANDS_CONSTANTS, Constants, SHADERS, ShaderSource};
 
 #[test]
 fn every_shader_translates_to_metal() {
@@ -17,18 +14,11 @@ fn every_shader_translates_to_metal() {
     }
 }
 
-/// The decode kernels with their row loops written out, as the launcher builds them: each
-/// with the constants whose ROWS it was written out for.
+/// The decode kernel with its row loops written out, as the launcher builds it: each with the
+/// constants whose ROWS it was written out for.
 #[test]
 fn unrolled_decode_kernels_translate_to_metal() {
-    let kernels = [
-        (DECODE_SUBGROUP_F32, DECODE_CONSTANTS),
-        (DECODE_SUBGROUP_BF16, DECODE_CONSTANTS),
-        (DECODE_SHARED_F32, DECODE_CONSTANTS),
-        (DECODE_SHARED_BF16, DECODE_CONSTANTS),
-        (BANDS_F32, BANDS_CONSTANTS),
-        (BANDS_BF16, BANDS_CONSTANTS),
-    ];
+    let kernels = [(BANDS_F32, BANDS_CONSTANTS), (BANDS_BF16, BANDS_CONSTANTS)];
     for (source, constant_sets) in kernels {
         for &constants in constant_sets {
             let rows = constants

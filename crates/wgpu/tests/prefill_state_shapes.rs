@@ -1,10 +1,8 @@
-//! The chunked prefill's state pass in every shape its environment variables select (column
-//! tiles of 16 or 32, 8, 16 or 32 row groups, the row width fixed in the pipeline or read at run
-//! time, the one-block kernel or the general one, Kd staged or not, the prepare's inverse by
-//! blocks or serial, with or without wgpu's loop bounding), not only the default one, against the f64 oracle:
-//! K = 128 (one 4-row block per thread at 32 groups) and K = 64 / V = 96 (row groups past K,
-//! a partial column tile), with initial states, l2 norm and odd lengths. Its own test binary,
-//! so setting the variables between calls reaches no other test.
+//! The chunked prefill's state pass in every shape a [`StatePlan`] selects (column tiles of 16
+//! or 32; 8, 16 or 32 row groups; the one-block kernel or the general one), not only the
+//! default one, against the f64 oracle: K = 128 (one 4-row block per thread at 32 groups) and
+//! K = 64 / V = 96 (row groups past K, a partial column tile), with initial states, l2 norm and
+//! odd lengths.
 
 mod common;
 
@@ -12,11 +10,7 @@ use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::gdn::chunks::{
-    FIXED_WIDTH_ENV, GROUPS_ENV, INVERSE_ENV, LOOP_BOUNDING_ENV, STAGE_KD_ENV, STATE_KERNEL_ENV,
-    TILE_ENV,
-};
-use deltakv_wgpu::gdn::gdn_prefill;
+use deltakv_wgpu::gdn::{StateKernel, StatePlan, gdn_prefill_planned};
 
 #[test]
 fn every_state_tile_and_row_group_count_against_the_oracle() {
@@ -38,55 +32,31 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         })
         .collect();
     let mut worst = [0f64; 2];
-    let shapes = [
-        ("16", "8", "1", "block"),
-        ("16", "16", "1", "block"),
-        ("16", "32", "1", "block"),
-        ("16", "32", "0", "block"),
-        ("16", "32", "1", "loops"),
-        ("16", "32", "1", "block, Kd not staged"),
-        ("16", "32", "1", "block, serial inverse"),
-        ("16", "32", "1", "block, loop bounding"),
-        ("16", "32", "1", "loops, loop bounding"),
-        ("32", "8", "1", "block"),
-        ("32", "16", "1", "block"),
-        ("32", "16", "0", "block"),
+    let plans = [
+        (16, 8, StateKernel::Auto),
+        (16, 16, StateKernel::Auto),
+        (16, 32, StateKernel::General),
+        (16, 32, StateKernel::Block),
+        (16, 32, StateKernel::Staged),
+        (32, 8, StateKernel::Auto),
+        (32, 16, StateKernel::Auto),
     ];
-    for (tile, groups, fixed_width, kernel) in shapes {
-        // SAFETY: this binary's only test sets the variables; the prefill reads them per call.
-        unsafe {
-            std::env::set_var(TILE_ENV, tile);
-            std::env::set_var(GROUPS_ENV, groups);
-            std::env::set_var(FIXED_WIDTH_ENV, fixed_width);
-            std::env::set_var(STATE_KERNEL_ENV, kernel);
-            let stage_kd = if kernel.ends_with("not staged") {
-                "0"
-            } else {
-                "1"
-            };
-            std::env::set_var(STAGE_KD_ENV, stage_kd);
-            let inverse = if kernel.ends_with("serial inverse") {
-                "serial"
-            } else {
-                "blocked"
-            };
-            std::env::set_var(INVERSE_ENV, inverse);
-            let bounded = if kernel.ends_with(", loop bounding") {
-                "1"
-            } else {
-                "0"
-            };
-            std::env::set_var(LOOP_BOUNDING_ENV, bounded);
-        }
+    for (tile, groups, kernel) in plans {
+        let plan = StatePlan {
+            tile: Some(tile),
+            row_groups: Some(groups),
+            kernel,
+        };
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();
             let reference = gdn_reference(&case.inputs(), &options).unwrap();
-            let out = gdn_prefill(wgpu, &case.inputs(), &options, PrefillMode::Chunk)
-                .unwrap_or_else(|e| panic!("tile {tile}, {groups} groups: {e}"));
+            let out =
+                gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan)
+                    .unwrap_or_else(|e| panic!("tile {tile}, {groups} groups: {e}"));
             let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
             let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
             println!(
-                "tile {tile}, {groups} row groups, fixed width {fixed_width}, kernel {kernel}, T={} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e}",
+                "tile {tile}, {groups} row groups, kernel {kernel:?}, T={} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e}",
                 spec.tokens, spec.key_dim, spec.value_dim
             );
             assert!(
@@ -97,6 +67,36 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             worst = [worst[0].max(o_err), worst[1].max(s_err)];
         }
     }
+    let bad = StatePlan {
+        tile: Some(32),
+        row_groups: Some(32),
+        kernel: StateKernel::Auto,
+    };
+    assert!(
+        bad.check().is_err(),
+        "32 row groups with 32-column tiles accepted"
+    );
+    // The staged kernel asked for a shape it does not take: an error, nothing run.
+    let wrong_shape = StatePlan {
+        tile: Some(32),
+        row_groups: Some(16),
+        kernel: StateKernel::Staged,
+    };
+    let case = GdnCase::random(&cases[0].0, 7).unwrap();
+    let refused = gdn_prefill_planned(
+        wgpu,
+        &case.inputs(),
+        &options,
+        PrefillMode::Chunk,
+        &wrong_shape,
+    );
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("16-column tiles")),
+        "{:?}",
+        refused.map(|_| ())
+    );
     println!(
         "worst rel_rms: o {:.3e}, final_state {:.3e}",
         worst[0], worst[1]

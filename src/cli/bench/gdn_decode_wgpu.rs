@@ -3,10 +3,9 @@
 //! Each figure is the median over samples of back-to-back dispatches in one submission, timed
 //! from submission to idle (`deltakv::wgpu::timing`).
 //!
-//! After the table, the decode kernels and tiles side by side at B = 1 and 256, f32 and bf16
-//! pools (`tile` lines, one per `DecodeTile::COMPARED`: `quads8`, the default, the same kernel
-//! with its row loops written out or without wgpu's loop bounding, `quads32`, the row-band
-//! kernel in 8 and 16 bands, and `pairs`, the column-pair kernel of `recurrent.wgsl`).
+//! After the table, the two decode kernels side by side at B = 1 and 256, f32 and bf16 pools
+//! (`tile` lines, one per `DecodeTile::COMPARED`: `bands`, the default where V is a multiple of
+//! 4, and `pairs`, the column-pair kernel of `recurrent.wgsl`).
 //!
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.

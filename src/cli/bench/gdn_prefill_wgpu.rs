@@ -70,7 +70,18 @@ pub fn run(
                         let again = median_dispatch_us(wgpu, 1, 5, |n| prepared.submit(wgpu, n))?;
                         parts.push(format!("whole call again {:.2} ms", again / 1e3));
                         passes.insert("again_ms".to_string(), json!(again / 1e3));
-                        println!("{:<12} passes: {}", "", parts.join(", "));
+                        let kernel = prepared
+                            .state_kernel()
+                            .map(|k| format!("{k:?}").to_lowercase());
+                        if let Some(kernel) = &kernel {
+                            passes.insert("state_kernel".to_string(), json!(kernel));
+                        }
+                        println!(
+                            "{:<12} passes (state kernel {}): {}",
+                            "",
+                            kernel.unwrap_or_default(),
+                            parts.join(", ")
+                        );
                     }
                 }
                 records.push(json!({

@@ -10,13 +10,13 @@
 //!   pages; TB/s counts the bf16 input read.
 //! * decode: one query per sequence (Hq heads) over `context` cached tokens per sequence;
 //!   TB/s counts the codes and norms the shaders must read (every cached token's K and V), and
-//!   `of copy` compares that rate with the copy's. At the longest context every form of pass 1
-//!   (`AttendKernel`) gets its own line, and the default form other split counts.
+//!   `of copy` compares that rate with the copy's. At the longest context, other split counts
+//!   too.
 
 use super::kv::KvBenchArgs;
 use deltakv::kv::{KvScheme, PagedLayout};
 use deltakv::rng::Rng;
-use deltakv::wgpu::kv::{AttendKernel, WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
+use deltakv::wgpu::kv::{WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
 use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
 use deltakv::{DType, HostTensor, Result};
@@ -107,50 +107,19 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
         wgpu.synchronize()?;
         let read = b * ctx * hkv * scheme.bytes_per_token_head();
         let launch = prepare_attend(wgpu, &cache, &q, None, &WgpuAttnOptions::default())?;
-        let default_kernel = launch.kernel();
-        // The default form, then at the longest context each other form.
-        let others = AttendKernel::ALL
-            .into_iter()
-            .filter(|&k| ctx == longest && k != default_kernel);
-        for kernel in std::iter::once(AttendKernel::Auto).chain(others) {
-            let options = WgpuAttnOptions {
-                kernel,
-                ..Default::default()
-            };
-            // A form other than the default that fails gets its line and the rest go on.
-            let timed = prepare_attend(wgpu, &cache, &q, None, &options).and_then(|launch| {
-                let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
-                Ok((launch, us))
-            });
-            let (launch, us) = match timed {
-                Ok(x) => x,
-                Err(e) if kernel != AttendKernel::Auto => {
-                    lines.push(format!(
-                        "decode      B={b} ctx={ctx:<7} kernel {}: failed: {e}",
-                        kernel.name()
-                    ));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if kernel != AttendKernel::Auto && launch.kernel() != kernel {
-                continue; // a form that does not serve this shape (it ran the tiled one)
-            }
-            let tb_s = read as f64 / (us * 1e-6) / 1e12;
-            lines.push(format!(
-                "decode      B={b} ctx={ctx:<7} Hq={hq} Hkv={hkv} D={d} {us:>10.1} us {tb_s:>6.3} TB/s of codes + norms ({:.0}% of copy), {} splits, kernel {}",
-                100.0 * tb_s / copy_tb_s,
-                launch.splits(),
-                launch.kernel().name(),
-            ));
-            records.push(json!({
-                "op": "kv_decode_attention", "device": "wgpu", "adapter": wgpu.name(), "B": b,
-                "context": ctx, "Hq": hq, "Hkv": hkv, "D": d, "bits_k": args.bits_k,
-                "bits_v": args.bits_v, "us": us, "bytes_read": read, "tb_s": tb_s,
-                "copy_tb_s": copy_tb_s, "splits": launch.splits(),
-                "kernel": launch.kernel().name(),
-            }));
-        }
+        let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
+        let tb_s = read as f64 / (us * 1e-6) / 1e12;
+        lines.push(format!(
+            "decode      B={b} ctx={ctx:<7} Hq={hq} Hkv={hkv} D={d} {us:>10.1} us {tb_s:>6.3} TB/s of codes + norms ({:.0}% of copy), {} splits",
+            100.0 * tb_s / copy_tb_s,
+            launch.splits(),
+        ));
+        records.push(json!({
+            "op": "kv_decode_attention", "device": "wgpu", "adapter": wgpu.name(), "B": b,
+            "context": ctx, "Hq": hq, "Hkv": hkv, "D": d, "bits_k": args.bits_k,
+            "bits_v": args.bits_v, "us": us, "bytes_read": read, "tb_s": tb_s,
+            "copy_tb_s": copy_tb_s, "splits": launch.splits(),
+        }));
         if ctx == longest {
             // The same call with other splits of each sequence (the default aims at about
             // 1024 workgroups), to show where the split count lands.
@@ -169,10 +138,9 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
                 let us = median_dispatch_us(wgpu, 20, 15, |n| launch.submit(wgpu, n))?;
                 timed.push(launch.splits());
                 lines.push(format!(
-                    "            {} splits: {us:.1} us {:.3} TB/s, kernel {}",
+                    "            {} splits: {us:.1} us {:.3} TB/s",
                     launch.splits(),
                     read as f64 / (us * 1e-6) / 1e12,
-                    launch.kernel().name()
                 ));
             }
         }

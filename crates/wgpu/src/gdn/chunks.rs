@@ -11,7 +11,8 @@ use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
-use deltakv_contract::{DType, HostTensor, Result};
+use deltakv_contract::{DType, Error, HostTensor, Result};
+use std::sync::OnceLock;
 use wgpu::util::DeviceExt;
 
 /// Tokens per chunk (`C` in the shader).
@@ -42,39 +43,131 @@ pub const STATE_BLOCK: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state_block",
 };
 
-/// Set to 16 or 32, the environment variable that fixes the state pass's column tile (for
-/// timing one against the other); K > 128 always takes 16.
+/// The state pass with W, Qd and Kd staged in workgroup memory.
+pub const STATE_STAGED: ShaderSource = ShaderSource {
+    name: "gdn_chunk_state_staged",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state_block.wgsl")
+    ),
+    entry_point: "gdn_chunk_state_staged",
+};
+
+/// Set to 16 or 32, the environment variable that fixes the state pass's column tile (see
+/// [`StatePlan::tile`]).
 pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 
-/// Set to 8, 16 or 32, the environment variable that fixes the state pass's row groups (its
-/// threads are row groups x column pairs, at most 256: 32 groups only with 16-column tiles).
+/// Set to 8, 16 or 32, the environment variable that fixes the state pass's row groups (see
+/// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `0`, the environment variable that makes the state pass read the row width of W, Qd
-/// and Kd (ceil(K / 4) words) at run time instead of fixing it in the pipeline (for timing one
-/// against the other).
-pub const FIXED_WIDTH_ENV: &str = "DELTAKV_WGPU_PREFILL_FIXED_WIDTH";
-
-/// Set to `loops`, the environment variable that makes the state pass run its general kernel
-/// (`gdn_chunk_state`) where the one-block kernel (`gdn_chunk_state_block`: 16-column tiles,
-/// 32 row groups, K <= 128 and a multiple of 16) would serve (for timing one against the other).
+/// Set to `general`, `block` or `staged`, the environment variable that picks the state pass's
+/// kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
-/// Set to `1`, the environment variable that builds the two passes with wgpu's loop bounding
-/// (the counter naga adds to every loop, which can keep the driver from unrolling; measured
-/// slower on the H100), for timing. Without it, as by default, every loop of both passes still
-/// ends: their trip counts come from the chunk table and the head dimensions, which the launch
-/// has checked.
-pub const LOOP_BOUNDING_ENV: &str = "DELTAKV_WGPU_PREFILL_LOOP_BOUNDING";
+/// The kernel of the state pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StateKernel {
+    /// [`StateKernel::Staged`] where it serves, else [`StateKernel::General`].
+    #[default]
+    Auto,
+    /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
+    General,
+    /// `gdn_chunk_state_block` (`chunks_state_block.wgsl`): 16-column tiles, 32 row groups, K
+    /// <= 128 and a multiple of 16; Kd staged in workgroup memory (26 KiB).
+    Block,
+    /// `gdn_chunk_state_staged` (same file): the block kernel's shape with W, Qd and Kd all
+    /// staged in workgroup memory, taking turns in one buffer (26 KiB, six barriers per
+    /// chunk).
+    Staged,
+}
 
-/// Set to `serial`, the environment variable that makes the prepare invert I + A by one forward
-/// substitution instead of by 16 x 16 blocks (for timing one against the other).
-pub const INVERSE_ENV: &str = "DELTAKV_WGPU_PREFILL_INVERSE";
+/// How the state pass is shaped: the launcher's choice for each field left at `None` / `false`
+/// (the default plan). The fields exist to time and test the other shapes; the prefill's public
+/// entry points take the plan the environment variables above give, read once per process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatePlan {
+    /// Value columns per workgroup, 16 or 32; default: 16 where fewer than 256 workgroups of
+    /// 32 columns would run (and always for K > 128), else 32.
+    pub tile: Option<usize>,
+    /// Row groups, 8, 16 or 32 (threads = row groups x tile / 2, at most 256, so 32 groups
+    /// only with 16-column tiles); default: 32 with 16-column tiles, else 16.
+    pub row_groups: Option<usize>,
+    /// The kernel; one asked for a shape it does not serve is an error at launch.
+    pub kernel: StateKernel,
+}
 
-/// Set to `0`, the environment variable that makes the one-block state kernel read Kd from the
-/// scratch buffer in its update instead of staging the chunk's Kd in workgroup memory (for
-/// timing one against the other).
-pub const STAGE_KD_ENV: &str = "DELTAKV_WGPU_PREFILL_STAGE_KD";
+impl StatePlan {
+    /// The plan [`TILE_ENV`], [`GROUPS_ENV`] and [`STATE_KERNEL_ENV`] give (unset or empty:
+    /// the default), or an error naming a variable whose value is not one of its choices.
+    pub fn from_env() -> Result<Self> {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let number = |name: &str, choices: &[usize]| -> Result<Option<usize>> {
+            match read(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| choices.contains(n))
+                    .map(Some)
+                    .ok_or_else(|| {
+                        Error::InvalidValue(format!("{name}={v}: expected one of {choices:?}"))
+                    }),
+            }
+        };
+        let kernel = match read(STATE_KERNEL_ENV).as_deref() {
+            None | Some("auto") => StateKernel::Auto,
+            Some("general") => StateKernel::General,
+            Some("block") => StateKernel::Block,
+            Some("staged") => StateKernel::Staged,
+            Some(other) => {
+                return Err(Error::InvalidValue(format!(
+                    "{STATE_KERNEL_ENV}={other}: expected auto, general, block or staged"
+                )));
+            }
+        };
+        let plan = StatePlan {
+            tile: number(TILE_ENV, &[16, 32])?,
+            row_groups: number(GROUPS_ENV, &[8, 16, 32])?,
+            kernel,
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// The plan of the environment, read once per process.
+    pub fn from_env_once() -> Result<Self> {
+        static PLAN: OnceLock<std::result::Result<StatePlan, String>> = OnceLock::new();
+        PLAN.get_or_init(|| Self::from_env().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(Error::InvalidValue)
+    }
+
+    /// An error for a tile or row-group count outside the kernels' choices.
+    pub fn check(&self) -> Result<()> {
+        if let Some(tile) = self.tile
+            && !matches!(tile, 16 | 32)
+        {
+            return Err(Error::InvalidValue(format!(
+                "the state pass takes 16- or 32-column tiles, got {tile}"
+            )));
+        }
+        if let Some(groups) = self.row_groups
+            && (!matches!(groups, 8 | 16 | 32) || (groups == 32 && self.tile == Some(32)))
+        {
+            return Err(Error::InvalidValue(format!(
+                "the state pass takes 8, 16 or 32 row groups (32 only with 16-column tiles), got {groups}"
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Which passes a submission runs (both for a prefill; one alone to time it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +207,7 @@ pub struct ChunkLaunch {
     prepare_grid: (u32, u32, u32),
     state_grid: (u32, u32, u32),
     tile: usize,
+    kernel: StateKernel,
     /// The scratch (shared with other calls: see `Wgpu::scratch`) and the chunk table, kept
     /// alive for the bindings.
     _buffers: (wgpu::Buffer, WgpuTensor),
@@ -122,7 +216,7 @@ pub struct ChunkLaunch {
 impl ChunkLaunch {
     /// Plans the chunks, allocates the scratch and builds the bindings; `None` when the
     /// scratch or the grid exceeds what the adapter allows in one binding or dispatch.
-    pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>) -> Result<Option<Self>> {
+    pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>, plan: &StatePlan) -> Result<Option<Self>> {
         let d = &call.dims;
         let heads = d.value_heads;
         // Chunk table: (first token, length) per chunk, then each sequence's first chunk.
@@ -171,40 +265,36 @@ impl ChunkLaunch {
         {
             return Ok(None);
         }
+        plan.check()?;
         let narrow_tiles = d.key_dim > 128
-            || match std::env::var(TILE_ENV).ok().as_deref().map(str::trim) {
-                Some("16") => true,
-                Some("32") => false,
-                _ => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
+            || match plan.tile {
+                Some(tile) => tile == 16,
+                None => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
             };
         let tile = if narrow_tiles { 16 } else { 32 };
         // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
         // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
         // threads of 16 groups for the same products.
-        let row_groups = match std::env::var(GROUPS_ENV).ok().as_deref().map(str::trim) {
-            Some("8") => 8,
-            Some("16") => 16,
-            _ if tile == 16 => 32,
-            _ => 16,
+        let row_groups = match plan.row_groups {
+            Some(32) if tile == 32 => 16,
+            Some(groups) => groups,
+            None if tile == 16 => 32,
+            None => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;
-        let block_kernel = tile == 16
-            && row_groups == 32
-            && kp4 <= 32
-            && kp4.is_multiple_of(4)
-            && std::env::var(STATE_KERNEL_ENV)
-                .ok()
-                .as_deref()
-                .map(str::trim)
-                != Some("loops");
-        let state_kp4 = match std::env::var(FIXED_WIDTH_ENV)
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("0") => 0,
-            _ => kp4 as u32,
+        let block_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
+        let kernel = match plan.kernel {
+            StateKernel::Auto if block_shape => StateKernel::Staged,
+            StateKernel::Auto => StateKernel::General,
+            StateKernel::Block | StateKernel::Staged if !block_shape => {
+                return Err(Error::InvalidValue(format!(
+                    "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
+                    plan.kernel, d.key_dim
+                )));
+            }
+            other => other,
         };
+        let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
@@ -244,35 +334,20 @@ impl ChunkLaunch {
                     .collect::<Vec<u8>>(),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        let blocked_inverse =
-            u32::from(std::env::var(INVERSE_ENV).ok().as_deref().map(str::trim) != Some("serial"));
-        let bounded = std::env::var(LOOP_BOUNDING_ENV)
-            .ok()
-            .as_deref()
-            .map(str::trim)
-            == Some("1");
-        let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| {
-            if bounded {
-                wgpu.pipeline(source, constants)
-            } else {
-                // SAFETY: every loop of chunks.wgsl and chunks_state_block.wgsl ends (see
-                // LOOP_BOUNDING_ENV).
-                unsafe { wgpu.pipeline_without_loop_bounding(source, constants) }
-            }
+        // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
+        // the driver from unrolling and measured slower on the H100).
+        // SAFETY: every loop of chunks.wgsl and chunks_state_block.wgsl ends: their trip counts
+        // come from the chunk table and the head dimensions, which this launch has checked.
+        let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
+            wgpu.pipeline_without_loop_bounding(source, constants)
         };
-        let prepare = pipeline(&PREPARE, &[("BLOCKED_INVERSE", blocked_inverse)])?;
-        let state = if block_kernel {
-            let stage_kd = u32::from(
-                std::env::var(STAGE_KD_ENV)
-                    .ok()
-                    .is_none_or(|v| v.trim() != "0"),
-            );
-            pipeline(
-                &STATE_BLOCK,
-                &[("VT", 16), ("STATE_KP4", state_kp4), ("STAGE_KD", stage_kd)],
-            )?
-        } else {
-            pipeline(
+        let prepare = pipeline(&PREPARE, &[])?;
+        let state = match kernel {
+            StateKernel::Staged => {
+                pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
+            }
+            StateKernel::Block => pipeline(&STATE_BLOCK, &[("VT", 16), ("STATE_KP4", state_kp4)])?,
+            _ => pipeline(
                 &STATE,
                 &[
                     ("VT", tile as u32),
@@ -280,7 +355,7 @@ impl ChunkLaunch {
                     ("ROW_BLOCKS", row_blocks),
                     ("STATE_KP4", state_kp4),
                 ],
-            )?
+            )?,
         };
         let group = |pipeline: &wgpu::ComputePipeline, bound: &[(u32, &wgpu::Buffer)]| {
             let entries: Vec<wgpu::BindGroupEntry> = bound
@@ -336,6 +411,7 @@ impl ChunkLaunch {
                 call.seqs.len() as u32,
             ),
             tile,
+            kernel,
             _buffers: (scratch, table),
         }))
     }
@@ -362,6 +438,11 @@ impl ChunkLaunch {
     /// The state pass's column tile.
     pub fn tile(&self) -> usize {
         self.tile
+    }
+
+    /// The state pass's kernel (never [`StateKernel::Auto`]).
+    pub fn kernel(&self) -> StateKernel {
+        self.kernel
     }
 
     /// Submits `repeat` rounds of `passes` back to back in one command buffer (without

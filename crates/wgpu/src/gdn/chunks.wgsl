@@ -23,8 +23,6 @@ const CP: u32 = 33u;
 const SLICE: u32 = 32u;
 const RESET_GATE: f32 = -80.0;
 const PREPARE_THREADS: u32 = 256u;
-// 1: the prepare inverts I + A by 16 x 16 blocks; 0: by one forward substitution.
-override BLOCKED_INVERSE: u32 = 1u;
 
 // Value columns per state workgroup (16 or 32; K * VT <= 4096), its row groups (8, 16 or 32;
 // ROW_GROUPS * VT <= 512), the chunk rows of each (C / ROW_GROUPS) and the 4-row blocks of S
@@ -33,10 +31,10 @@ override VT: u32 = 32u;
 override ROW_GROUPS: u32 = 8u;
 override CHUNK_ROWS: u32 = C / ROW_GROUPS;
 override ROW_BLOCKS: u32 = 4u;
-// ceil(K / 4) fixed when the pipeline is built (0: read from the parameters at run time). Fixed,
-// the loops over a row of W, Qd and Kd have constant trip counts, so the driver can unroll them
-// and issue the row's loads together instead of one load per trip.
-override STATE_KP4: u32 = 0u;
+// ceil(K / 4), fixed when the pipeline is built: the loops over a row of W, Qd and Kd then have
+// constant trip counts, so the driver can unroll them and issue the row's loads together
+// instead of one load per trip.
+override STATE_KP4: u32 = 32u;
 
 struct ChunkParams {
     key_heads: u32,
@@ -327,16 +325,14 @@ fn gdn_chunk_prepare(
     store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
     workgroupBarrier();
 
-    // T = (I + A)^-1 (threads 0..C) and the row coefficients (threads C..2C). Blocked (the
-    // default): the two 16 x 16 diagonal blocks T11, T22 by forward substitution, a column per
-    // thread, then T21 = -T22 (A21 T11) by all threads, an entry each; so the longest serial
-    // chain is a 16-row substitution instead of a 32-row one. Serial: the whole T by forward
-    // substitution, a column per thread.
-    let blocked = BLOCKED_INVERSE != 0u;
+    // T = (I + A)^-1 (threads 0..C) and the row coefficients (threads C..2C): the two 16 x 16
+    // diagonal blocks T11, T22 by forward substitution, a column per thread, then
+    // T21 = -T22 (A21 T11) by all threads, an entry each; so the longest serial chain is a
+    // 16-row substitution instead of a 32-row one.
     if tid < C {
-        // Column tid: rows below `rows_end` by substitution (its diagonal block only when
-        // blocked), rows above the diagonal zero.
-        let rows_end = select(C, (tid & 16u) + 16u, blocked);
+        // Column tid: the rows of its diagonal block below the diagonal by substitution, the
+        // rows above it zero (T12 stays zero).
+        let rows_end = (tid & 16u) + 16u;
         for (var i = 0u; i < rows_end; i++) {
             var x = select(0.0, 1.0, i == tid);
             if i > tid {
@@ -357,7 +353,7 @@ fn gdn_chunk_prepare(
         coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
     }
     workgroupBarrier();
-    if blocked {
+    {
         // Entry (bi, bj) of the lower-left block (rows 16 + bi, columns bj): first A21 T11 in
         // its place, then -T22 times that.
         let bi = 16u + tid / 16u;
@@ -474,7 +470,7 @@ fn gdn_chunk_state(
     let heads = p.value_heads;
     let kd = p.key_dim;
     let vd = p.value_dim;
-    let kp4 = select(p.kp4, STATE_KP4, STATE_KP4 != 0u);
+    let kp4 = STATE_KP4;
     let col = wid.x * VT + 2u * cp;
     let col_ok = vec2<bool>(col < vd, col + 1u < vd);
     if tid == 0u {

@@ -4,16 +4,15 @@
 //! The math, layouts and rules are the contract's (see `deltakv_contract::gdn::decode`): row `b`
 //! reads and writes slot `slot_indices[b]`, a negative index skips the row (zero output, no slot
 //! touched), f32 or bf16 pool (bf16 with an even V) with f32 arithmetic, optional fused gating,
-//! l2 norm and intermediate states. The shader is `decode.wgsl` (16-byte state accesses, V a
-//! multiple of 4), else `recurrent.wgsl` (column pairs); [`DecodeTile`] picks one of those or
-//! another form (`decode_bands.wgsl`, unrolled row loops) for comparisons.
+//! l2 norm and intermediate states. The shader is `decode_bands.wgsl` (bands of rows, 16-byte
+//! state accesses, V a multiple of 4), else `recurrent.wgsl` (column pairs); [`DecodeTile`]
+//! picks one for comparisons.
 //!
 //! Validation before dispatch: every shape and dtype (the contract's own check), and the slot
 //! indices, which are copied to the host (B integers) to reject out-of-range and duplicate
 //! slots before the pool is touched. Values on the device are not scanned for NaN;
 //! [`gdn_decode_checked`] does it, and [`gdn_decode_host`] runs host tensors with it.
 
-use super::decode_sources::RowLoops;
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
@@ -34,99 +33,41 @@ pub struct WgpuDecodeOutput {
     pub intermediate_states: Option<WgpuTensor>,
 }
 
-/// The environment variable that sets the kernel [`DecodeTile::Auto`] takes where V is a
-/// multiple of 4: a [`DecodeTile::label`] (`bands8` when unset), for comparing them in whole runs.
-pub const DECODE_VARIANT_ENV: &str = "DELTAKV_WGPU_DECODE_VARIANT";
-
-/// The kernel and tile of a decode call.
+/// The kernel of a decode call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeTile {
-    /// `decode_bands.wgsl` in 8 bands ([`DecodeTile::Bands`]`(8)`, the fastest measured on the
-    /// H100) where V is a multiple of 4 (or the tile that `DELTAKV_WGPU_DECODE_VARIANT` names),
-    /// else [`DecodeTile::Pairs`].
+    /// [`DecodeTile::Bands`] where V is a multiple of 4, else [`DecodeTile::Pairs`].
     #[default]
     Auto,
-    /// `decode.wgsl` with `quads` column quads (4 columns each) per workgroup, 8 or 32 (V a
-    /// multiple of 4), its row loops as written.
-    Quads(usize),
-    /// [`DecodeTile::Quads`] with the loops over a thread's rows written out row by row.
-    QuadsUnrolled(usize),
-    /// [`DecodeTile::Quads`] built without wgpu's loop bounding.
-    QuadsUnbounded(usize),
-    /// `decode_bands.wgsl` with 8 bands of rows (32 column quads per workgroup) or 16 (16
-    /// quads), its row loops written out row by row (V a multiple of 4).
-    Bands(usize),
-    /// [`DecodeTile::Bands`] with its row loops as written.
-    BandsLoops(usize),
+    /// `decode_bands.wgsl`: 8 bands of contiguous rows, 32 column quads per workgroup (256
+    /// invocations), the loops over a thread's rows written out row by row (V a multiple of
+    /// 4). The fastest of the forms measured on the H100 (docs/wgpu.md).
+    Bands,
     /// `recurrent.wgsl`: threads own column pairs, 64 columns per workgroup (any V).
     Pairs,
 }
 
 impl DecodeTile {
     /// Every tile but `Auto`, for comparisons (tests, the benchmark).
-    pub const COMPARED: [DecodeTile; 9] = [
-        DecodeTile::Quads(8),
-        DecodeTile::QuadsUnrolled(8),
-        DecodeTile::QuadsUnbounded(8),
-        DecodeTile::Quads(32),
-        DecodeTile::QuadsUnrolled(32),
-        DecodeTile::Bands(8),
-        DecodeTile::Bands(16),
-        DecodeTile::BandsLoops(8),
-        DecodeTile::Pairs,
-    ];
+    pub const COMPARED: [DecodeTile; 2] = [DecodeTile::Bands, DecodeTile::Pairs];
 
-    /// The tile's short name (`quads8`, `quads8-unrolled`, `bands16`, `pairs`, ...).
-    pub fn label(self) -> String {
+    /// The tile's short name (`auto`, `bands`, `pairs`).
+    pub fn label(self) -> &'static str {
         match self {
-            DecodeTile::Auto => "auto".to_string(),
-            DecodeTile::Quads(n) => format!("quads{n}"),
-            DecodeTile::QuadsUnrolled(n) => format!("quads{n}-unrolled"),
-            DecodeTile::QuadsUnbounded(n) => format!("quads{n}-unbounded"),
-            DecodeTile::Bands(n) => format!("bands{n}"),
-            DecodeTile::BandsLoops(n) => format!("bands{n}-loops"),
-            DecodeTile::Pairs => "pairs".to_string(),
+            DecodeTile::Auto => "auto",
+            DecodeTile::Bands => "bands",
+            DecodeTile::Pairs => "pairs",
         }
     }
 
-    /// The tile named by `label` (see [`DecodeTile::label`]).
-    pub fn from_label(label: &str) -> Result<Self> {
-        let label = label.trim();
-        std::iter::once(DecodeTile::Auto)
-            .chain(Self::COMPARED)
-            .find(|t| t.label() == label)
-            .ok_or_else(|| {
-                let names: Vec<String> = Self::COMPARED.iter().map(|t| t.label()).collect();
-                Error::InvalidValue(format!(
-                    "no decode tile `{label}` (the tiles: auto, {})",
-                    names.join(", ")
-                ))
-            })
-    }
-
-    fn kernel(self, value_dim: usize) -> Result<Kernel> {
-        let quads = |quads, loops| Kernel::Quads { quads, loops };
-        let bands = |bands, loops| Kernel::Bands { bands, loops };
-        Ok(match self {
-            DecodeTile::Auto if value_dim.is_multiple_of(4) => {
-                match std::env::var(DECODE_VARIANT_ENV) {
-                    Ok(name) if !name.trim().is_empty() && name.trim() != "auto" => {
-                        Self::from_label(&name)
-                            .map_err(|e| Error::InvalidValue(format!("{DECODE_VARIANT_ENV}: {e}")))?
-                            .kernel(value_dim)?
-                    }
-                    _ => bands(8, RowLoops::Unrolled),
-                }
-            }
-            DecodeTile::Quads(n) => quads(n, RowLoops::Loops),
-            DecodeTile::QuadsUnrolled(n) => quads(n, RowLoops::Unrolled),
-            DecodeTile::QuadsUnbounded(n) => quads(n, RowLoops::Unbounded),
-            DecodeTile::Bands(n) => bands(n, RowLoops::Unrolled),
-            DecodeTile::BandsLoops(n) => bands(n, RowLoops::Loops),
+    fn kernel(self, value_dim: usize) -> Kernel {
+        match self {
+            DecodeTile::Auto if value_dim.is_multiple_of(4) => Kernel::Bands,
+            DecodeTile::Bands => Kernel::Bands,
             // 64 columns per workgroup: each row group's 32 threads read 256 contiguous bytes
             // of an f32 state row.
             DecodeTile::Auto | DecodeTile::Pairs => Kernel::Pairs { col_pairs: 32 },
-        })
+        }
     }
 }
 
@@ -251,7 +192,7 @@ fn build_launch(
             intermediate: intermediate_states,
             scale,
             l2norm: options.use_qk_l2norm,
-            kernel: tile.kernel(dims.value_dim)?,
+            kernel: tile.kernel(dims.value_dim),
         },
     )?;
     Ok(DecodeLaunch { launch })

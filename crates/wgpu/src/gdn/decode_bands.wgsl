@@ -1,6 +1,18 @@
-// GDN decode in row bands: the math, inputs and outputs of `decode.wgsl` (T = 1..=16 tokens per
-// row, a slot of a pool updated in place, V a multiple of 4), with the state split across the
-// threads the other way round.
+// GDN decode: T = 1..=16 new tokens per row, the state a slot of a pool updated in place (V a
+// multiple of 4; `recurrent.wgsl` runs the other shapes).
+//
+// For row b with slot s = slot_indices[b], state S = pool[s, h] (K x V) and value head h (key
+// head h / (H / Hg)), for each of its tokens t in order:
+//
+//     (optional) q_t <- q_t / sqrt(|q_t|^2 + 1e-6), k_t likewise
+//     S   <- exp(g_t) * S                       (g_t < -80 is an exact reset: exp = 0)
+//     v'  <- beta_t * (v_t - S^T k_t)
+//     S   <- S + k_t v'^T
+//     o_t <- scale * S^T q_t
+//
+// The call moves each addressed state once in and once out, which bounds its time, so the
+// kernel reads and writes it in 16-byte accesses of whole sectors and keeps it in registers in
+// between.
 //
 // One workgroup of BANDS x QUADS threads owns one (row, value head, tile of 4 * QUADS columns).
 // Thread tid = QUADS * band + quad holds columns 4 quad .. 4 quad + 3 of the tile (one vec4)
@@ -20,6 +32,20 @@
 // `s`), so the state stays in registers whatever the driver's compiler does with loops.
 //
 // A negative slot writes zeros to o and the intermediate states and touches no slot.
+
+// The slot of row `row` (i32 or i64 slot indices); negative skips the row.
+fn slot_of(row: u32) -> i32 {
+    if p.row_mode == 2u {
+        return select(bitcast<i32>(row_info[2u * row]), -1, row_info[2u * row + 1u] != 0u);
+    }
+    return bitcast<i32>(row_info[row]);
+}
+
+// o of columns col .. col + 3 (col a multiple of 4, so the pairs are whole words of a 16-bit o).
+fn store_o4(at: u32, x: vec4<f32>) {
+    store_o(at, x.xy, true);
+    store_o(at + 2u, x.zw, true);
+}
 
 // Column quads per workgroup (consecutive threads) and bands of ROWS rows: BANDS * QUADS = 256,
 // BANDS at most 16.

@@ -1,33 +1,19 @@
-//! The decode kernels' WGSL as the launcher builds it: `decode.wgsl` (8 row lanes per column
-//! quad, sums by subgroup shuffles or workgroup memory; its sources are in `recurrent.rs`) and
-//! `decode_bands.wgsl` (contiguous row bands, sums through workgroup memory), either as written
-//! or with the loops over a thread's rows written out row by row.
+//! The decode kernel's WGSL as the launcher builds it: `decode_bands.wgsl` (contiguous row
+//! bands, sums through workgroup memory) with the loops over a thread's rows written out row
+//! by row for the rows per thread of the call's K.
 //!
-//! Both kernels keep a thread's rows of the state in a function-scope array indexed by the row
+//! The kernel keeps a thread's rows of the state in a function-scope array indexed by the row
 //! loops' counter. A driver's compiler that does not unroll those loops keeps the array in
-//! local (off-chip) memory; wgpu's loop bounding (a counter naga adds to every loop, so that
-//! no shader loops forever) can stop the unrolling. [`RowLoops`] picks how the loops reach the
-//! driver, so that one run compares the forms.
+//! local (off-chip) memory, as NVIDIA's Vulkan driver did on the H100 (docs/wgpu.md); written
+//! out, the array is indexed by constants only.
 
 use crate::runtime::{ShaderSource, lock};
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// How the loops over a thread's rows of a decode kernel reach the driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowLoops {
-    /// As written, with wgpu's loop bounding.
-    Loops,
-    /// Written out row by row (`const i = 0u; ...`, one copy per row), so the state array is
-    /// indexed by constants only.
-    Unrolled,
-    /// As written, built without wgpu's loop bounding.
-    Unbounded,
-}
-
 /// Declares one bands shader: the dtype helpers, the shared bindings, the state pool's
-/// accessors, the decode helpers, then the kernel (no subgroup operations).
+/// accessors, then the kernel (no subgroup operations).
 macro_rules! bands_source {
     ($name:literal, $state:literal) => {
         ShaderSource {
@@ -36,7 +22,6 @@ macro_rules! bands_source {
                 include_str!("../dtype.wgsl"),
                 include_str!("gdn_common.wgsl"),
                 include_str!($state),
-                include_str!("decode_rows.wgsl"),
                 include_str!("decode_bands.wgsl")
             ),
             entry_point: "gdn_decode_bands",

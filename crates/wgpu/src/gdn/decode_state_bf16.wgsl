@@ -1,4 +1,4 @@
-// The bf16 state pool for `decode.wgsl`: four columns (8 bytes, two words) per access, widened
+// The bf16 state pool for `decode_bands.wgsl`: four columns (8 bytes, two words) per access, widened
 // to f32 and rounded back to nearest even.
 
 @group(0) @binding(9) var<storage, read_write> state: array<vec2<u32>>;

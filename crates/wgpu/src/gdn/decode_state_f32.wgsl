@@ -1,4 +1,4 @@
-// The f32 state pool for `decode.wgsl`: four columns (16 bytes) per access.
+// The f32 state pool for `decode_bands.wgsl`: four columns (16 bytes) per access.
 
 @group(0) @binding(9) var<storage, read_write> state: array<vec4<f32>>;
 

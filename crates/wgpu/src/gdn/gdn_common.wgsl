@@ -1,8 +1,8 @@
 // What the GDN kernels share: their parameters, bindings (all but the state and the
 // intermediate states, whose element types differ between kernels), input loads, gating and
 // output stores. `state_words.wgsl` then `recurrent.wgsl` (token by token) or `chunk.wgsl`
-// (chunks of tokens), or a `decode_state_*.wgsl` then `decode.wgsl` (the decode kernel), follow
-// it.
+// (chunks of tokens), or a `decode_state_*.wgsl` then `decode_bands.wgsl` (the decode kernel),
+// follow it.
 
 const ROW_GROUPS: u32 = 8u;
 const MAX_K: u32 = 256u;

@@ -6,9 +6,9 @@ pub mod decode_sources;
 pub mod prefill;
 pub mod recurrent;
 
-pub use chunks::ChunkPasses;
+pub use chunks::{ChunkPasses, StateKernel, StatePlan};
 pub use decode::{
     DecodeLaunch, DecodeTile, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch, prepare_decode_launch_tiled,
 };
-pub use prefill::{PreparedPrefill, gdn_prefill};
+pub use prefill::{PreparedPrefill, gdn_prefill, gdn_prefill_planned};

@@ -10,7 +10,7 @@
 //! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 
-use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses};
+use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
@@ -40,12 +40,24 @@ pub struct PreparedPrefill {
 
 impl PreparedPrefill {
     /// Checks the call (the contract's rules, on the host), copies the inputs to the device and
-    /// seeds the final states with the initial states (or zeros).
+    /// seeds the final states with the initial states (or zeros). The chunked state pass takes
+    /// the plan of the environment ([`StatePlan::from_env_once`]).
     pub fn new(
         wgpu: &Wgpu,
         inputs: &GdnInputs<'_>,
         options: &GdnOptions,
         mode: PrefillMode,
+    ) -> Result<Self> {
+        Self::planned(wgpu, inputs, options, mode, &StatePlan::from_env_once()?)
+    }
+
+    /// [`PreparedPrefill::new`] with the chunked state pass shaped by `plan`.
+    pub fn planned(
+        wgpu: &Wgpu,
+        inputs: &GdnInputs<'_>,
+        options: &GdnOptions,
+        mode: PrefillMode,
+        plan: &StatePlan,
     ) -> Result<Self> {
         let (shapes, _) = validate_prefill(inputs, options)?;
         let d = shapes.dims;
@@ -100,6 +112,7 @@ impl PreparedPrefill {
                     scale: shapes.scale,
                     l2norm: options.use_qk_l2norm,
                 },
+                plan,
             )?
         } else {
             None
@@ -171,6 +184,14 @@ impl PreparedPrefill {
         }
     }
 
+    /// The chunked state pass's kernel; `None` when this prefill runs in one pass.
+    pub fn state_kernel(&self) -> Option<StateKernel> {
+        match &self.launch {
+            Launch::Chunks(launch) => Some(launch.kernel()),
+            Launch::Single(_) => None,
+        }
+    }
+
     /// Copies `o` and the final states back, refusing a result that overflowed f32.
     pub fn outputs(&self, wgpu: &Wgpu) -> Result<GdnOutput> {
         let o = self.o.download(wgpu)?;
@@ -200,6 +221,20 @@ pub fn gdn_prefill(
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     let prepared = PreparedPrefill::new(wgpu, inputs, options, mode)?;
+    prepared.submit(wgpu, 1)?;
+    prepared.outputs(wgpu)
+}
+
+/// [`gdn_prefill`] with the chunked state pass shaped by `plan` (for tests and timings of the
+/// shapes the launcher would not pick).
+pub fn gdn_prefill_planned(
+    wgpu: &Wgpu,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    plan: &StatePlan,
+) -> Result<GdnOutput> {
+    let prepared = PreparedPrefill::planned(wgpu, inputs, options, mode, plan)?;
     prepared.submit(wgpu, 1)?;
     prepared.outputs(wgpu)
 }

@@ -1,10 +1,10 @@
 //! The launcher of the GDN kernels, which share their parameters and bindings
-//! (`gdn_common.wgsl`): `decode.wgsl`, GDN decode (a slot of a pool per row) in 16-byte state
-//! accesses; `recurrent.wgsl`, the token loop behind the recurrent prefill (a sequence per row)
-//! and the decode of shapes `decode.wgsl` does not take (V not a multiple of 4); and
-//! `chunk.wgsl`, the chunked prefill. Callers validate first; this only encodes the dispatch.
+//! (`gdn_common.wgsl`): `decode_bands.wgsl`, GDN decode (a slot of a pool per row) in 16-byte
+//! state accesses; `recurrent.wgsl`, the token loop behind the recurrent prefill (a sequence
+//! per row) and the decode of shapes `decode_bands.wgsl` does not take (V not a multiple of 4);
+//! and `chunk.wgsl`, the single-pass chunked prefill. Callers validate first; this only encodes the dispatch.
 
-use super::decode_sources::{BANDS_BF16, BANDS_F32, RowLoops, unrolled};
+use super::decode_sources::{BANDS_BF16, BANDS_F32, unrolled};
 use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
@@ -64,51 +64,9 @@ pub const CHUNK_SHARED: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk",
 };
 
-/// Declares one decode shader: its row-lane sums, the dtype helpers, the shared bindings, the
-/// state pool's accessors, the decode helpers, then the kernel.
-macro_rules! decode_source {
-    ($name:literal, $reduce:literal, $state:literal) => {
-        ShaderSource {
-            name: $name,
-            text: concat!(
-                include_str!($reduce),
-                include_str!("../dtype.wgsl"),
-                include_str!("gdn_common.wgsl"),
-                include_str!($state),
-                include_str!("decode_rows.wgsl"),
-                include_str!("decode.wgsl")
-            ),
-            entry_point: "gdn_decode",
-        }
-    };
-}
-
-/// The decode kernel over an f32 pool, for adapters with subgroup operations.
-pub const DECODE_SUBGROUP_F32: ShaderSource = decode_source!(
-    "gdn_decode_subgroup_f32",
-    "reduce_quads_subgroup.wgsl",
-    "decode_state_f32.wgsl"
-);
-/// The decode kernel over a bf16 pool, for adapters with subgroup operations.
-pub const DECODE_SUBGROUP_BF16: ShaderSource = decode_source!(
-    "gdn_decode_subgroup_bf16",
-    "reduce_quads_subgroup.wgsl",
-    "decode_state_bf16.wgsl"
-);
-/// The decode kernel over an f32 pool, for adapters without.
-pub const DECODE_SHARED_F32: ShaderSource = decode_source!(
-    "gdn_decode_shared_f32",
-    "reduce_quads_shared.wgsl",
-    "decode_state_f32.wgsl"
-);
-/// The decode kernel over a bf16 pool, for adapters without.
-pub const DECODE_SHARED_BF16: ShaderSource = decode_source!(
-    "gdn_decode_shared_bf16",
-    "reduce_quads_shared.wgsl",
-    "decode_state_bf16.wgsl"
-);
-
 const ROW_GROUPS: usize = 8;
+/// Bands of rows of the decode kernel (`BANDS` in `decode_bands.wgsl`).
+const DECODE_BANDS: usize = 8;
 
 /// The dtype code the shaders use (`DT_*` in `dtype.wgsl`).
 pub(crate) fn dtype_code(dtype: DType) -> u32 {
@@ -213,12 +171,9 @@ pub enum Kernel {
     /// `chunk.wgsl`, the chunked prefill (dense or varlen rows, no intermediate states), in the
     /// tile of [`Kernel::Pairs`].
     Chunk { col_pairs: usize },
-    /// `decode.wgsl` (slot rows, V a multiple of 4): threads own four columns, `quads` column
-    /// quads per workgroup, 32 (256 invocations, 128 columns) or 8 (64, 32 columns).
-    Quads { quads: usize, loops: RowLoops },
-    /// `decode_bands.wgsl` (slot rows, V a multiple of 4): `bands` bands of contiguous rows, 8
-    /// (32 column quads per workgroup) or 16 (16 quads); 256 invocations.
-    Bands { bands: usize, loops: RowLoops },
+    /// `decode_bands.wgsl` (slot rows, V a multiple of 4): 8 bands of contiguous rows, 32
+    /// column quads per workgroup (256 invocations), its row loops written out.
+    Bands,
 }
 
 /// A prepared dispatch: pipeline, bindings and grid, to encode any number of times.
@@ -246,8 +201,7 @@ impl RecurrentLaunch {
             _ => 32,
         };
         let subgroups = wgpu.has_subgroups();
-        let mut loops = RowLoops::Loops;
-        let (mut source, columns_per_group, mut constants) = match call.kernel {
+        let (source, columns_per_group, mut constants) = match call.kernel {
             Kernel::Pairs { col_pairs } => (
                 if subgroups {
                     SOURCE_SUBGROUP
@@ -284,49 +238,29 @@ impl RecurrentLaunch {
                     ],
                 )
             }
-            Kernel::Quads { quads, loops: form } => {
-                if !matches!(call.row_source, Rows::Slots(_))
-                    || !d.value_dim.is_multiple_of(4)
-                    || !matches!(quads, 8 | 32)
-                {
+            Kernel::Bands => {
+                if !matches!(call.row_source, Rows::Slots(_)) || !d.value_dim.is_multiple_of(4) {
                     return Err(Error::InvalidValue(format!(
-                        "the decode kernel runs slot rows with V a multiple of 4 in tiles of 8 or 32 quads, got V = {} and {quads} quads",
+                        "the bands decode kernel runs slot rows with V a multiple of 4, got V = {}",
                         d.value_dim
                     )));
                 }
-                loops = form;
-                let source = match (subgroups, state_bf16) {
-                    (true, false) => DECODE_SUBGROUP_F32,
-                    (true, true) => DECODE_SUBGROUP_BF16,
-                    (false, false) => DECODE_SHARED_F32,
-                    (false, true) => DECODE_SHARED_BF16,
-                };
-                (source, 4 * quads, vec![("QUADS", quads as u32)])
-            }
-            Kernel::Bands { bands, loops: form } => {
-                if !matches!(call.row_source, Rows::Slots(_))
-                    || !d.value_dim.is_multiple_of(4)
-                    || !matches!(bands, 8 | 16)
-                {
-                    return Err(Error::InvalidValue(format!(
-                        "the bands decode kernel runs slot rows with V a multiple of 4 in 8 or 16 bands, got V = {} and {bands} bands",
-                        d.value_dim
-                    )));
-                }
-                loops = form;
                 // Rows per band: ceil(K / bands) rounded up as above (at most 256 / bands).
-                rows_per_thread = match d.key_dim.div_ceil(bands) {
+                rows_per_thread = match d.key_dim.div_ceil(DECODE_BANDS) {
                     0..=4 => 4,
                     5..=8 => 8,
                     9..=16 => 16,
                     _ => 32,
                 };
-                let quads = 256 / bands;
+                let quads = 256 / DECODE_BANDS;
                 let source = if state_bf16 { BANDS_BF16 } else { BANDS_F32 };
+                // The state array is indexed by the row loops' counter: written out, it is
+                // indexed by constants only and stays in registers (NVIDIA's compiler kept it
+                // in local memory when the loops reached it as loops).
                 (
-                    source,
+                    unrolled(&source, rows_per_thread)?,
                     4 * quads,
-                    vec![("QUADS", quads as u32), ("BANDS", bands as u32)],
+                    vec![("QUADS", quads as u32), ("BANDS", DECODE_BANDS as u32)],
                 )
             }
         };
@@ -339,16 +273,7 @@ impl RecurrentLaunch {
                 call.rows, d.value_heads
             )));
         }
-        if loops == RowLoops::Unrolled {
-            source = unrolled(&source, rows_per_thread)?;
-        }
-        let pipeline = if loops == RowLoops::Unbounded {
-            // SAFETY: every loop of the decode kernels ends: counters run up to ROWS, T, K or
-            // the bands, all fixed for the dispatch.
-            unsafe { wgpu.pipeline_without_loop_bounding(&source, &constants)? }
-        } else {
-            wgpu.pipeline(&source, &constants)?
-        };
+        let pipeline = wgpu.pipeline(&source, &constants)?;
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
             [g, beta] => (false, *g, *beta, *g, *g),

@@ -4,10 +4,8 @@
 //! form (Tq > 1: query i of sequence b at position `len_b - Tq + i`) are one shader: the rows
 //! of a workgroup are (query, head of the GQA group) pairs, each with its causal limit.
 //!
-//! Pass 1 comes in two forms ([`AttendKernel`]): the general one (`attend.wgsl`, every d and
-//! bit width) and the lanes form (`attend_lanes.wgsl`: d 64, 128 or 256, 2-, 4- or 8-bit codes,
-//! LANES = d / 16 threads per token with q' and the accumulators in registers); both write the
-//! same partials, so the merge is one.
+//! Pass 1 is built without wgpu's loop bounding (the counter naga adds to every loop, which
+//! kept NVIDIA's Vulkan compiler from unrolling and measured slower on the H100; docs/wgpu.md).
 //!
 //! Splits: enough workgroups to fill a large GPU several times over (about 1024: 16 splits at
 //! B = 8 with 8 KV heads), never more than the longest sequence has tiles of 128 tokens.
@@ -16,11 +14,8 @@
 //! the cache grows, as long as no sequence outgrows `max_tokens` given at preparation.
 
 use super::cache::{WgpuPagedKvCache, u32_of};
-use super::{
-    Dispatch, SOURCE_ATTEND, SOURCE_ATTEND_LANES_SHARED, SOURCE_ATTEND_LANES_SUBGROUP,
-    SOURCE_MERGE, submit, uniform_bytes,
-};
-use crate::runtime::{ShaderSource, Wgpu};
+use super::{Dispatch, SOURCE_ATTEND, SOURCE_MERGE, submit, uniform_bytes};
+use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::kv::NormDType;
 use deltakv_contract::{DType, Error, Result};
@@ -28,123 +23,8 @@ use wgpu::util::DeviceExt;
 
 /// Tokens per tile of the general pass 1 (its workgroup size).
 const TILE: usize = 128;
-/// The environment variable that picks pass 1's form for [`AttendKernel::Auto`]: one of
-/// [`AttendKernel::name`] (e.g. `tiled`, `lanes`).
-pub const KERNEL_ENV: &str = "DELTAKV_WGPU_KV_ATTEND";
 /// Workgroups pass 1 aims at when picking the splits.
 const TARGET_WORKGROUPS: usize = 1024;
-
-/// The form of pass 1. A lanes form asked for a shape it does not serve (d other than 64, 128
-/// or 256, 3-bit codes) runs the tiled one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AttendKernel {
-    /// `DELTAKV_WGPU_KV_ATTEND` if set, else [`AttendKernel::TiledUnbounded`] (the fastest
-    /// form measured on the H100).
-    #[default]
-    Auto,
-    /// `attend.wgsl`: a thread per token scores its whole key row; tiles of 128 tokens.
-    Tiled,
-    /// `attend_lanes.wgsl`: d / 16 lanes per token, q' in registers, the lanes' dots summed
-    /// by subgroup shuffles where the adapter has them; tiles of 128 tokens (64 at d 256).
-    Lanes,
-    /// [`AttendKernel::Lanes`] with tiles of 64 tokens.
-    LanesTile64,
-    /// [`AttendKernel::Lanes`] with q' read from workgroup memory (fewer registers).
-    LanesQShared,
-    /// [`AttendKernel::Lanes`] with the dots summed through workgroup memory, subgroups or not.
-    LanesNoShuffle,
-    /// [`AttendKernel::Lanes`] built without wgpu's loop bounding
-    /// ([`Wgpu::pipeline_without_loop_bounding`]).
-    LanesUnbounded,
-    /// [`AttendKernel::Tiled`] built without wgpu's loop bounding.
-    TiledUnbounded,
-}
-
-impl AttendKernel {
-    /// Every explicit form.
-    pub const ALL: [AttendKernel; 7] = [
-        AttendKernel::Tiled,
-        AttendKernel::Lanes,
-        AttendKernel::LanesTile64,
-        AttendKernel::LanesQShared,
-        AttendKernel::LanesNoShuffle,
-        AttendKernel::LanesUnbounded,
-        AttendKernel::TiledUnbounded,
-    ];
-
-    /// The form's name (as `DELTAKV_WGPU_KV_ATTEND` takes it).
-    pub fn name(self) -> &'static str {
-        match self {
-            AttendKernel::Auto => "auto",
-            AttendKernel::Tiled => "tiled",
-            AttendKernel::Lanes => "lanes",
-            AttendKernel::LanesTile64 => "lanes-tile64",
-            AttendKernel::LanesQShared => "lanes-qshared",
-            AttendKernel::LanesNoShuffle => "lanes-noshuffle",
-            AttendKernel::LanesUnbounded => "lanes-unbounded",
-            AttendKernel::TiledUnbounded => "tiled-unbounded",
-        }
-    }
-
-    /// The form named `name` (see [`AttendKernel::name`]).
-    pub fn from_name(name: &str) -> Result<Self> {
-        let name = name.trim();
-        std::iter::once(AttendKernel::Auto)
-            .chain(AttendKernel::ALL)
-            .find(|k| k.name() == name)
-            .ok_or_else(|| {
-                Error::InvalidValue(format!(
-                    "{KERNEL_ENV}={name}: expected one of auto, tiled, lanes, lanes-tile64, lanes-qshared, lanes-noshuffle, lanes-unbounded, tiled-unbounded"
-                ))
-            })
-    }
-
-    /// The form that runs at head dim `dim` with these bit widths (`Auto` resolved through
-    /// the environment; lanes forms fall back to tiled where they do not serve).
-    pub fn resolve(self, dim: usize, bits_k: u32, bits_v: u32) -> Result<Self> {
-        let asked = match self {
-            AttendKernel::Auto => match std::env::var(KERNEL_ENV) {
-                Ok(v) if !v.trim().is_empty() => AttendKernel::from_name(&v)?,
-                _ => AttendKernel::TiledUnbounded,
-            },
-            k => k,
-        };
-        let asked = if asked == AttendKernel::Auto {
-            AttendKernel::TiledUnbounded
-        } else {
-            asked
-        };
-        let lanes_serve =
-            matches!(dim, 64 | 128 | 256) && [bits_k, bits_v].iter().all(|b| [2, 4, 8].contains(b));
-        Ok(if asked.is_tiled() || lanes_serve {
-            asked
-        } else if asked == AttendKernel::LanesUnbounded {
-            AttendKernel::TiledUnbounded
-        } else {
-            AttendKernel::Tiled
-        })
-    }
-
-    fn is_tiled(self) -> bool {
-        matches!(self, AttendKernel::Tiled | AttendKernel::TiledUnbounded)
-    }
-
-    fn is_unbounded(self) -> bool {
-        matches!(
-            self,
-            AttendKernel::LanesUnbounded | AttendKernel::TiledUnbounded
-        )
-    }
-
-    /// Tokens per tile of pass 1 at head dim `dim`.
-    fn tile(self, dim: usize) -> usize {
-        match self {
-            AttendKernel::Auto | AttendKernel::Tiled | AttendKernel::TiledUnbounded => TILE,
-            AttendKernel::LanesTile64 => 64,
-            _ => (1024 / (dim / 16)).min(128),
-        }
-    }
-}
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -154,8 +34,6 @@ pub struct WgpuAttnOptions {
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.
     pub max_tokens: Option<usize>,
-    /// Pass 1's form.
-    pub kernel: AttendKernel,
 }
 
 /// A validated attention call over a cache, ready to submit any number of times; its output
@@ -168,7 +46,6 @@ pub struct AttendLaunch {
     _part_acc: WgpuTensor,
     o: WgpuTensor,
     splits: usize,
-    kernel: AttendKernel,
 }
 
 impl AttendLaunch {
@@ -190,11 +67,6 @@ impl AttendLaunch {
     /// Splits of each sequence's tokens.
     pub fn splits(&self) -> usize {
         self.splits
-    }
-
-    /// The form of pass 1 that runs.
-    pub fn kernel(&self) -> AttendKernel {
-        self.kernel
     }
 }
 
@@ -251,9 +123,7 @@ pub fn prepare_attend(
         .max_tokens
         .unwrap_or(0)
         .max(cache.lens().iter().copied().max().unwrap_or(0));
-    let kernel = options.kernel.resolve(s.dim, s.bits_k, s.bits_v)?;
-    let tile = kernel.tile(s.dim);
-    let max_tiles = longest.div_ceil(tile).max(1);
+    let max_tiles = longest.div_ceil(TILE).max(1);
     let per_split = batch * s.kv_heads * row_chunks;
     let splits = options
         .splits
@@ -307,44 +177,14 @@ pub fn prepare_attend(
             contents: &uniform_bytes(&params),
             usage: wgpu::BufferUsages::UNIFORM,
         });
-    let build = |source: &ShaderSource, constants: &[(&'static str, u32)]| {
-        if kernel.is_unbounded() {
-            // SAFETY: every loop of both pass-1 shaders ends: its bounds are pipeline
-            // constants, the head dim (64..=256, validated) and the validated parameters.
-            unsafe { wgpu.pipeline_without_loop_bounding(source, constants) }
-        } else {
-            wgpu.pipeline(source, constants)
-        }
-    };
-    let pipeline = if kernel.is_tiled() {
-        let constants = [
-            ("BITS_K", s.bits_k),
-            ("BITS_V", s.bits_v),
-            ("LANES", lanes as u32),
-        ];
-        build(&SOURCE_ATTEND, &constants)?
-    } else {
-        let lanes = s.dim / 16;
-        let shuffles = kernel != AttendKernel::LanesNoShuffle
-            && wgpu.has_subgroups()
-            && wgpu.subgroup_min_size() as usize >= lanes;
-        let constants = [
-            ("BITS_K", s.bits_k),
-            ("BITS_V", s.bits_v),
-            ("LANES", lanes as u32),
-            ("TILE", tile as u32),
-            (
-                "Q_REGISTERS",
-                u32::from(kernel != AttendKernel::LanesQShared),
-            ),
-        ];
-        let source = if shuffles {
-            &SOURCE_ATTEND_LANES_SUBGROUP
-        } else {
-            &SOURCE_ATTEND_LANES_SHARED
-        };
-        build(source, &constants)?
-    };
+    let constants = [
+        ("BITS_K", s.bits_k),
+        ("BITS_V", s.bits_v),
+        ("LANES", lanes as u32),
+    ];
+    // SAFETY: every loop of attend.wgsl ends: its bounds are pipeline constants, the head dim
+    // (64..=256, validated) and the validated parameters.
+    let pipeline = unsafe { wgpu.pipeline_without_loop_bounding(&SOURCE_ATTEND, &constants)? };
     let pool = cache.pool().buffer();
     let pass1 = Dispatch::new(
         wgpu,
@@ -386,7 +226,6 @@ pub fn prepare_attend(
         _part_acc: part_acc,
         o,
         splits,
-        kernel,
     })
 }
 

@@ -26,7 +26,7 @@
 pub mod attend;
 pub mod cache;
 
-pub use attend::{AttendKernel, AttendLaunch, KERNEL_ENV, WgpuAttnOptions, attend, prepare_attend};
+pub use attend::{AttendLaunch, WgpuAttnOptions, attend, prepare_attend};
 pub use cache::{EncodeLaunch, WgpuPagedKvCache};
 
 use crate::runtime::ShaderSource;
@@ -44,28 +44,6 @@ pub const SOURCE_ENCODE: ShaderSource = ShaderSource {
 pub const SOURCE_ATTEND: ShaderSource = ShaderSource {
     name: "kv_attend",
     text: concat!(include_str!("../dtype.wgsl"), include_str!("attend.wgsl")),
-    entry_point: "kv_attend",
-};
-
-/// Pass 1 in the lanes form (`attend_lanes.wgsl`), the lanes' dots summed by subgroup shuffles.
-pub const SOURCE_ATTEND_LANES_SUBGROUP: ShaderSource = ShaderSource {
-    name: "kv_attend_lanes_subgroup",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("lanes_subgroup.wgsl"),
-        include_str!("attend_lanes.wgsl")
-    ),
-    entry_point: "kv_attend",
-};
-
-/// Pass 1 in the lanes form, the lanes' dots summed through workgroup memory.
-pub const SOURCE_ATTEND_LANES_SHARED: ShaderSource = ShaderSource {
-    name: "kv_attend_lanes_shared",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("lanes_shared.wgsl"),
-        include_str!("attend_lanes.wgsl")
-    ),
     entry_point: "kv_attend",
 };
 

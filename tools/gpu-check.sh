@@ -55,9 +55,10 @@
 #                                   # candle's CUDA tensors against the f64 oracles
 #                                   # (tests/cuda.rs), compute-sanitizer memcheck over them, the
 #                                   # Qwen3-Next layer example on cpu and cuda; logs in $OUT.
-#   tools/gpu-check.sh wgpu         # there, carrying .carry: the Vulkan loader unpacked, every
+#   tools/gpu-check.sh wgpu [quick] # there, carrying .carry: the Vulkan loader unpacked, every
 #                                   # wgpu test through NVIDIA's Vulkan driver (CI=true: no
-#                                   # skipping; the KV suite included), then `bench gdn` and
+#                                   # skipping; the KV suite included; `quick` skips them),
+#                                   # nvidia-smi's clocks logged to clocks.csv, then `bench gdn` and
 #                                   # `bench kv` (B 8, 32k, 4/2 bits) with `--device wgpu`
 #                                   # beside `--device cuda` and wgpu's own copy rate (the
 #                                   # better of a copy shader and copy_buffer_to_buffer), the
@@ -90,7 +91,7 @@ vulkan_setup() {
         ldconfig -p | grep libvulkan || true
     } | tee "$1/vulkan.txt"
 }
-mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu|wgpu-prefill|py-cuda|candle-cuda}
+mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
 # `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
@@ -280,6 +281,7 @@ py-cuda)
     grep -h "final state" "$logs/rust-gdn_prefill_streams.log" >>"$out/figures.txt" 2>/dev/null || true
     summary+=("$(grep -h 'patched Qwen3-Next on cuda' "$logs/pytest-cuda.log" | tr '\n' ';' || true)")
     summary+=("$(grep -h 'side stream prefill' "$logs/pytest-cuda.log" || true)")
+    kill "$smi" || true
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
@@ -326,6 +328,9 @@ run)
             fi
         done
     fi
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+        --format=csv -lms 200 >"$logs/clocks.csv" 2>&1 &
+    smi=$!
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'decode on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
@@ -585,6 +590,29 @@ kv-lab)
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
+wgpu-clocks)
+    # Whether the GPU's clocks explain the wgpu benches' slow first figures: nvidia-smi logs the
+    # SM and memory clocks and the performance state every 100 ms while `bench gdn --device
+    # wgpu` runs twice in fresh processes (prefill T 16384, then decode B 1, 64, 256), carrying
+    # .carry/deltakv and .carry/vulkan; clocks.csv and the two bench outputs in $OUT.
+    out=${OUT:-gpu-check-out}
+    mkdir -p "$out"
+    vulkan_setup "$out"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu \
+        --format=csv -lms 100 >"$out/clocks.csv" 2>&1 &
+    smi=$!
+    sleep 1
+    for run in 1 2; do
+        echo "== run $run start $(date +%T.%N)" >>"$out/marks.txt"
+        .carry/deltakv bench gdn --device wgpu --seq-lens 16384 --modes chunk \
+            --decode-batches 1,64,256 >"$out/bench-$run.txt" 2>&1 || true
+        echo "== run $run end $(date +%T.%N)" >>"$out/marks.txt"
+    done
+    sleep 1
+    kill "$smi" || true
+    cat "$out/marks.txt"
+    grep -h "T=16384\|passes\|B=256\|B=64 " "$out"/bench-*.txt
+    ;;
 wgpu-prefill)
     # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
     # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
@@ -602,7 +630,7 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default STATE=block STATE=general GROUPS=16; do
+    for variant in default STATE=general GROUPS=16; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
@@ -622,8 +650,11 @@ wgpu)
     summary=()
     vulkan_setup "$out"
     # Every wgpu test (CI=true: a test that finds no adapter fails), the CLI's device tests
-    # (gdn, gdn-decode --device wgpu against --device cpu) and the facade's device tensors.
-    for t in .carry/tests/deltakv-wgpu-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor; do
+    # (gdn, gdn-decode --device wgpu against --device cpu) and the facade's device tensors;
+    # `wgpu quick` skips them (then only .carry/deltakv and .carry/vulkan are needed).
+    tests=(.carry/tests/deltakv-wgpu-* .carry/tests/deltakv-cli_device .carry/tests/deltakv-device_tensor)
+    [ "${2:-}" = quick ] && tests=()
+    for t in "${tests[@]}"; do
         name=$(basename "$t")
         if CI=true DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture \
             >"$logs/wgpu-$name.log" 2>&1; then
@@ -646,7 +677,7 @@ wgpu)
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
     # The chunked prefill's state pass in its other forms (the variables of docs/wgpu.md).
-    for variant in STATE=block STATE=general; do
+    for variant in STATE=general; do
         env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
             --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
         summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")

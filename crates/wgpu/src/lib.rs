@@ -40,6 +40,7 @@ pub mod kv;
 pub mod runtime;
 pub mod tensor;
 pub mod timing;
+pub mod unroll;
 
 pub use runtime::{ShaderSource, Wgpu};
 pub use tensor::WgpuTensor;
@@ -134,13 +135,6 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::chunks::PREPARE, &[&[]]),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (
-        gdn::chunks::STATE_BLOCK,
-        &[
-            &[("VT", 16.0), ("STATE_KP4", 32.0)],
-            &[("VT", 16.0), ("STATE_KP4", 16.0)],
-        ],
-    ),
-    (
         gdn::chunks::STATE_STAGED,
         &[
             &[("VT", 16.0), ("STATE_KP4", 32.0)],
@@ -150,13 +144,14 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (tensor::FILL, &[&[]]),
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),
-    (kv::SOURCE_ATTEND, KV_ATTEND_CONSTANTS),
+    (kv::SOURCE_ATTEND_SUBGROUP, KV_ATTEND_CONSTANTS),
+    (kv::SOURCE_ATTEND_SHARED, KV_ATTEND_CONSTANTS),
     (kv::SOURCE_MERGE, &[&[]]),
 ];
 
 /// The attention's constants: every pair of bit widths at d = 128 (8 lanes per token), and the
 /// lane counts of d = 64 and d = 256.
-const KV_ATTEND_CONSTANTS: &[Constants] = &[
+pub const KV_ATTEND_CONSTANTS: &[Constants] = &[
     &[("BITS_K", 2.0), ("BITS_V", 2.0), ("LANES", 8.0)],
     &[("BITS_K", 2.0), ("BITS_V", 3.0), ("LANES", 8.0)],
     &[("BITS_K", 2.0), ("BITS_V", 4.0), ("LANES", 8.0)],

@@ -2,11 +2,20 @@
 //! one submission, timed from submission to the queue going idle; the median over `samples`
 //! of (elapsed / per_sample). What remains of submission overhead is spread over the batch.
 //! The copy rates are the reference for memory-bound kernels.
+//!
+//! Before its samples, each timing dispatches the work itself for at least [`WARM_UP`]: NVIDIA's
+//! driver lowers the H100's SM clock from 1980 to 345 MHz after well under a second of idling
+//! and raises it again only after some hundreds of milliseconds of Vulkan work (nvidia-smi at
+//! 100 ms steps, `tools/gpu-check.sh wgpu-clocks`), so samples taken right after the host's
+//! own work (making inputs, uploads) can run at a fraction of the clock.
 
 use crate::runtime::{ShaderSource, Wgpu};
 use deltakv_contract::Result;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
+
+/// How long each timing dispatches its work before the samples that count.
+pub const WARM_UP: Duration = Duration::from_millis(1000);
 
 /// The median time of one dispatch in microseconds. `submit(n)` must queue `n` back-to-back
 /// dispatches without waiting.
@@ -17,8 +26,14 @@ pub fn median_dispatch_us(
     submit: impl Fn(usize) -> Result<()>,
 ) -> Result<f64> {
     // Warm-up: pipelines built, buffers resident, clocks up.
-    submit(per_sample)?;
-    wgpu.synchronize()?;
+    let warming = Instant::now();
+    loop {
+        submit(per_sample)?;
+        wgpu.synchronize()?;
+        if warming.elapsed() >= WARM_UP {
+            break;
+        }
+    }
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples.max(1) {
         let started = Instant::now();

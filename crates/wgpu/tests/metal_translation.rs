@@ -4,8 +4,11 @@
 //! written out, as the launcher builds it. Runs without any adapter; it checks translation
 //! only, not execution on a Mac.
 
-use deltakv_wgpu::gdn::decode_sources::{BANDS_BF16, BANDS_F32, unrolled};
-use deltakv_wgpu::{BANDS_CONSTANTS, Constants, SHADERS, ShaderSource};
+use deltakv_wgpu::gdn::decode_sources::{BANDS_BF16, BANDS_F32};
+use deltakv_wgpu::kv::attend::attend_loops;
+use deltakv_wgpu::kv::{SOURCE_ATTEND_SHARED, SOURCE_ATTEND_SUBGROUP};
+use deltakv_wgpu::unroll::unrolled;
+use deltakv_wgpu::{BANDS_CONSTANTS, Constants, KV_ATTEND_CONSTANTS, SHADERS, ShaderSource};
 
 #[test]
 fn every_shader_translates_to_metal() {
@@ -26,13 +29,40 @@ fn unrolled_decode_kernels_translate_to_metal() {
                 .find(|(name, _)| *name == "ROWS")
                 .map(|&(_, rows)| rows as u32)
                 .expect("the decode constants set ROWS");
-            let written_out = unrolled(&source, rows).unwrap();
+            let written_out = deltakv_wgpu::gdn::decode_sources::unrolled(&source, rows).unwrap();
             assert!(
                 !written_out.text.contains("i < ROWS"),
                 "{}: a row loop is left",
                 written_out.name
             );
             translate(&written_out, &[constants]);
+        }
+    }
+}
+
+/// The attention's pass 1 with its loops written out as the launcher builds it, for each key
+/// bit width with the constants of that width.
+#[test]
+fn unrolled_attention_kernels_translate_to_metal() {
+    for source in [SOURCE_ATTEND_SUBGROUP, SOURCE_ATTEND_SHARED] {
+        for bits_k in [2u32, 3, 4, 8] {
+            let written_out = unrolled(&source, &attend_loops(bits_k)).unwrap();
+            assert!(
+                !written_out.text.contains("c < 16u; c++")
+                    && !written_out.text.contains("r < 4u; r++"),
+                "{}: a loop is left",
+                written_out.name
+            );
+            let sets: Vec<Constants> = KV_ATTEND_CONSTANTS
+                .iter()
+                .copied()
+                .filter(|set| {
+                    set.iter()
+                        .any(|&(name, v)| name == "BITS_K" && v == f64::from(bits_k))
+                })
+                .collect();
+            assert!(!sets.is_empty());
+            translate(&written_out, &sets);
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The chunked prefill's state pass in every shape a [`StatePlan`] selects (column tiles of 16
-//! or 32; 8, 16 or 32 row groups; the one-block kernel or the general one), not only the
+//! or 32; 8, 16 or 32 row groups; the staged kernel or the general one), not only the
 //! default one, against the f64 oracle: K = 128 (one 4-row block per thread at 32 groups) and
 //! K = 64 / V = 96 (row groups past K, a partial column tile), with initial states, l2 norm and
 //! odd lengths.
@@ -36,7 +36,6 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         (16, 8, StateKernel::Auto),
         (16, 16, StateKernel::Auto),
         (16, 32, StateKernel::General),
-        (16, 32, StateKernel::Block),
         (16, 32, StateKernel::Staged),
         (32, 8, StateKernel::Auto),
         (32, 16, StateKernel::Auto),

@@ -32,24 +32,13 @@ pub const STATE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state",
 };
 
-/// The state pass with one chunk row and one 4-row block of S per thread, in straight-line code.
-pub const STATE_BLOCK: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_block",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state_block.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_block",
-};
-
 /// The state pass with W, Qd and Kd staged in workgroup memory.
 pub const STATE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_staged",
     text: concat!(
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
-        include_str!("chunks_state_block.wgsl")
+        include_str!("chunks_state_staged.wgsl")
     ),
     entry_point: "gdn_chunk_state_staged",
 };
@@ -62,7 +51,7 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `block` or `staged`, the environment variable that picks the state pass's
+/// Set to `general` or `staged`, the environment variable that picks the state pass's
 /// kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
@@ -74,12 +63,10 @@ pub enum StateKernel {
     Auto,
     /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
     General,
-    /// `gdn_chunk_state_block` (`chunks_state_block.wgsl`): 16-column tiles, 32 row groups, K
-    /// <= 128 and a multiple of 16; Kd staged in workgroup memory (26 KiB).
-    Block,
-    /// `gdn_chunk_state_staged` (same file): the block kernel's shape with W, Qd and Kd all
-    /// staged in workgroup memory, taking turns in one buffer (26 KiB, six barriers per
-    /// chunk).
+    /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
+    /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
+    /// straight-line code, W, Qd and Kd staged in workgroup memory one or two phases ahead,
+    /// taking turns in one buffer (26 KiB, six barriers per chunk).
     Staged,
 }
 
@@ -124,11 +111,10 @@ impl StatePlan {
         let kernel = match read(STATE_KERNEL_ENV).as_deref() {
             None | Some("auto") => StateKernel::Auto,
             Some("general") => StateKernel::General,
-            Some("block") => StateKernel::Block,
             Some("staged") => StateKernel::Staged,
             Some(other) => {
                 return Err(Error::InvalidValue(format!(
-                    "{STATE_KERNEL_ENV}={other}: expected auto, general, block or staged"
+                    "{STATE_KERNEL_ENV}={other}: expected auto, general or staged"
                 )));
             }
         };
@@ -282,11 +268,11 @@ impl ChunkLaunch {
             None => 16,
         };
         let row_blocks = kp4.div_ceil(row_groups) as u32;
-        let block_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
+        let staged_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
         let kernel = match plan.kernel {
-            StateKernel::Auto if block_shape => StateKernel::Staged,
+            StateKernel::Auto if staged_shape => StateKernel::Staged,
             StateKernel::Auto => StateKernel::General,
-            StateKernel::Block | StateKernel::Staged if !block_shape => {
+            StateKernel::Staged if !staged_shape => {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
                     plan.kernel, d.key_dim
@@ -336,7 +322,7 @@ impl ChunkLaunch {
             });
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
-        // SAFETY: every loop of chunks.wgsl and chunks_state_block.wgsl ends: their trip counts
+        // SAFETY: every loop of chunks.wgsl and chunks_state_staged.wgsl ends: their trip counts
         // come from the chunk table and the head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
@@ -346,7 +332,6 @@ impl ChunkLaunch {
             StateKernel::Staged => {
                 pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
             }
-            StateKernel::Block => pipeline(&STATE_BLOCK, &[("VT", 16), ("STATE_KP4", state_kp4)])?,
             _ => pipeline(
                 &STATE,
                 &[

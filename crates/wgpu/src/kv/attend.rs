@@ -14,9 +14,12 @@
 //! the cache grows, as long as no sequence outgrows `max_tokens` given at preparation.
 
 use super::cache::{WgpuPagedKvCache, u32_of};
-use super::{Dispatch, SOURCE_ATTEND, SOURCE_MERGE, submit, uniform_bytes};
+use super::{
+    Dispatch, SOURCE_ATTEND_SHARED, SOURCE_ATTEND_SUBGROUP, SOURCE_MERGE, submit, uniform_bytes,
+};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
+use crate::unroll::{Unroll, unrolled};
 use deltakv_contract::kv::NormDType;
 use deltakv_contract::{DType, Error, Result};
 use wgpu::util::DeviceExt;
@@ -25,6 +28,35 @@ use wgpu::util::DeviceExt;
 const TILE: usize = 128;
 /// Workgroups pass 1 aims at when picking the splits.
 const TARGET_WORKGROUPS: usize = 1024;
+
+/// The loops of `attend.wgsl` written out before the driver sees them: over a thread's 16
+/// value codes and dimensions (`c`), over the four rows (`r`), and over the codes of a key
+/// word (`k`: 128 / bits per 16-byte word, 16 per 48-bit step of 3-bit codes), so the
+/// accumulators, row vectors and code words are indexed by constants only.
+pub fn attend_loops(bits_k: u32) -> [Unroll; 4] {
+    [
+        Unroll {
+            header: "for (var c = 0u; c < 16u; c++) {",
+            counter: "c",
+            trips: 16,
+        },
+        Unroll {
+            header: "for (var r = 0u; r < 4u; r++) {",
+            counter: "r",
+            trips: 4,
+        },
+        Unroll {
+            header: "for (var k = 0u; k < per; k++) {",
+            counter: "k",
+            trips: 128 / bits_k,
+        },
+        Unroll {
+            header: "for (var k = 0u; k < 16u; k++) {",
+            counter: "k",
+            trips: 16,
+        },
+    ]
+}
 
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -182,9 +214,15 @@ pub fn prepare_attend(
         ("BITS_V", s.bits_v),
         ("LANES", lanes as u32),
     ];
+    let source = if wgpu.has_subgroups() {
+        SOURCE_ATTEND_SUBGROUP
+    } else {
+        SOURCE_ATTEND_SHARED
+    };
+    let source = unrolled(&source, &attend_loops(s.bits_k))?;
     // SAFETY: every loop of attend.wgsl ends: its bounds are pipeline constants, the head dim
     // (64..=256, validated) and the validated parameters.
-    let pipeline = unsafe { wgpu.pipeline_without_loop_bounding(&SOURCE_ATTEND, &constants)? };
+    let pipeline = unsafe { wgpu.pipeline_without_loop_bounding(&source, &constants)? };
     let pool = cache.pool().buffer();
     let pass1 = Dispatch::new(
         wgpu,

@@ -9,7 +9,9 @@
 //
 //   scores   thread t scores token t of the tile: s = norm_k <q', c(idx_k)> over the whole
 //            key row (16-byte loads), masked past each row's causal limit
-//   softmax  the tile's max per row (workgroup atomics on order-preserving keys),
+//   softmax  the tile's max per row (`post_tile_max`, the module prepended to this one: a
+//            subgroup max and one workgroup atomic per subgroup where the adapter has
+//            subgroups, else one atomic per thread, on order-preserving keys),
 //            m' = max(m, max s), alpha = e^(m - m'), p = e^(s - m'), w = p norm_v
 //   values   LANES threads share a token (its value row found, and when it has at most 16
 //            words loaded into workgroup memory, by the scores step, so those loads are in
@@ -19,8 +21,9 @@
 // then the token groups' accumulators are summed and (m, l, acc) written per (row, split).
 // Pass 2 (`merge.wgsl`) merges the splits and rotates back. Sequences of different lengths
 // share a dispatch: a workgroup reads its sequence's length and takes its share of the tiles.
-// BITS_K, BITS_V and LANES are pipeline constants, so code extraction unrolls with constant
-// shifts.
+// BITS_K, BITS_V and LANES are pipeline constants, and the launcher writes the loops over
+// codes, dimensions and rows out copy by copy (`crate::unroll`), so code extraction has
+// constant shifts and the per-thread arrays constant indices.
 
 override BITS_K: u32 = 4u;
 override BITS_V: u32 = 2u;
@@ -134,13 +137,15 @@ fn key_dots(row: u32) -> vec4<f32> {
             let x1 = select(b, (b >> sh) | (c << (32u - sh)), sh != 0u);
             for (var k = 0u; k < 16u; k++) {
                 let bit = 3u * k;
+                // The shift amounts masked to 0..31: the same values where each branch is
+                // taken, and valid constants in the branches a written-out copy never takes.
                 var code: u32;
                 if bit + 3u <= 32u {
-                    code = (x0 >> bit) & 7u;
+                    code = (x0 >> (bit & 31u)) & 7u;
                 } else if bit >= 32u {
-                    code = (x1 >> (bit - 32u)) & 7u;
+                    code = (x1 >> ((bit - 32u) & 31u)) & 7u;
                 } else {
-                    code = ((x0 >> bit) | (x1 << (32u - bit))) & 7u;
+                    code = ((x0 >> (bit & 31u)) | (x1 << ((32u - bit) & 31u))) & 7u;
                 }
                 s += qrot[16u * st + k] * lk[code];
             }
@@ -197,7 +202,7 @@ fn add_values(row: u32, tt: u32, j: u32, w: vec4<f32>, acc: ptr<function, array<
         let bit = c * BITS_V;
         var code = (x[bit / 32u] >> (bit % 32u)) & mask;
         if BITS_V == 3u && bit % 32u > 29u {
-            code = ((x[0] >> bit) | (x[1] << (32u - bit))) & mask;
+            code = ((x[0] >> (bit & 31u)) | (x[1] << ((32u - bit) & 31u))) & mask;
         }
         (*acc)[c] += w * lv[code];
     }
@@ -320,10 +325,10 @@ fn kv_attend(
             for (var r = 0u; r < 4u; r++) {
                 if t < limit[r] {
                     s[r] = dots[r] * nk;
-                    atomicMax(&tile_max[parity + r], order_key(s[r]));
                 }
             }
         }
+        post_tile_max(tid, parity, s);
         workgroupBarrier();
         // Softmax step (every thread computes the same m', alpha).
         var m_new = m;
@@ -386,23 +391,22 @@ fn kv_attend(
     let total_l = lsum[0];
     for (var r = 0u; r < 4u; r++) {
         let row = chunk * 4u + r;
-        if row >= p.rows {
-            continue;
-        }
-        let i = row / p.group;
-        let g = row % p.group;
-        let out_row = (b * p.tq + i) * p.hq + h * p.group + g;
-        let part = out_row * p.splits + split;
-        for (var c = tid; c < dp; c += 128u) {
-            var x = 0.0;
-            if c < d {
-                x = qin[c][r];
+        if row < p.rows {
+            let i = row / p.group;
+            let g = row % p.group;
+            let out_row = (b * p.tq + i) * p.hq + h * p.group + g;
+            let part = out_row * p.splits + split;
+            for (var c = tid; c < dp; c += 128u) {
+                var x = 0.0;
+                if c < d {
+                    x = qin[c][r];
+                }
+                part_acc[part * dp + c] = x;
             }
-            part_acc[part * dp + c] = x;
-        }
-        if tid == 0u {
-            part_ml[2u * part] = m[r];
-            part_ml[2u * part + 1u] = total_l[r];
+            if tid == 0u {
+                part_ml[2u * part] = m[r];
+                part_ml[2u * part + 1u] = total_l[r];
+            }
         }
     }
 }

@@ -40,10 +40,26 @@ pub const SOURCE_ENCODE: ShaderSource = ShaderSource {
     entry_point: "kv_encode",
 };
 
-/// Pass 1 of the attention (`attend.wgsl`, after the dtype helpers).
-pub const SOURCE_ATTEND: ShaderSource = ShaderSource {
-    name: "kv_attend",
-    text: concat!(include_str!("../dtype.wgsl"), include_str!("attend.wgsl")),
+/// Pass 1 of the attention (`attend.wgsl`, after the dtype helpers), the tile's row maxima
+/// through subgroup operations.
+pub const SOURCE_ATTEND_SUBGROUP: ShaderSource = ShaderSource {
+    name: "kv_attend_subgroup",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("tile_max_subgroup.wgsl"),
+        include_str!("attend.wgsl")
+    ),
+    entry_point: "kv_attend",
+};
+
+/// Pass 1 for adapters without subgroup operations: the row maxima by one atomic per thread.
+pub const SOURCE_ATTEND_SHARED: ShaderSource = ShaderSource {
+    name: "kv_attend_shared",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("tile_max_shared.wgsl"),
+        include_str!("attend.wgsl")
+    ),
     entry_point: "kv_attend",
 };
 

@@ -1,0 +1,237 @@
+// The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
+// owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
+// so K <= 128), with K a multiple of 16 and 16-column tiles. Same math and the same order of
+// every sum as `gdn_chunk_state`. Written without function-scope arrays: the state rows, the
+// loaded words and the sums are named values. Every scratch matrix of the walk is read from
+// workgroup memory: W, Qd and Kd of the chunk each go through registers into one buffer before
+// their use, loaded one or two phases ahead, so no product waits on a scratch load:
+//
+//   top:  S and W (loaded during the previous chunk's o) stored; barrier
+//   A:    W S, V' = U - W S stored; Kd loads issued; barrier
+//         Qd (loaded during the previous update) stored; barrier
+//   B1:   O = Qd S + P V' (S still in workgroup memory); the next W's loads issued; barrier
+//         Kd stored; barrier
+//   B2:   S <- exp(G_last) S + Kd^T V'; the next Qd's loads issued; barrier (next top)
+//
+// The three matrices take turns in one 16 KiB buffer, so the kernel needs 26 KiB of workgroup
+// memory (every adapter's 32 KiB holds it), at the price of six barriers per chunk.
+
+// The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's W, Qd or Kd.
+var<workgroup> block_s: array<vec2<f32>, 1024>;
+var<workgroup> block_v_new: array<vec2<f32>, 256>;
+var<workgroup> staged: array<vec4<f32>, 1024>;
+var<workgroup> block_seq_chunks: vec2<u32>;
+
+// P V' over the chunk rows 4 j4 .. 4 j4 + 3, for the word pw of P.
+fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
+    let pairs = VT / 2u;
+    return pw.x * block_v_new[(4u * j4) * pairs + cp] + pw.y * block_v_new[(4u * j4 + 1u) * pairs + cp]
+        + pw.z * block_v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * block_v_new[(4u * j4 + 3u) * pairs + cp];
+}
+
+// Row r of the state slab at columns col, col + 1 (zeros past K and V).
+fn state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
+    var x = vec2<f32>(0.0);
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        x.x = state[at];
+        if col_ok.y {
+            x.y = state[at + 1u];
+        }
+    }
+    return x;
+}
+
+fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        state[at] = x.x;
+        if col_ok.y {
+            state[at + 1u] = x.y;
+        }
+    }
+}
+
+// Word i of a scratch matrix [C][kp4] of chunk-head ch at region offset `at`, clamped to the
+// matrix (the words past it are loaded again and never read).
+fn chunk_word(at: u32, ch: u32, i: u32, kp4: u32) -> vec4<f32> {
+    let words = C * kp4;
+    return scratch[at + ch * words + min(i, words - 1u)];
+}
+
+// (W S or Qd S) of one 4-row block r4 of the tile of S, for the word w of W or Qd.
+fn tile_block_product(w: vec4<f32>, r4: u32, cp: u32) -> vec2<f32> {
+    let pairs = VT / 2u;
+    let s0 = block_s[(4u * r4) * pairs + cp];
+    let s1 = block_s[(4u * r4 + 1u) * pairs + cp];
+    let s2 = block_s[(4u * r4 + 2u) * pairs + cp];
+    let s3 = block_s[(4u * r4 + 3u) * pairs + cp];
+    return w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+}
+
+// Four words per thread of a chunk's [C][kp4] matrix into `staged`.
+fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
+    staged[tid] = a;
+    staged[tid + threads] = b;
+    staged[tid + 2u * threads] = c;
+    staged[tid + 3u * threads] = d;
+}
+
+@compute @workgroup_size(C * VT / 2u)
+fn gdn_chunk_state_staged(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let pairs = VT / 2u;
+    let threads = C * VT / 2u;
+    let cp = tid % pairs;
+    let rg = tid / pairs;
+    let h = wid.y;
+    let seq = wid.z;
+    let heads = p.value_heads;
+    let vd = p.value_dim;
+    let kp4 = STATE_KP4;
+    let col = wid.x * VT + 2u * cp;
+    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
+    if tid == 0u {
+        let first = chunk_info[2u * p.chunks + seq];
+        block_seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
+    }
+    let chunks = workgroupUniformLoad(&block_seq_chunks);
+
+    let slab = (seq * heads + h) * p.key_dim;
+    let has_rows = rg < kp4;
+    let r = 4u * rg;
+    var s0 = state_pair(slab, r, col, col_ok);
+    var s1 = state_pair(slab, r + 1u, col, col_ok);
+    var s2 = state_pair(slab, r + 2u, col, col_ok);
+    var s3 = state_pair(slab, r + 3u, col, col_ok);
+
+    // The first chunk's W and Qd (a sequence without chunks loads words it never uses).
+    let first_ch = min(chunks.x, max(p.chunks, 1u) - 1u) * heads + h;
+    var w0 = chunk_word(p.w_at, first_ch, tid, kp4);
+    var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);
+    var w2 = chunk_word(p.w_at, first_ch, tid + 2u * threads, kp4);
+    var w3 = chunk_word(p.w_at, first_ch, tid + 3u * threads, kp4);
+    var x0 = chunk_word(p.qd_at, first_ch, tid, kp4);
+    var x1 = chunk_word(p.qd_at, first_ch, tid + threads, kp4);
+    var x2 = chunk_word(p.qd_at, first_ch, tid + 2u * threads, kp4);
+    var x3 = chunk_word(p.qd_at, first_ch, tid + 3u * threads, kp4);
+
+    for (var n = chunks.x; n < chunks.y; n++) {
+        let ch = n * heads + h;
+        let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
+        // Top: the previous update has read Kd and V'; S and W in.
+        workgroupBarrier();
+        if has_rows {
+            block_s[r * pairs + cp] = s0;
+            block_s[(r + 1u) * pairs + cp] = s1;
+            block_s[(r + 2u) * pairs + cp] = s2;
+            block_s[(r + 3u) * pairs + cp] = s3;
+        }
+        stage_words(threads, tid, w0, w1, w2, w3);
+        let u4 = scratch[p.u_at + (ch * C + rg) * p.vp4 + col / 4u];
+        workgroupBarrier();
+
+        // A: W S for chunk row rg, then V' = U - W S.
+        var ws = vec2<f32>(0.0);
+        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
+            let at = rg * kp4 + r4;
+            ws += tile_block_product(staged[at], r4, cp);
+            ws += tile_block_product(staged[at + 1u], r4 + 1u, cp);
+            ws += tile_block_product(staged[at + 2u], r4 + 2u, cp);
+            ws += tile_block_product(staged[at + 3u], r4 + 3u, cp);
+        }
+        block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
+        let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
+        let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
+        let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
+        let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
+        let p_row = p.p_at + (ch * C + rg) * (C / 4u);
+        let p0 = scratch[p_row];
+        let p1 = scratch[p_row + 1u];
+        let p2 = scratch[p_row + 2u];
+        let p3 = scratch[p_row + 3u];
+        let p4 = scratch[p_row + 4u];
+        let p5 = scratch[p_row + 5u];
+        let p6 = scratch[p_row + 6u];
+        let p7 = scratch[p_row + 7u];
+        let decay = scratch[p.decay_at + ch].x;
+        workgroupBarrier();
+        stage_words(threads, tid, x0, x1, x2, x3);
+        workgroupBarrier();
+
+        // B1: O = Qd S + P V'; the next chunk's W on its way.
+        var qs = vec2<f32>(0.0);
+        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
+            let at = rg * kp4 + r4;
+            qs += tile_block_product(staged[at], r4, cp);
+            qs += tile_block_product(staged[at + 1u], r4 + 1u, cp);
+            qs += tile_block_product(staged[at + 2u], r4 + 2u, cp);
+            qs += tile_block_product(staged[at + 3u], r4 + 3u, cp);
+        }
+        w0 = chunk_word(p.w_at, next_ch, tid, kp4);
+        w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
+        w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
+        w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
+        qs += new_value_products(p0, 0u, cp);
+        qs += new_value_products(p1, 1u, cp);
+        qs += new_value_products(p2, 2u, cp);
+        qs += new_value_products(p3, 3u, cp);
+        qs += new_value_products(p4, 4u, cp);
+        qs += new_value_products(p5, 5u, cp);
+        qs += new_value_products(p6, 6u, cp);
+        qs += new_value_products(p7, 7u, cp);
+        let start = chunk_info[2u * n];
+        let len = chunk_info[2u * n + 1u];
+        if rg < len && col_ok.x {
+            store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
+        }
+        workgroupBarrier();
+        stage_words(threads, tid, kd0, kd1, kd2, kd3);
+        workgroupBarrier();
+
+        // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
+        x0 = chunk_word(p.qd_at, next_ch, tid, kp4);
+        x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
+        x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);
+        x3 = chunk_word(p.qd_at, next_ch, tid + 3u * threads, kp4);
+        s0 *= decay;
+        s1 *= decay;
+        s2 *= decay;
+        s3 *= decay;
+        if has_rows {
+            for (var j4 = 0u; j4 < C; j4 += 4u) {
+                let k0 = staged[j4 * kp4 + rg];
+                let k1 = staged[(j4 + 1u) * kp4 + rg];
+                let k2 = staged[(j4 + 2u) * kp4 + rg];
+                let k3 = staged[(j4 + 3u) * kp4 + rg];
+                let v0 = block_v_new[j4 * pairs + cp];
+                let v1 = block_v_new[(j4 + 1u) * pairs + cp];
+                let v2 = block_v_new[(j4 + 2u) * pairs + cp];
+                let v3 = block_v_new[(j4 + 3u) * pairs + cp];
+                s0 += k0.x * v0;
+                s1 += k0.y * v0;
+                s2 += k0.z * v0;
+                s3 += k0.w * v0;
+                s0 += k1.x * v1;
+                s1 += k1.y * v1;
+                s2 += k1.z * v1;
+                s3 += k1.w * v1;
+                s0 += k2.x * v2;
+                s1 += k2.y * v2;
+                s2 += k2.z * v2;
+                s3 += k2.w * v2;
+                s0 += k3.x * v3;
+                s1 += k3.y * v3;
+                s2 += k3.z * v3;
+                s3 += k3.w * v3;
+            }
+        }
+    }
+
+    store_state_pair(slab, r, col, col_ok, s0);
+    store_state_pair(slab, r + 1u, col, col_ok, s1);
+    store_state_pair(slab, r + 2u, col, col_ok, s2);
+    store_state_pair(slab, r + 3u, col, col_ok, s3);
+}

@@ -281,7 +281,6 @@ py-cuda)
     grep -h "final state" "$logs/rust-gdn_prefill_streams.log" >>"$out/figures.txt" 2>/dev/null || true
     summary+=("$(grep -h 'patched Qwen3-Next on cuda' "$logs/pytest-cuda.log" | tr '\n' ';' || true)")
     summary+=("$(grep -h 'side stream prefill' "$logs/pytest-cuda.log" || true)")
-    kill "$smi" || true
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
@@ -328,9 +327,6 @@ run)
             fi
         done
     fi
-    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
-        --format=csv -lms 200 >"$logs/clocks.csv" 2>&1 &
-    smi=$!
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'decode on cuda' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
@@ -663,6 +659,9 @@ wgpu)
             summary+=("FAIL $name (see wgpu-$name.log)")
         fi
     done
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+        --format=csv -lms 200 >"$logs/clocks.csv" 2>&1 &
+    smi=$!
     .carry/deltakv demo --tokens 1024 >"$logs/demo.txt" 2>&1 &&
         summary+=("PASS demo: $(last 'decode on wgpu' "$logs/demo.txt")") ||
         summary+=("FAIL demo (see demo.txt)")
@@ -695,6 +694,7 @@ wgpu)
     summary+=("kv decode B=8 32k (wgpu forms first, then cuda): $({ grep -h 'decode      B=8 ctx=32768' "$out/wgpu-kv-bench.txt" || true; } | sed 's/  */ /g' | tr '\n' ';')")
     summary+=("wgpu kv decode splits (default form): $({ grep -h '^            [0-9]* splits:' "$out/wgpu-kv-bench.txt" || true; } | sed 's/  */ /g' | tr '\n' ';')")
     summary+=("demo kv: $(last 'compressed KV on wgpu' "$logs/demo.txt")")
+    kill "$smi" || true
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -122,7 +122,7 @@ pub fn run(args: &KvBenchArgs, records: &mut Vec<serde_json::Value>) -> Result<V
         }));
         if ctx == longest {
             // The same call with other splits of each sequence (the default aims at about
-            // 1024 workgroups), to show where the split count lands.
+            // 256 workgroups), to show where the split count lands.
             let default_splits = launch.splits();
             drop(launch);
             let mut timed = Vec::new();

@@ -69,6 +69,19 @@ fn tile_block_product(w: vec4<f32>, r4: u32, cp: u32) -> vec2<f32> {
     return w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
 }
 
+// Chunk row rg of the staged matrix (W or Qd) times the tile of S, at column pair cp.
+fn staged_row_products(rg: u32, kp4: u32, cp: u32) -> vec2<f32> {
+    var acc = vec2<f32>(0.0);
+    for (var r4 = 0u; r4 < kp4; r4 += 4u) {
+        let at = rg * kp4 + r4;
+        acc += tile_block_product(staged[at], r4, cp);
+        acc += tile_block_product(staged[at + 1u], r4 + 1u, cp);
+        acc += tile_block_product(staged[at + 2u], r4 + 2u, cp);
+        acc += tile_block_product(staged[at + 3u], r4 + 3u, cp);
+    }
+    return acc;
+}
+
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     staged[tid] = a;
@@ -134,14 +147,7 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // A: W S for chunk row rg, then V' = U - W S.
-        var ws = vec2<f32>(0.0);
-        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
-            let at = rg * kp4 + r4;
-            ws += tile_block_product(staged[at], r4, cp);
-            ws += tile_block_product(staged[at + 1u], r4 + 1u, cp);
-            ws += tile_block_product(staged[at + 2u], r4 + 2u, cp);
-            ws += tile_block_product(staged[at + 3u], r4 + 3u, cp);
-        }
+        let ws = staged_row_products(rg, kp4, cp);
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
         let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
@@ -162,14 +168,7 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // B1: O = Qd S + P V'; the next chunk's W on its way.
-        var qs = vec2<f32>(0.0);
-        for (var r4 = 0u; r4 < kp4; r4 += 4u) {
-            let at = rg * kp4 + r4;
-            qs += tile_block_product(staged[at], r4, cp);
-            qs += tile_block_product(staged[at + 1u], r4 + 1u, cp);
-            qs += tile_block_product(staged[at + 2u], r4 + 2u, cp);
-            qs += tile_block_product(staged[at + 3u], r4 + 3u, cp);
-        }
+        var qs = staged_row_products(rg, kp4, cp);
         w0 = chunk_word(p.w_at, next_ch, tid, kp4);
         w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);

@@ -7,8 +7,9 @@
 //! Pass 1 is built without wgpu's loop bounding (the counter naga adds to every loop, which
 //! kept NVIDIA's Vulkan compiler from unrolling and measured slower on the H100; docs/wgpu.md).
 //!
-//! Splits: enough workgroups to fill a large GPU several times over (about 1024: 16 splits at
-//! B = 8 with 8 KV heads), never more than the longest sequence has tiles of 128 tokens.
+//! Splits: about 256 workgroups in all (4 splits at B = 8 with 8 KV heads, 32 at B = 1),
+//! never more than the longest sequence has tiles of 128 tokens: on the H100 the fastest of
+//! the split counts timed at both shapes (docs/wgpu.md).
 //! Sequences of different lengths share a dispatch: a workgroup reads its sequence's length on
 //! the device and takes its share of that sequence's tiles, so a prepared launch stays valid as
 //! the cache grows, as long as no sequence outgrows `max_tokens` given at preparation.
@@ -27,7 +28,7 @@ use wgpu::util::DeviceExt;
 /// Tokens per tile of the general pass 1 (its workgroup size).
 const TILE: usize = 128;
 /// Workgroups pass 1 aims at when picking the splits.
-const TARGET_WORKGROUPS: usize = 1024;
+const TARGET_WORKGROUPS: usize = 256;
 
 /// The loops of `attend.wgsl` written out before the driver sees them: over a thread's 16
 /// value codes and dimensions (`c`), over the four rows (`r`), and over the codes of a key
@@ -61,7 +62,7 @@ pub fn attend_loops(bits_k: u32) -> [Unroll; 4] {
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WgpuAttnOptions {
-    /// Splits of each sequence's tokens; `None`: about 1024 workgroups in all.
+    /// Splits of each sequence's tokens; `None`: about 256 workgroups in all.
     pub splits: Option<usize>,
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.

@@ -39,7 +39,18 @@ pub fn run(
         json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_per_s": copy,
         "shader_tb_per_s": rates.shader, "buffer_tb_per_s": rates.buffer}),
     );
+    let largest = wgpu.device().limits().max_storage_buffer_binding_size;
     for &(batch, tokens, pool_dtype, intermediate) in configs {
+        let (_, _, value_heads, key_dim, value_dim) = shape;
+        let states_bytes = (batch * tokens * value_heads * key_dim * value_dim * 4) as u64;
+        if intermediate && states_bytes > largest {
+            // One call's intermediate states must fit one storage binding.
+            lines.push(format!(
+                "{:<12} B={batch:<4} T={tokens:<2} pool {pool_dtype:<4} +intermediate: not run, its {states_bytes} bytes of intermediate states exceed the adapter's largest storage binding ({largest} bytes)",
+                shape.0
+            ));
+            continue;
+        }
         let config = (batch, tokens, pool_dtype, intermediate);
         let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
         let (line, record) = time_config(shape, config, &case, DecodeTile::Auto, "")?;

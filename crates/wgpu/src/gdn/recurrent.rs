@@ -344,6 +344,31 @@ impl RecurrentLaunch {
         } else {
             12
         };
+        // A tensor larger than one storage binding can hold is refused by name before wgpu
+        // reports a validation error.
+        let largest = wgpu.device().limits().max_storage_buffer_binding_size;
+        let names = [
+            "params",
+            "q",
+            "k",
+            "v",
+            "gate a",
+            "gate b",
+            "A_log",
+            "dt_bias",
+            "row table",
+            "state pool",
+            "o",
+            "intermediate states",
+        ];
+        for (name, b) in names.iter().zip(&buffers[..used]) {
+            if b.size() > largest {
+                return Err(Error::Unsupported(format!(
+                    "{name} takes {} bytes, more than the adapter's largest storage binding ({largest} bytes); split the call",
+                    b.size()
+                )));
+            }
+        }
         let entries: Vec<wgpu::BindGroupEntry> = buffers[..used]
             .iter()
             .enumerate()

@@ -70,7 +70,7 @@ pub enum StateKernel {
     Staged,
 }
 
-/// How the state pass is shaped: the launcher's choice for each field left at `None` / `false`
+/// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
 /// (the default plan). The fields exist to time and test the other shapes; the prefill's public
 /// entry points take the plan the environment variables above give, read once per process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +79,8 @@ pub struct StatePlan {
     /// 32 columns would run (and always for K > 128), else 32.
     pub tile: Option<usize>,
     /// Row groups, 8, 16 or 32 (threads = row groups x tile / 2, at most 256, so 32 groups
-    /// only with 16-column tiles); default: 32 with 16-column tiles, else 16.
+    /// only with 16-column tiles: 32 asked where the launcher picks 32-column tiles runs 16);
+    /// default: 32 with 16-column tiles, else 16.
     pub row_groups: Option<usize>,
     /// The kernel; one asked for a shape it does not serve is an error at launch.
     pub kernel: StateKernel,

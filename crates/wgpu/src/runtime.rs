@@ -238,6 +238,40 @@ impl Wgpu {
         Ok(buffer)
     }
 
+    /// The bind group of `pipeline`'s group 0 over `entries` (binding, name, buffer): a buffer
+    /// larger than the adapter's largest storage binding is refused by name, then any error
+    /// wgpu reports while binding comes back naming `label`.
+    pub fn bind_group(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        entries: &[(u32, &str, &wgpu::Buffer)],
+    ) -> Result<wgpu::BindGroup> {
+        let largest = self.device.limits().max_storage_buffer_binding_size;
+        for &(_, name, buffer) in entries {
+            if buffer.size() > largest {
+                return Err(Error::Unsupported(format!(
+                    "{label}: {name} takes {} bytes, more than the adapter's largest storage binding ({largest} bytes); split the call",
+                    buffer.size()
+                )));
+            }
+        }
+        let bound: Vec<wgpu::BindGroupEntry> = entries
+            .iter()
+            .map(|&(binding, _, buffer)| wgpu::BindGroupEntry {
+                binding,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &bound,
+        });
+        self.check(&format!("binding {label}'s buffers"))?;
+        Ok(group)
+    }
+
     /// `Err` with the first error wgpu reported since the last check (validation, out of
     /// memory, a lost device), naming `what` was being done.
     pub fn check(&self, what: &str) -> Result<()> {

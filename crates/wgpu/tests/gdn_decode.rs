@@ -22,13 +22,34 @@ fn f64_pool(like: &HostTensor, values: &[f64]) -> HostTensor {
     HostTensor::from_f32_as(like.shape().to_vec(), &values, like.dtype()).unwrap()
 }
 
-/// A case's tensors on the device.
-struct DeviceCase {
+/// A case's inputs on the device.
+struct DeviceInputs {
     q: WgpuTensor,
     k: WgpuTensor,
     v: WgpuTensor,
     gates: Vec<(String, WgpuTensor)>,
     slots: WgpuTensor,
+}
+
+impl DeviceInputs {
+    /// The call's inputs, the gating found by name.
+    fn get(&self) -> Result<DecodeInputs<'_, WgpuTensor>> {
+        let gates = &self.gates;
+        let gating =
+            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
+        Ok(DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            gating,
+            slot_indices: &self.slots,
+        })
+    }
+}
+
+/// A case's tensors on the device: its inputs and its pool.
+struct DeviceCase {
+    inputs: DeviceInputs,
     pool: WgpuTensor,
 }
 
@@ -36,31 +57,24 @@ impl DeviceCase {
     fn upload(wgpu: &Wgpu, case: &DecodeCase) -> Result<Self> {
         let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
         Ok(Self {
-            q: up(&case.q)?,
-            k: up(&case.k)?,
-            v: up(&case.v)?,
-            gates: case
-                .gates
-                .iter()
-                .map(|(n, t)| Ok((n.clone(), up(t)?)))
-                .collect::<Result<_>>()?,
-            slots: up(&case.slot_indices)?,
+            inputs: DeviceInputs {
+                q: up(&case.q)?,
+                k: up(&case.k)?,
+                v: up(&case.v)?,
+                gates: case
+                    .gates
+                    .iter()
+                    .map(|(n, t)| Ok((n.clone(), up(t)?)))
+                    .collect::<Result<_>>()?,
+                slots: up(&case.slot_indices)?,
+            },
             pool: up(&case.state_pool)?,
         })
     }
 
     /// Runs one decode call; the pool is updated in place on the device.
     fn run(&mut self, wgpu: &Wgpu, opts: &DecodeOptions, checked: bool) -> Result<DecodeOutput> {
-        let gates = &self.gates;
-        let gating =
-            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
-        let inputs = DecodeInputs {
-            q: &self.q,
-            k: &self.k,
-            v: &self.v,
-            gating,
-            slot_indices: &self.slots,
-        };
+        let inputs = self.inputs.get()?;
         let out = if checked {
             gdn_decode_checked(wgpu, &inputs, &mut self.pool, opts)?
         } else {
@@ -129,16 +143,7 @@ fn tiled_backend(
 ) -> impl Fn(&DecodeCase, &DecodeOptions) -> Result<BackendRun> {
     move |case, opts| {
         let mut dev = DeviceCase::upload(wgpu, case)?;
-        let gates = &dev.gates;
-        let gating =
-            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))?;
-        let inputs = DecodeInputs {
-            q: &dev.q,
-            k: &dev.k,
-            v: &dev.v,
-            gating,
-            slot_indices: &dev.slots,
-        };
+        let inputs = dev.inputs.get()?;
         let [b, t, h, vd] = case.v.shape().try_into().expect("v is [B, T, H, V]");
         let kd = case.k.shape()[3];
         let mut o = WgpuTensor::poisoned(wgpu, vec![b, t, h, vd], case.v.dtype())?;
@@ -306,4 +311,58 @@ fn bad_calls_are_refused_before_launch_and_leave_the_pool_alone() {
         "{err}"
     );
     assert_eq!(pool, case.state_pool);
+}
+
+#[test]
+fn a_tensor_beyond_one_storage_binding_is_refused_by_name() {
+    let Some(wgpu) = common::device("binding limit") else {
+        return;
+    };
+    // Intermediate states [B, 16, 1, 128, 128] f32 one state larger than the largest binding.
+    let limits = wgpu.device().limits();
+    let state_bytes = 128 * 128 * 4;
+    let states = limits.max_storage_buffer_binding_size as usize / state_bytes + 1;
+    let batch = states.div_ceil(16);
+    let bytes = (batch * 16 * state_bytes) as u64;
+    if bytes > limits.max_buffer_size {
+        println!(
+            "binding limit: skipped (the adapter's largest buffer holds less than one binding plus a state)"
+        );
+        return;
+    }
+    let spec = DecodeSpec::new(batch, 16, 1, 1, 128, 128);
+    let case = DecodeCase::random(&spec, 5).unwrap();
+    let mut dev = DeviceCase::upload(wgpu, &case).unwrap();
+    let pool_before = dev.pool.download(wgpu).unwrap();
+    let inputs = dev.inputs.get().unwrap();
+    let mut o = WgpuTensor::zeros(wgpu, vec![batch, 16, 1, 128], case.v.dtype()).unwrap();
+    let mut states = WgpuTensor::zeros(
+        wgpu,
+        vec![batch, 16, 1, 128, 128],
+        deltakv_contract::DType::F32,
+    )
+    .unwrap();
+    let refused = prepare_decode_launch_tiled(
+        wgpu,
+        &inputs,
+        &mut dev.pool,
+        &DecodeOptions::default().gdn,
+        &mut o,
+        Some(&mut states),
+        DecodeTile::Auto,
+    );
+    let message = refused
+        .err()
+        .expect("intermediate states beyond one binding accepted")
+        .to_string();
+    assert!(
+        message.contains("intermediate states") && message.contains("largest storage binding"),
+        "{message}"
+    );
+    assert_eq!(
+        dev.pool.download(wgpu).unwrap(),
+        pool_before,
+        "the pool changed"
+    );
+    println!("binding limit: {message}");
 }

@@ -76,11 +76,10 @@ pub enum StateKernel {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatePlan {
     /// Value columns per workgroup, 16 or 32; default: 16 where fewer than 256 workgroups of
-    /// 32 columns would run (and always for K > 128), else 32.
+    /// 32 columns would run or 32 row groups are asked for (and always for K > 128), else 32.
     pub tile: Option<usize>,
     /// Row groups, 8, 16 or 32 (threads = row groups x tile / 2, at most 256, so 32 groups
-    /// only with 16-column tiles: 32 asked where the launcher picks 32-column tiles runs 16);
-    /// default: 32 with 16-column tiles, else 16.
+    /// only with 16-column tiles); default: 32 with 16-column tiles, else 16.
     pub row_groups: Option<usize>,
     /// The kernel; one asked for a shape it does not serve is an error at launch.
     pub kernel: StateKernel,
@@ -119,13 +118,12 @@ impl StatePlan {
                 )));
             }
         };
-        let plan = StatePlan {
+        // The combination is checked where every plan is, at launch.
+        Ok(StatePlan {
             tile: number(TILE_ENV, &[16, 32])?,
             row_groups: number(GROUPS_ENV, &[8, 16, 32])?,
             kernel,
-        };
-        plan.check()?;
-        Ok(plan)
+        })
     }
 
     /// The plan of the environment, read once per process.
@@ -253,21 +251,21 @@ impl ChunkLaunch {
             return Ok(None);
         }
         plan.check()?;
+        // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
+        // at 32).
         let narrow_tiles = d.key_dim > 128
             || match plan.tile {
                 Some(tile) => tile == 16,
-                None => call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW,
+                None => {
+                    plan.row_groups == Some(32)
+                        || call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW
+                }
             };
         let tile = if narrow_tiles { 16 } else { 32 };
         // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
         // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
         // threads of 16 groups for the same products.
-        let row_groups = match plan.row_groups {
-            Some(32) if tile == 32 => 16,
-            Some(groups) => groups,
-            None if tile == 16 => 32,
-            None => 16,
-        };
+        let row_groups = plan.row_groups.unwrap_or(if tile == 16 { 32 } else { 16 });
         let row_blocks = kp4.div_ceil(row_groups) as u32;
         let staged_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
         let kernel = match plan.kernel {
@@ -343,44 +341,31 @@ impl ChunkLaunch {
                 ],
             )?,
         };
-        let group = |pipeline: &wgpu::ComputePipeline, bound: &[(u32, &wgpu::Buffer)]| {
-            let entries: Vec<wgpu::BindGroupEntry> = bound
-                .iter()
-                .map(|&(binding, b)| wgpu::BindGroupEntry {
-                    binding,
-                    resource: b.as_entire_binding(),
-                })
-                .collect();
-            wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("gdn_chunk"),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            })
-        };
-        let prepare_group = group(
+        let prepare_group = wgpu.bind_group(
+            "the chunked prefill's prepare",
             &prepare,
             &[
-                (0, &uniform),
-                (1, call.q.buffer()),
-                (2, call.k.buffer()),
-                (3, call.v.buffer()),
-                (4, call.g.buffer()),
-                (5, call.beta.buffer()),
-                (6, table.buffer()),
-                (7, &scratch),
+                (0, "params", &uniform),
+                (1, "q", call.q.buffer()),
+                (2, "k", call.k.buffer()),
+                (3, "v", call.v.buffer()),
+                (4, "g", call.g.buffer()),
+                (5, "beta", call.beta.buffer()),
+                (6, "chunk table", table.buffer()),
+                (7, "scratch", &scratch),
             ],
-        );
-        let state_group = group(
+        )?;
+        let state_group = wgpu.bind_group(
+            "the chunked prefill's state pass",
             &state,
             &[
-                (0, &uniform),
-                (6, table.buffer()),
-                (7, &scratch),
-                (8, call.state.buffer()),
-                (9, call.o.buffer()),
+                (0, "params", &uniform),
+                (6, "chunk table", table.buffer()),
+                (7, "scratch", &scratch),
+                (8, "final states", call.state.buffer()),
+                (9, "o", call.o.buffer()),
             ],
-        );
-        wgpu.check("binding the chunked prefill's buffers")?;
+        )?;
         Ok(Some(Self {
             prepare,
             state,

@@ -454,6 +454,38 @@ var<workgroup> s_tile: array<vec2<f32>, 2048>;
 var<workgroup> v_new: array<vec2<f32>, 512>;
 var<workgroup> seq_chunks: vec2<u32>;
 
+// The chunks [first, end) of sequence `seq` in the chunk table, read by thread 0 and made
+// uniform for the walk (every thread calls it, in uniform control flow).
+fn sequence_chunks(tid: u32, seq: u32) -> vec2<u32> {
+    if tid == 0u {
+        seq_chunks = vec2<u32>(chunk_info[2u * p.chunks + seq], chunk_info[2u * p.chunks + seq + 1u]);
+    }
+    return workgroupUniformLoad(&seq_chunks);
+}
+
+// Row r of the state slab at columns col, col + 1 (zeros past K and V).
+fn state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
+    var x = vec2<f32>(0.0);
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        x.x = state[at];
+        if col_ok.y {
+            x.y = state[at + 1u];
+        }
+    }
+    return x;
+}
+
+fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
+    if r < p.key_dim && col_ok.x {
+        let at = (slab + r) * p.value_dim + col;
+        state[at] = x.x;
+        if col_ok.y {
+            state[at + 1u] = x.y;
+        }
+    }
+}
+
 // Thread (rg, cp) of ROW_GROUPS * VT / 2 (cp = column pair, rg = 0..ROW_GROUPS): the products
 // for chunk rows CHUNK_ROWS rg .. CHUNK_ROWS (rg + 1) - 1 and its two columns; the state rows of
 // blocks rg + ROW_GROUPS m (4 rows each).
@@ -473,27 +505,14 @@ fn gdn_chunk_state(
     let kp4 = STATE_KP4;
     let col = wid.x * VT + 2u * cp;
     let col_ok = vec2<bool>(col < vd, col + 1u < vd);
-    if tid == 0u {
-        let first = chunk_info[2u * p.chunks + seq];
-        seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
-    }
-    let chunks = workgroupUniformLoad(&seq_chunks);
+    let chunks = sequence_chunks(tid, seq);
 
     let slab = (seq * heads + h) * kd;
     var s: array<vec2<f32>, 32>;
     for (var m = 0u; m < ROW_BLOCKS; m++) {
         let b = rg + ROW_GROUPS * m;
         for (var e = 0u; e < 4u; e++) {
-            let r = 4u * b + e;
-            var x = vec2<f32>(0.0);
-            if r < kd && col_ok.x {
-                let at = (slab + r) * vd + col;
-                x.x = state[at];
-                if col_ok.y {
-                    x.y = state[at + 1u];
-                }
-            }
-            s[4u * m + e] = x;
+            s[4u * m + e] = state_pair(slab, 4u * b + e, col, col_ok);
         }
     }
 
@@ -585,14 +604,7 @@ fn gdn_chunk_state(
     for (var m = 0u; m < ROW_BLOCKS; m++) {
         let b = rg + ROW_GROUPS * m;
         for (var e = 0u; e < 4u; e++) {
-            let r = 4u * b + e;
-            if r < kd && col_ok.x {
-                let at = (slab + r) * vd + col;
-                state[at] = s[4u * m + e].x;
-                if col_ok.y {
-                    state[at + 1u] = s[4u * m + e].y;
-                }
-            }
+            store_state_pair(slab, 4u * b + e, col, col_ok, s[4u * m + e]);
         }
     }
 }

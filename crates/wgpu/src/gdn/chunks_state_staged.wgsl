@@ -20,36 +20,12 @@
 var<workgroup> block_s: array<vec2<f32>, 1024>;
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1024>;
-var<workgroup> block_seq_chunks: vec2<u32>;
 
 // P V' over the chunk rows 4 j4 .. 4 j4 + 3, for the word pw of P.
 fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
     let pairs = VT / 2u;
     return pw.x * block_v_new[(4u * j4) * pairs + cp] + pw.y * block_v_new[(4u * j4 + 1u) * pairs + cp]
         + pw.z * block_v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * block_v_new[(4u * j4 + 3u) * pairs + cp];
-}
-
-// Row r of the state slab at columns col, col + 1 (zeros past K and V).
-fn state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
-    var x = vec2<f32>(0.0);
-    if r < p.key_dim && col_ok.x {
-        let at = (slab + r) * p.value_dim + col;
-        x.x = state[at];
-        if col_ok.y {
-            x.y = state[at + 1u];
-        }
-    }
-    return x;
-}
-
-fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
-    if r < p.key_dim && col_ok.x {
-        let at = (slab + r) * p.value_dim + col;
-        state[at] = x.x;
-        if col_ok.y {
-            state[at + 1u] = x.y;
-        }
-    }
 }
 
 // Word i of a scratch matrix [C][kp4] of chunk-head ch at region offset `at`, clamped to the
@@ -106,11 +82,7 @@ fn gdn_chunk_state_staged(
     let kp4 = STATE_KP4;
     let col = wid.x * VT + 2u * cp;
     let col_ok = vec2<bool>(col < vd, col + 1u < vd);
-    if tid == 0u {
-        let first = chunk_info[2u * p.chunks + seq];
-        block_seq_chunks = vec2<u32>(first, chunk_info[2u * p.chunks + seq + 1u]);
-    }
-    let chunks = workgroupUniformLoad(&block_seq_chunks);
+    let chunks = sequence_chunks(tid, seq);
 
     let slab = (seq * heads + h) * p.key_dim;
     let has_rows = rg < kp4;

@@ -324,19 +324,19 @@ impl RecurrentLaunch {
             Some(t) => t.buffer(),
             None => wgpu.placeholder(),
         };
-        let buffers = [
-            &uniform,
-            call.q.buffer(),
-            call.k.buffer(),
-            call.v.buffer(),
-            gate_a.buffer(),
-            gate_b.buffer(),
-            a_log.buffer(),
-            dt_bias.buffer(),
-            row_info.buffer(),
-            call.state.buffer(),
-            call.o.buffer(),
-            intermediate,
+        let buffers: [(&str, &wgpu::Buffer); 12] = [
+            ("params", &uniform),
+            ("q", call.q.buffer()),
+            ("k", call.k.buffer()),
+            ("v", call.v.buffer()),
+            ("gate a", gate_a.buffer()),
+            ("gate b", gate_b.buffer()),
+            ("A_log", a_log.buffer()),
+            ("dt_bias", dt_bias.buffer()),
+            ("row table", row_info.buffer()),
+            ("state pool", call.state.buffer()),
+            ("o", call.o.buffer()),
+            ("intermediate states", intermediate),
         ];
         // The chunked kernel writes no intermediate states: its layout ends at `o`.
         let used = if matches!(call.kernel, Kernel::Chunk { .. }) {
@@ -344,45 +344,12 @@ impl RecurrentLaunch {
         } else {
             12
         };
-        // A tensor larger than one storage binding can hold is refused by name before wgpu
-        // reports a validation error.
-        let largest = wgpu.device().limits().max_storage_buffer_binding_size;
-        let names = [
-            "params",
-            "q",
-            "k",
-            "v",
-            "gate a",
-            "gate b",
-            "A_log",
-            "dt_bias",
-            "row table",
-            "state pool",
-            "o",
-            "intermediate states",
-        ];
-        for (name, b) in names.iter().zip(&buffers[..used]) {
-            if b.size() > largest {
-                return Err(Error::Unsupported(format!(
-                    "{name} takes {} bytes, more than the adapter's largest storage binding ({largest} bytes); split the call",
-                    b.size()
-                )));
-            }
-        }
-        let entries: Vec<wgpu::BindGroupEntry> = buffers[..used]
+        let entries: Vec<(u32, &str, &wgpu::Buffer)> = buffers[..used]
             .iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
+            .map(|(i, &(name, buffer))| (i as u32, name, buffer))
             .collect();
-        let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("gdn_recurrent"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        wgpu.check("binding the GDN kernel's buffers")?;
+        let bind_group = wgpu.bind_group("the GDN kernel", &pipeline, &entries)?;
         Ok(Self {
             pipeline,
             bind_group,

@@ -32,10 +32,24 @@ const TARGET_WORKGROUPS: usize = 256;
 
 /// The loops of `attend.wgsl` written out before the driver sees them: over a thread's 16
 /// value codes and dimensions (`c`), over the four rows (`r`), and over the codes of a key
-/// word (`k`: 128 / bits per 16-byte word, 16 per 48-bit step of 3-bit codes), so the
-/// accumulators, row vectors and code words are indexed by constants only.
-pub fn attend_loops(bits_k: u32) -> [Unroll; 4] {
-    [
+/// word in the branch that `bits_k` takes (`k`: 128 / bits per 16-byte word, or 16 per 48-bit
+/// step of 3-bit codes), so the accumulators, row vectors and code words are indexed by
+/// constants only.
+pub fn attend_loops(bits_k: u32) -> Vec<Unroll> {
+    let key_codes = if bits_k == 3 {
+        Unroll {
+            header: "for (var k = 0u; k < 16u; k++) {",
+            counter: "k",
+            trips: 16,
+        }
+    } else {
+        Unroll {
+            header: "for (var k = 0u; k < per; k++) {",
+            counter: "k",
+            trips: 128 / bits_k,
+        }
+    };
+    vec![
         Unroll {
             header: "for (var c = 0u; c < 16u; c++) {",
             counter: "c",
@@ -46,16 +60,7 @@ pub fn attend_loops(bits_k: u32) -> [Unroll; 4] {
             counter: "r",
             trips: 4,
         },
-        Unroll {
-            header: "for (var k = 0u; k < per; k++) {",
-            counter: "k",
-            trips: 128 / bits_k,
-        },
-        Unroll {
-            header: "for (var k = 0u; k < 16u; k++) {",
-            counter: "k",
-            trips: 16,
-        },
+        key_codes,
     ]
 }
 
@@ -229,15 +234,15 @@ pub fn prepare_attend(
         wgpu,
         pipeline,
         &[
-            &uniform,
-            q.buffer(),
-            pool,
-            pool,
-            cache.device_table().buffer(),
-            cache.device_lens().buffer(),
-            cache.device_consts().buffer(),
-            part_ml.buffer(),
-            part_acc.buffer(),
+            ("params", &uniform),
+            ("q", q.buffer()),
+            ("pool", pool),
+            ("pool (16-byte view)", pool),
+            ("block table", cache.device_table().buffer()),
+            ("sequence lengths", cache.device_lens().buffer()),
+            ("codebooks and rotation", cache.device_consts().buffer()),
+            ("partial m and l", part_ml.buffer()),
+            ("partial outputs", part_acc.buffer()),
         ],
         (
             splits as u32,
@@ -249,11 +254,11 @@ pub fn prepare_attend(
         wgpu,
         wgpu.pipeline(&SOURCE_MERGE, &[])?,
         &[
-            &uniform,
-            cache.device_consts().buffer(),
-            part_ml.buffer(),
-            part_acc.buffer(),
-            o.buffer(),
+            ("params", &uniform),
+            ("codebooks and rotation", cache.device_consts().buffer()),
+            ("partial m and l", part_ml.buffer()),
+            ("partial outputs", part_acc.buffer()),
+            ("o", o.buffer()),
         ],
         (merge_groups as u32, merge_rows as u32, 1),
     )?;

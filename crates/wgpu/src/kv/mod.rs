@@ -119,23 +119,15 @@ impl Dispatch {
     pub fn new(
         wgpu: &crate::Wgpu,
         pipeline: wgpu::ComputePipeline,
-        buffers: &[&wgpu::Buffer],
+        buffers: &[(&str, &wgpu::Buffer)],
         grid: (u32, u32, u32),
     ) -> Result<Self> {
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
+        let entries: Vec<(u32, &str, &wgpu::Buffer)> = buffers
             .iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
+            .map(|(i, &(name, buffer))| (i as u32, name, buffer))
             .collect();
-        let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("deltakv kv"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        wgpu.check("binding the KV kernel's buffers")?;
+        let bind_group = wgpu.bind_group("the KV kernel", &pipeline, &entries)?;
         Ok(Self {
             pipeline,
             bind_group,

@@ -668,8 +668,8 @@ static void encode_lab() {
         const void* kernel;
         bool search = false;  // run with the grids disabled
     };
-    const Enc encs[] = {{"library, binary search (before)", (const void*)kv_encode_hadamard128, true},
-                        {"library kv_encode_hadamard128 (grid)", (const void*)kv_encode_hadamard128},
+    const Enc encs[] = {{"library, binary search", (const void*)kv_encode_hadamard128_bf16, true},
+                        {"library kv_encode_hadamard128_bf16 (grid)", (const void*)kv_encode_hadamard128_bf16},
                         {"pred loads", (const void*)kv3_encode_pred},
                         {"register nearest", (const void*)kv3_encode_reg},
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},

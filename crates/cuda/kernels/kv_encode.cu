@@ -60,27 +60,10 @@ __device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, fl
 // stores per cell (count of boundaries in lower cells, the cell's own boundary or +inf):
 // idx = count + (u > boundary), exactly the search's answer. Layout in consts (per stream):
 // b0, inv_step, enabled (0: search instead), 0, then the cells as (count, boundary) pairs.
+// The conversion to unsigned saturates a negative (or NaN) product to 0 and a huge one to
+// UINT_MAX, so one min is the clamp.
 #define KV_GRID_CELLS 64
 #define KV_GRID_FLOATS (4 + 2 * KV_GRID_CELLS)
-__device__ __forceinline__ unsigned kv_nearest_grid(const float2* cells, float b0, float inv_step,
-                                                    float u) {
-    int g = __float2int_rd(__fmul_rn(__fsub_rn(u, b0), inv_step));
-    g = min(max(g, 0), KV_GRID_CELLS - 1);
-    const float2 c = cells[g];
-    return (unsigned)c.x + (u > c.y ? 1u : 0u);
-}
-
-// The stream's grid into shared memory; whether it is enabled (uniform over the block).
-__device__ __forceinline__ bool kv_load_grid(const KvEncodeParams& p, int kv, float2* cells,
-                                             float* b0, float* inv_step) {
-    const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
-    for (int i = threadIdx.x; i < KV_GRID_CELLS; i += blockDim.x)
-        cells[i] = make_float2(grid[4 + 2 * i], grid[5 + 2 * i]);
-    *b0 = grid[0];
-    *inv_step = grid[1];
-    return grid[2] != 0.0f;
-}
-
 // Stores the stored norm of a vector (f32, or f16 in its half of a word).
 __device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float norm, int f16,
                                               int* flags) {
@@ -99,8 +82,8 @@ __device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float
 __device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, int b, int t,
                                                int h, unsigned** row, unsigned** norms,
                                                int* slot) {
-    int at = p.seq_lens[b] + t;
-    long long page = p.block_table[(long long)b * p.max_pages + at / p.page_tokens];
+    int at = __ldg(p.seq_lens + b) + t;
+    long long page = __ldg(p.block_table + (long long)b * p.max_pages + at / p.page_tokens);
     *slot = at % p.page_tokens;
     unsigned* head = p.pool + page * p.page_words + (long long)h * p.head_words;
     int kcodes = p.page_tokens * p.row_words_k;
@@ -132,14 +115,36 @@ __device__ __forceinline__ void kv_or_scatter(T (&v)[E], int l) {
     }
 }
 
+// One element of the input, widened to f32 with its Hadamard sign applied: `sign_bit` is
+// 0x80000000 for -1 (x * -1 is exact, so flipping the sign bit is the CPU's product). For bf16
+// the widening and the flip are one multiply-add: (raw << 16) + 2^31 flips bit 31.
+template <int DT>
+__device__ __forceinline__ float kv_signed_input(unsigned raw, unsigned sign_bit) {
+    if (DT == DT_BF16) return __uint_as_float(raw * 65536u + sign_bit);
+    if (DT == DT_F16) return __uint_as_float(__float_as_uint(f16_to_f32((unsigned short)raw)) ^ sign_bit);
+    return __uint_as_float(raw ^ sign_bit);
+}
+
+// The sum acc_0 + acc_1 + .. + acc_7 over the 8 lanes of a vector, in that order (every lane
+// of the vector gets it).
+__device__ __forceinline__ float kv_ordered_sum8(float acc, int gbase) {
+    float sum = __shfl_sync(KV_FULL, acc, gbase);
+#pragma unroll
+    for (int k = 1; k < 8; ++k) sum = __fadd_rn(sum, __shfl_sync(KV_FULL, acc, gbase + k));
+    return sum;
+}
+
 // Hadamard d = 8 * E: eight lanes per vector, four vectors per warp. Lane l of a vector holds
 // elements i = 8 j + l (j < E): exactly the elements of the CPU's partial sum acc[l], and
-// the butterflies h < 8 are lane exchanges, h >= 8 register pairs.
-template <int E>
-__device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
-    __shared__ float levels[256];
-    __shared__ float bounds[256];
-    __shared__ float2 grid_cells[KV_GRID_CELLS];
+// the butterflies h < 8 are lane exchanges, h >= 8 register pairs. DT is the input dtype.
+//
+// Issue-bound, so the common path does the least per element: 32-bit index arithmetic, the
+// finiteness check only when the squared norm is not finite, the sign folded into the
+// widening, and the nearest level with its squared level from one 16-byte cell of the grid
+// (count, boundary, level(count)^2, level(count + 1)^2: the CPU's rounded squares).
+template <int E, int DT>
+__device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, float* levels,
+                                                   float* bounds, float* level_sq, float4* cells) {
     const int kv = blockIdx.y;
     const int bits = kv == 0 ? p.bits_k : p.bits_v;
     const int words = kv == 0 ? p.words_k : p.words_v;
@@ -147,65 +152,86 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
     const float* src_levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
     const float* src_bounds = p.consts + (kv == 0 ? KV_C_BOUNDS_K : KV_C_BOUNDS_V);
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-        levels[i] = src_levels[i];
+        const float c = src_levels[i];
+        levels[i] = c;
+        level_sq[i] = __fmul_rn(c, c);
         bounds[i] = src_bounds[i];
     }
-    float grid_b0, grid_inv;
-    const bool use_grid = kv_load_grid(p, kv, grid_cells, &grid_b0, &grid_inv);
+    const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
+    const float grid_b0 = grid[0], grid_inv = grid[1];
+    const bool use_grid = grid[2] != 0.0f;
+    if (use_grid) {
+        for (int i = threadIdx.x; i < KV_GRID_CELLS; i += blockDim.x) {
+            const unsigned count = (unsigned)grid[4 + 2 * i];
+            const float c0 = src_levels[count], c1 = src_levels[min(count + 1, 255u)];
+            cells[i] = make_float4(__uint_as_float(count), grid[5 + 2 * i], __fmul_rn(c0, c0),
+                                   __fmul_rn(c1, c1));
+        }
+    }
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;
     const int lane = threadIdx.x & 31, l = lane & 7, gbase = lane & 24;
-    float sign[E];
+    // Bit j of `signs`: the sign of element 8 j + l is -1 (one register, not E).
+    static_assert(E <= 32, "one sign word per lane");
+    unsigned signs = 0;
 #pragma unroll
-    for (int j = 0; j < E; ++j) sign[j] = p.consts[KV_C_ROTATION + 8 * j + l];
-    const long long total = (long long)p.batch * p.tokens * p.kv_heads;
-    const long long warps = (long long)gridDim.x * KV_ENC_WARPS;
+    for (int j = 0; j < E; ++j)
+        signs |= p.consts[KV_C_ROTATION + 8 * j + l] < 0.0f ? 1u << j : 0u;
+    // The host keeps 4 x (vectors + warps) below 2^31.
+    const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
+    const unsigned warps = gridDim.x * KV_ENC_WARPS;
     // Every lane of a warp runs every iteration (the shuffles need the whole warp); a lane
     // whose vector does not exist computes on zeros and stores nothing.
-    for (long long w = (long long)blockIdx.x * KV_ENC_WARPS + (threadIdx.x >> 5); w * 4 < total;
-         w += warps) {
-        const long long vec = w * 4 + (lane >> 3);
+    for (unsigned w = blockIdx.x * KV_ENC_WARPS + (threadIdx.x >> 5); w * 4 < total; w += warps) {
+        const unsigned vec = w * 4 + (lane >> 3);
         bool valid = vec < total;
-        int b = 0, t = 0, h = 0;
+        unsigned b = 0, t = 0, h = 0;
         if (valid) {
-            h = (int)(vec % p.kv_heads);
-            long long bt = vec / p.kv_heads;
-            t = (int)(bt % p.tokens);
-            b = (int)(bt / p.tokens);
-            valid = t < p.new_lens[b];
+            const unsigned bt = vec / (unsigned)p.kv_heads;
+            h = vec - bt * (unsigned)p.kv_heads;
+            b = bt / (unsigned)p.tokens;
+            t = bt - b * (unsigned)p.tokens;
+            valid = (int)t < __ldg(p.new_lens + b);
         }
         float x[E];
-        bool bad = false;
         float acc = 0.0f;
+        if (DT == DT_F32) {
+            const unsigned* in = (const unsigned*)src + (size_t)vec * (E * 8) + l;
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            x[j] = valid ? load_float(src, vec * p.dim + 8 * j + l, p.in_dtype) : 0.0f;
-            bad |= !kv_finite(x[j]);
-            acc = __fadd_rn(acc, __fmul_rn(x[j], x[j]));
+            for (int j = 0; j < E; ++j)
+                x[j] = kv_signed_input<DT>(valid ? __ldg(in + 8 * j) : 0u, (signs << (31 - j)) & 0x80000000u);
+        } else {
+            const unsigned short* in = (const unsigned short*)src + (size_t)vec * (E * 8) + l;
+#pragma unroll
+            for (int j = 0; j < E; ++j)
+                x[j] = kv_signed_input<DT>(valid ? (unsigned)__ldg(in + 8 * j) : 0u,
+                                         (signs << (31 - j)) & 0x80000000u);
         }
-        if (bad) atomicOr(p.flags, 1);
-        float fast = __shfl_sync(KV_FULL, acc, gbase);
 #pragma unroll
-        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, __shfl_sync(KV_FULL, acc, gbase + k));
+        for (int j = 0; j < E; ++j) acc = __fadd_rn(acc, __fmul_rn(x[j], x[j]));
+        const float fast = kv_ordered_sum8(acc, gbase);
+        // A non-finite element makes `fast` non-finite (the squares are >= 0), so the elements
+        // are checked only then.
         const bool slow = !(kv_finite(fast) && fast >= 1e-30f);
         double r = __dsqrt_rn((double)fast);
         if (__any_sync(KV_FULL, slow && valid)) {
+            bool bad = false;
             double s = 0.0;
 #pragma unroll
             for (int j = 0; j < E; ++j) {
+                bad |= !kv_finite(x[j]);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
                     double e = (double)__shfl_sync(KV_FULL, x[j], gbase + k);
                     s = __dadd_rn(s, __dmul_rn(e, e));
                 }
             }
+            if (bad && valid) atomicOr(p.flags, 1);
             if (slow) r = __dsqrt_rn(s);
         }
-        // y = H diag(s) x / sqrt(d), butterflies in the CPU's order.
-#pragma unroll
-        for (int j = 0; j < E; ++j) x[j] = __fmul_rn(x[j], sign[j]);
-        // Lane exchanges: the lower lane of a pair keeps x + other, the upper other - x, both
-        // as one fma with +-1 (exact product, one rounding: the CPU's add or subtract).
+        // y = H diag(s) x / sqrt(d), butterflies in the CPU's order. Lane exchanges: the lower
+        // lane of a pair keeps x + other, the upper other - x, both as one fma with +-1 (exact
+        // product, one rounding: the CPU's add or subtract).
 #pragma unroll
         for (int hb = 1; hb < 8; hb <<= 1) {
             const float sgn = (l & hb) ? -1.0f : 1.0f;
@@ -229,25 +255,34 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
         const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
         unsigned code[E];
         float cacc = 0.0f;
+        if (use_grid) {
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
-            code[j] = use_grid ? kv_nearest_grid(grid_cells, grid_b0, grid_inv, u)
-                               : kv_nearest(bounds, bits, u);
-            float c = levels[code[j]];
-            cacc = __fadd_rn(cacc, __fmul_rn(c, c));
+            for (int j = 0; j < E; ++j) {
+                const float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
+                const unsigned g =
+                    min(__float2uint_rd(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv)),
+                        (unsigned)(KV_GRID_CELLS - 1));
+                const float4 cell = cells[g];
+                const bool above = u > cell.y;
+                code[j] = __float_as_uint(cell.x) + (above ? 1u : 0u);
+                cacc = __fadd_rn(cacc, above ? cell.w : cell.z);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                const float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
+                code[j] = kv_nearest(bounds, bits, u);
+                cacc = __fadd_rn(cacc, level_sq[code[j]]);
+            }
         }
-        float code_sq = __shfl_sync(KV_FULL, cacc, gbase);
-#pragma unroll
-        for (int k = 1; k < 8; ++k)
-            code_sq = __fadd_rn(code_sq, __shfl_sync(KV_FULL, cacc, gbase + k));
+        const float code_sq = kv_ordered_sum8(cacc, gbase);
         const double code_norm = __dsqrt_rn((double)code_sq);
         const float norm =
             (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
         unsigned* row = 0;
         unsigned* norms = 0;
         int slot = 0;
-        if (valid) kv_destination(p, kv, b, t, h, &row, &norms, &slot);
+        if (valid) kv_destination(p, kv, (int)b, (int)t, (int)h, &row, &norms, &slot);
         // Group j (codes 8j .. 8j+7, one per lane) is 8 * bits bits starting at byte j * bits;
         // lane l gathers groups l, l + 8, .. by an OR reduce-scatter and stores them.
         unsigned char* bytes = (unsigned char*)row;
@@ -286,16 +321,35 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p) {
     }
 }
 
-// Latency-bound (long chains of ordered sums per vector): as many warps as fit without spills.
-extern "C" __global__ void __launch_bounds__(128, 8) kv_encode_hadamard64(KvEncodeParams p) {
-    kv_encode_hadamard<8>(p);
+// The kernel for d = 8 E and one input dtype: the tables in shared memory, then the body. One
+// kernel per dtype: a kernel holding all three bodies spills at these register bounds.
+template <int E, int DT>
+__device__ __forceinline__ void kv_encode_hadamard_kernel(const KvEncodeParams& p) {
+    __shared__ float levels[256];
+    __shared__ float bounds[256];
+    __shared__ float level_sq[256];
+    __shared__ float4 cells[KV_GRID_CELLS];
+    kv_encode_hadamard<E, DT>(p, levels, bounds, level_sq, cells);
 }
-extern "C" __global__ void __launch_bounds__(128, 7) kv_encode_hadamard128(KvEncodeParams p) {
-    kv_encode_hadamard<16>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) kv_encode_hadamard256(KvEncodeParams p) {
-    kv_encode_hadamard<32>(p);
-}
+
+// As many warps as fit without spills (long chains of ordered sums per vector), per dtype:
+// bf16 takes the fewest registers (its sign is folded into the widening).
+#define KV_ENCODE_HADAMARD(D, BLOCKS_F32, BLOCKS_F16, BLOCKS_BF16)                             \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS_F32)                              \
+        kv_encode_hadamard##D##_f32(KvEncodeParams p) {                                        \
+        kv_encode_hadamard_kernel<D / 8, DT_F32>(p);                                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS_F16)                              \
+        kv_encode_hadamard##D##_f16(KvEncodeParams p) {                                        \
+        kv_encode_hadamard_kernel<D / 8, DT_F16>(p);                                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS_BF16)                             \
+        kv_encode_hadamard##D##_bf16(KvEncodeParams p) {                                       \
+        kv_encode_hadamard_kernel<D / 8, DT_BF16>(p);                                          \
+    }
+KV_ENCODE_HADAMARD(64, 8, 8, 8)
+KV_ENCODE_HADAMARD(128, 7, 6, 8)
+KV_ENCODE_HADAMARD(256, 1, 1, 1)
 
 // Any d (the dense rotation): one warp per vector, the vector staged in shared memory, each
 // sum in the CPU's order by the lanes that own it.

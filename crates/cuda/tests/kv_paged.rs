@@ -103,10 +103,32 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (256, 8, 4, true, 64, DType::BF16, 500),
         (96, 4, 2, false, 64, DType::F32, 129),
         (100, 3, 3, true, 16, DType::BF16, 1000),
+        // Every Hadamard kernel (d 64, 128, 256 x each input dtype) at least once.
+        (128, 2, 4, false, 32, DType::F16, 63),
+        (64, 4, 8, true, 16, DType::BF16, 65),
+        (64, 8, 2, false, 64, DType::F32, 1000),
+        (256, 2, 3, false, 16, DType::F32, 33),
+        (256, 4, 4, true, 64, DType::F16, 1000),
     ];
     for (i, &(d, bk, bv, f16, page, dtype, chunk)) in schemes.iter().enumerate() {
         let lens: &[usize] = if chunk == 1 { &[1, 63, 65] } else { LENS };
-        let case = rounded(PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64), dtype);
+        let mut case = PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64);
+        if dtype != DType::F16 && !f16 {
+            // Vectors whose f32 sum of squares overflows or falls below 1e-30 (the kernels'
+            // f64 path), and zero vectors (norm 0); f16 inputs and norms cannot hold them.
+            for x in case.keys.iter_mut().chain(case.values.iter_mut()) {
+                for (v, vector) in x.chunks_mut(d).enumerate() {
+                    let scale = match v % 13 {
+                        3 => 1e22,
+                        7 => 1e-22,
+                        11 => 0.0,
+                        _ => 1.0,
+                    };
+                    vector.iter_mut().for_each(|e| *e *= scale);
+                }
+            }
+        }
+        let case = rounded(case, dtype);
         let mut scheme = KvScheme::new(d, 2, bk, bv);
         scheme.seed = 3 + i as u64;
         if f16 {

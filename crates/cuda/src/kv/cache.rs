@@ -424,13 +424,29 @@ impl CudaPagedKvCache {
             // The grids are the constants' last 2 x GRID_FLOATS floats.
             grid: i32_of("grid offset", self.consts.shape()[0] - 2 * GRID_FLOATS)?,
         };
-        let name = match (self.k.rotation.is_hadamard(), s.dim) {
-            (true, 64) => "kv_encode_hadamard64",
-            (true, 128) => "kv_encode_hadamard128",
-            (true, 256) => "kv_encode_hadamard256",
+        let name = match (self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
+            (true, 64, DType::F32) => "kv_encode_hadamard64_f32",
+            (true, 64, DType::F16) => "kv_encode_hadamard64_f16",
+            (true, 64, _) => "kv_encode_hadamard64_bf16",
+            (true, 128, DType::F32) => "kv_encode_hadamard128_f32",
+            (true, 128, DType::F16) => "kv_encode_hadamard128_f16",
+            (true, 128, _) => "kv_encode_hadamard128_bf16",
+            (true, 256, DType::F32) => "kv_encode_hadamard256_f32",
+            (true, 256, DType::F16) => "kv_encode_hadamard256_f16",
+            (true, 256, _) => "kv_encode_hadamard256_bf16",
             _ => "kv_encode_dense",
         };
         let vectors = batch * tokens * s.kv_heads;
+        // The Hadamard kernels index vectors in 32 bits (four per warp, the last pass past the
+        // end): refuse a chunk that could wrap.
+        if 4 * (vectors + 4 * 64 * cuda.multiprocessors()) >= 1 << 31 {
+            return Err(Error::Unsupported(format!(
+                "a chunk of B {batch} x Tn {tokens} x Hkv {} vectors is too large for one \
+                 append on CUDA: split it (at most {} vectors per append)",
+                s.kv_heads,
+                (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
+            )));
+        }
         // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. Enough blocks to fill
         // the GPU several times over; the kernels loop over the rest.
         let per_block = if name == "kv_encode_dense" { 4 } else { 16 };

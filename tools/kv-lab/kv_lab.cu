@@ -654,6 +654,17 @@ static void encode_lab() {
     p.norm_words = c.norm_words;
     p.hadamard_norm = 1.0f / std::sqrt((float)d);
     p.grid = LAB_GRID;
+    // The library's division constants (as `divide_magic` in crates/cuda/src/kv/cache.rs).
+    auto magic = [](unsigned divisor, unsigned* m, int* shift) {
+        int l = 0;
+        while ((1ull << l) < divisor) ++l;
+        *m = (unsigned)(((1ull << 32) * ((1ull << l) - divisor)) / divisor + 1);
+        *shift = l;
+    };
+    magic(hkv, &p.heads_magic, &p.heads_shift);
+    magic(tokens, &p.tokens_magic, &p.tokens_shift);
+    p.page_shift = 0;
+    while ((1 << p.page_shift) < c.page_tokens) ++p.page_shift;
     KvEncodeParams p_search = p;  // the grids' zero tail: the binary search (the library before)
     p_search.grid = LAB_GRID + 2 * KV_GRID_FLOATS;
     const long long vectors = (long long)batch * tokens * hkv;
@@ -667,9 +678,12 @@ static void encode_lab() {
         const char* name;
         const void* kernel;
         bool search = false;  // run with the grids disabled
+        int per_sm = 128;     // blocks per SM in the launch, K and V together (the kernels loop)
     };
     const Enc encs[] = {{"library, binary search", (const void*)kv_encode_hadamard128_bf16, true},
                         {"library kv_encode_hadamard128_bf16 (grid)", (const void*)kv_encode_hadamard128_bf16},
+                        {"library, one wave of blocks (7 per SM)", (const void*)kv_encode_hadamard128_bf16, false, 7},
+                        {"library, two waves of blocks (14 per SM)", (const void*)kv_encode_hadamard128_bf16, false, 14},
                         {"pred loads", (const void*)kv3_encode_pred},
                         {"register nearest", (const void*)kv3_encode_reg},
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},
@@ -717,7 +731,8 @@ static void encode_lab() {
     for (const Enc& e : encs) {
         void* args[] = {e.search ? (void*)&p_search : (void*)&p};
         auto go = [&](cudaStream_t s) {
-            CHECK(cudaLaunchKernel(e.kernel, dim3(blocks, 2), dim3(128), args, 0, s));
+            const int launch_blocks = (int)std::min<long long>(blocks, std::max(1LL, (long long)e.per_sm * g_sms / 2));
+            CHECK(cudaLaunchKernel(e.kernel, dim3(launch_blocks, 2), dim3(128), args, 0, s));
         };
         CHECK(cudaMemset(c.pool, 0, pool_bytes));
         go(0);

@@ -30,7 +30,17 @@ struct KvEncodeParams {
     int page_tokens, max_pages, page_words, head_words, row_words_k, row_words_v, norm_words;
     float hadamard_norm;     // 1 / sqrt(d) as the CPU computes it (f32 sqrt, f32 divide)
     int grid;                // offset (floats) of the K and V nearest-level grids in consts
+    unsigned heads_magic, tokens_magic;  // n / kv_heads, n / tokens as `kv_divide` takes them
+    int heads_shift, tokens_shift;
+    int page_shift;          // log2(page_tokens)
 };
+
+// n / d for n < 2^31 by a multiply and a shift (Granlund-Montgomery): with l = ceil(log2 d) and
+// magic = floor(2^32 (2^l - d) / d) + 1 (the host computes both), n / d = (mulhi(n, magic) + n)
+// >> l; the sum stays below 2^32 because n < 2^31.
+__device__ __forceinline__ unsigned kv_divide(unsigned n, unsigned magic, int shift) {
+    return (__umulhi(n, magic) + n) >> shift;
+}
 
 // Offsets (in floats) into `consts`: levels and boundaries of K and V (256 each, boundaries
 // padded with +inf), then the Hadamard signs (d) or the dense matrix transposed (d x d).
@@ -82,9 +92,9 @@ __device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float
 __device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, int b, int t,
                                                int h, unsigned** row, unsigned** norms,
                                                int* slot) {
-    int at = __ldg(p.seq_lens + b) + t;
-    long long page = __ldg(p.block_table + (long long)b * p.max_pages + at / p.page_tokens);
-    *slot = at % p.page_tokens;
+    const int at = __ldg(p.seq_lens + b) + t;
+    const long long page = __ldg(p.block_table + (long long)b * p.max_pages + (at >> p.page_shift));
+    *slot = at & (p.page_tokens - 1);
     unsigned* head = p.pool + page * p.page_words + (long long)h * p.head_words;
     int kcodes = p.page_tokens * p.row_words_k;
     int vcodes = p.page_tokens * p.row_words_v;
@@ -171,12 +181,13 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;
     const int lane = threadIdx.x & 31, l = lane & 7, gbase = lane & 24;
-    // Bit j of `signs`: the sign of element 8 j + l is -1 (one register, not E).
-    static_assert(E <= 32, "one sign word per lane");
-    unsigned signs = 0;
+    // The sign bit of element 8 j + l's Hadamard sign (+-1.0f): taken from the float's bits, not
+    // chosen by a compare, so the compiler keeps one word per element for the one-instruction
+    // widening instead of rebuilding it from predicates per element.
+    unsigned sign_bit[E];
 #pragma unroll
     for (int j = 0; j < E; ++j)
-        signs |= p.consts[KV_C_ROTATION + 8 * j + l] < 0.0f ? 1u << j : 0u;
+        sign_bit[j] = __float_as_uint(__ldg(p.consts + KV_C_ROTATION + 8 * j + l)) & 0x80000000u;
     // The host keeps 4 x (vectors + warps) below 2^31.
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     const unsigned warps = gridDim.x * KV_ENC_WARPS;
@@ -187,9 +198,9 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
         bool valid = vec < total;
         unsigned b = 0, t = 0, h = 0;
         if (valid) {
-            const unsigned bt = vec / (unsigned)p.kv_heads;
+            const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
             h = vec - bt * (unsigned)p.kv_heads;
-            b = bt / (unsigned)p.tokens;
+            b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
             t = bt - b * (unsigned)p.tokens;
             valid = (int)t < __ldg(p.new_lens + b);
         }
@@ -199,13 +210,12 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
             const unsigned* in = (const unsigned*)src + (size_t)vec * (E * 8) + l;
 #pragma unroll
             for (int j = 0; j < E; ++j)
-                x[j] = kv_signed_input<DT>(valid ? __ldg(in + 8 * j) : 0u, (signs << (31 - j)) & 0x80000000u);
+                x[j] = kv_signed_input<DT>(valid ? __ldg(in + 8 * j) : 0u, sign_bit[j]);
         } else {
             const unsigned short* in = (const unsigned short*)src + (size_t)vec * (E * 8) + l;
 #pragma unroll
             for (int j = 0; j < E; ++j)
-                x[j] = kv_signed_input<DT>(valid ? (unsigned)__ldg(in + 8 * j) : 0u,
-                                         (signs << (31 - j)) & 0x80000000u);
+                x[j] = kv_signed_input<DT>(valid ? (unsigned)__ldg(in + 8 * j) : 0u, sign_bit[j]);
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) acc = __fadd_rn(acc, __fmul_rn(x[j], x[j]));
@@ -332,8 +342,8 @@ __device__ __forceinline__ void kv_encode_hadamard_kernel(const KvEncodeParams& 
     kv_encode_hadamard<E, DT>(p, levels, bounds, level_sq, cells);
 }
 
-// As many warps as fit without spills (long chains of ordered sums per vector), per dtype:
-// bf16 takes the fewest registers (its sign is folded into the widening).
+// As many warps as fit without spills (long chains of ordered sums per vector), per dtype (f16
+// widens through a conversion and takes the most registers).
 #define KV_ENCODE_HADAMARD(D, BLOCKS_F32, BLOCKS_F16, BLOCKS_BF16)                             \
     extern "C" __global__ void __launch_bounds__(128, BLOCKS_F32)                              \
         kv_encode_hadamard##D##_f32(KvEncodeParams p) {                                        \
@@ -348,7 +358,7 @@ __device__ __forceinline__ void kv_encode_hadamard_kernel(const KvEncodeParams& 
         kv_encode_hadamard_kernel<D / 8, DT_BF16>(p);                                          \
     }
 KV_ENCODE_HADAMARD(64, 8, 8, 8)
-KV_ENCODE_HADAMARD(128, 7, 6, 8)
+KV_ENCODE_HADAMARD(128, 7, 6, 7)
 KV_ENCODE_HADAMARD(256, 1, 1, 1)
 
 // Any d (the dense rotation): one warp per vector, the vector staged in shared memory, each

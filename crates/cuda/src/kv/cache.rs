@@ -56,6 +56,20 @@ pub(crate) struct EncodeParams {
     norm_words: i32,
     hadamard_norm: f32,
     grid: i32,
+    heads_magic: u32,
+    tokens_magic: u32,
+    heads_shift: i32,
+    tokens_shift: i32,
+    page_shift: i32,
+}
+
+/// (magic, shift) with `n / d == ((n * magic) >> 32) + n) >> shift` for every n < 2^31 (the
+/// kernels' `kv_divide`): shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1.
+fn divide_magic(d: u32) -> (u32, i32) {
+    debug_assert!(d >= 1 && d < 1 << 31);
+    let shift = 32 - (d - 1).leading_zeros();
+    let magic = ((1u64 << 32) * ((1u64 << shift) - u64::from(d))) / u64::from(d) + 1;
+    (magic as u32, shift as i32)
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -423,6 +437,11 @@ impl CudaPagedKvCache {
             hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
             // The grids are the constants' last 2 x GRID_FLOATS floats.
             grid: i32_of("grid offset", self.consts.shape()[0] - 2 * GRID_FLOATS)?,
+            heads_magic: divide_magic(s.kv_heads as u32).0,
+            heads_shift: divide_magic(s.kv_heads as u32).1,
+            tokens_magic: divide_magic(tokens as u32).0,
+            tokens_shift: divide_magic(tokens as u32).1,
+            page_shift: l.page_tokens.trailing_zeros() as i32,
         };
         let name = match (self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
             (true, 64, DType::F32) => "kv_encode_hadamard64_f32",
@@ -447,13 +466,19 @@ impl CudaPagedKvCache {
                 (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
             )));
         }
-        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. Enough blocks to fill
-        // the GPU several times over; the kernels loop over the rest.
+        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. One wave of resident
+        // blocks, each looping over its share: the tables each block builds are then built
+        // once per SM slot, not once per few vectors.
         let per_block = if name == "kv_encode_dense" { 4 } else { 16 };
+        let function = cuda.function(&SOURCE_ENCODE, name)?;
+        let resident = function
+            .occupancy_max_active_blocks_per_multiprocessor(128, 0, None)
+            .map_err(|e| driver_error("reading the encode kernel's occupancy", e))?
+            .max(1) as usize;
+        // Grid (blocks, 2): keys and values share the wave.
         let blocks = vectors
             .div_ceil(per_block)
-            .clamp(1, 64 * cuda.multiprocessors());
-        let function = cuda.function(&SOURCE_ENCODE, name)?;
+            .clamp(1, (resident * cuda.multiprocessors()).div_ceil(2));
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 2, 1),
             block_dim: (128, 1, 1),
@@ -488,5 +513,37 @@ impl CudaPagedKvCache {
         unsafe { builder.launch(config) }
             .map_err(|e| driver_error("launching kv_advance_lens", e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::divide_magic;
+
+    /// The kernels' division by a multiply and a shift equals integer division over n < 2^31.
+    #[test]
+    fn divide_magic_divides_exactly() {
+        let divisors = (1..=300u32).chain([1000, 4096, 8191, 65535, 65537, 1 << 20, (1 << 31) - 1]);
+        for d in divisors {
+            let (magic, shift) = divide_magic(d);
+            let divide =
+                |n: u32| (((u64::from(n) * u64::from(magic)) >> 32) + u64::from(n)) >> shift;
+            let mut n: u32 = 0;
+            let mut step = 1u32;
+            while n < 1 << 31 {
+                for m in [
+                    n,
+                    n.saturating_sub(1),
+                    n + 1,
+                    n.saturating_mul(d).min((1 << 31) - 1),
+                ] {
+                    assert_eq!(divide(m), u64::from(m / d), "{m} / {d}");
+                }
+                n = n.saturating_add(step);
+                step = step.saturating_mul(3) / 2 + 1;
+            }
+            let last = (1u32 << 31) - 1;
+            assert_eq!(divide(last), u64::from(last / d), "{last} / {d}");
+        }
     }
 }

@@ -466,19 +466,15 @@ impl CudaPagedKvCache {
                 (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
             )));
         }
-        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. One wave of resident
-        // blocks, each looping over its share: the tables each block builds are then built
-        // once per SM slot, not once per few vectors.
+        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. Many blocks of a few
+        // passes each: keys and values differ in cost, and the hardware balances small blocks
+        // across SMs where one wave of persistent blocks would leave some SMs idle at the end
+        // (measured slower: docs/cuda-kernel-log.md).
         let per_block = if name == "kv_encode_dense" { 4 } else { 16 };
-        let function = cuda.function(&SOURCE_ENCODE, name)?;
-        let resident = function
-            .occupancy_max_active_blocks_per_multiprocessor(128, 0, None)
-            .map_err(|e| driver_error("reading the encode kernel's occupancy", e))?
-            .max(1) as usize;
-        // Grid (blocks, 2): keys and values share the wave.
         let blocks = vectors
             .div_ceil(per_block)
-            .clamp(1, (resident * cuda.multiprocessors()).div_ceil(2));
+            .clamp(1, 64 * cuda.multiprocessors());
+        let function = cuda.function(&SOURCE_ENCODE, name)?;
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 2, 1),
             block_dim: (128, 1, 1),

@@ -37,15 +37,6 @@
 #include "attend_v3.cuh"
 #include "encode_v3.cuh"
 
-// The library's Hadamard encode with its sign words read from shared memory each pass, at 8
-// and 9 blocks per SM (the library holds them in registers at 7).
-extern "C" __global__ void __launch_bounds__(128, 8) lab_encode_shared_signs8(KvEncodeParams p) {
-    kv_encode_hadamard_kernel<16, DT_BF16, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(128, 9) lab_encode_shared_signs9(KvEncodeParams p) {
-    kv_encode_hadamard_kernel<16, DT_BF16, true>(p);
-}
-
 #define CHECK(x)                                                                              \
     do {                                                                                      \
         cudaError_t e_ = (x);                                                                 \
@@ -693,8 +684,6 @@ static void encode_lab() {
                         {"library kv_encode_hadamard128_bf16 (grid)", (const void*)kv_encode_hadamard128_bf16},
                         {"library, one wave of blocks (7 per SM)", (const void*)kv_encode_hadamard128_bf16, false, 7},
                         {"library, two waves of blocks (14 per SM)", (const void*)kv_encode_hadamard128_bf16, false, 14},
-                        {"signs from shared memory, 8 blocks/SM", (const void*)lab_encode_shared_signs8},
-                        {"signs from shared memory, 9 blocks/SM", (const void*)lab_encode_shared_signs9},
                         {"pred loads", (const void*)kv3_encode_pred},
                         {"register nearest", (const void*)kv3_encode_reg},
                         {"pred loads + register nearest", (const void*)kv3_encode_pred_reg},

@@ -148,18 +148,14 @@ __device__ __forceinline__ float kv_ordered_sum8(float acc, int gbase) {
 // elements i = 8 j + l (j < E): exactly the elements of the CPU's partial sum acc[l], and
 // the butterflies h < 8 are lane exchanges, h >= 8 register pairs. DT is the input dtype.
 //
-// Issue-bound, so the common path does the least per element: 32-bit index arithmetic, the
-// finiteness check only when the squared norm is not finite, the sign folded into the
-// widening, and the nearest level with its squared level from one 16-byte cell of the grid
-// (count, boundary, level(count)^2, level(count + 1)^2: the CPU's rounded squares).
-//
-// SHARED_SIGNS: the sign words are read from shared memory every pass (four 16-byte loads per
-// 16 elements, which the compiler may not hoist) instead of held in E registers, for more
-// blocks per SM.
-template <int E, int DT, bool SHARED_SIGNS>
+// Bound by instruction issue and by the L1 data pipe (the shuffles and the table loads), so the
+// common path does the least per element: 32-bit index arithmetic, the finiteness check only
+// when the squared norm is not finite, the sign folded into the widening, and the nearest level
+// with its squared level from one 16-byte cell of the grid (count, boundary, level(count)^2,
+// level(count + 1)^2: the CPU's rounded squares), read conflict-free from the lane's own copy.
+template <int E, int DT>
 __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, float* levels,
-                                                   float* bounds, float* level_sq, float4* cells,
-                                                   unsigned* sign_words) {
+                                                   float* bounds, float* level_sq, float4* cells) {
     const int kv = blockIdx.y;
     const int bits = kv == 0 ? p.bits_k : p.bits_v;
     const int words = kv == 0 ? p.words_k : p.words_v;
@@ -195,20 +191,9 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
     // chosen by a compare, so the compiler keeps one word per element for the one-instruction
     // widening instead of rebuilding it from predicates per element.
     unsigned sign_bit[E];
-    if (SHARED_SIGNS) {
-        // Lane l's words at [l][0..E), rows E + 4 words apart: the 16-byte loads of a
-        // quarter-warp (lanes l = 0..7) then hit eight distinct groups of four banks.
-        for (int i = threadIdx.x; i < 8 * E; i += blockDim.x) {
-            const int row = i % 8, j = i / 8;
-            sign_words[row * (E + 4) + j] =
-                __float_as_uint(__ldg(p.consts + KV_C_ROTATION + i)) & 0x80000000u;
-        }
-        __syncthreads();
-    } else {
 #pragma unroll
-        for (int j = 0; j < E; ++j)
-            sign_bit[j] = __float_as_uint(__ldg(p.consts + KV_C_ROTATION + 8 * j + l)) & 0x80000000u;
-    }
+    for (int j = 0; j < E; ++j)
+        sign_bit[j] = __float_as_uint(__ldg(p.consts + KV_C_ROTATION + 8 * j + l)) & 0x80000000u;
     // The host keeps 4 x (vectors + warps) below 2^31.
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     const unsigned warps = gridDim.x * KV_ENC_WARPS;
@@ -227,16 +212,6 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
         }
         float x[E];
         float acc = 0.0f;
-        if (SHARED_SIGNS) {
-            const unsigned address = shared_address(sign_words + l * (E + 4));
-#pragma unroll
-            for (int q = 0; q < E / 4; ++q) {
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(sign_bit[4 * q]), "=r"(sign_bit[4 * q + 1]),
-                               "=r"(sign_bit[4 * q + 2]), "=r"(sign_bit[4 * q + 3])
-                             : "r"(address + 16 * q));
-            }
-        }
         if (DT == DT_F32) {
             const unsigned* in = (const unsigned*)src + (size_t)vec * (E * 8) + l;
 #pragma unroll
@@ -364,14 +339,13 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
 
 // The kernel for d = 8 E and one input dtype: the tables in shared memory, then the body. One
 // kernel per dtype: a kernel holding all three bodies spills at these register bounds.
-template <int E, int DT, bool SHARED_SIGNS = false>
+template <int E, int DT>
 __device__ __forceinline__ void kv_encode_hadamard_kernel(const KvEncodeParams& p) {
     __shared__ float levels[256];
     __shared__ float bounds[256];
     __shared__ float level_sq[256];
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    __shared__ __align__(16) unsigned sign_words[SHARED_SIGNS ? 8 * (E + 4) : 4];
-    kv_encode_hadamard<E, DT, SHARED_SIGNS>(p, levels, bounds, level_sq, cells, sign_words);
+    kv_encode_hadamard<E, DT>(p, levels, bounds, level_sq, cells);
 }
 
 // As many warps as fit without spills (long chains of ordered sums per vector), per dtype (f16

@@ -158,6 +158,17 @@ __device__ __forceinline__ void kvm_load(const KvAttnParams& p, int head_off,
 
 // The block's shared state beside the dynamic area: level tables, the warps' weight exchange,
 // their (m, l) for the final merge, and q's power of two per row.
+// 2^e for -126 <= e <= 127, exactly, from the exponent field.
+__device__ __forceinline__ float kvm_pow2(int e) { return __int_as_float((e + 127) << 23); }
+
+// 2^x by the SFU alone: flushing results below 2^-126 to zero (exp2f's extra steps keep them
+// as subnormals) changes nothing a softmax weight next to the tile's largest one (1.0) holds.
+__device__ __forceinline__ float kvm_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 struct KvmShared {
     unsigned table_k[256];
     unsigned table_v[256];
@@ -298,11 +309,11 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
         const float m_new = fmaxf(run.m[y], mt);
-        alpha[y] = run.m[y] == KV_NEG_INF ? 0.0f : exp2f(run.m[y] - m_new);
+        alpha[y] = run.m[y] == KV_NEG_INF ? 0.0f : kvm_exp2(run.m[y] - m_new);
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : exp2f(s[i][y] - m_new);
+            pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : kvm_exp2(s[i][y] - m_new);
             sum += pw[i][y];
         }
         run.l[y] = run.l[y] * alpha[y] + sum;
@@ -312,16 +323,23 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
     float nmax = fmaxf(cur.vn[0], cur.vn[1]);
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
-    const int e_tile = nmax > 0.0f ? ilogbf(nmax) + 1 : -200;
+    // From the exponent field: nmax < 2^e_tile (a subnormal nmax counts as exponent -126).
+    const int e_tile = nmax > 0.0f ? max((int)(__float_as_uint(nmax) >> 23), 1) - 126 : -200;
     const int e_new = max(run.e, e_tile);
-    const float gamma = ldexpf(1.0f, run.e - e_new);
+    // Older tiles' sums fall by 2^(e - e_new); below 2^-126 of the new scale they are under f32's
+    // resolution of the sum, so they become 0 instead of a subnormal factor.
+    const int drop = run.e - e_new;
+    const float gamma = drop < -126 ? 0.0f : kvm_pow2(drop);
+    // The norms' scale 2^-e_new in two exact halves (e_new lies in [-200, 129]).
+    const int half_e = -e_new / 2;
+    const float scale_a = kvm_pow2(half_e), scale_b = kvm_pow2(-e_new - half_e);
     run.e = e_new;
     // W of tokens gid, gid + 8 and rows ra, ra + 1 to the warp's table, then read back in
     // B order: tokens tig + 4 j, row gid & 3.
     if (tig < 2) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const float nv = ldexpf(cur.vn[i], -e_new);
+            const float nv = cur.vn[i] * scale_a * scale_b;
 #pragma unroll
             for (int y = 0; y < 2; ++y) st.w[warp][gid + 8 * i][ra + y] = pw[i][y] * nv;
         }

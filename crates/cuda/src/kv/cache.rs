@@ -66,7 +66,7 @@ pub(crate) struct EncodeParams {
 /// (magic, shift) with `n / d == ((n * magic) >> 32) + n) >> shift` for every n < 2^31 (the
 /// kernels' `kv_divide`): shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1.
 fn divide_magic(d: u32) -> (u32, i32) {
-    debug_assert!(d >= 1 && d < 1 << 31);
+    debug_assert!((1..1 << 31).contains(&d));
     let shift = 32 - (d - 1).leading_zeros();
     let magic = ((1u64 << 32) * ((1u64 << shift) - u64::from(d))) / u64::from(d) + 1;
     (magic as u32, shift as i32)

@@ -320,11 +320,14 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
         const float m_new = fmaxf(run.m[y], mt);
-        alpha[y] = run.m[y] == KV_NEG_INF ? 0.0f : kvm_exp2(run.m[y] - m_new);
+        // exp2(-inf - finite) is 0, so a masked score or an empty running maximum needs no test
+        // of its own; only a row with nothing unmasked yet (m_new = -inf) subtracts 0 instead.
+        const float m_sub = m_new == KV_NEG_INF ? 0.0f : m_new;
+        alpha[y] = kvm_exp2(run.m[y] - m_sub);
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            pw[i][y] = s[i][y] == KV_NEG_INF ? 0.0f : kvm_exp2(s[i][y] - m_new);
+            pw[i][y] = kvm_exp2(s[i][y] - m_sub);
             sum += pw[i][y];
         }
         run.l[y] = run.l[y] * alpha[y] + sum;

@@ -167,8 +167,6 @@ __device__ __forceinline__ void kvm_load(const KvAttnParams& p, int head_off,
     }
 }
 
-// The block's shared state beside the dynamic area: level tables, the warps' weight exchange,
-// their (m, l) for the final merge, and q's power of two per row.
 // 2^e for -126 <= e <= 127, exactly, from the exponent field.
 __device__ __forceinline__ float kvm_pow2(int e) { return __int_as_float((e + 127) << 23); }
 
@@ -180,6 +178,8 @@ __device__ __forceinline__ float kvm_exp2(float x) {
     return y;
 }
 
+// The block's shared state beside the dynamic area: level tables, the warps' weight exchange,
+// their (m, l) for the final merge, and q's power of two per row.
 struct KvmShared {
     unsigned table_k[256];
     unsigned table_v[256];

@@ -86,7 +86,7 @@ const GRID_CELLS: usize = 64;
 pub(crate) const GRID_FLOATS: usize = 4 + 2 * GRID_CELLS;
 
 /// The uniform grid over a codebook's boundaries that the encode looks the nearest level up
-/// in (`kv_nearest_grid`): b0, inv_step, 1 (enabled), 0, then per cell the count of boundaries
+/// in (`kernels/kv_encode.cu`): b0, inv_step, 1 (enabled), 0, then per cell the count of boundaries
 /// in lower cells and the cell's own boundary (+inf if none). The cell of u is
 /// `clamp(floor((u - b0) * inv_step), 0, cells - 1)` in f32 here and on the GPU alike; the
 /// largest spacing count that puts every boundary in its own cell is taken. All zero

@@ -154,24 +154,24 @@ __device__ __forceinline__ float kv_ordered_sum8(float acc, int gbase) {
 // with its squared level from one 16-byte cell of the grid (count, boundary, level(count)^2,
 // level(count + 1)^2: the CPU's rounded squares), read conflict-free from the lane's own copy.
 template <int E, int DT>
-__device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, float* levels,
-                                                   float* bounds, float* level_sq, float4* cells) {
+__device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, float* bounds,
+                                                   float* level_sq, float4* cells) {
     const int kv = blockIdx.y;
     const int bits = kv == 0 ? p.bits_k : p.bits_v;
     const int words = kv == 0 ? p.words_k : p.words_v;
     const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
     const float* src_levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
     const float* src_bounds = p.consts + (kv == 0 ? KV_C_BOUNDS_K : KV_C_BOUNDS_V);
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-        const float c = src_levels[i];
-        levels[i] = c;
-        level_sq[i] = __fmul_rn(c, c);
-        bounds[i] = src_bounds[i];
-    }
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     const float grid_b0 = grid[0], grid_inv = grid[1];
     const bool use_grid = grid[2] != 0.0f;
-    if (use_grid) {
+    if (!use_grid) {  // the binary search's boundaries and squared levels
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+            const float c = src_levels[i];
+            level_sq[i] = __fmul_rn(c, c);
+            bounds[i] = src_bounds[i];
+        }
+    } else {
         // Eight copies of the table, cell g's copy c at [g][c]: lane l of a vector reads copy
         // l, so the eight lanes of a quarter-warp's 16-byte loads always hit eight distinct
         // groups of four banks (one copy: random cells collide, and those conflicts made the
@@ -341,11 +341,10 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
 // kernel per dtype: a kernel holding all three bodies spills at these register bounds.
 template <int E, int DT>
 __device__ __forceinline__ void kv_encode_hadamard_kernel(const KvEncodeParams& p) {
-    __shared__ float levels[256];
     __shared__ float bounds[256];
     __shared__ float level_sq[256];
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    kv_encode_hadamard<E, DT>(p, levels, bounds, level_sq, cells);
+    kv_encode_hadamard<E, DT>(p, bounds, level_sq, cells);
 }
 
 // As many warps as fit without spills (long chains of ordered sums per vector), per dtype (f16

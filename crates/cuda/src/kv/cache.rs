@@ -408,6 +408,8 @@ impl CudaPagedKvCache {
         self.new_lens
             .copy_from_host(cuda, &HostTensor::from_i32(vec![batch], counts)?)?;
         let l = &self.layout;
+        let (heads_magic, heads_shift) = divide_magic(s.kv_heads as u32);
+        let (tokens_magic, tokens_shift) = divide_magic(tokens as u32);
         let params = EncodeParams {
             k: k.device_address(cuda),
             v: v.device_address(cuda),
@@ -437,10 +439,10 @@ impl CudaPagedKvCache {
             hadamard_norm: 1.0 / (s.dim as f32).sqrt(),
             // The grids are the constants' last 2 x GRID_FLOATS floats.
             grid: i32_of("grid offset", self.consts.shape()[0] - 2 * GRID_FLOATS)?,
-            heads_magic: divide_magic(s.kv_heads as u32).0,
-            heads_shift: divide_magic(s.kv_heads as u32).1,
-            tokens_magic: divide_magic(tokens as u32).0,
-            tokens_shift: divide_magic(tokens as u32).1,
+            heads_magic,
+            heads_shift,
+            tokens_magic,
+            tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
         };
         let name = match (self.k.rotation.is_hadamard(), s.dim, k.dtype()) {

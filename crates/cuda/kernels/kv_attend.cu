@@ -442,21 +442,55 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows8(KvAt
 }
 #endif
 
-// Pass 2: one block of dim_pad threads per output row (b, i, head).
+// Pass 2: one block of dim_pad threads per output row (b, i, head). The splits' weights
+// e^(m_s - m) are formed once per row in shared memory (dynamic: `splits` floats, 0 for a split
+// that saw no token), then every thread sums its dimension over the splits in split order,
+// eight splits' loads in flight at a time: the row's merge is a few memory latencies, not one
+// per split.
 extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
     __shared__ float y[256];
+    __shared__ float warp_max[8];
+    extern __shared__ float kv_merge_weight[];  // [splits]
     const long long row = blockIdx.x;
-    const int c = threadIdx.x, d = p.dim;
+    const int c = threadIdx.x, d = p.dim, threads = blockDim.x;
+    const int lane = c & 31, warp = c >> 5;
     const float* ml = p.part_ml + row * p.splits * 2;
     float m = KV_NEG_INF;
-    for (int s = 0; s < p.splits; ++s) m = fmaxf(m, ml[2 * s]);
-    float l = 0.0f, a = 0.0f;
-    for (int s = 0; s < p.splits; ++s) {
+    for (int s = c; s < p.splits; s += threads) m = fmaxf(m, ml[2 * s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(KV_FULLMASK, m, o));
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    m = warp_max[0];
+    for (int w = 1; w < threads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    for (int s = c; s < p.splits; s += threads) {
         const float ms = ml[2 * s];
-        if (ms == KV_NEG_INF) continue;
-        const float e = p.ml_log2 ? exp2f(ms - m) : expf(ms - m);
+        kv_merge_weight[s] =
+            ms == KV_NEG_INF ? 0.0f : (p.ml_log2 ? exp2f(ms - m) : expf(ms - m));
+    }
+    __syncthreads();
+    // fmaf(x, 0, sum) leaves sum as it is, so an empty split (its l and a are 0) adds nothing.
+    const float* acc = p.part_acc + row * p.splits * p.dim_pad + c;
+    float l = 0.0f, a = 0.0f;
+    int s = 0;
+    for (; s + 8 <= p.splits; s += 8) {
+        float x[8], ls[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            x[k] = acc[(long long)(s + k) * p.dim_pad];
+            ls[k] = ml[2 * (s + k) + 1];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float e = kv_merge_weight[s + k];
+            l = fmaf(ls[k], e, l);
+            a = fmaf(x[k], e, a);
+        }
+    }
+    for (; s < p.splits; ++s) {
+        const float e = kv_merge_weight[s];
         l = fmaf(ml[2 * s + 1], e, l);
-        a = fmaf(p.part_acc[(row * p.splits + s) * p.dim_pad + c], e, a);
+        a = fmaf(acc[(long long)s * p.dim_pad], e, a);
     }
     y[c] = l > 0.0f ? a / l : 0.0f;
     __syncthreads();

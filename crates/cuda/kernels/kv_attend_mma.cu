@@ -167,6 +167,13 @@ __device__ __forceinline__ void kvm_load(const KvAttnParams& p, int head_off,
     }
 }
 
+__device__ __forceinline__ uint3 kvm_volatile_ctaid() {
+    uint3 c;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n\tmov.u32 %1, %%ctaid.y;\n\tmov.u32 %2, %%ctaid.z;"
+                 : "=r"(c.x), "=r"(c.y), "=r"(c.z));
+    return c;
+}
+
 // 2^e for -126 <= e <= 127, exactly, from the exponent field.
 __device__ __forceinline__ float kvm_pow2(int e) { return __int_as_float((e + 127) << 23); }
 
@@ -186,6 +193,7 @@ struct KvmShared {
     uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
     float w[KVM_WARPS][KVM_TILE][4];
     float ml[KVM_WARPS][4][2];
+    float warp_factor[4][KVM_WARPS];  // kvm_finish: 2^(m_w - m) per row and warp
     float row_scale[4];
 };
 
@@ -199,34 +207,129 @@ struct KvmRun {
     float sfac[2];  // score scale: log2 e / (q's and the key table's powers of two)
 };
 
+// The prologue's global reads, issued first in the block so that they do not queue behind its
+// bulk copies: the level-table entries this thread fills (tables of up to 4 bits) and, when the rotation is a Hadamard
+// of size DP (then warp r rotates row r in registers, kvm_rotate_row), row `warp`'s q with the
+// rotation's signs, DP/32 consecutive elements per lane. Other rotations read q in
+// kv_rotate_queries.
+template <int BK, int BV, int DP>
+struct KvmEarly {
+    static constexpr int E = DP / 32;
+    // 8-bit tables (two entries per thread) are read in kvm_prologue: held here, their
+    // registers spill the d = 128 pages kernels.
+    static constexpr bool TABLES = BK < 8 && BV < 8;
+    unsigned q_bits[E];
+    float sign[E];
+    float lk, lv;  // entry threadIdx.x of each table (TABLES)
+    bool in_registers;  // q read here (a Hadamard of size DP)
+};
+
+template <int BK, int BV, int DP>
+__device__ __forceinline__ void kvm_early_loads(const KvAttnParams& p, int b, int h, int chunk,
+                                                KvmEarly<BK, BV, DP>& x) {
+    constexpr int E = DP / 32;
+    const int lane = threadIdx.x & 31, row = chunk * 4 + (threadIdx.x >> 5);
+    if (x.TABLES) {
+        x.lk = threadIdx.x < (1 << BK) ? p.consts[threadIdx.x] : 0.0f;
+        x.lv = threadIdx.x < (1 << BV) ? p.consts[512 + threadIdx.x] : 0.0f;
+    }
+    x.in_registers = p.hadamard && p.dim == DP;
+    const bool live = x.in_registers && row < p.rows;
+    long long at = 0;
+    if (live) {
+        const int i = row / p.group, g = row % p.group;
+        at = (((long long)b * p.tq + i) * p.hq + h * p.group + g) * DP + lane * E;
+    }
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+        x.q_bits[k] = live ? load_bits(p.q, at + k, p.q_dtype) : 0u;
+        x.sign[k] = live ? p.consts[1024 + lane * E + k] : 0.0f;
+    }
+}
+
+// Row `warp` of q' = Pi (scale q) for a Hadamard of size DP, from kvm_early_loads' registers,
+// into q[warp][..]: butterflies of spans below DP/32 within a lane, wider ones across lanes by
+// shuffles, in the CPU's order of spans (the same sums as kv_rotate_queries). Returns the row's
+// largest |q'| (every lane).
+template <int BK, int BV, int DP>
+__device__ __forceinline__ float kvm_rotate_row(const KvAttnParams& p,
+                                                const KvmEarly<BK, BV, DP>& early, float* q) {
+    constexpr int E = DP / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float x[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+        x[k] = bits_to_float(early.q_bits[k], p.q_dtype) * p.scale;
+        x[k] *= early.sign[k];
+    }
+#pragma unroll
+    for (int span = 1; span < E; span <<= 1) {
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            if (!(k & span)) {
+                const float a = x[k], c = x[k + span];
+                x[k] = a + c;
+                x[k + span] = a - c;
+            }
+        }
+    }
+#pragma unroll
+    for (int span = E; span < DP; span <<= 1) {
+        const int lanes = span / E;
+        const bool upper = lane & lanes;
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const float other = __shfl_xor_sync(KV_FULLMASK, x[k], lanes);
+            x[k] = upper ? other - x[k] : x[k] + other;
+        }
+    }
+    float mx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+        const float v = x[k] * p.hadamard_norm;
+        q[warp * DP + lane * E + k] = v;
+        mx = fmaxf(mx, fabsf(v));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULLMASK, mx, o));
+    return mx;
+}
+
 // Tables, q' (rotated, scaled into f16's range) and the score B fragments in bq_s
 // ([DP/8 steps][32 lanes]); ends with a barrier. q and qin: [4][DP] each.
 template <int BK, int BV, int DP>
-__device__ __forceinline__ void kvm_prologue(const KvAttnParams& p, KvmShared& st, float* q,
+__device__ __forceinline__ void kvm_prologue(const KvAttnParams& p, KvmShared& st,
+                                             const KvmEarly<BK, BV, DP>& early, float* q,
                                              float* qin, uint2* bq_s, int b, int h, int chunk) {
     constexpr int ROWS = 4, KM = DP / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    for (int i = threadIdx.x; i < (1 << BK); i += KV_THREADS)
-        st.table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
-    for (int i = threadIdx.x; i < (1 << BV); i += KV_THREADS)
-        st.table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
-    if (BV == 2 && threadIdx.x < 16)
-        st.table_v2[threadIdx.x] =
-            make_uint2(kvm_split(p.consts[512 + (threadIdx.x & 3)] * p.level_scale_v),
-                       kvm_split(p.consts[512 + (threadIdx.x >> 2)] * p.level_scale_v));
-    KvSmem sm;
-    sm.q = q;
-    sm.qin = qin;
-    kv_rotate_queries<ROWS>(p, sm, b, h, chunk);
+    if (early.TABLES) {
+        if (threadIdx.x < (1 << BK)) st.table_k[threadIdx.x] = kvm_split(early.lk * p.level_scale_k);
+        if (threadIdx.x < (1 << BV)) st.table_v[threadIdx.x] = kvm_split(early.lv * p.level_scale_v);
+    } else {
+        for (int i = threadIdx.x; i < (1 << BK); i += KV_THREADS)
+            st.table_k[i] = kvm_split(p.consts[i] * p.level_scale_k);
+        for (int i = threadIdx.x; i < (1 << BV); i += KV_THREADS)
+            st.table_v[i] = kvm_split(p.consts[512 + i] * p.level_scale_v);
+    }
     // Row r's q scaled by 2^-e (e = the exponent of its largest |q|): f16 hi/lo keep it whole.
-    {
-        float mx = 0.0f;
+    float mx = 0.0f;
+    if (early.in_registers) {
+        mx = kvm_rotate_row<BK, BV, DP>(p, early, q);
+    } else {
+        KvSmem sm;
+        sm.q = q;
+        sm.qin = qin;
+        kv_rotate_queries<ROWS>(p, sm, b, h, chunk);
         for (int c = lane; c < DP; c += 32) mx = fmaxf(mx, fabsf(q[warp * DP + c]));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULLMASK, mx, o));
-        if (lane == 0) st.row_scale[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
     }
+    if (lane == 0) st.row_scale[warp] = mx > 0.0f ? ldexpf(1.0f, min(-ilogbf(mx), 126)) : 1.0f;
     __syncthreads();
+    // 2-bit values: both words of a code pair (one nibble) from the filled table.
+    if (BV == 2 && threadIdx.x < 16)
+        st.table_v2[threadIdx.x] = make_uint2(st.table_v[threadIdx.x & 3], st.table_v[threadIdx.x >> 2]);
     // Score B words, per lane (the same for every warp): step m, dimensions DP/4 tig + 2m (x)
     // and + 1 (y), row gid & 3.
     if (warp == 0) {
@@ -404,10 +507,16 @@ __device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const
 // [KVM_WARPS][4][DP] floats of shared memory no warp uses any more.
 template <int DP>
 __device__ __forceinline__ void kvm_finish(const KvAttnParams& p, KvmShared& st,
-                                           KvmRun<DP / 16>& run, float* red, int b, int h,
-                                           int chunk, int split) {
+                                           KvmRun<DP / 16>& run, float* red) {
     constexpr int ROWS = 4, VM = DP / 16;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    // The block's coordinates read again here by volatile reads, which the compiler cannot
+    // hoist above the loop: values formed from them would otherwise be held in registers
+    // through it (the d = 128 pages kernels spilled at the 168-register bound of 3 blocks/SM).
+    const int tid = threadIdx.x;
+    const uint3 block = kvm_volatile_ctaid();
+    const int split = block.x, h = block.y / p.row_chunks, chunk = block.y % p.row_chunks;
+    const int b = block.z;
+    const int lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const int ra = 2 * (tig & 1);
 #pragma unroll
     for (int y = 0; y < 2; ++y) {
@@ -433,28 +542,43 @@ __device__ __forceinline__ void kvm_finish(const KvAttnParams& p, KvmShared& st,
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < ROWS * DP; idx += KV_THREADS) {
-        const int r = idx / DP, c = idx % DP, row = chunk * ROWS + r;
-        if (row >= p.rows) continue;
+    // Each warp's factor 2^(m_w - m) per row (0 for a warp that saw none of the row's tokens),
+    // then every thread sums four dimensions of a row over the warps in warp order.
+    if (tid < ROWS * KVM_WARPS) {
+        const int r = tid / KVM_WARPS, w = tid % KVM_WARPS;
         float m = KV_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < KVM_WARPS; ++w) m = fmaxf(m, st.ml[w][r][0]);
-        float sum = 0.0f, l = 0.0f;
-        if (m != KV_NEG_INF) {
+        for (int v = 0; v < KVM_WARPS; ++v) m = fmaxf(m, st.ml[v][r][0]);
+        const float mw = st.ml[w][r][0];
+        st.warp_factor[r][w] = mw == KV_NEG_INF ? 0.0f : exp2f(mw - m);
+    }
+    __syncthreads();
+    constexpr int QUADS = DP / 4;
+    for (int idx = tid; idx < ROWS * QUADS; idx += KV_THREADS) {
+        const int r = idx / QUADS, c = 4 * (idx % QUADS), row = chunk * ROWS + r;
+        if (row >= p.rows) continue;
+        // fmaf(x, 0, sum) leaves sum as it is: a warp with factor 0 adds nothing.
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int w = 0; w < KVM_WARPS; ++w) {
-                const float mw = st.ml[w][r][0];
-                if (mw == KV_NEG_INF) continue;
-                const float f = exp2f(mw - m);
-                sum = fmaf(red[(w * ROWS + r) * DP + c], f, sum);
-                l = fmaf(st.ml[w][r][1], f, l);
-            }
+        for (int w = 0; w < KVM_WARPS; ++w) {
+            const float f = st.warp_factor[r][w];
+            const float4 x = *(const float4*)(red + (w * ROWS + r) * DP + c);
+            sum.x = fmaf(x.x, f, sum.x);
+            sum.y = fmaf(x.y, f, sum.y);
+            sum.z = fmaf(x.z, f, sum.z);
+            sum.w = fmaf(x.w, f, sum.w);
         }
         const int i = row / p.group, g = row % p.group;
         const long long out_row = ((long long)b * p.tq + i) * p.hq + h * p.group + g;
         const long long part = out_row * p.splits + split;
-        p.part_acc[part * DP + c] = sum;
+        *(float4*)(p.part_acc + part * DP + c) = sum;
         if (c == 0) {
+            float m = KV_NEG_INF, l = 0.0f;
+#pragma unroll
+            for (int w = 0; w < KVM_WARPS; ++w) {
+                m = fmaxf(m, st.ml[w][r][0]);
+                l = fmaf(st.ml[w][r][1], st.warp_factor[r][w], l);
+            }
             p.part_ml[2 * part] = m;
             p.part_ml[2 * part + 1] = l;
         }
@@ -476,7 +600,9 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
     const int split = blockIdx.x, h = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
     const int b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    kvm_prologue<BK, BV, DP>(p, st, q, qin, bq_s, b, h, chunk);
+    KvmEarly<BK, BV, DP> early;
+    kvm_early_loads<BK, BV, DP>(p, b, h, chunk, early);
+    kvm_prologue<BK, BV, DP>(p, st, early, q, qin, bq_s, b, h, chunk);
     const int len = p.seq_lens[b];
     KvmRun<DP / 16> run;
     kvm_run_init(p, st, len, chunk, run);
@@ -499,7 +625,7 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
         kvm_step<BK, BV, DP, false>(st, bq_s, nullptr, cur, t * KVM_TILE, run);
         if (PREFETCH) cur = nxt;
     }
-    kvm_finish<DP>(p, st, run, red, b, h, chunk, split);
+    kvm_finish<DP>(p, st, run, red);
 }
 
 // One module per bit-width pair (KVM_BK, KVM_BV defined ahead of kv_attend.cu), so a process

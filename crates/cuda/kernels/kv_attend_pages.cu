@@ -82,15 +82,17 @@ __device__ __forceinline__ void kvp_load(const KvAttnParams& p, const unsigned* 
 // Lane 0 refills stage `stage` (done with by every lane) with the warp's copy `it`, if any,
 // and reads the table entry of the copy after it.
 __device__ __forceinline__ void kvp_refill(const KvAttnParams& p, const int* table_row,
-                                          const unsigned* head0, unsigned* ring,
+                                          unsigned* ring,
                                           unsigned long long* bar, int stage, int it, int n_mine,
-                                          int first_mine, long long& next_page) {
+                                          int first_mine, int& next_page) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0 && it < n_mine) {
         // The lanes' reads of the stage come before the copy's writes.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         const long long page = next_page;
         if (it + 1 < n_mine) next_page = table_row[first_mine + KVM_WARPS * (it + 1)];
+        // The head's section offset formed here, not held in a register through the loop.
+        const unsigned* head0 = p.pool + (long long)(blockIdx.y / p.row_chunks) * p.head_words;
         kvp_bulk_load(ring + stage * p.head_words, head0 + page * p.page_words, 4u * p.head_words,
                       bar);
     }
@@ -113,6 +115,8 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     const int b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
 
+    KvmEarly<BK, BV, DP> early;
+    kvm_early_loads<BK, BV, DP>(p, b, h, chunk, early);
     // The split's pages and this warp's share; its first copies go out before the prologue.
     const int len = p.seq_lens[b];
     const int reach = kvm_reach(p, len, chunk);
@@ -127,7 +131,7 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     const unsigned* head0 = p.pool + (long long)h * p.head_words;
     unsigned* ring = rings + warp * KVP_STAGES * section_words;
     const unsigned section_bytes = 4u * section_words;
-    long long next_page = 0;  // lane 0: the table entry of the next copy
+    int next_page = 0;  // lane 0: the table entry of the next copy
     if (lane == 0) {
 #pragma unroll
         for (int s = 0; s < KVP_STAGES; ++s) kvp_bar_init(&full[warp][s]);
@@ -139,7 +143,7 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
                           &full[warp][s]);
         }
     }
-    kvm_prologue<BK, BV, DP>(p, st, q, qin, bq_s, b, h, chunk);  // barriers publish the mbarriers
+    kvm_prologue<BK, BV, DP>(p, st, early, q, qin, bq_s, b, h, chunk);  // barriers publish the mbarriers
     uint2 bq_r[QREG ? KM : 1];
     if (QREG) {
 #pragma unroll
@@ -157,12 +161,12 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
             kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
             kvm_step<BK, BV, DP, QREG>(st, bq_s, bq_r, cur, page_first + off, run);
         }
-        kvp_refill(p, table_row, head0, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
+        kvp_refill(p, table_row, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
                    first_mine, next_page);
     }
     // Every copy has been waited for; the rings hold the warps' partial outputs from here.
     __syncthreads();
-    kvm_finish<DP>(p, st, run, (float*)rings, b, h, chunk, split);
+    kvm_finish<DP>(p, st, run, (float*)rings);
 }
 
 #define KVP_KERNEL(BK, BV, DP, MIN_BLOCKS)                                 \

@@ -122,10 +122,15 @@ fn shared_limits(cuda: &Cuda) -> Result<(usize, usize)> {
     ))
 }
 
+/// The most splits a launch takes: pass 2 holds one merge weight per split in shared memory
+/// (32 KB at this bound).
+pub const MAX_SPLITS: usize = 8192;
+
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaAttnOptions {
-    /// Splits of each sequence's tokens; `None`: one full wave of resident blocks.
+    /// Splits of each sequence's tokens (at most [`MAX_SPLITS`] and one per 16-token tile);
+    /// `None`: one full wave of resident blocks.
     pub splits: Option<usize>,
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.
@@ -325,7 +330,7 @@ pub fn prepare_attend(
     let splits = options
         .splits
         .unwrap_or_else(|| (per_sm * cuda.multiprocessors() / blocks_per_split).max(1))
-        .clamp(1, max_tiles);
+        .clamp(1, max_tiles.min(MAX_SPLITS));
     if batch > 65535 || s.kv_heads * row_chunks > 65535 {
         return Err(Error::Unsupported(format!(
             "CUDA attention takes at most 65535 sequences and 65535 head x row chunks, got B = {batch}, {}",
@@ -397,7 +402,8 @@ pub fn prepare_attend(
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
             block_dim: (dim_pad as u32, 1, 1),
-            shared_mem_bytes: 0,
+            // The splits' merge weights.
+            shared_mem_bytes: (4 * splits) as u32,
         },
         _part_ml: part_ml,
         _part_acc: part_acc,

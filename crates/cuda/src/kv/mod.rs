@@ -25,7 +25,7 @@
 pub mod attend;
 pub mod cache;
 
-pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, attend, prepare_attend};
+pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, MAX_SPLITS, attend, prepare_attend};
 pub use cache::{CudaPagedKvCache, EncodeLaunch};
 
 use crate::compile::KernelSource;

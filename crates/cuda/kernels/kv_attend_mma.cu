@@ -191,7 +191,7 @@ struct KvmShared {
     unsigned table_k[256];
     unsigned table_v[256];
     uint2 table_v2[16];  // 2-bit values: both words of a code pair (one nibble)
-    float w[KVM_WARPS][KVM_TILE][4];
+    float w[KVM_WARPS][2 * KVM_TILE][4];  // up to two tiles' weights per softmax step
     float ml[KVM_WARPS][4][2];
     float warp_factor[4][KVM_WARPS];  // kvm_finish: 2^(m_w - m) per row and warp
     float row_scale[4];
@@ -395,31 +395,38 @@ __device__ __forceinline__ void kvm_scores(const KvmShared& st, const uint2* bq_
     }
 }
 
-// A tile (tokens first ..+ 15) into the warp's run, from its scores: online softmax, values.
-template <int BV, int DP, int KW, int VW>
-__device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>& cur,
-                                           const float (&sc)[2][4], int first, KvmRun<DP / 16>& run) {
+// NT tiles (tokens first ..+ 16 NT - 1) into the warp's run, from their scores: one online
+// softmax step over all NT tiles (one maximum, one rescale of the accumulators), then values.
+template <int BV, int DP, int KW, int VW, int NT>
+__device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW> (&cur)[NT],
+                                           const float (&sc)[NT][2][4], int first,
+                                           KvmRun<DP / 16>& run) {
     constexpr int VM = DP / 16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const bool lo_col = gid >= 4;
     const int ra = 2 * (tig & 1);
-    // s[i][y]: token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
-    float s[2][2];
+    // s[t][i][y]: tile t, token gid + 8 i, row ra + y; columns c and c + 4 are lanes tig and tig ^ 2.
+    float s[NT][2][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int t = 0; t < NT; ++t) {
 #pragma unroll
-        for (int y = 0; y < 2; ++y) {
-            const float part = sc[0][2 * i + y] + sc[1][2 * i + y];
-            const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
-            const int token = first + gid + 8 * i;
-            s[i][y] = token < run.lim[y] ? full * cur.kn[i] * run.sfac[y] : KV_NEG_INF;
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+                const float part = sc[t][0][2 * i + y] + sc[t][1][2 * i + y];
+                const float full = part + __shfl_xor_sync(KV_FULLMASK, part, 2);
+                const int token = first + KVM_TILE * t + gid + 8 * i;
+                s[t][i][y] = token < run.lim[y] ? full * cur[t].kn[i] * run.sfac[y] : KV_NEG_INF;
+            }
         }
     }
-    // Online softmax (base 2) for rows ra, ra + 1 over the tile's 16 tokens.
-    float alpha[2], pw[2][2];
+    // Online softmax (base 2) for rows ra, ra + 1 over the step's 16 NT tokens.
+    float alpha[2], pw[NT][2][2];
 #pragma unroll
     for (int y = 0; y < 2; ++y) {
-        float mt = fmaxf(s[0][y], s[1][y]);
+        float mt = fmaxf(s[0][0][y], s[0][1][y]);
+#pragma unroll
+        for (int t = 1; t < NT; ++t) mt = fmaxf(mt, fmaxf(s[t][0][y], s[t][1][y]));
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(KV_FULLMASK, mt, o));
         const float m_new = fmaxf(run.m[y], mt);
@@ -429,15 +436,20 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
         alpha[y] = kvm_exp2(run.m[y] - m_sub);
         float sum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            pw[i][y] = kvm_exp2(s[i][y] - m_sub);
-            sum += pw[i][y];
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                pw[t][i][y] = kvm_exp2(s[t][i][y] - m_sub);
+                sum += pw[t][i][y];
+            }
         }
         run.l[y] = run.l[y] * alpha[y] + sum;
         run.m[y] = m_new;
     }
-    // The value scale: e at least the exponent of the tile's largest value norm.
-    float nmax = fmaxf(cur.vn[0], cur.vn[1]);
+    // The value scale: e at least the exponent of the step's largest value norm.
+    float nmax = fmaxf(cur[0].vn[0], cur[0].vn[1]);
+#pragma unroll
+    for (int t = 1; t < NT; ++t) nmax = fmaxf(nmax, fmaxf(cur[t].vn[0], cur[t].vn[1]));
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) nmax = fmaxf(nmax, __shfl_xor_sync(KV_FULLMASK, nmax, o));
     // From the exponent field: nmax < 2^e_tile (a subnormal nmax counts as exponent -126).
@@ -455,35 +467,47 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
     // B order: tokens tig + 4 j, row gid & 3.
     if (tig < 2) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const float nv = cur.vn[i] * scale_a * scale_b;
+        for (int t = 0; t < NT; ++t) {
 #pragma unroll
-            for (int y = 0; y < 2; ++y) st.w[warp][gid + 8 * i][ra + y] = pw[i][y] * nv;
+            for (int i = 0; i < 2; ++i) {
+                const float nv = cur[t].vn[i] * scale_a * scale_b;
+#pragma unroll
+                for (int y = 0; y < 2; ++y)
+                    st.w[warp][KVM_TILE * t + gid + 8 * i][ra + y] = pw[t][i][y] * nv;
+            }
         }
     }
     __syncwarp();
-    unsigned bw[4];
+    unsigned bw[NT][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) bw[j] = kvm_bword(st.w[warp][tig + 4 * j][gid & 3], lo_col);
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            bw[t][j] = kvm_bword(st.w[warp][KVM_TILE * t + tig + 4 * j][gid & 3], lo_col);
+    }
     __syncwarp();
     const float fa = alpha[0] * gamma, fb = alpha[1] * gamma;
 #pragma unroll
     for (int c = 0; c < VM; ++c) {
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int sp = 0; sp < 2; ++sp) {
-            if (BV == 2) {
-                // Dimensions 2c and 2c + 1 are nibble c % 8 of word c / 8 (d = 256 gives a
-                // lane 32 dimensions, two words): one 8-byte load.
-                const uint2 x = kvm_pair(st.table_v2, cur.v[2 * sp][c / 8], c % 8);
-                const uint2 y = kvm_pair(st.table_v2, cur.v[2 * sp + 1][c / 8], c % 8);
-                kvm_mma(d, x.x, x.y, y.x, y.y, bw[2 * sp], bw[2 * sp + 1]);
-            } else {
-                const unsigned a0 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp], 2 * c));
-                const unsigned a1 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp], 2 * c + 1));
-                const unsigned a2 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp + 1], 2 * c));
-                const unsigned a3 = kvm_table(st.table_v, kvm_off<BV>(cur.v[2 * sp + 1], 2 * c + 1));
-                kvm_mma(d, a0, a1, a2, a3, bw[2 * sp], bw[2 * sp + 1]);
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int sp = 0; sp < 2; ++sp) {
+                if (BV == 2) {
+                    // Dimensions 2c and 2c + 1 are nibble c % 8 of word c / 8 (d = 256 gives a
+                    // lane 32 dimensions, two words): one 8-byte load.
+                    const uint2 x = kvm_pair(st.table_v2, cur[t].v[2 * sp][c / 8], c % 8);
+                    const uint2 y = kvm_pair(st.table_v2, cur[t].v[2 * sp + 1][c / 8], c % 8);
+                    kvm_mma(d, x.x, x.y, y.x, y.y, bw[t][2 * sp], bw[t][2 * sp + 1]);
+                } else {
+                    const unsigned a0 = kvm_table(st.table_v, kvm_off<BV>(cur[t].v[2 * sp], 2 * c));
+                    const unsigned a1 = kvm_table(st.table_v, kvm_off<BV>(cur[t].v[2 * sp], 2 * c + 1));
+                    const unsigned a2 = kvm_table(st.table_v, kvm_off<BV>(cur[t].v[2 * sp + 1], 2 * c));
+                    const unsigned a3 =
+                        kvm_table(st.table_v, kvm_off<BV>(cur[t].v[2 * sp + 1], 2 * c + 1));
+                    kvm_mma(d, a0, a1, a2, a3, bw[t][2 * sp], bw[t][2 * sp + 1]);
+                }
             }
         }
         run.acc[c][0] = fmaf(run.acc[c][0], fa, d[0]);
@@ -493,14 +517,17 @@ __device__ __forceinline__ void kvm_update(KvmShared& st, const KvmTile<KW, VW>&
     }
 }
 
-// One tile: scores, then kvm_update.
-template <int BK, int BV, int DP, bool QREG>
+// NT consecutive tiles: their scores, then one kvm_update.
+template <int BK, int BV, int DP, bool QREG, int NT>
 __device__ __forceinline__ void kvm_step(KvmShared& st, const uint2* bq_s, const uint2* bq_r,
-                                         const KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32>& cur,
+                                         const KvmTile<DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32> (&cur)[NT],
                                          int first, KvmRun<DP / 16>& run) {
-    float sc[2][4];
-    kvm_scores<BK, DP, DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32, QREG>(st, bq_s, bq_r, cur, sc);
-    kvm_update<BV, DP>(st, cur, sc, first, run);
+    float sc[NT][2][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+        kvm_scores<BK, DP, DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32, QREG>(st, bq_s, bq_r, cur[t],
+                                                                           sc[t]);
+    kvm_update<BV, DP, DP / 4 * BK / 32, (DP / 8 * BV + 31) / 32, NT>(st, cur, sc, first, run);
 }
 
 // The warps' runs merged (m, l and sum W V per row) into the split's partial outputs. red:
@@ -615,15 +642,15 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
     // The next tile's loads go out before this tile's math where the registers allow (the
     // d <= 128 kernels keep 4 blocks per SM: 128 registers).
     constexpr bool PREFETCH = 2 * KW + 4 * VW <= (DP == 128 ? 12 : 32);
-    KvmTile<KW, VW> cur, nxt;
+    KvmTile<KW, VW> cur[1], nxt;
     int t = tile0 + warp;
-    if (PREFETCH && t < tile1) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur);
+    if (PREFETCH && t < tile1) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur[0]);
     for (; t < tile1; t += KVM_WARPS) {
-        if (!PREFETCH) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur);
+        if (!PREFETCH) kvm_load<BK, BV, DP>(p, head_off, table_row, t, len, gid, tig, cur[0]);
         if (PREFETCH && t + KVM_WARPS < tile1)
             kvm_load<BK, BV, DP>(p, head_off, table_row, t + KVM_WARPS, len, gid, tig, nxt);
-        kvm_step<BK, BV, DP, false>(st, bq_s, nullptr, cur, t * KVM_TILE, run);
-        if (PREFETCH) cur = nxt;
+        kvm_step<BK, BV, DP, false, 1>(st, bq_s, nullptr, cur, t * KVM_TILE, run);
+        if (PREFETCH) cur[0] = nxt;
     }
     kvm_finish<DP>(p, st, run, red);
 }

@@ -103,6 +103,8 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4, KM = DP / 8;
     constexpr int KW = DP / 4 * BK / 32, VW = (DP / 8 * BV + 31) / 32;
     constexpr bool QREG = DP <= 128;  // the score fragments in registers
+    // Softmax steps of two tiles where both tiles' codes fit the registers beside the rest.
+    constexpr bool STEP2 = DP <= 128 && KW <= 4 && (DP < 128 || VW == 1);
     __shared__ KvmShared st;
     __shared__ __align__(8) unsigned long long full[KVM_WARPS][KVP_STAGES];
     extern __shared__ __align__(128) unsigned char kvp_smem[];
@@ -156,10 +158,21 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
         kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
         const unsigned* sec = ring + stage * section_words;
         const int page_first = (first_mine + KVM_WARPS * it) * P;
-        for (int off = 0; off < P && page_first + off < reach; off += KVM_TILE) {
-            KvmTile<KW, VW> cur;
-            kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur);
-            kvm_step<BK, BV, DP, QREG>(st, bq_s, bq_r, cur, page_first + off, run);
+        int off = 0;
+        if (STEP2) {
+            // Two tiles per softmax step while both lie in the page and the rows' reach.
+            for (; off + KVM_TILE < P && page_first + off + KVM_TILE < reach; off += 2 * KVM_TILE) {
+                KvmTile<KW, VW> cur[2];
+                kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur[0]);
+                kvp_load<BK, BV, DP>(p, sec, off + KVM_TILE, page_first + off + KVM_TILE, len, gid,
+                                     tig, cur[1]);
+                kvm_step<BK, BV, DP, QREG, 2>(st, bq_s, bq_r, cur, page_first + off, run);
+            }
+        }
+        for (; off < P && page_first + off < reach; off += KVM_TILE) {
+            KvmTile<KW, VW> cur[1];
+            kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur[0]);
+            kvm_step<BK, BV, DP, QREG, 1>(st, bq_s, bq_r, cur, page_first + off, run);
         }
         kvp_refill(p, table_row, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
                    first_mine, next_page);

@@ -330,13 +330,13 @@ __device__ __forceinline__ void kvm_prologue(const KvAttnParams& p, KvmShared& s
     // 2-bit values: both words of a code pair (one nibble) from the filled table.
     if (BV == 2 && threadIdx.x < 16)
         st.table_v2[threadIdx.x] = make_uint2(st.table_v[threadIdx.x & 3], st.table_v[threadIdx.x >> 2]);
-    // Score B words, per lane (the same for every warp; each warp forms a quarter of the
-    // steps): step m, dimensions DP/4 tig + 2m (x) and + 1 (y), row gid & 3.
-    {
+    // Score B words, per lane (the same for every warp): step m, dimensions DP/4 tig + 2m (x)
+    // and + 1 (y), row gid & 3.
+    if (warp == 0) {
         const bool lo_col = gid >= 4;
         const float rs = st.row_scale[gid & 3];
         const float* qr = q + (gid & 3) * DP + DP / 4 * tig;
-        for (int m = warp; m < KM; m += KVM_WARPS)
+        for (int m = 0; m < KM; ++m)
             bq_s[m * 32 + lane] = make_uint2(kvm_bword(qr[2 * m] * rs, lo_col),
                                              kvm_bword(qr[2 * m + 1] * rs, lo_col));
     }

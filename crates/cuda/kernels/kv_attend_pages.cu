@@ -1,15 +1,13 @@
 // Flash-decoding on tensor cores, pages form (appended to kv_attend.cu and kv_attend_mma.cu in
 // one module: the math per 16-token tile is kvm_step's). The tiles form keeps one 16-token
-// tile per warp in flight from global memory into registers; here every warp owns a quarter of
-// its split's 16-token tiles (a contiguous run, so the warps' shares differ by at most one
-// tile) and streams them, one page piece at a time, into its own ring of KVP_STAGES page
-// sections in shared memory by bulk copies (`cp.async.bulk`, completion on the warp's
-// mbarrier): a whole page's section of its KV head (both code streams and both norm sections:
-// one contiguous range of head_words words) in one copy, a part of a page in four (the piece's
-// rows of each). Lane 0 issues the copies KVP_STAGES pieces ahead, with each page's
-// block-table entry read one copy early, so the table read never sits in front of a copy; no
-// block barrier in the loop. The tiles are then read from the ring, and the score B fragments
-// stay in registers (d <= 128).
+// tile per warp in flight from global memory into registers; here every warp owns whole pages
+// of its split (pages pg0 + warp, + 4, ...) and streams each page's section of its KV head
+// (both code streams and both norm sections: one contiguous range of head_words words) into
+// its own ring of KVP_STAGES sections in shared memory with one bulk copy (`cp.async.bulk`,
+// completion on the warp's mbarrier). Lane 0 issues the copies KVP_STAGES pages ahead, with
+// each page's block-table entry read one copy early, so the table read never sits in front of
+// a copy; no block barrier in the loop. The tiles are then read from the ring, and the score B
+// fragments stay in registers (d <= 128).
 //
 // Dynamic shared memory: the rings [KVM_WARPS][KVP_STAGES][head_words] (128-byte aligned),
 // then q, qin, bq_s as in the tiles form; the warps' partial outputs reuse the rings at the end.
@@ -22,64 +20,15 @@ __device__ __forceinline__ void kvp_bar_init(unsigned long long* bar) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-// Arrives on `bar`, which then expects `bytes` from bulk copies.
-__device__ __forceinline__ void kvp_expect(unsigned long long* bar, unsigned bytes) {
+// One bulk copy of `bytes` into shared memory, completing on `bar` (which expects them).
+__device__ __forceinline__ void kvp_bulk_load(void* dst, const void* src, unsigned bytes,
+                                              unsigned long long* bar) {
     asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
                  ::"r"(shared_address(bar)), "r"(bytes) : "memory");
-}
-
-// One bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared
-// memory, completing its bytes on `bar`.
-__device__ __forceinline__ void kvp_bulk_copy(void* dst, const void* src, unsigned bytes,
-                                              unsigned long long* bar) {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
         ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
 }
-
-// Tiles la .. lb - 1 of a page's section of the KV head (`src`) into the same places of a
-// stage: the whole section in one copy when the piece is the whole page, else its four parts
-// (key codes, value codes, key norms, value norms: 16-token runs stay 16-byte multiples).
-__device__ __forceinline__ void kvp_copy_piece(const KvAttnParams& p, unsigned* stage,
-                                               const unsigned* src, int la, int lb,
-                                               unsigned long long* bar) {
-    // Opaque to the compiler: what it would derive from these ahead of the loop and hold in
-    // registers through it (the d = 128 kernels with 8-bit values spilled), it forms here, once
-    // per page.
-    int P = p.page_tokens, rk = p.row_words_k, rv = p.row_words_v, norm_bytes = p.norm_f16 ? 2 : 4;
-    unsigned section_bytes = 4u * p.head_words;
-    asm volatile("" : "+r"(P), "+r"(rk), "+r"(rv), "+r"(norm_bytes), "+r"(section_bytes));
-    if (la == 0 && lb * KVM_TILE == P) {
-        kvp_expect(bar, section_bytes);
-        kvp_bulk_copy(stage, src, section_bytes, bar);
-        return;
-    }
-    const int t0 = la * KVM_TILE, tokens = (lb - la) * KVM_TILE;
-    const unsigned kbytes = 4u * tokens * rk, vbytes = 4u * tokens * rv;
-    const unsigned nbytes = (unsigned)(tokens * norm_bytes);
-    kvp_expect(bar, kbytes + vbytes + 2 * nbytes);
-    kvp_bulk_copy(stage + t0 * rk, src + t0 * rk, kbytes, bar);
-    const int v0 = P * rk + t0 * rv;
-    kvp_bulk_copy(stage + v0, src + v0, vbytes, bar);
-    const int n0 = P * (rk + rv);
-#pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-        const int at = n0 + kv * p.norm_words;
-        kvp_bulk_copy((unsigned char*)(stage + at) + t0 * norm_bytes,
-                      (const unsigned char*)(src + at) + t0 * norm_bytes, nbytes, bar);
-    }
-}
-
-// The warp's tiles wt0 .. wt1 - 1 (of the sequence) in page-sized pieces: piece i is page
-// pg0 + i, its tiles la .. lb - 1 (within the page) the warp's.
-struct KvpRange {
-    int wt0, wt1, pg0, pieces, tiles_per_page;
-    __device__ __forceinline__ void piece(int i, int& la, int& lb) const {
-        const int first = (pg0 + i) * tiles_per_page;
-        la = max(wt0 - first, 0);
-        lb = min(wt1 - first, tiles_per_page);
-    }
-};
 
 __device__ __forceinline__ void kvp_bar_wait(unsigned long long* bar, unsigned phase) {
     unsigned done = 0;
@@ -130,32 +79,22 @@ __device__ __forceinline__ void kvp_load(const KvAttnParams& p, const unsigned* 
     }
 }
 
-// Lane 0 issues the warp's piece `it` (if any) into stage `stage` and reads the table entry
-// of the piece after it (`next_page` holds piece it's).
-__device__ __forceinline__ void kvp_issue(const KvAttnParams& p, const int* table_row,
-                                         const KvpRange& range, unsigned* ring,
-                                         unsigned long long* bar, int stage, int it,
-                                         int& next_page) {
-    if (it >= range.pieces) return;
-    const long long page = next_page;
-    if (it + 1 < range.pieces) next_page = table_row[range.pg0 + it + 1];
-    // The head's section offset formed here, not held in a register through the loop.
-    const unsigned* head0 = p.pool + (long long)(blockIdx.y / p.row_chunks) * p.head_words;
-    int la, lb;
-    range.piece(it, la, lb);
-    kvp_copy_piece(p, ring + stage * p.head_words, head0 + page * p.page_words, la, lb, bar);
-}
-
-// Lane 0 refills stage `stage` (done with by every lane) with the warp's piece `it`, if any.
+// Lane 0 refills stage `stage` (done with by every lane) with the warp's copy `it`, if any,
+// and reads the table entry of the copy after it.
 __device__ __forceinline__ void kvp_refill(const KvAttnParams& p, const int* table_row,
-                                          const KvpRange& range, unsigned* ring,
-                                          unsigned long long* bar, int stage, int it,
-                                          int& next_page) {
+                                          unsigned* ring,
+                                          unsigned long long* bar, int stage, int it, int n_mine,
+                                          int first_mine, int& next_page) {
     __syncwarp();
-    if ((threadIdx.x & 31) == 0 && it < range.pieces) {
+    if ((threadIdx.x & 31) == 0 && it < n_mine) {
         // The lanes' reads of the stage come before the copy's writes.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        kvp_issue(p, table_row, range, ring, bar, stage, it, next_page);
+        const long long page = next_page;
+        if (it + 1 < n_mine) next_page = table_row[first_mine + KVM_WARPS * (it + 1)];
+        // The head's section offset formed here, not held in a register through the loop.
+        const unsigned* head0 = p.pool + (long long)(blockIdx.y / p.row_chunks) * p.head_words;
+        kvp_bulk_load(ring + stage * p.head_words, head0 + page * p.page_words, 4u * p.head_words,
+                      bar);
     }
 }
 
@@ -180,38 +119,31 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
 
     KvmEarly<BK, BV, DP> early;
     kvm_early_loads<BK, BV, DP>(p, b, h, chunk, early);
-    // The split's tiles and this warp's quarter of them (balanced to a tile, whatever the page
-    // size), in page pieces; its first copies go out before the prologue.
+    // The split's pages and this warp's share; its first copies go out before the prologue.
     const int len = p.seq_lens[b];
     const int reach = kvm_reach(p, len, chunk);
     const int P = p.page_tokens;
-    const int tiles = (reach + KVM_TILE - 1) / KVM_TILE;
-    const int all_tiles = (len + KVM_TILE - 1) / KVM_TILE;
-    const int per_split = (all_tiles + p.splits - 1) / p.splits;
-    const int st0 = split * per_split, n_split = max(min(st0 + per_split, tiles) - st0, 0);
-    // The range lives in shared memory, read where used: held in registers through the loop,
-    // its five values spill the d = 128 kernels with 8-bit values.
-    __shared__ KvpRange ranges[KVM_WARPS];
-    KvpRange& range = ranges[warp];
-    if (lane == 0) {
-        range.tiles_per_page = P / KVM_TILE;
-        range.wt0 = st0 + n_split * warp / KVM_WARPS;
-        range.wt1 = st0 + n_split * (warp + 1) / KVM_WARPS;
-        range.pg0 = range.wt0 / range.tiles_per_page;
-        range.pieces =
-            range.wt1 > range.wt0 ? (range.wt1 - 1) / range.tiles_per_page - range.pg0 + 1 : 0;
-    }
-    __syncwarp();
+    const int pages = (reach + P - 1) / P;
+    const int all_pages = (len + P - 1) / P;
+    const int per_split = (all_pages + p.splits - 1) / p.splits;
+    const int pg0 = split * per_split, pg1 = min(pg0 + per_split, pages);
+    const int first_mine = pg0 + warp;
+    const int n_mine = first_mine < pg1 ? (pg1 - first_mine + KVM_WARPS - 1) / KVM_WARPS : 0;
     const int* table_row = p.block_table + (long long)b * p.max_pages;
+    const unsigned* head0 = p.pool + (long long)h * p.head_words;
     unsigned* ring = rings + warp * KVP_STAGES * section_words;
-    int next_page = 0;  // lane 0: the table entry of the next piece
+    const unsigned section_bytes = 4u * section_words;
+    int next_page = 0;  // lane 0: the table entry of the next copy
     if (lane == 0) {
 #pragma unroll
         for (int s = 0; s < KVP_STAGES; ++s) kvp_bar_init(&full[warp][s]);
-        if (range.pieces > 0) next_page = table_row[range.pg0];
-#pragma unroll
-        for (int s = 0; s < KVP_STAGES; ++s)
-            kvp_issue(p, table_row, range, ring, &full[warp][s], s, s, next_page);
+        if (n_mine > 0) next_page = table_row[first_mine];
+        for (int s = 0; s < KVP_STAGES && s < n_mine; ++s) {
+            const long long page = next_page;
+            if (s + 1 < n_mine) next_page = table_row[first_mine + KVM_WARPS * (s + 1)];
+            kvp_bulk_load(ring + s * section_words, head0 + page * p.page_words, section_bytes,
+                          &full[warp][s]);
+        }
     }
     kvm_prologue<BK, BV, DP>(p, st, early, q, qin, bq_s, b, h, chunk);  // barriers publish the mbarriers
     uint2 bq_r[QREG ? KM : 1];
@@ -221,18 +153,15 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     }
     KvmRun<DP / 16> run;
     kvm_run_init(p, st, len, chunk, run);
-    for (int it = 0; it < range.pieces; ++it) {
+    for (int it = 0; it < n_mine; ++it) {
         const int stage = it % KVP_STAGES;
         kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
         const unsigned* sec = ring + stage * section_words;
-        const int page_first = (range.pg0 + it) * P;
-        int la, lb;
-        range.piece(it, la, lb);
-        int off = la * KVM_TILE;
-        const int end = lb * KVM_TILE;
+        const int page_first = (first_mine + KVM_WARPS * it) * P;
+        int off = 0;
         if (STEP2) {
-            // Two tiles per softmax step while both are the warp's.
-            for (; off + KVM_TILE < end; off += 2 * KVM_TILE) {
+            // Two tiles per softmax step while both lie in the page and the rows' reach.
+            for (; off + KVM_TILE < P && page_first + off + KVM_TILE < reach; off += 2 * KVM_TILE) {
                 KvmTile<KW, VW> cur[2];
                 kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur[0]);
                 kvp_load<BK, BV, DP>(p, sec, off + KVM_TILE, page_first + off + KVM_TILE, len, gid,
@@ -240,13 +169,13 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
                 kvm_step<BK, BV, DP, QREG, 2>(st, bq_s, bq_r, cur, page_first + off, run);
             }
         }
-        for (; off < end; off += KVM_TILE) {
+        for (; off < P && page_first + off < reach; off += KVM_TILE) {
             KvmTile<KW, VW> cur[1];
             kvp_load<BK, BV, DP>(p, sec, off, page_first + off, len, gid, tig, cur[0]);
             kvm_step<BK, BV, DP, QREG, 1>(st, bq_s, bq_r, cur, page_first + off, run);
         }
-        kvp_refill(p, table_row, range, ring, &full[warp][stage], stage, it + KVP_STAGES,
-                   next_page);
+        kvp_refill(p, table_row, ring, &full[warp][stage], stage, it + KVP_STAGES, n_mine,
+                   first_mine, next_page);
     }
     // Every copy has been waited for; the rings hold the warps' partial outputs from here.
     __syncthreads();

@@ -442,42 +442,47 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows8(KvAt
 }
 #endif
 
-// Pass 2: one block of dim_pad threads per output row (b, i, head). The splits' weights
-// e^(m_s - m) are formed once per row in shared memory (dynamic: `splits` floats, 0 for a split
-// that saw no token), then every thread sums its dimension over the splits in split order,
-// eight splits' loads in flight at a time: the row's merge is a few memory latencies, not one
-// per split.
+// Pass 2: one block per output row (b, i, head) of KV_MERGE_GROUPS x dim_pad threads. The
+// splits' weights e^(m_s - m) are formed once per row in shared memory (dynamic: `splits`
+// floats, 0 for a split that saw no token); thread group g sums its dimension over the g-th
+// run of splits in split order, eight splits' loads in flight at a time, and the groups' sums
+// are added in group order: the row's merge is a few memory latencies, not one per split.
+#define KV_MERGE_GROUPS 4
 extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
     __shared__ float y[256];
-    __shared__ float warp_max[8];
+    __shared__ float group_a[KV_MERGE_GROUPS][256];
+    __shared__ float group_l[KV_MERGE_GROUPS];
+    __shared__ float warp_max[32];
     extern __shared__ float kv_merge_weight[];  // [splits]
     const long long row = blockIdx.x;
-    const int c = threadIdx.x, d = p.dim, threads = blockDim.x;
-    const int lane = c & 31, warp = c >> 5;
+    const int threads = blockDim.x, d = p.dim, dp = p.dim_pad;
+    const int c = threadIdx.x % dp, group = threadIdx.x / dp, groups = threads / dp;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* ml = p.part_ml + row * p.splits * 2;
     float m = KV_NEG_INF;
-    for (int s = c; s < p.splits; s += threads) m = fmaxf(m, ml[2 * s]);
+    for (int s = threadIdx.x; s < p.splits; s += threads) m = fmaxf(m, ml[2 * s]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(KV_FULLMASK, m, o));
     if (lane == 0) warp_max[warp] = m;
     __syncthreads();
     m = warp_max[0];
     for (int w = 1; w < threads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    for (int s = c; s < p.splits; s += threads) {
+    for (int s = threadIdx.x; s < p.splits; s += threads) {
         const float ms = ml[2 * s];
         kv_merge_weight[s] =
             ms == KV_NEG_INF ? 0.0f : (p.ml_log2 ? exp2f(ms - m) : expf(ms - m));
     }
     __syncthreads();
     // fmaf(x, 0, sum) leaves sum as it is, so an empty split (its l and a are 0) adds nothing.
-    const float* acc = p.part_acc + row * p.splits * p.dim_pad + c;
+    const float* acc = p.part_acc + row * p.splits * dp + c;
+    const int s1 = p.splits * (group + 1) / groups;
     float l = 0.0f, a = 0.0f;
-    int s = 0;
-    for (; s + 8 <= p.splits; s += 8) {
+    int s = p.splits * group / groups;
+    for (; s + 8 <= s1; s += 8) {
         float x[8], ls[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            x[k] = acc[(long long)(s + k) * p.dim_pad];
+            x[k] = acc[(long long)(s + k) * dp];
             ls[k] = ml[2 * (s + k) + 1];
         }
 #pragma unroll
@@ -487,34 +492,41 @@ extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
             a = fmaf(x[k], e, a);
         }
     }
-    for (; s < p.splits; ++s) {
+    for (; s < s1; ++s) {
         const float e = kv_merge_weight[s];
         l = fmaf(ml[2 * s + 1], e, l);
-        a = fmaf(acc[(long long)s * p.dim_pad], e, a);
+        a = fmaf(acc[(long long)s * dp], e, a);
     }
-    y[c] = l > 0.0f ? a / l : 0.0f;
+    group_a[group][c] = a;
+    if (c == 0) group_l[group] = l;
+    __syncthreads();
+    if (group == 0) {
+        for (int g = 1; g < groups; ++g) {
+            a += group_a[g][c];
+            l += group_l[g];
+        }
+        y[c] = l > 0.0f ? a / l : 0.0f;
+    }
     __syncthreads();
     const float* rot = p.consts + 1024;
-    float out;
+    const bool mine_c = group == 0 && c < d;  // the threads that rotate and store
+    float out = 0.0f;
     if (p.hadamard) {
         for (int hb = 1; hb < d; hb <<= 1) {
             float mine = 0.0f;
-            if (c < d) {
+            if (mine_c) {
                 const float other = y[c ^ hb];
                 mine = (c & hb) ? other - y[c] : y[c] + other;
             }
             __syncthreads();
-            if (c < d) y[c] = mine;
+            if (mine_c) y[c] = mine;
             __syncthreads();
         }
-        out = c < d ? y[c] * (rot[c] * p.hadamard_norm) : 0.0f;
-    } else {
+        if (mine_c) out = y[c] * (rot[c] * p.hadamard_norm);
+    } else if (mine_c) {
         // x_c = sum_i M[i][c] y_i (M row-major after its transpose in consts).
         const float* matrix = rot + (long long)d * d;
-        out = 0.0f;
-        if (c < d) {
-            for (int i = 0; i < d; ++i) out = fmaf(matrix[(long long)i * d + c], y[i], out);
-        }
+        for (int i = 0; i < d; ++i) out = fmaf(matrix[(long long)i * d + c], y[i], out);
     }
-    if (c < d) p.o[row * d + c] = out;
+    if (mine_c) p.o[row * d + c] = out;
 }

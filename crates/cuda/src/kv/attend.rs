@@ -401,7 +401,8 @@ pub fn prepare_attend(
         merge: cuda.function(&source, "kv_attend_merge")?,
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
-            block_dim: (dim_pad as u32, 1, 1),
+            // KV_MERGE_GROUPS (4) groups of dim_pad threads.
+            block_dim: (4 * dim_pad as u32, 1, 1),
             // The splits' merge weights.
             shared_mem_bytes: (4 * splits) as u32,
         },

@@ -442,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv_attend_rows8(KvAt
 }
 #endif
 
-// Pass 2: one block per output row (b, i, head) of KV_MERGE_GROUPS x dim_pad threads. The
+// Pass 2: one block per output row (b, i, head) of up to KV_MERGE_GROUPS x dim_pad threads. The
 // splits' weights e^(m_s - m) are formed once per row in shared memory (dynamic: `splits`
 // floats, 0 for a split that saw no token); thread group g sums its dimension over the g-th
 // run of splits in split order, eight splits' loads in flight at a time, and the groups' sums

@@ -401,8 +401,9 @@ pub fn prepare_attend(
         merge: cuda.function(&source, "kv_attend_merge")?,
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
-            // KV_MERGE_GROUPS (4) groups of dim_pad threads.
-            block_dim: (4 * dim_pad as u32, 1, 1),
+            // Groups of dim_pad threads, each merging a run of about eight or more splits (at
+            // most KV_MERGE_GROUPS = 4).
+            block_dim: ((splits.div_ceil(8).clamp(1, 4) * dim_pad) as u32, 1, 1),
             // The splits' merge weights.
             shared_mem_bytes: (4 * splits) as u32,
         },

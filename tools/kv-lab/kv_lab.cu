@@ -32,6 +32,7 @@
 #define KVM_BV 2
 #include "../../crates/cuda/kernels/kv_attend.cu"
 #include "../../crates/cuda/kernels/kv_attend_mma.cu"
+#include "../../crates/cuda/kernels/kv_attend_block.cu"
 #include "../../crates/cuda/kernels/kv_attend_pages.cu"
 #include "../../crates/cuda/kernels/kv_encode.cu"
 #include "attend_v3.cuh"

@@ -1,5 +1,5 @@
-// Flash-decoding on tensor cores, pages form (appended to kv_attend.cu and kv_attend_mma.cu in
-// one module: the math per 16-token tile is kvm_step's). The tiles form keeps one 16-token
+// Flash-decoding on tensor cores, pages form (appended to kv_attend.cu, kv_attend_mma.cu and
+// kv_attend_block.cu in one module: the math per 16-token tile is kvm_step's). The tiles form keeps one 16-token
 // tile per warp in flight from global memory into registers; here every warp owns whole pages
 // of its split (pages pg0 + warp, + 4, ...) and streams each page's section of its KV head
 // (both code streams and both norm sections: one contiguous range of head_words words) into

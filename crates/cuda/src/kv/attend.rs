@@ -4,8 +4,8 @@
 //! position `len_b - Tq + i`) are one kernel: the rows of a block are (query, head of the GQA
 //! group) pairs, each with its causal limit.
 //!
-//! Pass 1 on tensor cores comes in two forms (`kernels/kv_attend_mma.cu`,
-//! `kernels/kv_attend_pages.cu`): tiles (each warp loads 16-token tiles from global memory into
+//! Pass 1 on tensor cores comes in two forms (`kernels/kv_attend_block.cu`,
+//! `kernels/kv_attend_pages.cu`, over the tile math of `kernels/kv_attend_mma.cu`): tiles (each warp loads 16-token tiles from global memory into
 //! registers) and pages (each warp streams whole page sections into shared memory by bulk
 //! copies), the same math; see [`AttnKernel`].
 //!
@@ -129,8 +129,9 @@ pub const MAX_SPLITS: usize = 8192;
 /// Tuning of the attention launch (results do not depend on it beyond f32 rounding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaAttnOptions {
-    /// Splits of each sequence's tokens (at most [`MAX_SPLITS`] and one per 16-token tile);
-    /// `None`: one full wave of resident blocks.
+    /// Splits of each sequence's tokens (at most [`MAX_SPLITS`] and one per tile of the
+    /// pass-1 form: 16 tokens, or a page for the pages form); `None`: one full wave of
+    /// resident blocks.
     pub splits: Option<usize>,
     /// The longest sequence the launch must serve (splits are planned for it); `None`: the
     /// cache's longest sequence now.

@@ -45,8 +45,9 @@ pub const SOURCE_ATTEND: KernelSource = KernelSource {
 };
 
 /// One tensor-core module: `kernels/kv_attend.cu` (parameters, query rotation, merge), then
-/// `kernels/kv_attend_mma.cu` (the tile math and the tiles form) and
-/// `kernels/kv_attend_pages.cu` (the pages form) for one pair of bit widths.
+/// `kernels/kv_attend_mma.cu` (the tile math), `kernels/kv_attend_block.cu` (the block's
+/// prologue and finish, and the tiles form) and `kernels/kv_attend_pages.cu` (the pages form)
+/// for one pair of bit widths.
 macro_rules! mma_source {
     ($name:literal, $bits_k:literal, $bits_v:literal) => {
         KernelSource {
@@ -60,6 +61,8 @@ macro_rules! mma_source {
                 include_str!("../../kernels/kv_attend.cu"),
                 "\n",
                 include_str!("../../kernels/kv_attend_mma.cu"),
+                "\n",
+                include_str!("../../kernels/kv_attend_block.cu"),
                 "\n",
                 include_str!("../../kernels/kv_attend_pages.cu")
             ),

@@ -172,6 +172,7 @@ __device__ __forceinline__ int kvm_reach(const KvAttnParams& p, int len, int chu
     return reach;
 }
 
+// blockIdx through a volatile read: the compiler neither hoists it nor what is formed from it.
 __device__ __forceinline__ uint3 kvm_volatile_ctaid() {
     uint3 c;
     asm volatile("mov.u32 %0, %%ctaid.x;\n\tmov.u32 %1, %%ctaid.y;\n\tmov.u32 %2, %%ctaid.z;"
@@ -187,7 +188,7 @@ __device__ __forceinline__ void kvm_finish(const KvAttnParams& p, KvmShared& st,
     constexpr int ROWS = 4, VM = DP / 16;
     // The block's coordinates read again here by volatile reads, which the compiler cannot
     // hoist above the loop: values formed from them would otherwise be held in registers
-    // through it (the d = 128 pages kernels spilled at the 168-register bound of 3 blocks/SM).
+    // through it, where the d = 128 pages kernels have none to spare (168 at 3 blocks/SM).
     const int tid = threadIdx.x;
     const uint3 block = kvm_volatile_ctaid();
     const int split = block.x, h = block.y / p.row_chunks, chunk = block.y % p.row_chunks;

@@ -306,15 +306,18 @@ __device__ __forceinline__ void kvm_pass1(const KvAttnParams& p) {
 }
 
 // One module per bit-width pair (KVM_BK, KVM_BV defined ahead of kv_attend.cu), so a process
-// compiles only the kernels it launches.
-#define KVM_KERNEL(BK, BV, DP, MIN_BLOCKS)                                                 \
+// compiles only the kernels it launches. A pass-1 form's kernels at d_pad 64, 128 and 256, each
+// with its resident blocks per SM: kv_attend_<FORM>_k<BK>v<BV>_d<DP> running PASS1<BK, BV, DP>
+// (the _OF form expands KVM_BK and KVM_BV before the names are pasted).
+#define KVM_FORM_KERNEL(FORM, PASS1, BK, BV, DP, MIN_BLOCKS)                               \
     extern "C" __global__ void __launch_bounds__(KV_THREADS, MIN_BLOCKS)                  \
-        kv_attend_mma_k##BK##v##BV##_d##DP(KvAttnParams p) {                              \
-        kvm_pass1<BK, BV, DP>(p);                                                          \
+        kv_attend_##FORM##_k##BK##v##BV##_d##DP(KvAttnParams p) {                         \
+        PASS1<BK, BV, DP>(p);                                                              \
     }
-#define KVM_KERNELS(BK, BV)    \
-    KVM_KERNEL(BK, BV, 64, 4)  \
-    KVM_KERNEL(BK, BV, 128, 4) \
-    KVM_KERNEL(BK, BV, 256, 2)
-#define KVM_KERNELS_OF(BK, BV) KVM_KERNELS(BK, BV)
-KVM_KERNELS_OF(KVM_BK, KVM_BV)
+#define KVM_FORM_KERNELS(FORM, PASS1, BK, BV, MIN64, MIN128, MIN256) \
+    KVM_FORM_KERNEL(FORM, PASS1, BK, BV, 64, MIN64)                  \
+    KVM_FORM_KERNEL(FORM, PASS1, BK, BV, 128, MIN128)                \
+    KVM_FORM_KERNEL(FORM, PASS1, BK, BV, 256, MIN256)
+#define KVM_FORM_KERNELS_OF(FORM, PASS1, BK, BV, MIN64, MIN128, MIN256) \
+    KVM_FORM_KERNELS(FORM, PASS1, BK, BV, MIN64, MIN128, MIN256)
+KVM_FORM_KERNELS_OF(mma, kvm_pass1, KVM_BK, KVM_BV, 4, 4, 2)

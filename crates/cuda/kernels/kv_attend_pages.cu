@@ -182,14 +182,5 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     kvm_finish<DP>(p, st, run, (float*)rings);
 }
 
-#define KVP_KERNEL(BK, BV, DP, MIN_BLOCKS)                                 \
-    extern "C" __global__ void __launch_bounds__(KV_THREADS, MIN_BLOCKS)  \
-        kv_attend_pages_k##BK##v##BV##_d##DP(KvAttnParams p) {            \
-        kvp_pass1<BK, BV, DP>(p);                                          \
-    }
-#define KVP_KERNELS(BK, BV)    \
-    KVP_KERNEL(BK, BV, 64, 3)  \
-    KVP_KERNEL(BK, BV, 128, 3) \
-    KVP_KERNEL(BK, BV, 256, 1)
-#define KVP_KERNELS_OF(BK, BV) KVP_KERNELS(BK, BV)
-KVP_KERNELS_OF(KVM_BK, KVM_BV)
+// The pages form's kernels (KVM_FORM_KERNELS_OF: kv_attend_block.cu).
+KVM_FORM_KERNELS_OF(pages, kvp_pass1, KVM_BK, KVM_BV, 3, 3, 1)

@@ -43,6 +43,19 @@ fn fill(
     chunk: usize,
     dtype: DType,
 ) -> (CudaPagedKvCache, PagedKvCache) {
+    fill_from(cuda, case, layout, chunk, dtype, false)
+}
+
+/// `fill`, the chunks read through views one element past a 16-byte boundary when `misaligned`
+/// (an engine's tensors borrowed with `from_device_ptr` need only element alignment).
+fn fill_from(
+    cuda: &Cuda,
+    case: &PagedCase,
+    layout: PagedLayout,
+    chunk: usize,
+    dtype: DType,
+    misaligned: bool,
+) -> (CudaPagedKvCache, PagedKvCache) {
     let lens = case.lens();
     let (hkv, d) = (case.dims.hkv, case.dims.d);
     let max_pages = lens.iter().map(|&l| layout.pages_for(l)).max().unwrap() + 1;
@@ -70,14 +83,25 @@ fn fill(
             }
         }
         let shape = vec![lens.len(), tn, hkv, d];
+        let skip = usize::from(misaligned);
         let up = |x: &[f32]| {
+            let mut padded = vec![0.0f32; skip];
+            padded.extend_from_slice(x);
             CudaTensor::upload(
                 cuda,
-                &HostTensor::from_f32_as(shape.clone(), x, dtype).unwrap(),
+                &HostTensor::from_f32_as(vec![padded.len()], &padded, dtype).unwrap(),
             )
             .unwrap()
         };
-        gpu.append(cuda, &up(&k), &up(&v), &counts).unwrap();
+        let (k_all, v_all) = (up(&k), up(&v));
+        let view = |t: &CudaTensor| {
+            let address = t.device_ptr(cuda) + (skip * dtype.size_in_bytes()) as u64;
+            // SAFETY: the view lies inside `t`'s allocation, which outlives it (both end with
+            // this loop iteration, after the append has run on deltakv's stream).
+            unsafe { CudaTensor::from_device_ptr(address, shape.clone(), dtype) }.unwrap()
+        };
+        gpu.append(cuda, &view(&k_all), &view(&v_all), &counts)
+            .unwrap();
         for (a, c) in at.iter_mut().zip(&counts) {
             *a += c;
         }
@@ -103,13 +127,18 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (256, 8, 4, true, 64, DType::BF16, 500),
         (96, 4, 2, false, 64, DType::F32, 129),
         (100, 3, 3, true, 16, DType::BF16, 1000),
-        // Every Hadamard kernel (d 64, 128, 256 x each input dtype) at least once.
+        // Every Hadamard kernel (d 64, 128, 256 x each input dtype) at least once; the last
+        // three from inputs one element past a 16-byte boundary.
         (128, 2, 4, false, 32, DType::F16, 63),
         (64, 4, 8, true, 16, DType::BF16, 65),
         (64, 8, 2, false, 64, DType::F32, 1000),
         (256, 2, 3, false, 16, DType::F32, 33),
         (256, 4, 4, true, 64, DType::F16, 1000),
+        (128, 4, 2, false, 64, DType::BF16, 300),
+        (64, 3, 8, false, 64, DType::F32, 1000),
+        (96, 2, 2, true, 32, DType::F16, 1),
     ];
+    let misaligned_from = schemes.len() - 3;
     for (i, &(d, bk, bv, f16, page, dtype, chunk)) in schemes.iter().enumerate() {
         let lens: &[usize] = if chunk == 1 { &[1, 63, 65] } else { LENS };
         let mut case = PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64);
@@ -135,7 +164,8 @@ fn encode_writes_the_cpu_pool_word_for_word() {
             scheme.norm_dtype = NormDType::F16;
         }
         let layout = PagedLayout::new(scheme, page).unwrap();
-        let (gpu, cpu) = fill(cuda, &case, layout, chunk, dtype);
+        let misaligned = i >= misaligned_from;
+        let (gpu, cpu) = fill_from(cuda, &case, layout, chunk, dtype, misaligned);
         assert_eq!(gpu.lens(), cpu.lens());
         assert_eq!(gpu.block_table(), cpu.block_table());
         let pool = gpu.download_pool(cuda).unwrap();
@@ -148,7 +178,8 @@ fn encode_writes_the_cpu_pool_word_for_word() {
             pool.len()
         );
         println!(
-            "encode scheme {i}: d {d}, {bk}/{bv} bits, {dtype}: pool identical ({} words)",
+            "encode scheme {i}: d {d}, {bk}/{bv} bits, {dtype}{}: pool identical ({} words)",
+            if misaligned { ", misaligned input" } else { "" },
             pool.len()
         );
     }

@@ -459,6 +459,9 @@ extern "C" __global__ void kv_attend_merge(KvAttnParams p) {
     const int c = threadIdx.x % dp, group = threadIdx.x / dp, groups = threads / dp;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* ml = p.part_ml + row * p.splits * 2;
+    // Launched as pass 1's programmatic dependent: nothing of pass 1 is read before it has
+    // completed and its writes are visible (without that launch this returns at once).
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     float m = KV_NEG_INF;
     for (int s = threadIdx.x; s < p.splits; s += threads) m = fmaxf(m, ml[2 * s]);
 #pragma unroll

@@ -186,6 +186,9 @@ template <int DP>
 __device__ __forceinline__ void kvm_finish(const KvAttnParams& p, KvmShared& st,
                                            KvmRun<DP / 16>& run, float* red) {
     constexpr int ROWS = 4, VM = DP / 16;
+    // Pass 2 (launched as this grid's programmatic dependent) may start once every block is
+    // here: its blocks take SMs as these finish and wait for this grid's results.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     // The block's coordinates read again here by volatile reads, which the compiler cannot
     // hoist above the loop: values formed from them would otherwise be held in registers
     // through it, where the d = 128 pages kernels have none to spare (168 at 3 blocks/SM).

@@ -190,7 +190,8 @@ impl AttendLaunch {
         // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
         // the one union field this id reads are set below.
         let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attribute.value.programmaticStreamSerializationAllowed = 1;
         let c = self.merge_config;
         let config = sys::CUlaunchConfig {

@@ -34,6 +34,7 @@
 
 use super::{KvScheme, NormDType, codec::words_for};
 use crate::error::{Error, Result};
+use crate::tensor::TensorMeta;
 
 /// Allowed tokens per page (powers of two only).
 pub const PAGE_TOKENS_RANGE: std::ops::RangeInclusive<usize> = 16..=1024;
@@ -267,6 +268,51 @@ pub fn check_append(
     Ok(total)
 }
 
+/// Checks a chunk appended to the paged caches of `lens.len()` sequences on a device: `k` and
+/// `v` of one shape `[B, Tn, Hkv, d]` and one float dtype, `new_lens` B counts of at most Tn, and
+/// every sequence's growth within `max_pages` pages ([`check_append`]). Returns Tn and the
+/// lengths after the append.
+pub fn check_append_chunk(
+    layout: &PagedLayout,
+    k: &(impl TensorMeta + ?Sized),
+    v: &(impl TensorMeta + ?Sized),
+    new_lens: &[usize],
+    lens: &[usize],
+    max_pages: usize,
+) -> Result<(usize, Vec<usize>)> {
+    let s = layout.scheme;
+    let batch = lens.len();
+    let shape = k.shape();
+    if shape.len() != 4 || shape[0] != batch || shape[2] != s.kv_heads || shape[3] != s.dim {
+        return Err(Error::shape(
+            "k",
+            format!(
+                "expected [B={batch}, Tn, Hkv={}, D={}], got {shape:?}",
+                s.kv_heads, s.dim
+            ),
+        ));
+    }
+    if v.shape() != shape || v.dtype() != k.dtype() {
+        return Err(Error::shape(
+            "v",
+            format!("{:?} {} differs from k's", v.shape(), v.dtype()),
+        ));
+    }
+    if !k.dtype().is_float() {
+        return Err(Error::dtype("k", k.dtype(), "f32, f16 or bf16"));
+    }
+    let tokens = shape[1];
+    if new_lens.len() != batch || new_lens.iter().any(|&n| n > tokens) {
+        return Err(Error::InvalidValue(format!(
+            "new_lens must hold B = {batch} counts, each at most Tn = {tokens}"
+        )));
+    }
+    let grown = (lens.iter().zip(new_lens).enumerate())
+        .map(|(b, (&len, &n))| check_append(layout, b, batch, len, n, max_pages))
+        .collect::<Result<_>>()?;
+    Ok((tokens, grown))
+}
+
 /// The block table after sequence `b` grows from `lens[b]` to `new_lens[b]` tokens, for every
 /// `b`: entries that already name a page are kept (an engine's allocator chose them), and each
 /// `-1` entry a sequence grows into takes the lowest page no sequence uses. The result is
@@ -370,5 +416,34 @@ mod tests {
         assert_eq!(check_append(&layout, 1, 2, 16, 32, 3).unwrap(), 48);
         assert!(check_append(&layout, 1, 2, 16, 33, 3).is_err());
         assert!(check_append(&layout, 2, 2, 0, 1, 3).is_err());
+    }
+
+    #[test]
+    fn appended_chunks_are_checked_against_the_cache() {
+        use crate::DType;
+        use crate::tensor::HostTensor;
+        let layout = PagedLayout::new(KvScheme::new(64, 2, 4, 2), 16).unwrap();
+        let chunk = |shape: Vec<usize>, dtype| {
+            let n = shape.iter().product();
+            HostTensor::from_f32_as(shape, &vec![0.5; n], dtype).unwrap()
+        };
+        let k = chunk(vec![2, 5, 2, 64], DType::BF16);
+        // Sequences holding 3 and 20 tokens in 2 pages of 16 each.
+        let (tokens, grown) = check_append_chunk(&layout, &k, &k, &[5, 2], &[3, 20], 2).unwrap();
+        assert_eq!((tokens, grown), (5, vec![8, 22]));
+        let message = |v: &HostTensor, new_lens: &[usize], lens: &[usize]| {
+            check_append_chunk(&layout, &k, v, new_lens, lens, 2)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(message(&k, &[5, 2], &[3, 31]).contains("exceed its 2 pages"));
+        assert!(message(&k, &[6, 2], &[3, 20]).contains("at most Tn = 5"));
+        assert!(message(&k, &[5], &[3, 20]).contains("B = 2 counts"));
+        assert!(message(&chunk(vec![2, 5, 2, 64], DType::F32), &[5, 2], &[3, 20]).contains("v"));
+        let wrong = chunk(vec![2, 5, 3, 64], DType::BF16);
+        let err = check_append_chunk(&layout, &wrong, &wrong, &[5, 2], &[3, 20], 2).unwrap_err();
+        assert!(err.to_string().contains("Hkv=2"), "{err}");
+        let ints = HostTensor::from_i32(vec![2, 1, 2, 64], vec![1; 256]).unwrap();
+        assert!(check_append_chunk(&layout, &ints, &ints, &[1, 1], &[3, 20], 2).is_err());
     }
 }

@@ -284,43 +284,15 @@ impl WgpuPagedKvCache {
     ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
         let s = self.layout.scheme;
         let batch = self.batch();
-        let shape = k.shape().to_vec();
-        if shape.len() != 4 || shape[0] != batch || shape[2] != s.kv_heads || shape[3] != s.dim {
-            return Err(Error::shape(
-                "k",
-                format!(
-                    "expected [B={batch}, Tn, Hkv={}, D={}], got {shape:?}",
-                    s.kv_heads, s.dim
-                ),
-            ));
-        }
-        if v.shape() != k.shape() || v.dtype() != k.dtype() {
-            return Err(Error::shape(
-                "v",
-                format!("{:?} {} differs from k's", v.shape(), v.dtype()),
-            ));
-        }
-        if !k.dtype().is_float() {
-            return Err(Error::dtype("k", k.dtype(), "f32, f16 or bf16"));
-        }
-        let tokens = shape[1];
-        if new_lens.len() != batch || new_lens.iter().any(|&n| n > tokens) {
-            return Err(Error::InvalidValue(format!(
-                "new_lens must hold B = {batch} counts, each at most Tn = {tokens}"
-            )));
-        }
-        u32_of("k's elements", shape.iter().product())?;
-        let mut grown = Vec::with_capacity(batch);
-        for (b, (&len, &n)) in self.host_lens.iter().zip(new_lens).enumerate() {
-            grown.push(paged::check_append(
-                &self.layout,
-                b,
-                batch,
-                len,
-                n,
-                self.max_pages,
-            )?);
-        }
+        let (tokens, grown) = paged::check_append_chunk(
+            &self.layout,
+            k,
+            v,
+            new_lens,
+            &self.host_lens,
+            self.max_pages,
+        )?;
+        u32_of("k's elements", k.shape().iter().product())?;
         if new_lens.iter().all(|&n| n == 0) {
             return Ok(None);
         }

@@ -122,6 +122,11 @@ fn shared_limits(cuda: &Cuda) -> Result<(usize, usize)> {
     ))
 }
 
+/// Pass 2's thread groups per output row at most (`KV_MERGE_GROUPS` in `kernels/kv_attend.cu`),
+/// and the splits each group's loads cover at a time (a group per run of at least that many).
+const MERGE_GROUPS: usize = 4;
+const MERGE_LOADS: usize = 8;
+
 /// The most splits a launch takes: pass 2 holds one merge weight per split in shared memory
 /// (32 KB at this bound).
 pub const MAX_SPLITS: usize = 8192;
@@ -441,9 +446,12 @@ pub fn prepare_attend(
         merge: cuda.function(&source, "kv_attend_merge")?,
         merge_config: LaunchConfig {
             grid_dim: (out_rows as u32, 1, 1),
-            // Groups of dim_pad threads, each merging a run of about eight or more splits (at
-            // most KV_MERGE_GROUPS = 4).
-            block_dim: ((splits.div_ceil(8).clamp(1, 4) * dim_pad) as u32, 1, 1),
+            // Groups of dim_pad threads, each merging a run of MERGE_LOADS or more splits.
+            block_dim: (
+                (splits.div_ceil(MERGE_LOADS).clamp(1, MERGE_GROUPS) * dim_pad) as u32,
+                1,
+                1,
+            ),
             // The splits' merge weights.
             shared_mem_bytes: (4 * splits) as u32,
         },

@@ -613,7 +613,8 @@ wgpu-prefill)
     # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
     # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
     # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384) in the default
-    # shape and with each state-pass variable, beside `bench gdn --device cuda`'s prefill.
+    # plan, with the general prepare kernel and with the general state kernel, beside
+    # `bench gdn --device cuda`'s prefill.
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
     vulkan_setup "$out"
@@ -626,7 +627,7 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default STATE=general GROUPS=16 TILE=32; do
+    for variant in default PREPARE=general STATE=general; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true

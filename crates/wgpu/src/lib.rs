@@ -133,6 +133,13 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (gdn::recurrent::CHUNK_SUBGROUP, CHUNK_CONSTANTS),
     (gdn::recurrent::CHUNK_SHARED, CHUNK_CONSTANTS),
     (gdn::chunks::PREPARE, &[&[]]),
+    (
+        gdn::chunks::PREPARE_STAGED,
+        &[
+            &[("KW", 64.0), ("VW", 64.0), ("HALF_DTYPE", 2.0)],
+            &[("KW", 32.0), ("VW", 48.0), ("HALF_DTYPE", 1.0)],
+        ],
+    ),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
     (
         gdn::chunks::STATE_STAGED,

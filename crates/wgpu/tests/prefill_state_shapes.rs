@@ -2,15 +2,17 @@
 //! or 32; 8, 16 or 32 row groups; the staged kernel or the general one), not only the
 //! default one, against the f64 oracle: K = 128 (one 4-row block per thread at 32 groups) and
 //! K = 64 / V = 96 (row groups past K, a partial column tile), with initial states, l2 norm and
-//! odd lengths.
+//! odd lengths. Likewise both prepare kernels (staged rows for 16-bit inputs, and the general
+//! one) at bf16 and f16, varlen with a length-1 sequence, GQA and K != V.
 
 mod common;
 
+use deltakv_contract::DType;
 use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::gdn::{StateKernel, StatePlan, gdn_prefill_planned};
+use deltakv_wgpu::gdn::{PrepareKernel, StateKernel, StatePlan, gdn_prefill_planned};
 
 #[test]
 fn every_state_tile_and_row_group_count_against_the_oracle() {
@@ -47,6 +49,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             tile,
             row_groups: Some(groups),
             kernel,
+            ..StatePlan::default()
         };
         for (spec, seed) in &cases {
             let case = GdnCase::random(spec, *seed).unwrap();
@@ -72,6 +75,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         tile: Some(32),
         row_groups: Some(32),
         kernel: StateKernel::Auto,
+        ..StatePlan::default()
     };
     assert!(
         bad.check().is_err(),
@@ -82,6 +86,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         tile: Some(32),
         row_groups: Some(16),
         kernel: StateKernel::Staged,
+        ..StatePlan::default()
     };
     let case = GdnCase::random(&cases[0].0, 7).unwrap();
     let refused = gdn_prefill_planned(
@@ -95,6 +100,110 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         refused
             .as_ref()
             .is_err_and(|e| e.to_string().contains("16-column tiles")),
+        "{:?}",
+        refused.map(|_| ())
+    );
+    println!(
+        "worst rel_rms: o {:.3e}, final_state {:.3e}",
+        worst[0], worst[1]
+    );
+}
+
+#[test]
+fn both_prepare_kernels_against_the_oracle() {
+    let Some(wgpu) = common::device("prepare kernels") else {
+        return;
+    };
+    println!("device: {}", wgpu.describe());
+    let options = GdnOptions {
+        scale: None,
+        use_qk_l2norm: true,
+    };
+    // (tokens, key heads, value heads, K, V, dtype, varlen lengths, seed)
+    let shapes: [(
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        DType,
+        Option<Vec<usize>>,
+        u64,
+    ); 4] = [
+        (130, 1, 2, 128, 128, DType::BF16, None, 910),
+        (97, 2, 4, 64, 96, DType::F16, None, 911),
+        (100, 1, 2, 128, 62, DType::BF16, Some(vec![1, 33, 66]), 912),
+        (63, 1, 1, 126, 128, DType::BF16, None, 913),
+    ];
+    let mut worst = [0f64; 2];
+    for (tokens, key_heads, value_heads, kd, vd, dtype, lens, seed) in shapes {
+        let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
+        spec.dtype = dtype;
+        spec.raw_qk = true;
+        spec.with_initial_state = true;
+        spec.seq_lens = lens;
+        let case = GdnCase::random(&spec, seed).unwrap();
+        let reference = gdn_reference(&case.inputs(), &options).unwrap();
+        let mut results: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        for prepare in [PrepareKernel::Staged, PrepareKernel::General] {
+            let plan = StatePlan {
+                prepare,
+                ..StatePlan::default()
+            };
+            let out =
+                gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan)
+                    .unwrap_or_else(|e| panic!("{prepare:?}, K={kd} V={vd}: {e}"));
+            let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
+            let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
+            println!(
+                "prepare {prepare:?}, {dtype:?}, T={tokens} Hg={key_heads} H={value_heads} K={kd} V={vd}: o {o_err:.3e}, final_state {s_err:.3e}"
+            );
+            assert!(
+                o_err < 2e-3 && s_err < 1e-4,
+                "prepare {prepare:?}, K={kd} V={vd}: o {o_err:.3e}, state {s_err:.3e}"
+            );
+            worst = [worst[0].max(o_err), worst[1].max(s_err)];
+            results.push((
+                out.o.to_f32_vec("o").unwrap(),
+                out.final_state.as_f32().unwrap().to_vec(),
+            ));
+        }
+        // The two kernels sum in the same order: their results agree to f32 rounding.
+        let o_apart = rel_rms(
+            &results[0].0,
+            &results[1]
+                .0
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect::<Vec<_>>(),
+        );
+        let s_apart = rel_rms(
+            &results[0].1,
+            &results[1]
+                .1
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect::<Vec<_>>(),
+        );
+        println!("staged against general: o {o_apart:.3e}, final_state {s_apart:.3e}");
+        assert!(
+            o_apart < 1e-5 && s_apart < 1e-6,
+            "K={kd} V={vd}: the prepare kernels differ: o {o_apart:.3e}, state {s_apart:.3e}"
+        );
+    }
+    // The staged kernel asked for inputs it does not take (f32): an error, nothing run.
+    let mut spec = GdnSpec::new(40, 1, 1, 64, 64);
+    spec.dtype = DType::F32;
+    let case = GdnCase::random(&spec, 914).unwrap();
+    let plan = StatePlan {
+        prepare: PrepareKernel::Staged,
+        ..StatePlan::default()
+    };
+    let refused = gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("staged prepare")),
         "{:?}",
         refused.map(|_| ())
     );

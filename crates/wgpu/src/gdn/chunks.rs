@@ -25,6 +25,18 @@ pub const PREPARE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_prepare",
 };
 
+/// The prepare pass for 16-bit q, k and v with K and V even and at most 128, the chunk's rows
+/// staged in workgroup memory (`chunks_prepare_staged.wgsl`).
+pub const PREPARE_STAGED: ShaderSource = ShaderSource {
+    name: "gdn_chunk_prepare_staged",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_prepare_staged.wgsl")
+    ),
+    entry_point: "gdn_chunk_prepare_staged",
+};
+
 /// The state pass.
 pub const STATE: ShaderSource = ShaderSource {
     name: "gdn_chunk_state",
@@ -55,6 +67,24 @@ pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 /// kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
+/// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
+/// where more than one serves (see [`PrepareKernel`]).
+pub const PREPARE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_PREPARE";
+
+/// The kernel of the prepare pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrepareKernel {
+    /// [`PrepareKernel::Staged`] where it serves, else [`PrepareKernel::General`].
+    #[default]
+    Auto,
+    /// `gdn_chunk_prepare` (`chunks.wgsl`): every dtype and head size.
+    General,
+    /// `gdn_chunk_prepare_staged` (`chunks_prepare_staged.wgsl`): bf16 or f16 q, k and v, K
+    /// and V even and at most 128; the chunk's rows read from memory once into workgroup
+    /// memory, every product reading them there.
+    Staged,
+}
+
 /// The kernel of the state pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StateKernel {
@@ -83,6 +113,8 @@ pub struct StatePlan {
     pub row_groups: Option<usize>,
     /// The kernel; one asked for a shape it does not serve is an error at launch.
     pub kernel: StateKernel,
+    /// The prepare pass's kernel; likewise an error at launch where it does not serve.
+    pub prepare: PrepareKernel,
 }
 
 impl StatePlan {
@@ -118,11 +150,22 @@ impl StatePlan {
                 )));
             }
         };
+        let prepare = match read(PREPARE_KERNEL_ENV).as_deref() {
+            None | Some("auto") => PrepareKernel::Auto,
+            Some("general") => PrepareKernel::General,
+            Some("staged") => PrepareKernel::Staged,
+            Some(other) => {
+                return Err(Error::InvalidValue(format!(
+                    "{PREPARE_KERNEL_ENV}={other}: expected auto, general or staged"
+                )));
+            }
+        };
         // The combination is checked where every plan is, at launch.
         Ok(StatePlan {
             tile: number(TILE_ENV, &[16, 32])?,
             row_groups: number(GROUPS_ENV, &[8, 16, 32])?,
             kernel,
+            prepare,
         })
     }
 
@@ -321,12 +364,37 @@ impl ChunkLaunch {
             });
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
-        // SAFETY: every loop of chunks.wgsl and chunks_state_staged.wgsl ends: their trip counts
-        // come from the chunk table and the head dimensions, which this launch has checked.
+        // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl and
+        // chunks_state_staged.wgsl ends: their trip counts come from the chunk table and the
+        // head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
         };
-        let prepare = pipeline(&PREPARE, &[])?;
+        let half_inputs = matches!(call.q.dtype(), DType::BF16 | DType::F16);
+        let staged_prepare = half_inputs
+            && d.key_dim.is_multiple_of(2)
+            && d.value_dim.is_multiple_of(2)
+            && d.key_dim <= 128
+            && d.value_dim <= 128;
+        let prepare = match plan.prepare {
+            PrepareKernel::Auto | PrepareKernel::Staged if staged_prepare => pipeline(
+                &PREPARE_STAGED,
+                &[
+                    ("KW", (d.key_dim / 2) as u32),
+                    ("VW", (d.value_dim / 2) as u32),
+                    ("HALF_DTYPE", dtype_code(call.q.dtype())),
+                ],
+            )?,
+            PrepareKernel::Staged => {
+                return Err(Error::InvalidValue(format!(
+                    "the staged prepare kernel takes bf16 or f16 q, k and v with K and V even and at most 128; this call has {:?} inputs, K = {}, V = {}",
+                    call.q.dtype(),
+                    d.key_dim,
+                    d.value_dim
+                )));
+            }
+            _ => pipeline(&PREPARE, &[])?,
+        };
         let state = match kernel {
             StateKernel::Staged => {
                 pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?

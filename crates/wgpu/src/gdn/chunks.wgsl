@@ -223,6 +223,130 @@ fn store_a_and_p(i: u32, j: u32, kk: f32, qk: f32) {
     gram_qk[i * CP + j] = select(0.0, p.scale * decay * qk * inv_q[i] * inv_k[j], j <= i);
 }
 
+// Thread (i0 / 2, j0 / 2)'s 2 x 2 block of K K^T (dkk: (i0, j0), (i0, j0 + 1), (i0 + 1, j0),
+// (i0 + 1, j0 + 1)) into gram_kk, and |q|^2 of rows i0, i0 + 1 into q_sq (threads with j0 = 0).
+fn store_gram_block(i0: u32, j0: u32, dkk: vec4<f32>, dqq: vec2<f32>) {
+    gram_kk[i0 * CP + j0] = dkk.x;
+    gram_kk[i0 * CP + j0 + 1u] = dkk.y;
+    gram_kk[(i0 + 1u) * CP + j0] = dkk.z;
+    gram_kk[(i0 + 1u) * CP + j0 + 1u] = dkk.w;
+    if j0 == 0u {
+        q_sq[i0] = dqq.x;
+        q_sq[i0 + 1u] = dqq.y;
+    }
+}
+
+// The same block of A (strictly lower) and P (lower, with the diagonal), from the raw dot
+// products, once the norms and cumulative gates are known.
+fn store_a_and_p_block(i0: u32, j0: u32, dkk: vec4<f32>, dqk: vec4<f32>) {
+    store_a_and_p(i0, j0, dkk.x, dqk.x);
+    store_a_and_p(i0, j0 + 1u, dkk.y, dqk.y);
+    store_a_and_p(i0 + 1u, j0, dkk.z, dqk.z);
+    store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
+}
+
+// g (clamped at RESET_GATE) and beta of the chunk's rows into g_cum and beta_c (zeros past
+// its end), by threads 0..C.
+fn load_gates(tid: u32, start: u32, len: u32, h: u32) {
+    if tid < C {
+        var gi = 0.0;
+        var bi = 0.0;
+        if tid < len {
+            let at = (start + tid) * p.value_heads + h;
+            gi = max(widen(g[word_of(at, p.g_dtype)], at, p.g_dtype), RESET_GATE);
+            bi = widen(beta[word_of(at, p.beta_dtype)], at, p.beta_dtype);
+        }
+        g_cum[tid] = gi;
+        beta_c[tid] = bi;
+    }
+}
+
+// Inverse norms from q_sq and K K^T's diagonal (threads 0..C) and the cumulative gates
+// (thread C).
+fn inverse_norms_and_gate_sums(tid: u32) {
+    if tid < C {
+        var iq = 1.0;
+        var ik = 1.0;
+        if p.l2norm != 0u {
+            iq = inverseSqrt(q_sq[tid] + 1e-6);
+            ik = inverseSqrt(gram_kk[tid * CP + tid] + 1e-6);
+        }
+        inv_q[tid] = iq;
+        inv_k[tid] = ik;
+    } else if tid == C {
+        for (var i = 1u; i < C; i++) {
+            g_cum[i] += g_cum[i - 1u];
+        }
+    }
+}
+
+// Row i's coefficients of K in W, of q in Qd and of k in Kd (zero past the chunk's end).
+fn row_coefficients(i: u32, len: u32) {
+    let g_last = g_cum[C - 1u];
+    let live = i < len;
+    coef_w[i] = select(0.0, beta_c[i] * exp(g_cum[i]) * inv_k[i], live);
+    coef_qd[i] = select(0.0, p.scale * exp(g_cum[i]) * inv_q[i], live);
+    coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
+}
+
+// T = (I + A)^-1 in two steps, so the longest serial chain is a 16-row substitution instead of
+// a 32-row one. First (threads 0..C, one column each): the two 16 x 16 diagonal blocks T11,
+// T22, column `col`'s rows below the diagonal by forward substitution, the rows above it zero
+// (T12 stays zero).
+fn inverse_diagonal_column(col: u32) {
+    let rows_end = (col & 16u) + 16u;
+    for (var i = 0u; i < rows_end; i++) {
+        var x = select(0.0, 1.0, i == col);
+        if i > col {
+            var acc = 0.0;
+            for (var m = col; m < i; m++) {
+                acc += gram_kk[i * CP + m] * t_inv[m * CP + col];
+            }
+            x = -acc;
+        }
+        t_inv[i * CP + col] = x;
+    }
+}
+
+// Then (every thread, an entry each; called in uniform control flow after a barrier that
+// follows the diagonal blocks): T21 = -T22 (A21 T11), entry (bi, bj) of the lower-left block
+// (rows 16 + bi, columns bj), first A21 T11 in its place, then -T22 times that. Ends with a
+// barrier.
+fn inverse_lower_block(tid: u32) {
+    let bi = 16u + tid / 16u;
+    let bj = tid % 16u;
+    var x = 0.0;
+    for (var m = bj; m < 16u; m++) {
+        x += gram_kk[bi * CP + m] * t_inv[m * CP + bj];
+    }
+    t_inv[bi * CP + bj] = x;
+    workgroupBarrier();
+    var y = 0.0;
+    for (var m = 16u; m <= bi; m++) {
+        y += t_inv[bi * CP + m] * t_inv[m * CP + bj];
+    }
+    workgroupBarrier();
+    t_inv[bi * CP + bj] = -y;
+    workgroupBarrier();
+}
+
+// P (a vec4 of a row per thread) and the chunk's decay exp(G_last) into the scratch.
+fn store_p_and_decay(tid: u32, ch: u32) {
+    for (var e = tid; e < C * C / 4u; e += PREPARE_THREADS) {
+        let i = e / (C / 4u);
+        let j0 = 4u * (e % (C / 4u));
+        scratch[p.p_at + ch * C * C / 4u + e] = vec4<f32>(
+            gram_qk[i * CP + j0],
+            gram_qk[i * CP + j0 + 1u],
+            gram_qk[i * CP + j0 + 2u],
+            gram_qk[i * CP + j0 + 3u],
+        );
+    }
+    if tid == 0u {
+        scratch[p.decay_at + ch] = vec4<f32>(exp(g_cum[C - 1u]), 0.0, 0.0, 0.0);
+    }
+}
+
 @compute @workgroup_size(PREPARE_THREADS)
 fn gdn_chunk_prepare(
     @builtin(local_invocation_index) tid: u32,
@@ -242,17 +366,7 @@ fn gdn_chunk_prepare(
     let range = workgroupUniformLoad(&chunk_range);
     let start = range.x;
     let len = range.y;
-    if tid < C {
-        var gi = 0.0;
-        var bi = 0.0;
-        if tid < len {
-            let at = (start + tid) * heads + h;
-            gi = max(widen(g[word_of(at, p.g_dtype)], at, p.g_dtype), RESET_GATE);
-            bi = widen(beta[word_of(at, p.beta_dtype)], at, p.beta_dtype);
-        }
-        g_cum[tid] = gi;
-        beta_c[tid] = bi;
-    }
+    load_gates(tid, start, len, h);
 
     // The Gram matrices over slices of K: thread (a, b) sums the 2 x 2 block of entries
     // (2a + x, 2b + y), as vec4 (x, y) = (0, 0), (0, 1), (1, 0), (1, 1); threads with b = 0
@@ -291,87 +405,22 @@ fn gdn_chunk_prepare(
             dqq += vec2<f32>(q0 * q0, q1 * q1);
         }
     }
-    gram_kk[i0 * CP + j0] = dkk.x;
-    gram_kk[i0 * CP + j0 + 1u] = dkk.y;
-    gram_kk[(i0 + 1u) * CP + j0] = dkk.z;
-    gram_kk[(i0 + 1u) * CP + j0 + 1u] = dkk.w;
-    if b == 0u {
-        q_sq[i0] = dqq.x;
-        q_sq[i0 + 1u] = dqq.y;
-    }
+    store_gram_block(i0, j0, dkk, dqq);
     workgroupBarrier();
 
-    // Inverse norms (threads 0..C) and the cumulative gates (thread C).
+    inverse_norms_and_gate_sums(tid);
+    workgroupBarrier();
+    store_a_and_p_block(i0, j0, dkk, dqk);
+    workgroupBarrier();
+
+    // T = (I + A)^-1 (threads 0..C, then all) and the row coefficients (threads C..2C).
     if tid < C {
-        var iq = 1.0;
-        var ik = 1.0;
-        if p.l2norm != 0u {
-            iq = inverseSqrt(q_sq[tid] + 1e-6);
-            ik = inverseSqrt(gram_kk[tid * CP + tid] + 1e-6);
-        }
-        inv_q[tid] = iq;
-        inv_k[tid] = ik;
-    } else if tid == C {
-        for (var i = 1u; i < C; i++) {
-            g_cum[i] += g_cum[i - 1u];
-        }
-    }
-    workgroupBarrier();
-
-    // A (strictly lower) and P (lower, with the diagonal), each thread its own entries.
-    store_a_and_p(i0, j0, dkk.x, dqk.x);
-    store_a_and_p(i0, j0 + 1u, dkk.y, dqk.y);
-    store_a_and_p(i0 + 1u, j0, dkk.z, dqk.z);
-    store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
-    workgroupBarrier();
-
-    // T = (I + A)^-1 (threads 0..C) and the row coefficients (threads C..2C): the two 16 x 16
-    // diagonal blocks T11, T22 by forward substitution, a column per thread, then
-    // T21 = -T22 (A21 T11) by all threads, an entry each; so the longest serial chain is a
-    // 16-row substitution instead of a 32-row one.
-    if tid < C {
-        // Column tid: the rows of its diagonal block below the diagonal by substitution, the
-        // rows above it zero (T12 stays zero).
-        let rows_end = (tid & 16u) + 16u;
-        for (var i = 0u; i < rows_end; i++) {
-            var x = select(0.0, 1.0, i == tid);
-            if i > tid {
-                var acc = 0.0;
-                for (var m = tid; m < i; m++) {
-                    acc += gram_kk[i * CP + m] * t_inv[m * CP + tid];
-                }
-                x = -acc;
-            }
-            t_inv[i * CP + tid] = x;
-        }
+        inverse_diagonal_column(tid);
     } else if tid < 2u * C {
-        let i = tid - C;
-        let g_last = g_cum[C - 1u];
-        let live = i < len;
-        coef_w[i] = select(0.0, beta_c[i] * exp(g_cum[i]) * inv_k[i], live);
-        coef_qd[i] = select(0.0, p.scale * exp(g_cum[i]) * inv_q[i], live);
-        coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
+        row_coefficients(tid - C, len);
     }
     workgroupBarrier();
-    {
-        // Entry (bi, bj) of the lower-left block (rows 16 + bi, columns bj): first A21 T11 in
-        // its place, then -T22 times that.
-        let bi = 16u + tid / 16u;
-        let bj = tid % 16u;
-        var x = 0.0;
-        for (var m = bj; m < 16u; m++) {
-            x += gram_kk[bi * CP + m] * t_inv[m * CP + bj];
-        }
-        t_inv[bi * CP + bj] = x;
-        workgroupBarrier();
-        var y = 0.0;
-        for (var m = 16u; m <= bi; m++) {
-            y += t_inv[bi * CP + m] * t_inv[m * CP + bj];
-        }
-        workgroupBarrier();
-        t_inv[bi * CP + bj] = -y;
-        workgroupBarrier();
-    }
+    inverse_lower_block(tid);
 
     let ch = n * heads + h;
     let kp4 = p.kp4;
@@ -430,20 +479,7 @@ fn gdn_chunk_prepare(
         store_q_and_k(e + 2u * PREPARE_THREADS, qk_items, qk_base, r2);
         store_q_and_k(e + 3u * PREPARE_THREADS, qk_items, qk_base, r3);
     }
-    // P, a vec4 of a row per thread.
-    for (var e = tid; e < C * C / 4u; e += PREPARE_THREADS) {
-        let i = e / (C / 4u);
-        let j0 = 4u * (e % (C / 4u));
-        scratch[p.p_at + ch * C * C / 4u + e] = vec4<f32>(
-            gram_qk[i * CP + j0],
-            gram_qk[i * CP + j0 + 1u],
-            gram_qk[i * CP + j0 + 2u],
-            gram_qk[i * CP + j0 + 3u],
-        );
-    }
-    if tid == 0u {
-        scratch[p.decay_at + ch] = vec4<f32>(exp(g_cum[C - 1u]), 0.0, 0.0, 0.0);
-    }
+    store_p_and_decay(tid, ch);
 }
 
 // ---- gdn_chunk_state ----

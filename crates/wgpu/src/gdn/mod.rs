@@ -6,7 +6,7 @@ pub mod decode_sources;
 pub mod prefill;
 pub mod recurrent;
 
-pub use chunks::{ChunkPasses, StateKernel, StatePlan};
+pub use chunks::{ChunkPasses, PrepareKernel, StateKernel, StatePlan};
 pub use decode::{
     DecodeLaunch, DecodeTile, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch, prepare_decode_launch_tiled,

@@ -397,7 +397,14 @@ impl ChunkLaunch {
         };
         let state = match kernel {
             StateKernel::Staged => {
-                pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
+                let pad = match std::env::var("DELTAKV_WGPU_PREFILL_STAGE_PAD").as_deref() {
+                    Ok("0") => 0,
+                    _ => 1,
+                };
+                pipeline(
+                    &STATE_STAGED,
+                    &[("VT", 16), ("STATE_KP4", state_kp4), ("STAGE_PAD", pad)],
+                )?
             }
             _ => pipeline(
                 &STATE,

@@ -19,7 +19,18 @@
 // The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's W, Qd or Kd.
 var<workgroup> block_s: array<vec2<f32>, 1024>;
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
-var<workgroup> staged: array<vec4<f32>, 1024>;
+var<workgroup> staged: array<vec4<f32>, 1056>;
+// Words between the staged matrix's rows: one more than a row, so the rows that the four
+// row groups of a subgroup read at once start in different banks.
+override STAGE_PAD: u32 = 1u;
+
+// Word e of a chunk's [C][STATE_KP4] matrix into `staged` (the words past it, loaded again
+// by the clamped reads, are dropped).
+fn stage_word(e: u32, word: vec4<f32>) {
+    if e < C * STATE_KP4 {
+        staged[(e / STATE_KP4) * (STATE_KP4 + STAGE_PAD) + e % STATE_KP4] = word;
+    }
+}
 
 // P V' over the chunk rows 4 j4 .. 4 j4 + 3, for the word pw of P.
 fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
@@ -49,7 +60,7 @@ fn tile_block_product(w: vec4<f32>, r4: u32, cp: u32) -> vec2<f32> {
 fn staged_row_products(rg: u32, kp4: u32, cp: u32) -> vec2<f32> {
     var acc = vec2<f32>(0.0);
     for (var r4 = 0u; r4 < kp4; r4 += 4u) {
-        let at = rg * kp4 + r4;
+        let at = rg * (kp4 + STAGE_PAD) + r4;
         acc += tile_block_product(staged[at], r4, cp);
         acc += tile_block_product(staged[at + 1u], r4 + 1u, cp);
         acc += tile_block_product(staged[at + 2u], r4 + 2u, cp);
@@ -60,10 +71,10 @@ fn staged_row_products(rg: u32, kp4: u32, cp: u32) -> vec2<f32> {
 
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
-    staged[tid] = a;
-    staged[tid + threads] = b;
-    staged[tid + 2u * threads] = c;
-    staged[tid + 3u * threads] = d;
+    stage_word(tid, a);
+    stage_word(tid + threads, b);
+    stage_word(tid + 2u * threads, c);
+    stage_word(tid + 3u * threads, d);
 }
 
 @compute @workgroup_size(C * VT / 2u)
@@ -173,10 +184,10 @@ fn gdn_chunk_state_staged(
         s3 *= decay;
         if has_rows {
             for (var j4 = 0u; j4 < C; j4 += 4u) {
-                let k0 = staged[j4 * kp4 + rg];
-                let k1 = staged[(j4 + 1u) * kp4 + rg];
-                let k2 = staged[(j4 + 2u) * kp4 + rg];
-                let k3 = staged[(j4 + 3u) * kp4 + rg];
+                let k0 = staged[j4 * (kp4 + STAGE_PAD) + rg];
+                let k1 = staged[(j4 + 1u) * (kp4 + STAGE_PAD) + rg];
+                let k2 = staged[(j4 + 2u) * (kp4 + STAGE_PAD) + rg];
+                let k3 = staged[(j4 + 3u) * (kp4 + STAGE_PAD) + rg];
                 let v0 = block_v_new[j4 * pairs + cp];
                 let v1 = block_v_new[(j4 + 1u) * pairs + cp];
                 let v2 = block_v_new[(j4 + 2u) * pairs + cp];

@@ -397,14 +397,7 @@ impl ChunkLaunch {
         };
         let state = match kernel {
             StateKernel::Staged => {
-                let pad = match std::env::var("DELTAKV_WGPU_PREFILL_STAGE_PAD").as_deref() {
-                    Ok("0") => 0,
-                    _ => 1,
-                };
-                pipeline(
-                    &STATE_STAGED,
-                    &[("VT", 16), ("STATE_KP4", state_kp4), ("STAGE_PAD", pad)],
-                )?
+                pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
             }
             _ => pipeline(
                 &STATE,

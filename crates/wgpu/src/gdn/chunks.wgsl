@@ -289,44 +289,67 @@ fn row_coefficients(i: u32, len: u32) {
     coef_kd[i] = select(0.0, exp(g_last - g_cum[i]) * inv_k[i], live);
 }
 
-// T = (I + A)^-1 in two steps, so the longest serial chain is a 16-row substitution instead of
-// a 32-row one. First (threads 0..C, one column each): the two 16 x 16 diagonal blocks T11,
-// T22, column `col`'s rows below the diagonal by forward substitution, the rows above it zero
-// (T12 stays zero).
-fn inverse_diagonal_column(col: u32) {
-    let rows_end = (col & 16u) + 16u;
-    for (var i = 0u; i < rows_end; i++) {
-        var x = select(0.0, 1.0, i == col);
-        if i > col {
-            var acc = 0.0;
-            for (var m = col; m < i; m++) {
-                acc += gram_kk[i * CP + m] * t_inv[m * CP + col];
-            }
-            x = -acc;
+// T = (I + A)^-1 by blocks, every thread taking part (called in uniform control flow after
+// the barrier that follows A; ends with a barrier): the eight 4 x 4 diagonal blocks by forward
+// substitution, a column per thread (threads 0..C), while the others zero every entry outside
+// those blocks; then, for s = 4, 8, 16, the lower-left s x s block of each 2s x 2s diagonal
+// block from the two diagonal blocks above it, T21 = -T22 (A21 T11). The longest serial chain
+// is then three rows of a 4 x 4 block and two sums of at most 16 terms per level, where a
+// substitution over whole 16 x 16 blocks chained up to 120 dependent steps.
+fn inverse_blocked(tid: u32) {
+    for (var e = tid; e < C * C; e += PREPARE_THREADS) {
+        let i = e / C;
+        let j = e % C;
+        if i / 4u != j / 4u {
+            t_inv[i * CP + j] = 0.0;
         }
-        t_inv[i * CP + col] = x;
+    }
+    if tid < C {
+        let col = tid;
+        let r0 = col & ~3u;
+        for (var i = r0; i < r0 + 4u; i++) {
+            var x = select(0.0, 1.0, i == col);
+            if i > col {
+                var acc = 0.0;
+                for (var m = col; m < i; m++) {
+                    acc += gram_kk[i * CP + m] * t_inv[m * CP + col];
+                }
+                x = -acc;
+            }
+            t_inv[i * CP + col] = x;
+        }
+    }
+    workgroupBarrier();
+    for (var s = 4u; s < C; s *= 2u) {
+        inverse_lower_blocks(tid, s);
     }
 }
 
-// Then (every thread, an entry each; called in uniform control flow after a barrier that
-// follows the diagonal blocks): T21 = -T22 (A21 T11), entry (bi, bj) of the lower-left block
-// (rows 16 + bi, columns bj), first A21 T11 in its place, then -T22 times that. Ends with a
-// barrier.
-fn inverse_lower_block(tid: u32) {
-    let bi = 16u + tid / 16u;
-    let bj = tid % 16u;
-    var x = 0.0;
-    for (var m = bj; m < 16u; m++) {
-        x += gram_kk[bi * CP + m] * t_inv[m * CP + bj];
+// The lower-left s x s block of every 2s x 2s diagonal block of T (16 s entries, one per
+// thread): first X = A21 T11 in its place, then -T22 X. Ends with a barrier.
+fn inverse_lower_blocks(tid: u32, s: u32) {
+    let in_block = tid < 16u * s;
+    let r0 = 2u * s * (tid / (s * s));
+    let bi = r0 + s + (tid % (s * s)) / s;
+    let bj = r0 + tid % s;
+    if in_block {
+        var x = 0.0;
+        for (var m = bj; m < r0 + s; m++) {
+            x += gram_kk[bi * CP + m] * t_inv[m * CP + bj];
+        }
+        t_inv[bi * CP + bj] = x;
     }
-    t_inv[bi * CP + bj] = x;
     workgroupBarrier();
     var y = 0.0;
-    for (var m = 16u; m <= bi; m++) {
-        y += t_inv[bi * CP + m] * t_inv[m * CP + bj];
+    if in_block {
+        for (var m = r0 + s; m <= bi; m++) {
+            y += t_inv[bi * CP + m] * t_inv[m * CP + bj];
+        }
     }
     workgroupBarrier();
-    t_inv[bi * CP + bj] = -y;
+    if in_block {
+        t_inv[bi * CP + bj] = -y;
+    }
     workgroupBarrier();
 }
 
@@ -413,14 +436,11 @@ fn gdn_chunk_prepare(
     store_a_and_p_block(i0, j0, dkk, dqk);
     workgroupBarrier();
 
-    // T = (I + A)^-1 (threads 0..C, then all) and the row coefficients (threads C..2C).
-    if tid < C {
-        inverse_diagonal_column(tid);
-    } else if tid < 2u * C {
+    // The row coefficients (threads C..2C) and T = (I + A)^-1 (all).
+    if tid >= C && tid < 2u * C {
         row_coefficients(tid - C, len);
     }
-    workgroupBarrier();
-    inverse_lower_block(tid);
+    inverse_blocked(tid);
 
     let ch = n * heads + h;
     let kp4 = p.kp4;

@@ -6,8 +6,7 @@
 //   load   k and q rows into k_rows / qv_rows, v's words into registers; g and beta
 //   gram   K K^T, Q K^T and |q|^2 (thread (a, b): rows 2a, 2a + 1 against 2b, 2b + 1)
 //   norms  inverse norms, cumulative gates; then A, P and the row coefficients
-//   T      the diagonal blocks by threads 0..C while threads C..256 write Qd and Kd from the
-//          staged rows; then v's words into qv_rows beside the lower block of T
+//   Qd, Kd from the staged rows; then v's words into qv_rows beside T = (I + A)^-1 by blocks
 //   W, U   T diag(coef) K and T diag(beta) V from the staged rows, row block by row block,
 //          each row only over the columns where T is not zero (T is lower triangular)
 //
@@ -156,26 +155,21 @@ fn gdn_chunk_prepare_staged(
     }
     workgroupBarrier();
 
-    // T's diagonal blocks (threads 0..C) beside Qd and Kd (the other threads), from the
-    // staged q and k rows.
+    // Qd and Kd from the staged q and k rows.
     let ch = n * p.value_heads + h;
     let kp4 = p.kp4;
     let vp4 = p.vp4;
-    if tid < C {
-        inverse_diagonal_column(tid);
-    } else {
-        let items = C * kp4;
-        let base = ch * items;
-        for (var e = tid - C; e < items; e += PREPARE_THREADS - C) {
-            let i = e / kp4;
-            let c4 = e % kp4;
-            scratch[p.qd_at + base + e] = staged4(false, i, c4, KW) * coef_qd[i];
-            scratch[p.kd_at + base + e] = staged4(true, i, c4, KW) * coef_kd[i];
-        }
+    let items = C * kp4;
+    let base = ch * items;
+    for (var e = tid; e < items; e += PREPARE_THREADS) {
+        let i = e / kp4;
+        let c4 = e % kp4;
+        scratch[p.qd_at + base + e] = staged4(false, i, c4, KW) * coef_qd[i];
+        scratch[p.kd_at + base + e] = staged4(true, i, c4, KW) * coef_kd[i];
     }
     workgroupBarrier();
-    // q's rows are done with: v's words take their place (read after the lower block's
-    // barriers).
+    // q's rows are done with: v's words take their place (read after the inverse's barriers),
+    // and T = (I + A)^-1.
     store_v_item(tid, 0u, v0);
     store_v_item(tid, 1u, v1);
     store_v_item(tid, 2u, v2);
@@ -184,7 +178,7 @@ fn gdn_chunk_prepare_staged(
     store_v_item(tid, 5u, v5);
     store_v_item(tid, 6u, v6);
     store_v_item(tid, 7u, v7);
-    inverse_lower_block(tid);
+    inverse_blocked(tid);
 
     // W and U: item (block of 8 rows, vec4 column), the block's rows summed over the columns
     // m < min(len, 8 (block + 1)) where T can be non-zero, in increasing m as gdn_chunk_prepare.

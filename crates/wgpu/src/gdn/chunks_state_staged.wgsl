@@ -20,9 +20,9 @@
 var<workgroup> block_s: array<vec2<f32>, 1024>;
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
-// Words between the staged matrix's rows: one more than a row, so the rows that the four
+// vec4 words between the staged matrix's rows beyond a row: one, so the rows that the four
 // row groups of a subgroup read at once start in different banks.
-override STAGE_PAD: u32 = 1u;
+const STAGE_PAD: u32 = 1u;
 
 // Word e of a chunk's [C][STATE_KP4] matrix into `staged` (the words past it, loaded again
 // by the clamped reads, are dropped).

@@ -1,25 +1,30 @@
 // The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
 // owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
-// so K <= 128), with K a multiple of 16 and 16-column tiles. Same math and the same order of
-// every sum as `gdn_chunk_state`. Written without function-scope arrays: the state rows, the
+// so K <= 128), with K a multiple of 16 and 16-column tiles. Same math as `gdn_chunk_state`;
+// W S and Qd S are summed as two halves over K (each thread sums rows rg and rg ^ 16 over one
+// half, so each load of S serves two rows, then the halves meet through workgroup memory).
+// Written without function-scope arrays: the state rows, the
 // loaded words and the sums are named values. Every scratch matrix of the walk is read from
 // workgroup memory: W, Qd and Kd of the chunk each go through registers into one buffer before
 // their use, loaded one or two phases ahead, so no product waits on a scratch load:
 //
 //   top:  S and W (loaded during the previous chunk's o) stored; barrier
-//   A:    W S, V' = U - W S stored; Kd loads issued; barrier
+//   A:    W S (halves joined: barrier), V' = U - W S stored; Kd loads issued; barrier
 //         Qd (loaded during the previous update) stored; barrier
-//   B1:   O = Qd S + P V' (S still in workgroup memory); the next W's loads issued; barrier
+//   B1:   O = Qd S (halves joined: barrier) + P V' (S still in workgroup memory); the next
+//         W's loads issued; barrier
 //         Kd stored; barrier
 //   B2:   S <- exp(G_last) S + Kd^T V'; the next Qd's loads issued; barrier (next top)
 //
-// The three matrices take turns in one 16 KiB buffer, so the kernel needs 26 KiB of workgroup
-// memory (every adapter's 32 KiB holds it), at the price of six barriers per chunk.
+// The three matrices take turns in one 16.5 KiB buffer, so the kernel needs 29 KiB of workgroup
+// memory (every adapter's 32 KiB holds it), at the price of eight barriers per chunk.
 
 // The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's W, Qd or Kd.
 var<workgroup> block_s: array<vec2<f32>, 1024>;
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
+// The halves of W S and Qd S that a thread sums for another thread's row, [C][8].
+var<workgroup> half_sums: array<vec2<f32>, 256>;
 // vec4 words between the staged matrix's rows beyond a row: one, so the rows that the four
 // row groups of a subgroup read at once start in different banks.
 const STAGE_PAD: u32 = 1u;
@@ -46,27 +51,38 @@ fn chunk_word(at: u32, ch: u32, i: u32, kp4: u32) -> vec4<f32> {
     return scratch[at + ch * words + min(i, words - 1u)];
 }
 
-// (W S or Qd S) of one 4-row block r4 of the tile of S, for the word w of W or Qd.
-fn tile_block_product(w: vec4<f32>, r4: u32, cp: u32) -> vec2<f32> {
+// Chunk rows rg and rg ^ 16 of the staged matrix (W or Qd) times the tile of S at column pair
+// cp, each over the half of K that rg / 16 names: (row rg, row rg ^ 16) as (xy, zw). Two rows
+// per thread share each load of S.
+fn staged_half_products(rg: u32, kp4: u32, cp: u32) -> vec4<f32> {
     let pairs = VT / 2u;
-    let s0 = block_s[(4u * r4) * pairs + cp];
-    let s1 = block_s[(4u * r4 + 1u) * pairs + cp];
-    let s2 = block_s[(4u * r4 + 2u) * pairs + cp];
-    let s3 = block_s[(4u * r4 + 3u) * pairs + cp];
-    return w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+    let half = kp4 / 2u;
+    let first = (rg / 16u) * half;
+    let own = rg * (kp4 + STAGE_PAD);
+    let other = (rg ^ 16u) * (kp4 + STAGE_PAD);
+    var a = vec2<f32>(0.0);
+    var b = vec2<f32>(0.0);
+    for (var r4 = first; r4 < first + half; r4++) {
+        let s0 = block_s[(4u * r4) * pairs + cp];
+        let s1 = block_s[(4u * r4 + 1u) * pairs + cp];
+        let s2 = block_s[(4u * r4 + 2u) * pairs + cp];
+        let s3 = block_s[(4u * r4 + 3u) * pairs + cp];
+        let wa = staged[own + r4];
+        let wb = staged[other + r4];
+        a += wa.x * s0 + wa.y * s1 + wa.z * s2 + wa.w * s3;
+        b += wb.x * s0 + wb.y * s1 + wb.z * s2 + wb.w * s3;
+    }
+    return vec4<f32>(a, b);
 }
 
-// Chunk row rg of the staged matrix (W or Qd) times the tile of S, at column pair cp.
-fn staged_row_products(rg: u32, kp4: u32, cp: u32) -> vec2<f32> {
-    var acc = vec2<f32>(0.0);
-    for (var r4 = 0u; r4 < kp4; r4 += 4u) {
-        let at = rg * (kp4 + STAGE_PAD) + r4;
-        acc += tile_block_product(staged[at], r4, cp);
-        acc += tile_block_product(staged[at + 1u], r4 + 1u, cp);
-        acc += tile_block_product(staged[at + 2u], r4 + 2u, cp);
-        acc += tile_block_product(staged[at + 3u], r4 + 3u, cp);
-    }
-    return acc;
+// Row rg's whole product from its two halves: each thread hands the half it summed for row
+// rg ^ 16 to that row's thread and adds the half it receives (every thread calls it, in
+// uniform control flow; a barrier inside).
+fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
+    let pairs = VT / 2u;
+    half_sums[(rg ^ 16u) * pairs + cp] = halves.zw;
+    workgroupBarrier();
+    return halves.xy + half_sums[rg * pairs + cp];
 }
 
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
@@ -130,7 +146,7 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // A: W S for chunk row rg, then V' = U - W S.
-        let ws = staged_row_products(rg, kp4, cp);
+        let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
         let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
@@ -151,7 +167,7 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // B1: O = Qd S + P V'; the next chunk's W on its way.
-        var qs = staged_row_products(rg, kp4, cp);
+        var qs = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
         w0 = chunk_word(p.w_at, next_ch, tid, kp4);
         w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);

@@ -85,6 +85,47 @@ fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
     return halves.xy + half_sums[rg * pairs + cp];
 }
 
+// A word of Qd or Kd on its way to `staged`: the scratch's, or (QK_INPUTS) the two packed
+// input words it is formed from and its row's coefficient.
+struct QkWord {
+    scratch: vec4<f32>,
+    lo: u32,
+    hi: u32,
+    coef: f32,
+}
+
+// Word e of chunk n's Qd (`is_q`) or Kd for value head h (chunk-head ch).
+fn qk_word(is_q: bool, n: u32, ch: u32, h: u32, e: u32) -> QkWord {
+    var out = QkWord(vec4<f32>(0.0), 0u, 0u, 0.0);
+    if QK_INPUTS == 0u {
+        out.scratch = chunk_word(select(p.kd_at, p.qd_at, is_q), ch, e, STATE_KP4);
+        return out;
+    }
+    let i = min(e, C * STATE_KP4 - 1u);
+    let row = i / STATE_KP4;
+    if row < chunk_info[2u * n + 1u] {
+        let token = chunk_info[2u * n] + row;
+        let at = (token * p.key_heads + h / p.group) * (2u * STATE_KP4) + 2u * (i % STATE_KP4);
+        if is_q {
+            out.lo = q[at];
+            out.hi = q[at + 1u];
+        } else {
+            out.lo = k[at];
+            out.hi = k[at + 1u];
+        }
+        let coefs = p.qd_at + ch * 2u * QK_COEF_WORDS + select(QK_COEF_WORDS, 0u, is_q);
+        out.coef = scratch[coefs + row / 4u][row % 4u];
+    }
+    return out;
+}
+
+fn qk_value(x: QkWord) -> vec4<f32> {
+    if QK_INPUTS == 0u {
+        return x.scratch;
+    }
+    return vec4<f32>(unpack_half2(x.lo), unpack_half2(x.hi)) * x.coef;
+}
+
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     stage_word(tid, a);
@@ -125,14 +166,16 @@ fn gdn_chunk_state_staged(
     var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);
     var w2 = chunk_word(p.w_at, first_ch, tid + 2u * threads, kp4);
     var w3 = chunk_word(p.w_at, first_ch, tid + 3u * threads, kp4);
-    var x0 = chunk_word(p.qd_at, first_ch, tid, kp4);
-    var x1 = chunk_word(p.qd_at, first_ch, tid + threads, kp4);
-    var x2 = chunk_word(p.qd_at, first_ch, tid + 2u * threads, kp4);
-    var x3 = chunk_word(p.qd_at, first_ch, tid + 3u * threads, kp4);
+    let first_n = min(chunks.x, max(p.chunks, 1u) - 1u);
+    var x0 = qk_word(true, first_n, first_ch, h, tid);
+    var x1 = qk_word(true, first_n, first_ch, h, tid + threads);
+    var x2 = qk_word(true, first_n, first_ch, h, tid + 2u * threads);
+    var x3 = qk_word(true, first_n, first_ch, h, tid + 3u * threads);
 
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
-        let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
+        let next_n = min(n + 1u, chunks.y - 1u);
+        let next_ch = next_n * heads + h;
         // Top: the previous update has read Kd and V'; S and W in.
         workgroupBarrier();
         if has_rows {
@@ -148,10 +191,10 @@ fn gdn_chunk_state_staged(
         // A: W S for chunk row rg, then V' = U - W S.
         let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
-        let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
-        let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
-        let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
-        let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
+        let kd0 = qk_word(false, n, ch, h, tid);
+        let kd1 = qk_word(false, n, ch, h, tid + threads);
+        let kd2 = qk_word(false, n, ch, h, tid + 2u * threads);
+        let kd3 = qk_word(false, n, ch, h, tid + 3u * threads);
         let p_row = p.p_at + (ch * C + rg) * (C / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
@@ -163,7 +206,7 @@ fn gdn_chunk_state_staged(
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
-        stage_words(threads, tid, x0, x1, x2, x3);
+        stage_words(threads, tid, qk_value(x0), qk_value(x1), qk_value(x2), qk_value(x3));
         workgroupBarrier();
 
         // B1: O = Qd S + P V'; the next chunk's W on its way.
@@ -186,14 +229,14 @@ fn gdn_chunk_state_staged(
             store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
         }
         workgroupBarrier();
-        stage_words(threads, tid, kd0, kd1, kd2, kd3);
+        stage_words(threads, tid, qk_value(kd0), qk_value(kd1), qk_value(kd2), qk_value(kd3));
         workgroupBarrier();
 
         // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
-        x0 = chunk_word(p.qd_at, next_ch, tid, kp4);
-        x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
-        x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);
-        x3 = chunk_word(p.qd_at, next_ch, tid + 3u * threads, kp4);
+        x0 = qk_word(true, next_n, next_ch, h, tid);
+        x1 = qk_word(true, next_n, next_ch, h, tid + threads);
+        x2 = qk_word(true, next_n, next_ch, h, tid + 2u * threads);
+        x3 = qk_word(true, next_n, next_ch, h, tid + 3u * threads);
         s0 *= decay;
         s1 *= decay;
         s2 *= decay;

@@ -94,8 +94,16 @@ struct QkWord {
     coef: f32,
 }
 
-// Word e of chunk n's Qd (`is_q`) or Kd for value head h (chunk-head ch).
-fn qk_word(is_q: bool, n: u32, ch: u32, h: u32, e: u32) -> QkWord {
+// Chunk n's first token and length (n clamped to the table).
+fn chunk_span(n: u32) -> vec2<u32> {
+    let at = 2u * min(n, max(p.chunks, 1u) - 1u);
+    return vec2<u32>(chunk_info[at], chunk_info[at + 1u]);
+}
+
+// Word e of Qd (`is_q`) or Kd of chunk-head ch, value head h, for the chunk of first token and
+// length `span` (read a chunk ahead, so these loads wait on nothing). Rows past the chunk's end
+// read its last row (in bounds) and take its zero coefficient.
+fn qk_word(is_q: bool, span: vec2<u32>, ch: u32, h: u32, e: u32) -> QkWord {
     var out = QkWord(vec4<f32>(0.0), 0u, 0u, 0.0);
     if QK_INPUTS == 0u {
         out.scratch = chunk_word(select(p.kd_at, p.qd_at, is_q), ch, e, STATE_KP4);
@@ -103,19 +111,17 @@ fn qk_word(is_q: bool, n: u32, ch: u32, h: u32, e: u32) -> QkWord {
     }
     let i = min(e, C * STATE_KP4 - 1u);
     let row = i / STATE_KP4;
-    if row < chunk_info[2u * n + 1u] {
-        let token = chunk_info[2u * n] + row;
-        let at = (token * p.key_heads + h / p.group) * (2u * STATE_KP4) + 2u * (i % STATE_KP4);
-        if is_q {
-            out.lo = q[at];
-            out.hi = q[at + 1u];
-        } else {
-            out.lo = k[at];
-            out.hi = k[at + 1u];
-        }
-        let coefs = p.qd_at + ch * 2u * QK_COEF_WORDS + select(QK_COEF_WORDS, 0u, is_q);
-        out.coef = scratch[coefs + row / 4u][row % 4u];
+    let token = span.x + min(row, max(span.y, 1u) - 1u);
+    let at = (token * p.key_heads + h / p.group) * (2u * STATE_KP4) + 2u * (i % STATE_KP4);
+    if is_q {
+        out.lo = q[at];
+        out.hi = q[at + 1u];
+    } else {
+        out.lo = k[at];
+        out.hi = k[at + 1u];
     }
+    let coefs = p.qd_at + ch * 2u * QK_COEF_WORDS + select(QK_COEF_WORDS, 0u, is_q);
+    out.coef = scratch[coefs + row / 4u][row % 4u];
     return out;
 }
 
@@ -166,16 +172,18 @@ fn gdn_chunk_state_staged(
     var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);
     var w2 = chunk_word(p.w_at, first_ch, tid + 2u * threads, kp4);
     var w3 = chunk_word(p.w_at, first_ch, tid + 3u * threads, kp4);
-    let first_n = min(chunks.x, max(p.chunks, 1u) - 1u);
-    var x0 = qk_word(true, first_n, first_ch, h, tid);
-    var x1 = qk_word(true, first_n, first_ch, h, tid + threads);
-    var x2 = qk_word(true, first_n, first_ch, h, tid + 2u * threads);
-    var x3 = qk_word(true, first_n, first_ch, h, tid + 3u * threads);
+    // Chunk spans one chunk ahead of the loads that use them.
+    var span = chunk_span(chunks.x);
+    var next_span = chunk_span(min(chunks.x + 1u, max(chunks.y, 1u) - 1u));
+    var x0 = qk_word(true, span, first_ch, h, tid);
+    var x1 = qk_word(true, span, first_ch, h, tid + threads);
+    var x2 = qk_word(true, span, first_ch, h, tid + 2u * threads);
+    var x3 = qk_word(true, span, first_ch, h, tid + 3u * threads);
 
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
-        let next_n = min(n + 1u, chunks.y - 1u);
-        let next_ch = next_n * heads + h;
+        let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
+        let later_span = chunk_span(min(n + 2u, chunks.y - 1u));
         // Top: the previous update has read Kd and V'; S and W in.
         workgroupBarrier();
         if has_rows {
@@ -191,10 +199,10 @@ fn gdn_chunk_state_staged(
         // A: W S for chunk row rg, then V' = U - W S.
         let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
-        let kd0 = qk_word(false, n, ch, h, tid);
-        let kd1 = qk_word(false, n, ch, h, tid + threads);
-        let kd2 = qk_word(false, n, ch, h, tid + 2u * threads);
-        let kd3 = qk_word(false, n, ch, h, tid + 3u * threads);
+        let kd0 = qk_word(false, span, ch, h, tid);
+        let kd1 = qk_word(false, span, ch, h, tid + threads);
+        let kd2 = qk_word(false, span, ch, h, tid + 2u * threads);
+        let kd3 = qk_word(false, span, ch, h, tid + 3u * threads);
         let p_row = p.p_at + (ch * C + rg) * (C / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
@@ -223,8 +231,8 @@ fn gdn_chunk_state_staged(
         qs += new_value_products(p5, 5u, cp);
         qs += new_value_products(p6, 6u, cp);
         qs += new_value_products(p7, 7u, cp);
-        let start = chunk_info[2u * n];
-        let len = chunk_info[2u * n + 1u];
+        let start = span.x;
+        let len = span.y;
         if rg < len && col_ok.x {
             store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
         }
@@ -233,10 +241,10 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
-        x0 = qk_word(true, next_n, next_ch, h, tid);
-        x1 = qk_word(true, next_n, next_ch, h, tid + threads);
-        x2 = qk_word(true, next_n, next_ch, h, tid + 2u * threads);
-        x3 = qk_word(true, next_n, next_ch, h, tid + 3u * threads);
+        x0 = qk_word(true, next_span, next_ch, h, tid);
+        x1 = qk_word(true, next_span, next_ch, h, tid + threads);
+        x2 = qk_word(true, next_span, next_ch, h, tid + 2u * threads);
+        x3 = qk_word(true, next_span, next_ch, h, tid + 3u * threads);
         s0 *= decay;
         s1 *= decay;
         s2 *= decay;
@@ -269,6 +277,8 @@ fn gdn_chunk_state_staged(
                 s3 += k3.w * v3;
             }
         }
+        span = next_span;
+        next_span = later_span;
     }
 
     store_state_pair(slab, r, col, col_ok, s0);

@@ -36,22 +36,6 @@ override ROW_BLOCKS: u32 = 4u;
 // instead of one load per trip.
 override STATE_KP4: u32 = 32u;
 
-// The 16-bit dtype of q, k and v (DT_BF16 or DT_F16) for the kernels that read their packed
-// words, and QK_INPUTS = 1 when the state pass forms Qd and Kd from q and k (bf16 or f16, K a
-// multiple of 16) and their row coefficients: the prepare pass then stores those coefficients,
-// [chunk-head][2 QK_COEF_WORDS] vec4 words (Qd's, then Kd's), where Qd would go, and no Qd, Kd.
-override HALF_DTYPE: u32 = 2u;
-override QK_INPUTS: u32 = 0u;
-const QK_COEF_WORDS: u32 = C / 4u;
-
-// The two elements of a packed 16-bit word (low half first).
-fn unpack_half2(w: u32) -> vec2<f32> {
-    if HALF_DTYPE == DT_BF16 {
-        return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));
-    }
-    return unpack2x16float(w);
-}
-
 struct ChunkParams {
     key_heads: u32,
     value_heads: u32,

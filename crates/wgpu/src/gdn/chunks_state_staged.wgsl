@@ -85,53 +85,6 @@ fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
     return halves.xy + half_sums[rg * pairs + cp];
 }
 
-// A word of Qd or Kd on its way to `staged`: the scratch's, or (QK_INPUTS) the two packed
-// input words it is formed from and its row's coefficient.
-struct QkWord {
-    scratch: vec4<f32>,
-    lo: u32,
-    hi: u32,
-    coef: f32,
-}
-
-// Chunk n's first token and length (n clamped to the table).
-fn chunk_span(n: u32) -> vec2<u32> {
-    let at = 2u * min(n, max(p.chunks, 1u) - 1u);
-    return vec2<u32>(chunk_info[at], chunk_info[at + 1u]);
-}
-
-// Word e of Qd (`is_q`) or Kd of chunk-head ch, value head h, for the chunk of first token and
-// length `span` (read a chunk ahead, so these loads wait on nothing). Rows past the chunk's end
-// read its last row (in bounds) and take its zero coefficient.
-fn qk_word(is_q: bool, span: vec2<u32>, ch: u32, h: u32, e: u32) -> QkWord {
-    var out = QkWord(vec4<f32>(0.0), 0u, 0u, 0.0);
-    if QK_INPUTS == 0u {
-        out.scratch = chunk_word(select(p.kd_at, p.qd_at, is_q), ch, e, STATE_KP4);
-        return out;
-    }
-    let i = min(e, C * STATE_KP4 - 1u);
-    let row = i / STATE_KP4;
-    let token = span.x + min(row, max(span.y, 1u) - 1u);
-    let at = (token * p.key_heads + h / p.group) * (2u * STATE_KP4) + 2u * (i % STATE_KP4);
-    if is_q {
-        out.lo = q[at];
-        out.hi = q[at + 1u];
-    } else {
-        out.lo = k[at];
-        out.hi = k[at + 1u];
-    }
-    let coefs = p.qd_at + ch * 2u * QK_COEF_WORDS + select(QK_COEF_WORDS, 0u, is_q);
-    out.coef = scratch[coefs + row / 4u][row % 4u];
-    return out;
-}
-
-fn qk_value(x: QkWord) -> vec4<f32> {
-    if QK_INPUTS == 0u {
-        return x.scratch;
-    }
-    return vec4<f32>(unpack_half2(x.lo), unpack_half2(x.hi)) * x.coef;
-}
-
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     stage_word(tid, a);
@@ -172,18 +125,14 @@ fn gdn_chunk_state_staged(
     var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);
     var w2 = chunk_word(p.w_at, first_ch, tid + 2u * threads, kp4);
     var w3 = chunk_word(p.w_at, first_ch, tid + 3u * threads, kp4);
-    // Chunk spans one chunk ahead of the loads that use them.
-    var span = chunk_span(chunks.x);
-    var next_span = chunk_span(min(chunks.x + 1u, max(chunks.y, 1u) - 1u));
-    var x0 = qk_word(true, span, first_ch, h, tid);
-    var x1 = qk_word(true, span, first_ch, h, tid + threads);
-    var x2 = qk_word(true, span, first_ch, h, tid + 2u * threads);
-    var x3 = qk_word(true, span, first_ch, h, tid + 3u * threads);
+    var x0 = chunk_word(p.qd_at, first_ch, tid, kp4);
+    var x1 = chunk_word(p.qd_at, first_ch, tid + threads, kp4);
+    var x2 = chunk_word(p.qd_at, first_ch, tid + 2u * threads, kp4);
+    var x3 = chunk_word(p.qd_at, first_ch, tid + 3u * threads, kp4);
 
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
         let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
-        let later_span = chunk_span(min(n + 2u, chunks.y - 1u));
         // Top: the previous update has read Kd and V'; S and W in.
         workgroupBarrier();
         if has_rows {
@@ -199,10 +148,10 @@ fn gdn_chunk_state_staged(
         // A: W S for chunk row rg, then V' = U - W S.
         let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
         block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
-        let kd0 = qk_word(false, span, ch, h, tid);
-        let kd1 = qk_word(false, span, ch, h, tid + threads);
-        let kd2 = qk_word(false, span, ch, h, tid + 2u * threads);
-        let kd3 = qk_word(false, span, ch, h, tid + 3u * threads);
+        let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
+        let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
+        let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
+        let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
         let p_row = p.p_at + (ch * C + rg) * (C / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
@@ -214,7 +163,7 @@ fn gdn_chunk_state_staged(
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
-        stage_words(threads, tid, qk_value(x0), qk_value(x1), qk_value(x2), qk_value(x3));
+        stage_words(threads, tid, x0, x1, x2, x3);
         workgroupBarrier();
 
         // B1: O = Qd S + P V'; the next chunk's W on its way.
@@ -231,20 +180,20 @@ fn gdn_chunk_state_staged(
         qs += new_value_products(p5, 5u, cp);
         qs += new_value_products(p6, 6u, cp);
         qs += new_value_products(p7, 7u, cp);
-        let start = span.x;
-        let len = span.y;
+        let start = chunk_info[2u * n];
+        let len = chunk_info[2u * n + 1u];
         if rg < len && col_ok.x {
             store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
         }
         workgroupBarrier();
-        stage_words(threads, tid, qk_value(kd0), qk_value(kd1), qk_value(kd2), qk_value(kd3));
+        stage_words(threads, tid, kd0, kd1, kd2, kd3);
         workgroupBarrier();
 
         // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
-        x0 = qk_word(true, next_span, next_ch, h, tid);
-        x1 = qk_word(true, next_span, next_ch, h, tid + threads);
-        x2 = qk_word(true, next_span, next_ch, h, tid + 2u * threads);
-        x3 = qk_word(true, next_span, next_ch, h, tid + 3u * threads);
+        x0 = chunk_word(p.qd_at, next_ch, tid, kp4);
+        x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
+        x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);
+        x3 = chunk_word(p.qd_at, next_ch, tid + 3u * threads, kp4);
         s0 *= decay;
         s1 *= decay;
         s2 *= decay;
@@ -277,8 +226,6 @@ fn gdn_chunk_state_staged(
                 s3 += k3.w * v3;
             }
         }
-        span = next_span;
-        next_span = later_span;
     }
 
     store_state_pair(slab, r, col, col_ok, s0);

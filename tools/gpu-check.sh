@@ -676,8 +676,8 @@ wgpu)
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
-    # The chunked prefill's state pass in its other forms (the variables of docs/wgpu.md).
-    for variant in STATE=general; do
+    # The chunked prefill's other kernels (the variables of docs/wgpu.md).
+    for variant in STATE=general PREPARE=general; do
         env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
             --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
         summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")

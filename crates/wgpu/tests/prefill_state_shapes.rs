@@ -119,29 +119,27 @@ fn both_prepare_kernels_against_the_oracle() {
         scale: None,
         use_qk_l2norm: true,
     };
-    // (tokens, key heads, value heads, K, V, dtype, varlen lengths, seed)
-    let shapes: [(
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        DType,
-        Option<Vec<usize>>,
-        u64,
-    ); 4] = [
-        (130, 1, 2, 128, 128, DType::BF16, None, 910),
-        (97, 2, 4, 64, 96, DType::F16, None, 911),
-        (100, 1, 2, 128, 62, DType::BF16, Some(vec![1, 33, 66]), 912),
-        (63, 1, 1, 126, 128, DType::BF16, None, 913),
-    ];
-    let mut worst = [0f64; 2];
-    for (tokens, key_heads, value_heads, kd, vd, dtype, lens, seed) in shapes {
+    let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
         let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
         spec.dtype = dtype;
         spec.raw_qk = true;
         spec.with_initial_state = true;
         spec.seq_lens = lens;
+        spec
+    };
+    let cases = [
+        (spec(130, 1, 2, 128, 128, DType::BF16, None), 910),
+        (spec(97, 2, 4, 64, 96, DType::F16, None), 911),
+        (
+            spec(100, 1, 2, 128, 62, DType::BF16, Some(vec![1, 33, 66])),
+            912,
+        ),
+        (spec(63, 1, 1, 126, 128, DType::BF16, None), 913),
+    ];
+    let mut worst = [0f64; 2];
+    for (spec, seed) in cases {
+        let (tokens, key_heads, value_heads) = (spec.tokens, spec.key_heads, spec.value_heads);
+        let (kd, vd, dtype) = (spec.key_dim, spec.value_dim, spec.dtype);
         let case = GdnCase::random(&spec, seed).unwrap();
         let reference = gdn_reference(&case.inputs(), &options).unwrap();
         let mut results: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();

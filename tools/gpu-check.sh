@@ -627,7 +627,7 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default STATE=staged PREPARE=general; do
+    for variant in default PREPARE=general STATE=general; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
@@ -677,7 +677,7 @@ wgpu)
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
     summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
     # The chunked prefill's other kernels (the variables of docs/wgpu.md).
-    for variant in STATE=staged STATE=general PREPARE=general; do
+    for variant in STATE=general PREPARE=general; do
         env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
             --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
         summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")

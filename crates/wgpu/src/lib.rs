@@ -148,13 +148,6 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
             &[("VT", 16.0), ("STATE_KP4", 16.0)],
         ],
     ),
-    (
-        gdn::chunks::STATE_TWO_STAGES,
-        &[
-            &[("VT", 16.0), ("STATE_KP4", 32.0)],
-            &[("VT", 16.0), ("STATE_KP4", 16.0)],
-        ],
-    ),
     (tensor::FILL, &[&[]]),
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),

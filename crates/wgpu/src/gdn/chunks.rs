@@ -55,23 +55,6 @@ pub const STATE_STAGED: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state_staged",
 };
 
-/// The state pass with W and Qd in two workgroup buffers (four barriers per chunk), for
-/// adapters with [`TWO_STAGE_WORKGROUP_BYTES`] of workgroup memory.
-pub const STATE_TWO_STAGES: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_two_stages",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state_staged.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_two_stages",
-};
-
-/// Workgroup memory of `gdn_chunk_state_two_stages`: the tile of S (8 KiB), V' (2 KiB), two
-/// staged matrices (16.5 KiB each), two buffers of handed-over halves (2 KiB each) and the
-/// sequence's chunk range.
-pub const TWO_STAGE_WORKGROUP_BYTES: u32 = 8192 + 2048 + 2 * 16896 + 2 * 2048 + 8;
-
 /// Set to 16 or 32, the environment variable that fixes the state pass's column tile (see
 /// [`StatePlan::tile`]).
 pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
@@ -80,8 +63,8 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `staged` or `two-stages`, the environment variable that picks the state
-/// pass's kernel where more than one serves (see [`StateKernel`]).
+/// Set to `general` or `staged`, the environment variable that picks the state pass's
+/// kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
 /// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
@@ -105,8 +88,7 @@ pub enum PrepareKernel {
 /// The kernel of the state pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StateKernel {
-    /// [`StateKernel::TwoStages`] where it serves, else [`StateKernel::Staged`], else
-    /// [`StateKernel::General`].
+    /// [`StateKernel::Staged`] where it serves, else [`StateKernel::General`].
     #[default]
     Auto,
     /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
@@ -114,13 +96,8 @@ pub enum StateKernel {
     /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
     /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
     /// straight-line code, W, Qd and Kd staged in workgroup memory one or two phases ahead,
-    /// taking turns in one buffer (29 KiB, eight barriers per chunk).
+    /// taking turns in one buffer (26 KiB, six barriers per chunk).
     Staged,
-    /// `gdn_chunk_state_two_stages` (same file and shapes): W (then Kd) and Qd in two buffers,
-    /// both products in one phase, four barriers per chunk; needs
-    /// [`TWO_STAGE_WORKGROUP_BYTES`] of workgroup memory (47 KiB: NVIDIA's 48, not the 32 of
-    /// lavapipe or Apple GPUs).
-    TwoStages,
 }
 
 /// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
@@ -167,10 +144,9 @@ impl StatePlan {
             None | Some("auto") => StateKernel::Auto,
             Some("general") => StateKernel::General,
             Some("staged") => StateKernel::Staged,
-            Some("two-stages") => StateKernel::TwoStages,
             Some(other) => {
                 return Err(Error::InvalidValue(format!(
-                    "{STATE_KERNEL_ENV}={other}: expected auto, general, staged or two-stages"
+                    "{STATE_KERNEL_ENV}={other}: expected auto, general or staged"
                 )));
             }
         };
@@ -335,21 +311,13 @@ impl ChunkLaunch {
         let row_groups = plan.row_groups.unwrap_or(if tile == 16 { 32 } else { 16 });
         let row_blocks = kp4.div_ceil(row_groups) as u32;
         let staged_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
-        let workgroup_bytes = wgpu.device().limits().max_compute_workgroup_storage_size;
-        let two_stages_fit = workgroup_bytes >= TWO_STAGE_WORKGROUP_BYTES;
         let kernel = match plan.kernel {
-            StateKernel::Auto if staged_shape && two_stages_fit => StateKernel::TwoStages,
             StateKernel::Auto if staged_shape => StateKernel::Staged,
             StateKernel::Auto => StateKernel::General,
-            StateKernel::Staged | StateKernel::TwoStages if !staged_shape => {
+            StateKernel::Staged if !staged_shape => {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
                     plan.kernel, d.key_dim
-                )));
-            }
-            StateKernel::TwoStages if !two_stages_fit => {
-                return Err(Error::InvalidValue(format!(
-                    "the TwoStages state kernel needs {TWO_STAGE_WORKGROUP_BYTES} bytes of workgroup memory; this adapter has {workgroup_bytes}"
                 )));
             }
             other => other,
@@ -430,9 +398,6 @@ impl ChunkLaunch {
         let state = match kernel {
             StateKernel::Staged => {
                 pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
-            }
-            StateKernel::TwoStages => {
-                pipeline(&STATE_TWO_STAGES, &[("VT", 16), ("STATE_KP4", state_kp4)])?
             }
             _ => pipeline(
                 &STATE,

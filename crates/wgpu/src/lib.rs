@@ -136,24 +136,8 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (
         gdn::chunks::PREPARE_STAGED,
         &[
-            &[
-                ("KW", 64.0),
-                ("VW", 64.0),
-                ("HALF_DTYPE", 2.0),
-                ("QK_COEFS", 1.0),
-            ],
-            &[
-                ("KW", 64.0),
-                ("VW", 64.0),
-                ("HALF_DTYPE", 2.0),
-                ("QK_COEFS", 0.0),
-            ],
-            &[
-                ("KW", 32.0),
-                ("VW", 48.0),
-                ("HALF_DTYPE", 1.0),
-                ("QK_COEFS", 1.0),
-            ],
+            &[("KW", 64.0), ("VW", 64.0), ("HALF_DTYPE", 2.0)],
+            &[("KW", 32.0), ("VW", 48.0), ("HALF_DTYPE", 1.0)],
         ],
     ),
     (gdn::chunks::STATE, CHUNKS_STATE_CONSTANTS),
@@ -162,18 +146,6 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
         &[
             &[("VT", 16.0), ("STATE_KP4", 32.0)],
             &[("VT", 16.0), ("STATE_KP4", 16.0)],
-            &[
-                ("VT", 16.0),
-                ("STATE_KP4", 32.0),
-                ("HALF_DTYPE", 2.0),
-                ("QK_RAW", 1.0),
-            ],
-            &[
-                ("VT", 16.0),
-                ("STATE_KP4", 16.0),
-                ("HALF_DTYPE", 1.0),
-                ("QK_RAW", 1.0),
-            ],
         ],
     ),
     (tensor::FILL, &[&[]]),

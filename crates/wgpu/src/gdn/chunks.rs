@@ -261,9 +261,39 @@ impl ChunkLaunch {
         }
         let chunks = table.len() / 2;
         table.extend_from_slice(&firsts);
-        plan.check()?;
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
+        // Scratch regions in vec4 words: W, Qd, Kd, U, P, decays.
+        let chunk_heads = chunks * heads;
+        let per_k = chunk_heads * CHUNK * kp4;
+        let regions = [
+            per_k,
+            per_k,
+            per_k,
+            chunk_heads * CHUNK * vp4,
+            chunk_heads * CHUNK * CHUNK / 4,
+            chunk_heads.max(1),
+        ];
+        let mut offsets = [0usize; 6];
+        let mut words = 0usize;
+        for (at, len) in offsets.iter_mut().zip(regions) {
+            *at = words;
+            words += len;
+        }
+        let limits = wgpu.device().limits();
+        let bytes = 16 * words as u64;
+        let max_dim = limits.max_compute_workgroups_per_dimension as usize;
+        if bytes > limits.max_storage_buffer_binding_size
+            || bytes > limits.max_buffer_size
+            || words > u32::MAX as usize
+            || chunks.div_ceil(GRID_ROW) > max_dim
+            || GRID_ROW.min(chunks) > max_dim
+            || heads > max_dim
+            || call.seqs.len() > max_dim
+        {
+            return Ok(None);
+        }
+        plan.check()?;
         // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
         // at 32).
         let narrow_tiles = d.key_dim > 128
@@ -292,66 +322,6 @@ impl ChunkLaunch {
             }
             other => other,
         };
-        let half_inputs = matches!(call.q.dtype(), DType::BF16 | DType::F16);
-        let staged_prepare = match plan.prepare {
-            PrepareKernel::General => false,
-            _ if half_inputs
-                && d.key_dim.is_multiple_of(2)
-                && d.value_dim.is_multiple_of(2)
-                && d.key_dim <= 128
-                && d.value_dim <= 128 =>
-            {
-                true
-            }
-            PrepareKernel::Staged => {
-                return Err(Error::InvalidValue(format!(
-                    "the staged prepare kernel takes bf16 or f16 q, k and v with K and V even and at most 128; this call has {:?} inputs, K = {}, V = {}",
-                    call.q.dtype(),
-                    d.key_dim,
-                    d.value_dim
-                )));
-            }
-            PrepareKernel::Auto => false,
-        };
-        // Both staged kernels, K a multiple of 4 (whole vec2 words of q and k): the state pass
-        // stages q's and k's rows itself and the prepare pass stores only Qd's and Kd's row
-        // coefficients.
-        let qk_raw = staged_prepare && kernel == StateKernel::Staged && d.key_dim == 4 * kp4;
-        // Scratch regions in vec4 words: W, Qd (or both row coefficients), Kd (or nothing), U,
-        // P, decays.
-        let chunk_heads = chunks * heads;
-        let per_k = chunk_heads * CHUNK * kp4;
-        let regions = [
-            per_k,
-            if qk_raw {
-                chunk_heads * 2 * CHUNK / 4
-            } else {
-                per_k
-            },
-            if qk_raw { 0 } else { per_k },
-            chunk_heads * CHUNK * vp4,
-            chunk_heads * CHUNK * CHUNK / 4,
-            chunk_heads.max(1),
-        ];
-        let mut offsets = [0usize; 6];
-        let mut words = 0usize;
-        for (at, len) in offsets.iter_mut().zip(regions) {
-            *at = words;
-            words += len;
-        }
-        let limits = wgpu.device().limits();
-        let bytes = 16 * words as u64;
-        let max_dim = limits.max_compute_workgroups_per_dimension as usize;
-        if bytes > limits.max_storage_buffer_binding_size
-            || bytes > limits.max_buffer_size
-            || words > u32::MAX as usize
-            || chunks.div_ceil(GRID_ROW) > max_dim
-            || GRID_ROW.min(chunks) > max_dim
-            || heads > max_dim
-            || call.seqs.len() > max_dim
-        {
-            return Ok(None);
-        }
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -400,29 +370,35 @@ impl ChunkLaunch {
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
         };
-        let prepare = if staged_prepare {
-            pipeline(
+        let half_inputs = matches!(call.q.dtype(), DType::BF16 | DType::F16);
+        let staged_prepare = half_inputs
+            && d.key_dim.is_multiple_of(2)
+            && d.value_dim.is_multiple_of(2)
+            && d.key_dim <= 128
+            && d.value_dim <= 128;
+        let prepare = match plan.prepare {
+            PrepareKernel::Auto | PrepareKernel::Staged if staged_prepare => pipeline(
                 &PREPARE_STAGED,
                 &[
                     ("KW", (d.key_dim / 2) as u32),
                     ("VW", (d.value_dim / 2) as u32),
                     ("HALF_DTYPE", dtype_code(call.q.dtype())),
-                    ("QK_COEFS", u32::from(qk_raw)),
-                ],
-            )?
-        } else {
-            pipeline(&PREPARE, &[])?
-        };
-        let state = match kernel {
-            StateKernel::Staged => pipeline(
-                &STATE_STAGED,
-                &[
-                    ("VT", 16),
-                    ("STATE_KP4", state_kp4),
-                    ("HALF_DTYPE", dtype_code(call.q.dtype())),
-                    ("QK_RAW", u32::from(qk_raw)),
                 ],
             )?,
+            PrepareKernel::Staged => {
+                return Err(Error::InvalidValue(format!(
+                    "the staged prepare kernel takes bf16 or f16 q, k and v with K and V even and at most 128; this call has {:?} inputs, K = {}, V = {}",
+                    call.q.dtype(),
+                    d.key_dim,
+                    d.value_dim
+                )));
+            }
+            _ => pipeline(&PREPARE, &[])?,
+        };
+        let state = match kernel {
+            StateKernel::Staged => {
+                pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
+            }
             _ => pipeline(
                 &STATE,
                 &[
@@ -447,19 +423,17 @@ impl ChunkLaunch {
                 (7, "scratch", &scratch),
             ],
         )?;
-        let mut state_bindings = vec![
-            (0, "params", &uniform),
-            (6, "chunk table", table.buffer()),
-            (7, "scratch", &scratch),
-            (8, "final states", call.state.buffer()),
-            (9, "o", call.o.buffer()),
-        ];
-        if kernel == StateKernel::Staged {
-            // Read where the staged kernel stages q's and k's rows itself (QK_RAW).
-            state_bindings.extend([(10, "q", call.q.buffer()), (11, "k", call.k.buffer())]);
-        }
-        let state_group =
-            wgpu.bind_group("the chunked prefill's state pass", &state, &state_bindings)?;
+        let state_group = wgpu.bind_group(
+            "the chunked prefill's state pass",
+            &state,
+            &[
+                (0, "params", &uniform),
+                (6, "chunk table", table.buffer()),
+                (7, "scratch", &scratch),
+                (8, "final states", call.state.buffer()),
+                (9, "o", call.o.buffer()),
+            ],
+        )?;
         Ok(Some(Self {
             prepare,
             state,

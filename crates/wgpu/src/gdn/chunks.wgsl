@@ -36,20 +36,6 @@ override ROW_BLOCKS: u32 = 4u;
 // instead of one load per trip.
 override STATE_KP4: u32 = 32u;
 
-// The 16-bit dtype of q, k and v (DT_BF16 or DT_F16), for the kernels that read their packed
-// words; Qd's and Kd's row coefficients, where the scratch holds them instead of Qd and Kd, are
-// [chunk-head][2 QK_COEF_WORDS] vec4 words (Qd's, then Kd's).
-override HALF_DTYPE: u32 = 2u;
-const QK_COEF_WORDS: u32 = C / 4u;
-
-// The two elements of a packed 16-bit word (low half first).
-fn unpack_half2(w: u32) -> vec2<f32> {
-    if HALF_DTYPE == DT_BF16 {
-        return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));
-    }
-    return unpack2x16float(w);
-}
-
 struct ChunkParams {
     key_heads: u32,
     value_heads: u32,

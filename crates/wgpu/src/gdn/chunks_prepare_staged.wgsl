@@ -6,20 +6,16 @@
 //   load   k and q rows into k_rows / qv_rows, v's words into registers; g and beta
 //   gram   K K^T, Q K^T and |q|^2 (thread (a, b): rows 2a, 2a + 1 against 2b, 2b + 1)
 //   norms  inverse norms, cumulative gates; then A, P and the row coefficients
-//   Qd, Kd from the staged rows (or only their row coefficients, QK_COEFS); then v's words
-//          into qv_rows beside T = (I + A)^-1 by blocks
+//   Qd, Kd from the staged rows; then v's words into qv_rows beside T = (I + A)^-1 by blocks
 //   W, U   T diag(coef) K and T diag(beta) V from the staged rows, row block by row block,
 //          each row only over the columns where T is not zero (T is lower triangular)
 //
 // so no product waits on a global load, and k, q and v are each read from memory once.
 
-// Words per row of k and q (K / 2) and of v (V / 2).
+// Words per row of k and q (K / 2), of v (V / 2), and the 16-bit dtype (DT_BF16 or DT_F16).
 override KW: u32 = 64u;
 override VW: u32 = 64u;
-// 1 when the state pass stages q's and k's rows itself (`QK_RAW` in chunks_state_staged.wgsl):
-// then only Qd's and Kd's row coefficients are stored, [chunk-head][2 QK_COEF_WORDS] vec4
-// words (Qd's, then Kd's) where Qd would go, and no Qd, Kd.
-override QK_COEFS: u32 = 0u;
+override HALF_DTYPE: u32 = 2u;
 // Row stride of the staged rows, in words: odd, so a walk down a column touches 32 banks.
 const RS: u32 = 65u;
 // Words per thread of a chunk's 32 rows of at most 64 words.
@@ -28,6 +24,14 @@ const ROW_LOADS: u32 = 8u;
 var<workgroup> k_rows: array<u32, 2080>;
 // q's rows, then (once Qd is written) v's.
 var<workgroup> qv_rows: array<u32, 2080>;
+
+// The two elements of a packed word (low half first).
+fn unpack_half2(w: u32) -> vec2<f32> {
+    if HALF_DTYPE == DT_BF16 {
+        return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));
+    }
+    return unpack2x16float(w);
+}
 
 // Word w of row `row` of the chunk starting at `start`, for a tensor of `heads` heads and
 // `words` words per row (0 past the chunk's end).
@@ -155,24 +159,13 @@ fn gdn_chunk_prepare_staged(
     let ch = n * p.value_heads + h;
     let kp4 = p.kp4;
     let vp4 = p.vp4;
-    if QK_COEFS != 0u {
-        if tid < 2u * QK_COEF_WORDS {
-            let row = 4u * (tid % QK_COEF_WORDS);
-            var x = vec4<f32>(coef_qd[row], coef_qd[row + 1u], coef_qd[row + 2u], coef_qd[row + 3u]);
-            if tid >= QK_COEF_WORDS {
-                x = vec4<f32>(coef_kd[row], coef_kd[row + 1u], coef_kd[row + 2u], coef_kd[row + 3u]);
-            }
-            scratch[p.qd_at + ch * 2u * QK_COEF_WORDS + tid] = x;
-        }
-    } else {
-        let items = C * kp4;
-        let base = ch * items;
-        for (var e = tid; e < items; e += PREPARE_THREADS) {
-            let i = e / kp4;
-            let c4 = e % kp4;
-            scratch[p.qd_at + base + e] = staged4(false, i, c4, KW) * coef_qd[i];
-            scratch[p.kd_at + base + e] = staged4(true, i, c4, KW) * coef_kd[i];
-        }
+    let items = C * kp4;
+    let base = ch * items;
+    for (var e = tid; e < items; e += PREPARE_THREADS) {
+        let i = e / kp4;
+        let c4 = e % kp4;
+        scratch[p.qd_at + base + e] = staged4(false, i, c4, KW) * coef_qd[i];
+        scratch[p.kd_at + base + e] = staged4(true, i, c4, KW) * coef_kd[i];
     }
     workgroupBarrier();
     // q's rows are done with: v's words take their place (read after the inverse's barriers),

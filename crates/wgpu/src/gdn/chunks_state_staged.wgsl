@@ -25,70 +25,6 @@ var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
 // The halves of W S and Qd S that a thread sums for another thread's row, [C][8].
 var<workgroup> half_sums: array<vec2<f32>, 256>;
-// QK_RAW = 1: the scratch holds no Qd and Kd but their row coefficients; the kernel stages
-// q's and k's rows (widened from their packed words, read through these vec2 views) in their
-// place, multiplies each row of Qd S by its coefficient, and forms Kd^T V' as
-// k^T (diag(coef_kd) V'), from a second copy of V' with its rows scaled.
-override QK_RAW: u32 = 0u;
-@group(0) @binding(10) var<storage, read> q_pairs: array<vec2<u32>>;
-@group(0) @binding(11) var<storage, read> k_pairs: array<vec2<u32>>;
-var<workgroup> v_new_kd: array<vec2<f32>, 256>;
-// The chunk's coefficients: Qd's QK_COEF_WORDS words, then Kd's.
-var<workgroup> qk_coefs: array<vec4<f32>, 16>;
-
-// A word of Qd or Kd on its way to `staged`: the scratch's, or (QK_RAW) q's or k's packed word
-// pair.
-struct QkWord {
-    scratch: vec4<f32>,
-    raw: vec2<u32>,
-}
-
-// Chunk n's first token and length (n clamped to the table).
-fn chunk_span(n: u32) -> vec2<u32> {
-    let at = 2u * min(n, max(p.chunks, 1u) - 1u);
-    return vec2<u32>(chunk_info[at], chunk_info[at + 1u]);
-}
-
-// Word e of Qd (`is_q`) or Kd of chunk-head ch, value head h, whose chunk starts and runs as
-// `span` says (read a chunk ahead, so these loads wait on nothing). Under QK_RAW, rows past the
-// chunk's end read its last row (in bounds), which their zero coefficients cancel.
-fn qk_word(is_q: bool, span: vec2<u32>, ch: u32, h: u32, e: u32) -> QkWord {
-    var out = QkWord(vec4<f32>(0.0), vec2<u32>(0u));
-    if QK_RAW == 0u {
-        out.scratch = chunk_word(select(p.kd_at, p.qd_at, is_q), ch, e, STATE_KP4);
-        return out;
-    }
-    let i = min(e, C * STATE_KP4 - 1u);
-    let token = span.x + min(i / STATE_KP4, max(span.y, 1u) - 1u);
-    let at = (token * p.key_heads + h / p.group) * STATE_KP4 + i % STATE_KP4;
-    if is_q {
-        out.raw = q_pairs[at];
-    } else {
-        out.raw = k_pairs[at];
-    }
-    return out;
-}
-
-fn qk_value(x: QkWord) -> vec4<f32> {
-    if QK_RAW == 0u {
-        return x.scratch;
-    }
-    return vec4<f32>(unpack_half2(x.raw.x), unpack_half2(x.raw.y));
-}
-
-// Word tid (< 2 QK_COEF_WORDS) of chunk-head ch's coefficients (QK_RAW), else zeros.
-fn coef_word(ch: u32, tid: u32) -> vec4<f32> {
-    if QK_RAW == 0u || tid >= 2u * QK_COEF_WORDS {
-        return vec4<f32>(0.0);
-    }
-    return scratch[p.qd_at + ch * 2u * QK_COEF_WORDS + tid];
-}
-
-// Row i's coefficient of Qd (`is_q`) or Kd from the staged words.
-fn qk_coef(is_q: bool, i: u32) -> f32 {
-    return qk_coefs[select(QK_COEF_WORDS, 0u, is_q) + i / 4u][i % 4u];
-}
-
 // vec4 words between the staged matrix's rows beyond a row: one, so the rows that the four
 // row groups of a subgroup read at once start in different banks.
 const STAGE_PAD: u32 = 1u;
@@ -149,15 +85,6 @@ fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
     return halves.xy + half_sums[rg * pairs + cp];
 }
 
-// Row j of the V' that multiplies Kd^T in the update (scaled by Kd's coefficients under
-// QK_RAW).
-fn update_value(j: u32, cp: u32) -> vec2<f32> {
-    if QK_RAW != 0u {
-        return v_new_kd[j * (VT / 2u) + cp];
-    }
-    return block_v_new[j * (VT / 2u) + cp];
-}
-
 // Four words per thread of a chunk's [C][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     stage_word(tid, a);
@@ -198,19 +125,14 @@ fn gdn_chunk_state_staged(
     var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);
     var w2 = chunk_word(p.w_at, first_ch, tid + 2u * threads, kp4);
     var w3 = chunk_word(p.w_at, first_ch, tid + 3u * threads, kp4);
-    // Chunk spans one chunk ahead of the loads that use them.
-    var span = chunk_span(chunks.x);
-    var next_span = chunk_span(min(chunks.x + 1u, max(chunks.y, 1u) - 1u));
-    var x0 = qk_word(true, span, first_ch, h, tid);
-    var x1 = qk_word(true, span, first_ch, h, tid + threads);
-    var x2 = qk_word(true, span, first_ch, h, tid + 2u * threads);
-    var x3 = qk_word(true, span, first_ch, h, tid + 3u * threads);
-    var coefs = coef_word(first_ch, tid);
+    var x0 = chunk_word(p.qd_at, first_ch, tid, kp4);
+    var x1 = chunk_word(p.qd_at, first_ch, tid + threads, kp4);
+    var x2 = chunk_word(p.qd_at, first_ch, tid + 2u * threads, kp4);
+    var x3 = chunk_word(p.qd_at, first_ch, tid + 3u * threads, kp4);
 
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
         let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
-        let later_span = chunk_span(min(n + 2u, chunks.y - 1u));
         // Top: the previous update has read Kd and V'; S and W in.
         workgroupBarrier();
         if has_rows {
@@ -220,23 +142,16 @@ fn gdn_chunk_state_staged(
             block_s[(r + 3u) * pairs + cp] = s3;
         }
         stage_words(threads, tid, w0, w1, w2, w3);
-        if QK_RAW != 0u && tid < 2u * QK_COEF_WORDS {
-            qk_coefs[tid] = coefs;
-        }
         let u4 = scratch[p.u_at + (ch * C + rg) * p.vp4 + col / 4u];
         workgroupBarrier();
 
         // A: W S for chunk row rg, then V' = U - W S.
         let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
-        let v_new = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
-        block_v_new[rg * pairs + cp] = v_new;
-        if QK_RAW != 0u {
-            v_new_kd[rg * pairs + cp] = v_new * qk_coef(false, rg);
-        }
-        let kd0 = qk_word(false, span, ch, h, tid);
-        let kd1 = qk_word(false, span, ch, h, tid + threads);
-        let kd2 = qk_word(false, span, ch, h, tid + 2u * threads);
-        let kd3 = qk_word(false, span, ch, h, tid + 3u * threads);
+        block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
+        let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
+        let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
+        let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
+        let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
         let p_row = p.p_at + (ch * C + rg) * (C / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
@@ -248,14 +163,11 @@ fn gdn_chunk_state_staged(
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
-        stage_words(threads, tid, qk_value(x0), qk_value(x1), qk_value(x2), qk_value(x3));
+        stage_words(threads, tid, x0, x1, x2, x3);
         workgroupBarrier();
 
         // B1: O = Qd S + P V'; the next chunk's W on its way.
         var qs = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
-        if QK_RAW != 0u {
-            qs *= qk_coef(true, rg);
-        }
         w0 = chunk_word(p.w_at, next_ch, tid, kp4);
         w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
@@ -268,21 +180,20 @@ fn gdn_chunk_state_staged(
         qs += new_value_products(p5, 5u, cp);
         qs += new_value_products(p6, 6u, cp);
         qs += new_value_products(p7, 7u, cp);
-        let start = span.x;
-        let len = span.y;
+        let start = chunk_info[2u * n];
+        let len = chunk_info[2u * n + 1u];
         if rg < len && col_ok.x {
             store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
         }
         workgroupBarrier();
-        stage_words(threads, tid, qk_value(kd0), qk_value(kd1), qk_value(kd2), qk_value(kd3));
+        stage_words(threads, tid, kd0, kd1, kd2, kd3);
         workgroupBarrier();
 
         // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
-        x0 = qk_word(true, next_span, next_ch, h, tid);
-        x1 = qk_word(true, next_span, next_ch, h, tid + threads);
-        x2 = qk_word(true, next_span, next_ch, h, tid + 2u * threads);
-        x3 = qk_word(true, next_span, next_ch, h, tid + 3u * threads);
-        coefs = coef_word(next_ch, tid);
+        x0 = chunk_word(p.qd_at, next_ch, tid, kp4);
+        x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
+        x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);
+        x3 = chunk_word(p.qd_at, next_ch, tid + 3u * threads, kp4);
         s0 *= decay;
         s1 *= decay;
         s2 *= decay;
@@ -293,10 +204,10 @@ fn gdn_chunk_state_staged(
                 let k1 = staged[(j4 + 1u) * (kp4 + STAGE_PAD) + rg];
                 let k2 = staged[(j4 + 2u) * (kp4 + STAGE_PAD) + rg];
                 let k3 = staged[(j4 + 3u) * (kp4 + STAGE_PAD) + rg];
-                let v0 = update_value(j4, cp);
-                let v1 = update_value((j4 + 1u), cp);
-                let v2 = update_value((j4 + 2u), cp);
-                let v3 = update_value((j4 + 3u), cp);
+                let v0 = block_v_new[j4 * pairs + cp];
+                let v1 = block_v_new[(j4 + 1u) * pairs + cp];
+                let v2 = block_v_new[(j4 + 2u) * pairs + cp];
+                let v3 = block_v_new[(j4 + 3u) * pairs + cp];
                 s0 += k0.x * v0;
                 s1 += k0.y * v0;
                 s2 += k0.z * v0;
@@ -315,8 +226,6 @@ fn gdn_chunk_state_staged(
                 s3 += k3.w * v3;
             }
         }
-        span = next_span;
-        next_span = later_span;
     }
 
     store_state_pair(slab, r, col, col_ok, s0);

@@ -245,6 +245,31 @@ fn store_a_and_p_block(i0: u32, j0: u32, dkk: vec4<f32>, dqk: vec4<f32>) {
     store_a_and_p(i0 + 1u, j0 + 1u, dkk.w, dqk.w);
 }
 
+// Chunk n's first token and length, read by thread 0 and made uniform (every thread calls it,
+// in uniform control flow).
+fn chunk_range_of(tid: u32, n: u32) -> vec2<u32> {
+    if tid == 0u {
+        chunk_range = vec2<u32>(chunk_info[2u * n], chunk_info[2u * n + 1u]);
+    }
+    return workgroupUniformLoad(&chunk_range);
+}
+
+// Block `block` (8 rows) of W (`is_w`) or U of chunk-head ch, at vec4 column c4, into the
+// scratch.
+fn store_rows8(is_w: bool, ch: u32, block: u32, c4: u32, acc: Rows8) {
+    let dim4 = select(p.vp4, p.kp4, is_w);
+    let base = select(p.u_at + ch * C * p.vp4, p.w_at + ch * C * p.kp4, is_w);
+    let out = base + 8u * block * dim4 + c4;
+    scratch[out] = acc.r0;
+    scratch[out + dim4] = acc.r1;
+    scratch[out + 2u * dim4] = acc.r2;
+    scratch[out + 3u * dim4] = acc.r3;
+    scratch[out + 4u * dim4] = acc.r4;
+    scratch[out + 5u * dim4] = acc.r5;
+    scratch[out + 6u * dim4] = acc.r6;
+    scratch[out + 7u * dim4] = acc.r7;
+}
+
 // g (clamped at RESET_GATE) and beta of the chunk's rows into g_cum and beta_c (zeros past
 // its end), by threads 0..C.
 fn load_gates(tid: u32, start: u32, len: u32, h: u32) {
@@ -383,10 +408,7 @@ fn gdn_chunk_prepare(
     let heads = p.value_heads;
     let kh = h / p.group;
     let kd = p.key_dim;
-    if tid == 0u {
-        chunk_range = vec2<u32>(chunk_info[2u * n], chunk_info[2u * n + 1u]);
-    }
-    let range = workgroupUniformLoad(&chunk_range);
+    let range = chunk_range_of(tid, n);
     let start = range.x;
     let len = range.y;
     load_gates(tid, start, len, h);
@@ -474,16 +496,7 @@ fn gdn_chunk_prepare(
         for (; m < len; m++) {
             acc = add_t_column(acc, tr + m, chunk_row4(is_w, start, m, kh, h, c4));
         }
-        let base = select(p.u_at + ch * C * vp4, p.w_at + ch * C * kp4, is_w);
-        let out = base + 8u * block * dim4 + c4;
-        scratch[out] = acc.r0;
-        scratch[out + dim4] = acc.r1;
-        scratch[out + 2u * dim4] = acc.r2;
-        scratch[out + 3u * dim4] = acc.r3;
-        scratch[out + 4u * dim4] = acc.r4;
-        scratch[out + 5u * dim4] = acc.r5;
-        scratch[out + 6u * dim4] = acc.r6;
-        scratch[out + 7u * dim4] = acc.r7;
+        store_rows8(is_w, ch, block, c4, acc);
     }
     // Qd and Kd: item (row, vec4 column), four items per thread and trip, all their loads
     // issued before the first store.

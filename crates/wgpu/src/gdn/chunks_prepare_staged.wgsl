@@ -93,10 +93,7 @@ fn gdn_chunk_prepare_staged(
     }
     let h = wid.x;
     let kh = h / p.group;
-    if tid == 0u {
-        chunk_range = vec2<u32>(chunk_info[2u * n], chunk_info[2u * n + 1u]);
-    }
-    let range = workgroupUniformLoad(&chunk_range);
+    let range = chunk_range_of(tid, n);
     let start = range.x;
     let len = range.y;
 
@@ -198,16 +195,7 @@ fn gdn_chunk_prepare_staged(
             let coef = select(beta_c[m], coef_w[m], is_w);
             acc = add_t_column(acc, tr + m, staged4(is_w, m, c4, words) * coef);
         }
-        let base = select(p.u_at + ch * C * vp4, p.w_at + ch * C * kp4, is_w);
-        let out = base + 8u * block * dim4 + c4;
-        scratch[out] = acc.r0;
-        scratch[out + dim4] = acc.r1;
-        scratch[out + 2u * dim4] = acc.r2;
-        scratch[out + 3u * dim4] = acc.r3;
-        scratch[out + 4u * dim4] = acc.r4;
-        scratch[out + 5u * dim4] = acc.r5;
-        scratch[out + 6u * dim4] = acc.r6;
-        scratch[out + 7u * dim4] = acc.r7;
+        store_rows8(is_w, ch, block, c4, acc);
     }
     store_p_and_decay(tid, ch);
 }

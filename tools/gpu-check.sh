@@ -627,7 +627,7 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default PREPARE=general STATE=general; do
+    for variant in default PREPARE=general STATE=general GROUPS=16 TILE=32; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true

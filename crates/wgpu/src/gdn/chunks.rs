@@ -96,7 +96,8 @@ pub enum StateKernel {
     /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
     /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
     /// straight-line code, W, Qd and Kd staged in workgroup memory one or two phases ahead,
-    /// taking turns in one buffer (26 KiB, six barriers per chunk).
+    /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
+    /// barriers per chunk).
     Staged,
 }
 
@@ -118,8 +119,9 @@ pub struct StatePlan {
 }
 
 impl StatePlan {
-    /// The plan [`TILE_ENV`], [`GROUPS_ENV`] and [`STATE_KERNEL_ENV`] give (unset or empty:
-    /// the default), or an error naming a variable whose value is not one of its choices.
+    /// The plan [`TILE_ENV`], [`GROUPS_ENV`], [`STATE_KERNEL_ENV`] and [`PREPARE_KERNEL_ENV`]
+    /// give (unset or empty: the default), or an error naming a variable whose value is not
+    /// one of its choices.
     pub fn from_env() -> Result<Self> {
         let read = |name: &str| {
             std::env::var(name)

@@ -9,7 +9,7 @@
 //     S <- exp(G_last) S + Kd^T V',         Kd_j = exp(G_last - G_j) k_j
 //
 // `gdn_chunk_prepare` (one workgroup per (chunk, value head), every chunk at once) computes the
-// Gram matrices, T by forward substitution, and stores W, Qd = diag(scale exp(G)) Q, Kd, U, P
+// Gram matrices, T by blocks, and stores W, Qd = diag(scale exp(G)) Q, Kd, U, P
 // and exp(G_last) in the scratch buffer (rows past a chunk's end are zeros). `gdn_chunk_state`
 // (one workgroup per (sequence, value head, tile of VT columns)) walks the sequence's chunks in
 // order with the tile of S in registers and in workgroup memory, and writes o and the final

@@ -12,7 +12,51 @@ use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
+use deltakv_wgpu::Wgpu;
 use deltakv_wgpu::gdn::{PrepareKernel, StateKernel, StatePlan, gdn_prefill_planned};
+
+const OPTIONS: GdnOptions = GdnOptions {
+    scale: None,
+    use_qk_l2norm: true,
+};
+
+/// One planned prefill of `case` against the f64 oracle (o within 2e-3, the final state within
+/// 1e-4), printed under `label`; returns o and the final state, and folds the errors into
+/// `worst`.
+fn checked_run(
+    wgpu: &Wgpu,
+    case: &GdnCase,
+    plan: &StatePlan,
+    label: &str,
+    worst: &mut [f64; 2],
+) -> (Vec<f32>, Vec<f32>) {
+    let reference = gdn_reference(&case.inputs(), &OPTIONS).unwrap();
+    let out = gdn_prefill_planned(wgpu, &case.inputs(), &OPTIONS, PrefillMode::Chunk, plan)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let o = out.o.to_f32_vec("o").unwrap();
+    let state = out.final_state.as_f32().unwrap().to_vec();
+    let o_err = rel_rms(&o, &reference.o);
+    let s_err = rel_rms(&state, &reference.final_state);
+    println!("{label}: o {o_err:.3e}, final_state {s_err:.3e}");
+    assert!(
+        o_err < 2e-3 && s_err < 1e-4,
+        "{label}: o {o_err:.3e}, state {s_err:.3e}"
+    );
+    *worst = [worst[0].max(o_err), worst[1].max(s_err)];
+    (o, state)
+}
+
+/// A plan the launcher must refuse for `case`, before anything runs, with `reason` in its error.
+fn assert_refused(wgpu: &Wgpu, case: &GdnCase, plan: &StatePlan, reason: &str) {
+    let refused = gdn_prefill_planned(wgpu, &case.inputs(), &OPTIONS, PrefillMode::Chunk, plan);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains(reason)),
+        "{:?}",
+        refused.map(|_| ())
+    );
+}
 
 #[test]
 fn every_state_tile_and_row_group_count_against_the_oracle() {
@@ -20,17 +64,13 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         return;
     };
     println!("device: {}", wgpu.describe());
-    let options = GdnOptions {
-        scale: None,
-        use_qk_l2norm: true,
-    };
-    let cases: Vec<(GdnSpec, u64)> = [(130, 2, 128, 128, 900), (65, 1, 64, 96, 901)]
+    let cases: Vec<GdnCase> = [(130, 2, 128, 128, 900), (65, 1, 64, 96, 901)]
         .into_iter()
         .map(|(tokens, heads, kd, vd, seed)| {
             let mut spec = GdnSpec::new(tokens, 1, heads, kd, vd);
             spec.raw_qk = true;
             spec.with_initial_state = true;
-            (spec, seed)
+            GdnCase::random(&spec, seed).unwrap()
         })
         .collect();
     let mut worst = [0f64; 2];
@@ -51,24 +91,12 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
             kernel,
             ..StatePlan::default()
         };
-        for (spec, seed) in &cases {
-            let case = GdnCase::random(spec, *seed).unwrap();
-            let reference = gdn_reference(&case.inputs(), &options).unwrap();
-            let out =
-                gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan)
-                    .unwrap_or_else(|e| panic!("tile {tile:?}, {groups} groups: {e}"));
-            let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
-            let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
-            println!(
-                "tile {tile:?}, {groups} row groups, kernel {kernel:?}, T={} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e}",
-                spec.tokens, spec.key_dim, spec.value_dim
+        for case in &cases {
+            let (t, kd, vd) = (case.q.shape()[1], case.q.shape()[3], case.v.shape()[3]);
+            let label = format!(
+                "tile {tile:?}, {groups} row groups, kernel {kernel:?}, T={t} K={kd} V={vd}"
             );
-            assert!(
-                o_err < 2e-3 && s_err < 1e-4,
-                "tile {tile:?}, {groups} groups, K={}: o {o_err:.3e}, state {s_err:.3e}",
-                spec.key_dim
-            );
-            worst = [worst[0].max(o_err), worst[1].max(s_err)];
+            checked_run(wgpu, case, &plan, &label, &mut worst);
         }
     }
     let bad = StatePlan {
@@ -88,21 +116,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         kernel: StateKernel::Staged,
         ..StatePlan::default()
     };
-    let case = GdnCase::random(&cases[0].0, 7).unwrap();
-    let refused = gdn_prefill_planned(
-        wgpu,
-        &case.inputs(),
-        &options,
-        PrefillMode::Chunk,
-        &wrong_shape,
-    );
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("16-column tiles")),
-        "{:?}",
-        refused.map(|_| ())
-    );
+    assert_refused(wgpu, &cases[0], &wrong_shape, "16-column tiles");
     println!(
         "worst rel_rms: o {:.3e}, final_state {:.3e}",
         worst[0], worst[1]
@@ -115,10 +129,6 @@ fn both_prepare_kernels_against_the_oracle() {
         return;
     };
     println!("device: {}", wgpu.describe());
-    let options = GdnOptions {
-        scale: None,
-        use_qk_l2norm: true,
-    };
     let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
         let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
         spec.dtype = dtype;
@@ -138,55 +148,35 @@ fn both_prepare_kernels_against_the_oracle() {
     ];
     let mut worst = [0f64; 2];
     for (spec, seed) in cases {
-        let (tokens, key_heads, value_heads) = (spec.tokens, spec.key_heads, spec.value_heads);
-        let (kd, vd, dtype) = (spec.key_dim, spec.value_dim, spec.dtype);
         let case = GdnCase::random(&spec, seed).unwrap();
-        let reference = gdn_reference(&case.inputs(), &options).unwrap();
-        let mut results: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
-        for prepare in [PrepareKernel::Staged, PrepareKernel::General] {
+        let run = |prepare: PrepareKernel, worst: &mut [f64; 2]| {
             let plan = StatePlan {
                 prepare,
                 ..StatePlan::default()
             };
-            let out =
-                gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan)
-                    .unwrap_or_else(|e| panic!("{prepare:?}, K={kd} V={vd}: {e}"));
-            let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
-            let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
-            println!(
-                "prepare {prepare:?}, {dtype:?}, T={tokens} Hg={key_heads} H={value_heads} K={kd} V={vd}: o {o_err:.3e}, final_state {s_err:.3e}"
+            let label = format!(
+                "prepare {prepare:?}, {:?}, T={} Hg={} H={} K={} V={}",
+                spec.dtype,
+                spec.tokens,
+                spec.key_heads,
+                spec.value_heads,
+                spec.key_dim,
+                spec.value_dim
             );
-            assert!(
-                o_err < 2e-3 && s_err < 1e-4,
-                "prepare {prepare:?}, K={kd} V={vd}: o {o_err:.3e}, state {s_err:.3e}"
-            );
-            worst = [worst[0].max(o_err), worst[1].max(s_err)];
-            results.push((
-                out.o.to_f32_vec("o").unwrap(),
-                out.final_state.as_f32().unwrap().to_vec(),
-            ));
-        }
+            checked_run(wgpu, &case, &plan, &label, worst)
+        };
+        let staged = run(PrepareKernel::Staged, &mut worst);
+        let general = run(PrepareKernel::General, &mut worst);
         // The two kernels sum in the same order: their results agree to f32 rounding.
-        let o_apart = rel_rms(
-            &results[0].0,
-            &results[1]
-                .0
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect::<Vec<_>>(),
-        );
-        let s_apart = rel_rms(
-            &results[0].1,
-            &results[1]
-                .1
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect::<Vec<_>>(),
-        );
+        let widened = |x: &[f32]| x.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let o_apart = rel_rms(&staged.0, &widened(&general.0));
+        let s_apart = rel_rms(&staged.1, &widened(&general.1));
         println!("staged against general: o {o_apart:.3e}, final_state {s_apart:.3e}");
         assert!(
             o_apart < 1e-5 && s_apart < 1e-6,
-            "K={kd} V={vd}: the prepare kernels differ: o {o_apart:.3e}, state {s_apart:.3e}"
+            "K={} V={}: the prepare kernels differ: o {o_apart:.3e}, state {s_apart:.3e}",
+            spec.key_dim,
+            spec.value_dim
         );
     }
     // The staged kernel asked for inputs it does not take (f32): an error, nothing run.
@@ -197,14 +187,7 @@ fn both_prepare_kernels_against_the_oracle() {
         prepare: PrepareKernel::Staged,
         ..StatePlan::default()
     };
-    let refused = gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &plan);
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("staged prepare")),
-        "{:?}",
-        refused.map(|_| ())
-    );
+    assert_refused(wgpu, &case, &plan, "staged prepare");
     println!(
         "worst rel_rms: o {:.3e}, final_state {:.3e}",
         worst[0], worst[1]

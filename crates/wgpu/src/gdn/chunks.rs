@@ -142,26 +142,24 @@ impl StatePlan {
                     }),
             }
         };
-        let kernel = match read(STATE_KERNEL_ENV).as_deref() {
-            None | Some("auto") => StateKernel::Auto,
-            Some("general") => StateKernel::General,
-            Some("staged") => StateKernel::Staged,
-            Some(other) => {
-                return Err(Error::InvalidValue(format!(
-                    "{STATE_KERNEL_ENV}={other}: expected auto, general or staged"
-                )));
-            }
-        };
-        let prepare = match read(PREPARE_KERNEL_ENV).as_deref() {
-            None | Some("auto") => PrepareKernel::Auto,
-            Some("general") => PrepareKernel::General,
-            Some("staged") => PrepareKernel::Staged,
-            Some(other) => {
-                return Err(Error::InvalidValue(format!(
-                    "{PREPARE_KERNEL_ENV}={other}: expected auto, general or staged"
-                )));
-            }
-        };
+        let kernel = named_choice(
+            STATE_KERNEL_ENV,
+            read(STATE_KERNEL_ENV),
+            &[
+                ("auto", StateKernel::Auto),
+                ("general", StateKernel::General),
+                ("staged", StateKernel::Staged),
+            ],
+        )?;
+        let prepare = named_choice(
+            PREPARE_KERNEL_ENV,
+            read(PREPARE_KERNEL_ENV),
+            &[
+                ("auto", PrepareKernel::Auto),
+                ("general", PrepareKernel::General),
+                ("staged", PrepareKernel::Staged),
+            ],
+        )?;
         // The combination is checked where every plan is, at launch.
         Ok(StatePlan {
             tile: number(TILE_ENV, &[16, 32])?,
@@ -197,6 +195,25 @@ impl StatePlan {
         }
         Ok(())
     }
+}
+
+/// The choice `value` names among `choices` (the first when unset), or an error naming the
+/// variable `name` and its choices.
+fn named_choice<T: Copy>(name: &str, value: Option<String>, choices: &[(&str, T)]) -> Result<T> {
+    let Some(value) = value else {
+        return Ok(choices[0].1);
+    };
+    choices
+        .iter()
+        .find(|(word, _)| *word == value)
+        .map(|&(_, choice)| choice)
+        .ok_or_else(|| {
+            let words: Vec<&str> = choices.iter().map(|(word, _)| *word).collect();
+            Error::InvalidValue(format!(
+                "{name}={value}: expected one of {}",
+                words.join(", ")
+            ))
+        })
 }
 
 /// Which passes a submission runs (both for a prefill; one alone to time it).
@@ -500,5 +517,27 @@ impl ChunkLaunch {
         }
         wgpu.queue().submit([encoder.finish()]);
         wgpu.check("running the chunked prefill")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_variable_names_one_of_its_choices() {
+        let choices = [
+            ("auto", PrepareKernel::Auto),
+            ("general", PrepareKernel::General),
+            ("staged", PrepareKernel::Staged),
+        ];
+        let pick = |value: Option<&str>| named_choice("VAR", value.map(String::from), &choices);
+        assert_eq!(pick(None).unwrap(), PrepareKernel::Auto);
+        assert_eq!(pick(Some("staged")).unwrap(), PrepareKernel::Staged);
+        let err = pick(Some("fast")).unwrap_err().to_string();
+        assert!(
+            err.contains("VAR=fast") && err.contains("auto, general, staged"),
+            "{err}"
+        );
     }
 }

@@ -82,6 +82,14 @@ fn staged4(is_k: bool, m: u32, c4: u32, words: u32) -> vec4<f32> {
     return vec4<f32>(unpack_half2(lo), unpack_half2(hi));
 }
 
+// Row m's coefficient of k in W (`is_w`) or of v in U (beta), reading only the one it needs.
+fn row_scale(is_w: bool, m: u32) -> f32 {
+    if is_w {
+        return coef_w[m];
+    }
+    return beta_c[m];
+}
+
 @compute @workgroup_size(PREPARE_THREADS)
 fn gdn_chunk_prepare_staged(
     @builtin(local_invocation_index) tid: u32,
@@ -192,8 +200,7 @@ fn gdn_chunk_prepare_staged(
             vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
         let m_end = min(len, 8u * block + 8u);
         for (var m = 0u; m < m_end; m++) {
-            let coef = select(beta_c[m], coef_w[m], is_w);
-            acc = add_t_column(acc, tr + m, staged4(is_w, m, c4, words) * coef);
+            acc = add_t_column(acc, tr + m, staged4(is_w, m, c4, words) * row_scale(is_w, m));
         }
         store_rows8(is_w, ch, block, c4, acc);
     }

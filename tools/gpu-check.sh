@@ -612,8 +612,9 @@ wgpu-clocks)
 wgpu-prefill)
     # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
     # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
-    # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384) in the default
-    # plan, with the general prepare kernel and with the general state kernel, beside
+    # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
+    # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
+    # 16, 32, 64 and 128 chunks, and with the general prepare and state kernels, beside
     # `bench gdn --device cuda`'s prefill.
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
@@ -627,15 +628,21 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default PREPARE=general STATE=general GROUPS=16 TILE=32; do
+    for variant in default SEGMENT_CHUNKS=16 SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
+        SEGMENT_CHUNKS=128 PREPARE=general STATE=general; do
         setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
+        echo "== $variant" >>"$out/wgpu-prefill-bench.txt"
         env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
-            --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
-        summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-prefill-bench.txt" | tail -n 2 | tr '\n' ' ')")
+            --decode-batches 1 >"$out/variant.txt" 2>&1 || true
+        cat "$out/variant.txt" >>"$out/wgpu-prefill-bench.txt"
+        for shape in 'qwen3-next   chunk     T=16384' 'tp8-shard    chunk     T=65536'; do
+            summary+=("wgpu prefill $variant: $(grep -h -A1 "$shape" "$out/variant.txt" | tr '\n' ' ')")
+        done
     done
+    rm -f "$out/variant.txt"
     .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
         >"$out/cuda-prefill-bench.txt" 2>&1 || true
-    summary+=("cuda prefill: $(grep -h 'B=1  T=16384' "$out/cuda-prefill-bench.txt" | head -n 1)")
+    summary+=("cuda prefill: $(grep -h 'B=1  T=16384\|tp8-shard' "$out/cuda-prefill-bench.txt" | head -n 2 | tr '\n' ' ')")
     printf '%s\n' "== summary" "${summary[@]}" | tee "$out/summary.txt"
     ;;
 wgpu)

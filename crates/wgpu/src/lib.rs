@@ -89,7 +89,7 @@ const CHUNK_CONSTANTS: &[Constants] = &[
 ];
 
 /// The two-pass prefill's state pass: its default shapes (16-column tiles with 32 row groups,
-/// 32-column tiles with 16) and the others a `StatePlan` selects.
+/// 32-column tiles with 16) and the others a `StatePlan` selects, and a transition walk.
 const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
     &[
         ("VT", 32.0),
@@ -121,6 +121,13 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
         ("ROW_BLOCKS", 1.0),
         ("STATE_KP4", 32.0),
     ],
+    &[
+        ("VT", 32.0),
+        ("ROW_GROUPS", 16.0),
+        ("ROW_BLOCKS", 2.0),
+        ("STATE_KP4", 32.0),
+        ("WALK", 1.0),
+    ],
 ];
 
 /// Every shader of the backend, with sets of its `override` constants (each set is one
@@ -144,10 +151,12 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
     (
         gdn::chunks::STATE_STAGED,
         &[
-            &[("VT", 16.0), ("STATE_KP4", 32.0)],
-            &[("VT", 16.0), ("STATE_KP4", 16.0)],
+            &[("VT", 16.0), ("STATE_KP4", 32.0), ("WALK", 0.0)],
+            &[("VT", 16.0), ("STATE_KP4", 16.0), ("WALK", 0.0)],
+            &[("VT", 16.0), ("STATE_KP4", 32.0), ("WALK", 1.0)],
         ],
     ),
+    (gdn::chunks::COMBINE, &[&[]]),
     (tensor::FILL, &[&[]]),
     (timing::COPY, &[&[]]),
     (kv::SOURCE_ENCODE, &[&[]]),

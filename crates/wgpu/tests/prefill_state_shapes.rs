@@ -3,7 +3,9 @@
 //! default one, against the f64 oracle: K = 128 (one 4-row block per thread at 32 groups) and
 //! K = 64 / V = 96 (row groups past K, a partial column tile), with initial states, l2 norm and
 //! odd lengths. Likewise both prepare kernels (staged rows for 16-bit inputs, and the general
-//! one) at bf16 and f16, varlen with a length-1 sequence, GQA and K != V.
+//! one) at bf16 and f16, varlen with a length-1 sequence, GQA and K != V. And sequences split
+//! into segments (the two-level scan) with either state kernel, against the oracle and against
+//! the same call walked whole.
 
 mod common;
 
@@ -188,6 +190,103 @@ fn both_prepare_kernels_against_the_oracle() {
         ..StatePlan::default()
     };
     assert_refused(wgpu, &case, &plan, "staged prepare");
+    println!(
+        "worst rel_rms: o {:.3e}, final_state {:.3e}",
+        worst[0], worst[1]
+    );
+}
+
+#[test]
+fn segmented_walks_against_the_oracle_and_the_whole_walk() {
+    let Some(wgpu) = common::device("segmented state pass") else {
+        return;
+    };
+    println!("device: {}", wgpu.describe());
+    let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
+        let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
+        spec.dtype = dtype;
+        spec.raw_qk = true;
+        spec.with_initial_state = true;
+        spec.seq_lens = lens;
+        spec
+    };
+    // Slow decay (gates of -0.014 .. -0.0002 per token), so that a segment's entry state still
+    // weighs on its outputs hundreds of tokens on, beside the generator's usual gates.
+    let slow = |mut spec: GdnSpec| {
+        spec.gate_scale = 0.02;
+        spec
+    };
+    // Long sequences beside short ones (a length-1 sequence, one of exactly one chunk), GQA,
+    // K != V with a partial column tile, f32 and 16-bit inputs.
+    let cases = [
+        (slow(spec(1000, 1, 2, 128, 128, DType::BF16, None)), 920),
+        (
+            slow(spec(
+                400,
+                2,
+                4,
+                64,
+                96,
+                DType::F32,
+                Some(vec![1, 300, 32, 67]),
+            )),
+            921,
+        ),
+        (spec(263, 1, 1, 128, 62, DType::F16, None), 922),
+    ];
+    let mut worst = [0f64; 2];
+    for (spec, seed) in cases {
+        let case = GdnCase::random(&spec, seed).unwrap();
+        let label = |what: &str| {
+            format!(
+                "{what}, {:?}, T={} Hg={} H={} K={} V={} lens {:?}",
+                spec.dtype,
+                spec.tokens,
+                spec.key_heads,
+                spec.value_heads,
+                spec.key_dim,
+                spec.value_dim,
+                spec.seq_lens
+            )
+        };
+        let whole = checked_run(
+            wgpu,
+            &case,
+            &StatePlan::default(),
+            &label("whole"),
+            &mut worst,
+        );
+        // Segments of 1, 3 and 7 chunks, with the launcher's kernel and with the general one.
+        for (segment_chunks, kernel) in [
+            (1, StateKernel::Auto),
+            (3, StateKernel::Auto),
+            (7, StateKernel::Auto),
+            (3, StateKernel::General),
+        ] {
+            let plan = StatePlan {
+                segment_chunks: Some(segment_chunks),
+                kernel,
+                ..StatePlan::default()
+            };
+            let what = format!("segments of {segment_chunks} chunks, kernel {kernel:?}");
+            let split = checked_run(wgpu, &case, &plan, &label(&what), &mut worst);
+            // The same sums in another order (the entry states through M S + D): f32 rounding.
+            let widened = |x: &[f32]| x.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            let o_apart = rel_rms(&split.0, &widened(&whole.0));
+            let s_apart = rel_rms(&split.1, &widened(&whole.1));
+            println!("  against the whole walk: o {o_apart:.3e}, final_state {s_apart:.3e}");
+            assert!(
+                o_apart < 1e-3 && s_apart < 1e-5,
+                "{what}: apart from the whole walk: o {o_apart:.3e}, state {s_apart:.3e}"
+            );
+        }
+    }
+    let zero = StatePlan {
+        segment_chunks: Some(0),
+        ..StatePlan::default()
+    };
+    let case = GdnCase::random(&spec(40, 1, 1, 64, 64, DType::F32, None), 923).unwrap();
+    assert_refused(wgpu, &case, &zero, "at least one chunk");
     println!(
         "worst rel_rms: o {:.3e}, final_state {:.3e}",
         worst[0], worst[1]

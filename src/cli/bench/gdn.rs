@@ -41,6 +41,19 @@ pub const SHAPES: [(&str, usize, usize, usize, usize); 2] = [
     ("qwen3.5-27b", 16, 48, 128, 128),
 ];
 
+/// One prefill problem: (name, B, T, Hg, H, K, V).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub type PrefillShape = (&'static str, usize, usize, usize, usize, usize, usize);
+
+/// The shapes of the comparison with FLA and FlashInfer (K = V = 128).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub const SERVING_SHAPES: [PrefillShape; 4] = [
+    ("qwen3-next", 1, 16384, 16, 32, 128, 128),
+    ("tp8-shard", 1, 65536, 2, 8, 128, 128),
+    ("qwen3-next", 8, 8192, 16, 32, 128, 128),
+    ("qwen3-next", 1, 4096, 16, 32, 128, 128),
+];
+
 /// Nominal flops of a prefill of `tokens` tokens per value head.
 pub fn prefill_flops(mode: PrefillMode, tokens: usize, key_dim: usize, value_dim: usize) -> f64 {
     let (t, k, v) = (tokens as f64, key_dim as f64, value_dim as f64);
@@ -72,7 +85,7 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
         #[cfg(feature = "cuda")]
         Device::Cuda => {
             // The serving shapes, then Qwen3-Next's shape at each --seq-lens length.
-            let mut shapes = super::gdn_prefill_cuda::SERVING_SHAPES.to_vec();
+            let mut shapes = SERVING_SHAPES.to_vec();
             shapes.extend(
                 seq_lens
                     .iter()

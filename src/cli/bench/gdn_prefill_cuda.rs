@@ -6,6 +6,7 @@
 //! pays it: validation, the call's tables and scratch, the launches and the wait for the
 //! results, timed on the host (median of 10 calls after a warm one).
 
+use super::gdn::PrefillShape;
 use deltakv::cuda::gdn::{PrefillExtras, PrefillLaunch, PrefillStates};
 use deltakv::cuda::timing::median_graph_us;
 use deltakv::cuda::{Cuda, CudaTensor};
@@ -13,17 +14,6 @@ use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{GdnInputs, GdnOptions};
 use deltakv::{DType, HostTensor, Result};
 use serde_json::json;
-
-/// One prefill problem: (name, B, T, Hg, H, K, V).
-pub type PrefillShape = (&'static str, usize, usize, usize, usize, usize, usize);
-
-/// The shapes of the comparison with FLA and FlashInfer (K = V = 128).
-pub const SERVING_SHAPES: [PrefillShape; 4] = [
-    ("qwen3-next", 1, 16384, 16, 32, 128, 128),
-    ("tp8-shard", 1, 65536, 2, 8, 128, 128),
-    ("qwen3-next", 8, 8192, 16, 32, 128, 128),
-    ("qwen3-next", 1, 4096, 16, 32, 128, 128),
-];
 
 /// Times each shape on the GPU and returns the table lines; appends JSON records.
 pub fn run(shapes: &[PrefillShape], records: &mut Vec<serde_json::Value>) -> Result<Vec<String>> {

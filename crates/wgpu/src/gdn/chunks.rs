@@ -7,12 +7,15 @@
 //! fit one storage binding returns `None` and the caller runs the single-pass kernel instead.
 
 use super::recurrent::dtype_code;
+pub use super::state_plan::{
+    GROUPS_ENV, PREPARE_KERNEL_ENV, PrepareKernel, SEGMENT_ENV, STATE_KERNEL_ENV, StateKernel,
+    StatePlan, TILE_ENV,
+};
 use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use std::sync::OnceLock;
 use wgpu::util::DeviceExt;
 
 /// Tokens per chunk (`C` in the shader).
@@ -37,183 +40,87 @@ pub const PREPARE_STAGED: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_prepare_staged",
 };
 
-/// The state pass.
+/// The state pass (`WALK` 0: the outputs walk; 1: the transition walk of segments).
 pub const STATE: ShaderSource = ShaderSource {
     name: "gdn_chunk_state",
-    text: concat!(include_str!("../dtype.wgsl"), include_str!("chunks.wgsl")),
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state.wgsl")
+    ),
     entry_point: "gdn_chunk_state",
 };
 
-/// The state pass with W, Qd and Kd staged in workgroup memory.
+/// The state pass with W, Qd and Kd staged in workgroup memory (both walks).
 pub const STATE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_staged",
     text: concat!(
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
+        include_str!("chunks_state.wgsl"),
         include_str!("chunks_state_staged.wgsl")
     ),
     entry_point: "gdn_chunk_state_staged",
 };
 
-/// Set to 16 or 32, the environment variable that fixes the state pass's column tile (see
-/// [`StatePlan::tile`]).
-pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
+/// The entry states of split sequences' segments, between the two walks.
+pub const COMBINE: ShaderSource = ShaderSource {
+    name: "gdn_chunk_combine",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state.wgsl"),
+        include_str!("chunks_combine.wgsl")
+    ),
+    entry_point: "gdn_chunk_combine",
+};
 
-/// Set to 8, 16 or 32, the environment variable that fixes the state pass's row groups (see
-/// [`StatePlan::row_groups`]).
-pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
+/// Value columns per combine workgroup (`COMBINE_COLS` in `chunks_combine.wgsl`).
+const COMBINE_COLS: usize = 16;
+/// Fields of a walk unit's record (`UNIT_FIELDS` in `chunks_state.wgsl`).
+const UNIT_FIELDS: usize = 5;
 
-/// Set to `general` or `staged`, the environment variable that picks the state pass's
-/// kernel where more than one serves (see [`StateKernel`]).
-pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
-
-/// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
-/// where more than one serves (see [`PrepareKernel`]).
-pub const PREPARE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_PREPARE";
-
-/// The kernel of the prepare pass.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PrepareKernel {
-    /// [`PrepareKernel::Staged`] where it serves, else [`PrepareKernel::General`].
-    #[default]
-    Auto,
-    /// `gdn_chunk_prepare` (`chunks.wgsl`): every dtype and head size.
-    General,
-    /// `gdn_chunk_prepare_staged` (`chunks_prepare_staged.wgsl`): bf16 or f16 q, k and v, K
-    /// and V even and at most 128; the chunk's rows read from memory once into workgroup
-    /// memory, every product reading them there.
-    Staged,
-}
-
-/// The kernel of the state pass.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StateKernel {
-    /// [`StateKernel::Staged`] where it serves, else [`StateKernel::General`].
-    #[default]
-    Auto,
-    /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
-    General,
-    /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
-    /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
-    /// straight-line code, W, Qd and Kd staged in workgroup memory one or two phases ahead,
-    /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
-    /// barriers per chunk).
-    Staged,
-}
-
-/// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
-/// (the default plan). The fields exist to time and test the other shapes; the prefill's public
-/// entry points take the plan the environment variables above give, read once per process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatePlan {
-    /// Value columns per workgroup, 16 or 32; default: 16 where fewer than 256 workgroups of
-    /// 32 columns would run or 32 row groups are asked for (and always for K > 128), else 32.
-    pub tile: Option<usize>,
-    /// Row groups, 8, 16 or 32 (threads = row groups x tile / 2, at most 256, so 32 groups
-    /// only with 16-column tiles); default: 32 with 16-column tiles, else 16.
-    pub row_groups: Option<usize>,
-    /// The kernel; one asked for a shape it does not serve is an error at launch.
-    pub kernel: StateKernel,
-    /// The prepare pass's kernel; likewise an error at launch where it does not serve.
-    pub prepare: PrepareKernel,
-}
-
-impl StatePlan {
-    /// The plan [`TILE_ENV`], [`GROUPS_ENV`], [`STATE_KERNEL_ENV`] and [`PREPARE_KERNEL_ENV`]
-    /// give (unset or empty: the default), or an error naming a variable whose value is not
-    /// one of its choices.
-    pub fn from_env() -> Result<Self> {
-        let read = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
-        let number = |name: &str, choices: &[usize]| -> Result<Option<usize>> {
-            match read(name) {
-                None => Ok(None),
-                Some(v) => v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| choices.contains(n))
-                    .map(Some)
-                    .ok_or_else(|| {
-                        Error::InvalidValue(format!("{name}={v}: expected one of {choices:?}"))
-                    }),
-            }
-        };
-        let kernel = named_choice(
-            STATE_KERNEL_ENV,
-            read(STATE_KERNEL_ENV),
-            &[
-                ("auto", StateKernel::Auto),
-                ("general", StateKernel::General),
-                ("staged", StateKernel::Staged),
-            ],
-        )?;
-        let prepare = named_choice(
-            PREPARE_KERNEL_ENV,
-            read(PREPARE_KERNEL_ENV),
-            &[
-                ("auto", PrepareKernel::Auto),
-                ("general", PrepareKernel::General),
-                ("staged", PrepareKernel::Staged),
-            ],
-        )?;
-        // The combination is checked where every plan is, at launch.
-        Ok(StatePlan {
-            tile: number(TILE_ENV, &[16, 32])?,
-            row_groups: number(GROUPS_ENV, &[8, 16, 32])?,
-            kernel,
-            prepare,
-        })
-    }
-
-    /// The plan of the environment, read once per process.
-    pub fn from_env_once() -> Result<Self> {
-        static PLAN: OnceLock<std::result::Result<StatePlan, String>> = OnceLock::new();
-        PLAN.get_or_init(|| Self::from_env().map_err(|e| e.to_string()))
-            .clone()
-            .map_err(Error::InvalidValue)
-    }
-
-    /// An error for a tile or row-group count outside the kernels' choices.
-    pub fn check(&self) -> Result<()> {
-        if let Some(tile) = self.tile
-            && !matches!(tile, 16 | 32)
-        {
-            return Err(Error::InvalidValue(format!(
-                "the state pass takes 16- or 32-column tiles, got {tile}"
-            )));
+/// The chunk table of a call: `(first token, length)` per chunk of each sequence, then the walk
+/// units (`UNIT_FIELDS` each: first chunk, end chunk, sequence, index among the sequence's
+/// units, their count), then each sequence's first unit (`N + 1` entries). A sequence of more
+/// than `segment_chunks` chunks becomes near-equal segments of at most that many; any other, one
+/// unit. Returns the table, the chunk and unit counts, and whether any sequence was split.
+fn chunk_table(seqs: &[SeqSpan], segment_chunks: Option<usize>) -> (Vec<u32>, usize, usize, bool) {
+    let mut table: Vec<u32> = Vec::new();
+    let mut spans = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        let first = table.len() / 2;
+        let mut t = 0;
+        while t < s.len {
+            table.push((s.start + t) as u32);
+            table.push(CHUNK.min(s.len - t) as u32);
+            t += CHUNK;
         }
-        if let Some(groups) = self.row_groups
-            && (!matches!(groups, 8 | 16 | 32) || (groups == 32 && self.tile == Some(32)))
-        {
-            return Err(Error::InvalidValue(format!(
-                "the state pass takes 8, 16 or 32 row groups (32 only with 16-column tiles), got {groups}"
-            )));
-        }
-        Ok(())
+        spans.push((first, table.len() / 2 - first));
     }
-}
-
-/// The choice `value` names among `choices` (the first when unset), or an error naming the
-/// variable `name` and its choices.
-fn named_choice<T: Copy>(name: &str, value: Option<String>, choices: &[(&str, T)]) -> Result<T> {
-    let Some(value) = value else {
-        return Ok(choices[0].1);
-    };
-    choices
-        .iter()
-        .find(|(word, _)| *word == value)
-        .map(|&(_, choice)| choice)
-        .ok_or_else(|| {
-            let words: Vec<&str> = choices.iter().map(|(word, _)| *word).collect();
-            Error::InvalidValue(format!(
-                "{name}={value}: expected one of {}",
-                words.join(", ")
-            ))
-        })
+    let chunks = table.len() / 2;
+    let mut firsts = vec![0u32];
+    let mut units = 0;
+    let mut split = false;
+    for (seq, &(first, count)) in spans.iter().enumerate() {
+        let segments = match segment_chunks {
+            Some(most) if count > most => count.div_ceil(most.max(1)),
+            _ => 1,
+        };
+        // Near-equal segments: every one non-empty, since (segments - 1) * per < count.
+        let per = count.div_ceil(segments).max(1);
+        for index in 0..segments {
+            let start = first + index * per;
+            let end = (first + (index + 1) * per).min(first + count);
+            let record: [usize; UNIT_FIELDS] = [start, end, seq, index, segments];
+            table.extend(record.map(|x| x as u32));
+        }
+        units += segments;
+        split |= segments > 1;
+        firsts.push(units as u32);
+    }
+    table.extend_from_slice(&firsts);
+    (table, chunks, units, split)
 }
 
 /// Which passes a submission runs (both for a prefill; one alone to time it).
@@ -255,9 +162,21 @@ pub struct ChunkLaunch {
     state_grid: (u32, u32, u32),
     tile: usize,
     kernel: StateKernel,
-    /// The scratch (shared with other calls: see `Wgpu::scratch`) and the chunk table, kept
-    /// alive for the bindings.
-    _buffers: (wgpu::Buffer, WgpuTensor),
+    /// The two steps before the outputs walk where a sequence is split into segments.
+    segments: Option<Segments>,
+    /// The scratch (shared with other calls: see `Wgpu::scratch`), the chunk table and the
+    /// segment states, kept alive for the bindings.
+    _buffers: (wgpu::Buffer, WgpuTensor, wgpu::Buffer),
+}
+
+/// The transition walk and the combine of a call with split sequences.
+struct Segments {
+    transition: wgpu::ComputePipeline,
+    transition_group: wgpu::BindGroup,
+    transition_grid: (u32, u32, u32),
+    combine: wgpu::ComputePipeline,
+    combine_group: wgpu::BindGroup,
+    combine_grid: (u32, u32, u32),
 }
 
 impl ChunkLaunch {
@@ -266,20 +185,8 @@ impl ChunkLaunch {
     pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>, plan: &StatePlan) -> Result<Option<Self>> {
         let d = &call.dims;
         let heads = d.value_heads;
-        // Chunk table: (first token, length) per chunk, then each sequence's first chunk.
-        let mut table: Vec<u32> = Vec::new();
-        let mut firsts: Vec<u32> = vec![0];
-        for s in call.seqs {
-            let mut t = 0;
-            while t < s.len {
-                table.push((s.start + t) as u32);
-                table.push(CHUNK.min(s.len - t) as u32);
-                t += CHUNK;
-            }
-            firsts.push((table.len() / 2) as u32);
-        }
-        let chunks = table.len() / 2;
-        table.extend_from_slice(&firsts);
+        plan.check()?;
+        let (mut table, chunks, mut units, mut split) = chunk_table(call.seqs, plan.segment_chunks);
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
         // Scratch regions in vec4 words: W, Qd, Kd, U, P, decays.
@@ -312,7 +219,6 @@ impl ChunkLaunch {
         {
             return Ok(None);
         }
-        plan.check()?;
         // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
         // at 32).
         let narrow_tiles = d.key_dim > 128
@@ -341,6 +247,32 @@ impl ChunkLaunch {
             }
             other => other,
         };
+        // The split sequences' transitions and entry states (f32; chunks_state.wgsl), or, where
+        // they would not fit one binding or the grid, every sequence walked whole.
+        let value_pad = d.value_dim.div_ceil(tile) * tile;
+        let trans_width = value_pad + d.key_dim;
+        let walk_floats = |units: usize| units * heads * d.key_dim * (trans_width + d.value_dim);
+        if split
+            && (4 * walk_floats(units) as u64 > limits.max_storage_buffer_binding_size
+                || 4 * walk_floats(units) as u64 > limits.max_buffer_size
+                || walk_floats(units) > u32::MAX as usize
+                || units > max_dim)
+        {
+            (table, _, units, split) = chunk_table(call.seqs, None);
+        }
+        let walk_states = if split {
+            let bytes = 4 * walk_floats(units) as u64;
+            let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("gdn_chunk walk states"),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            wgpu.check(&format!("allocating {bytes} bytes of segment states"))?;
+            buffer
+        } else {
+            wgpu.placeholder().clone()
+        };
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -349,7 +281,7 @@ impl ChunkLaunch {
             &HostTensor::from_le_bytes(vec![table.len()], DType::I32, &table_bytes)?,
         )?;
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
-        let params: [u32; 20] = [
+        let params: [u32; 24] = [
             d.key_heads as u32,
             heads as u32,
             d.key_dim as u32,
@@ -370,6 +302,10 @@ impl ChunkLaunch {
             offsets[3] as u32,
             offsets[4] as u32,
             offsets[5] as u32,
+            units as u32,
+            value_pad as u32,
+            trans_width as u32,
+            (units * heads * d.key_dim * trans_width) as u32,
         ];
         let uniform = wgpu
             .device()
@@ -383,9 +319,9 @@ impl ChunkLaunch {
             });
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
-        // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl and
-        // chunks_state_staged.wgsl ends: their trip counts come from the chunk table and the
-        // head dimensions, which this launch has checked.
+        // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl, chunks_state.wgsl,
+        // chunks_state_staged.wgsl and chunks_combine.wgsl ends: their trip counts come from the
+        // chunk table and the head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
         };
@@ -414,10 +350,11 @@ impl ChunkLaunch {
             }
             _ => pipeline(&PREPARE, &[])?,
         };
-        let state = match kernel {
-            StateKernel::Staged => {
-                pipeline(&STATE_STAGED, &[("VT", 16), ("STATE_KP4", state_kp4)])?
-            }
+        let walk = |walk: u32| match kernel {
+            StateKernel::Staged => pipeline(
+                &STATE_STAGED,
+                &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
+            ),
             _ => pipeline(
                 &STATE,
                 &[
@@ -425,9 +362,11 @@ impl ChunkLaunch {
                     ("ROW_GROUPS", row_groups as u32),
                     ("ROW_BLOCKS", row_blocks),
                     ("STATE_KP4", state_kp4),
+                    ("WALK", walk),
                 ],
-            )?,
+            ),
         };
+        let state = walk(0)?;
         let prepare_group = wgpu.bind_group(
             "the chunked prefill's prepare",
             &prepare,
@@ -442,22 +381,56 @@ impl ChunkLaunch {
                 (7, "scratch", &scratch),
             ],
         )?;
-        let state_group = wgpu.bind_group(
-            "the chunked prefill's state pass",
-            &state,
-            &[
-                (0, "params", &uniform),
-                (6, "chunk table", table.buffer()),
-                (7, "scratch", &scratch),
-                (8, "final states", call.state.buffer()),
-                (9, "o", call.o.buffer()),
-            ],
-        )?;
+        let walk_entries = [
+            (0, "params", &uniform),
+            (6, "chunk table", table.buffer()),
+            (7, "scratch", &scratch),
+            (8, "final states", call.state.buffer()),
+            (9, "o", call.o.buffer()),
+            (10, "segment states", &walk_states),
+        ];
+        let state_group =
+            wgpu.bind_group("the chunked prefill's state pass", &state, &walk_entries)?;
+        let segments = if split {
+            let transition = walk(1)?;
+            let transition_group =
+                wgpu.bind_group("the segments' transition walk", &transition, &walk_entries)?;
+            let combine = pipeline(&COMBINE, &[])?;
+            let combine_group = wgpu.bind_group(
+                "the segments' entry states",
+                &combine,
+                &[
+                    (0, "params", &uniform),
+                    (6, "chunk table", table.buffer()),
+                    (8, "initial states", call.state.buffer()),
+                    (10, "segment states", &walk_states),
+                ],
+            )?;
+            Some(Segments {
+                transition,
+                transition_group,
+                transition_grid: (
+                    trans_width.div_ceil(tile) as u32,
+                    heads as u32,
+                    units as u32,
+                ),
+                combine,
+                combine_group,
+                combine_grid: (
+                    d.value_dim.div_ceil(COMBINE_COLS) as u32,
+                    heads as u32,
+                    call.seqs.len() as u32,
+                ),
+            })
+        } else {
+            None
+        };
         Ok(Some(Self {
             prepare,
             state,
             prepare_group,
             state_group,
+            segments,
             prepare_grid: (
                 heads as u32,
                 GRID_ROW.min(chunks) as u32,
@@ -466,11 +439,11 @@ impl ChunkLaunch {
             state_grid: (
                 d.value_dim.div_ceil(tile) as u32,
                 heads as u32,
-                call.seqs.len() as u32,
+                units as u32,
             ),
             tile,
             kernel,
-            _buffers: (scratch, table),
+            _buffers: (scratch, table, walk_states),
         }))
     }
 
@@ -488,6 +461,16 @@ impl ChunkLaunch {
         if passes == ChunkPasses::Prepare {
             return;
         }
+        if let Some(segments) = &self.segments {
+            let (x, y, z) = segments.transition_grid;
+            pass.set_pipeline(&segments.transition);
+            pass.set_bind_group(0, &segments.transition_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+            let (x, y, z) = segments.combine_grid;
+            pass.set_pipeline(&segments.combine);
+            pass.set_bind_group(0, &segments.combine_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_group, &[]);
         pass.dispatch_workgroups(self.state_grid.0, self.state_grid.1, self.state_grid.2);
@@ -496,6 +479,11 @@ impl ChunkLaunch {
     /// The state pass's column tile.
     pub fn tile(&self) -> usize {
         self.tile
+    }
+
+    /// The state pass's walk units: one per sequence, or one per segment of a split one.
+    pub fn walk_units(&self) -> usize {
+        self.state_grid.2 as usize
     }
 
     /// The state pass's kernel (never [`StateKernel::Auto`]).
@@ -524,20 +512,37 @@ impl ChunkLaunch {
 mod tests {
     use super::*;
 
+    fn span(start: usize, len: usize) -> SeqSpan {
+        SeqSpan { start, len }
+    }
+
     #[test]
-    fn a_kernel_variable_names_one_of_its_choices() {
-        let choices = [
-            ("auto", PrepareKernel::Auto),
-            ("general", PrepareKernel::General),
-            ("staged", PrepareKernel::Staged),
-        ];
-        let pick = |value: Option<&str>| named_choice("VAR", value.map(String::from), &choices);
-        assert_eq!(pick(None).unwrap(), PrepareKernel::Auto);
-        assert_eq!(pick(Some("staged")).unwrap(), PrepareKernel::Staged);
-        let err = pick(Some("fast")).unwrap_err().to_string();
-        assert!(
-            err.contains("VAR=fast") && err.contains("auto, general, staged"),
-            "{err}"
+    fn long_sequences_split_into_near_equal_segments() {
+        // 10 chunks and 1 chunk (a length-1 sequence), segments of at most 3 chunks.
+        let seqs = [span(0, 300), span(300, 1)];
+        let (table, chunks, units, split) = chunk_table(&seqs, Some(3));
+        assert_eq!((chunks, units, split), (11, 5, true));
+        assert_eq!(&table[..4], &[0, 32, 32, 32]);
+        assert_eq!(&table[18..22], &[288, 12, 300, 1]);
+        let records: Vec<&[u32]> = table[22..22 + 5 * UNIT_FIELDS]
+            .chunks(UNIT_FIELDS)
+            .collect();
+        assert_eq!(
+            records,
+            [
+                &[0, 3, 0, 0, 4][..],
+                &[3, 6, 0, 1, 4],
+                &[6, 9, 0, 2, 4],
+                &[9, 10, 0, 3, 4],
+                &[10, 11, 1, 0, 1],
+            ]
         );
+        assert_eq!(&table[22 + 5 * UNIT_FIELDS..], &[0, 4, 5]);
+        // Without segments (or segments longer than the sequences): one unit per sequence.
+        for most in [None, Some(10)] {
+            let (table, _, units, split) = chunk_table(&seqs, most);
+            assert_eq!((units, split), (2, false));
+            assert_eq!(&table[22..32], &[0, 10, 0, 0, 1, 10, 11, 1, 0, 1]);
+        }
     }
 }

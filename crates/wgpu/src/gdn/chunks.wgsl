@@ -11,10 +11,12 @@
 // `gdn_chunk_prepare` (one workgroup per (chunk, value head), every chunk at once) computes the
 // Gram matrices, T by blocks, and stores W, Qd = diag(scale exp(G)) Q, Kd, U, P
 // and exp(G_last) in the scratch buffer (rows past a chunk's end are zeros). `gdn_chunk_state`
-// (one workgroup per (sequence, value head, tile of VT columns)) walks the sequence's chunks in
-// order with the tile of S in registers and in workgroup memory, and writes o and the final
-// state. Both are plain tiled f32 loops (no subgroup operations), so one source serves every
-// adapter.
+// (chunks_state.wgsl; one workgroup per (walk unit, value head, tile of VT columns)) walks the
+// unit's chunks in order with the tile of S in registers and in workgroup memory, and writes o
+// and the final state. A walk unit is a whole sequence, or one segment of a long sequence split
+// into segments (a two-level scan, chunks_combine.wgsl: each segment's map S -> M S + D first,
+// then every segment's entry state, then the outputs walk of every segment at once). All are
+// plain tiled f32 loops (no subgroup operations), so one source serves every adapter.
 
 const C: u32 = 32u;
 // Row stride of the C x C matrices and of the staged slices in workgroup memory (one more than
@@ -57,6 +59,13 @@ struct ChunkParams {
     u_at: u32,
     p_at: u32,
     decay_at: u32,
+    // The state pass's walk units (see chunks_state.wgsl): their count, where the transition
+    // walk's identity columns start (V rounded up to the tile), the row length of a
+    // transition [K][trans_width], and where the entry states start in walk_states (in f32).
+    units: u32,
+    value_pad: u32,
+    trans_width: u32,
+    entry_at: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: ChunkParams;
@@ -65,14 +74,11 @@ struct ChunkParams {
 @group(0) @binding(3) var<storage, read> v: array<u32>;
 @group(0) @binding(4) var<storage, read> g: array<u32>;
 @group(0) @binding(5) var<storage, read> beta: array<u32>;
-// [chunks, 2]: first token and length of each chunk; then [N + 1]: each sequence's first chunk.
+// [chunks, 2]: first token and length of each chunk; then the state pass's walk units
+// ([units, UNIT_FIELDS], then [N + 1]: each sequence's first unit; chunks_state.wgsl).
 @group(0) @binding(6) var<storage, read> chunk_info: array<u32>;
 @group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;
-// [N, H, K, V] f32: the initial states in, the final states out.
-@group(0) @binding(8) var<storage, read_write> state: array<f32>;
-// Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
-// may fall in one word (odd V), written by different workgroups.
-@group(0) @binding(9) var<storage, read_write> o: array<atomic<u32>>;
+
 
 fn load_elem(which: u32, i: u32) -> f32 {
     let d = p.act_dtype;
@@ -105,33 +111,6 @@ fn load_row4(which: u32, token: u32, head: u32, heads: u32, dim: u32, c4: u32) -
         load_row_elem(which, base, c + 2u, dim),
         load_row_elem(which, base, c + 3u, dim),
     );
-}
-
-// Stores o element i (two consecutive elements starting at i when `pair`).
-fn store_o(i: u32, x: vec2<f32>, pair: bool) {
-    let d = p.out_dtype;
-    if d == DT_F32 {
-        atomicStore(&o[i], bitcast<u32>(x.x));
-        if pair {
-            atomicStore(&o[i + 1u], bitcast<u32>(x.y));
-        }
-        return;
-    }
-    if pair && (i & 1u) == 0u {
-        atomicStore(&o[i >> 1u], half_bits(x.x, d) | (half_bits(x.y, d) << 16u));
-        return;
-    }
-    store_o_half(i, half_bits(x.x, d));
-    if pair {
-        store_o_half(i + 1u, half_bits(x.y, d));
-    }
-}
-
-// One 16-bit element of o, leaving the other half of its word as it is.
-fn store_o_half(i: u32, bits: u32) {
-    let shift = (i & 1u) * 16u;
-    atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
-    atomicOr(&o[i >> 1u], bits << shift);
 }
 
 // ---- gdn_chunk_prepare ----
@@ -513,167 +492,4 @@ fn gdn_chunk_prepare(
         store_q_and_k(e + 3u * PREPARE_THREADS, qk_items, qk_base, r3);
     }
     store_p_and_decay(tid, ch);
-}
-
-// ---- gdn_chunk_state ----
-
-// The tile of S, [K rounded up to 4][VT / 2] column pairs.
-var<workgroup> s_tile: array<vec2<f32>, 2048>;
-// V' of the chunk, [C][VT / 2].
-var<workgroup> v_new: array<vec2<f32>, 512>;
-var<workgroup> seq_chunks: vec2<u32>;
-
-// The chunks [first, end) of sequence `seq` in the chunk table, read by thread 0 and made
-// uniform for the walk (every thread calls it, in uniform control flow).
-fn sequence_chunks(tid: u32, seq: u32) -> vec2<u32> {
-    if tid == 0u {
-        seq_chunks = vec2<u32>(chunk_info[2u * p.chunks + seq], chunk_info[2u * p.chunks + seq + 1u]);
-    }
-    return workgroupUniformLoad(&seq_chunks);
-}
-
-// Row r of the state slab at columns col, col + 1 (zeros past K and V).
-fn state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f32> {
-    var x = vec2<f32>(0.0);
-    if r < p.key_dim && col_ok.x {
-        let at = (slab + r) * p.value_dim + col;
-        x.x = state[at];
-        if col_ok.y {
-            x.y = state[at + 1u];
-        }
-    }
-    return x;
-}
-
-fn store_state_pair(slab: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
-    if r < p.key_dim && col_ok.x {
-        let at = (slab + r) * p.value_dim + col;
-        state[at] = x.x;
-        if col_ok.y {
-            state[at + 1u] = x.y;
-        }
-    }
-}
-
-// Thread (rg, cp) of ROW_GROUPS * VT / 2 (cp = column pair, rg = 0..ROW_GROUPS): the products
-// for chunk rows CHUNK_ROWS rg .. CHUNK_ROWS (rg + 1) - 1 and its two columns; the state rows of
-// blocks rg + ROW_GROUPS m (4 rows each).
-@compute @workgroup_size(ROW_GROUPS * VT / 2u)
-fn gdn_chunk_state(
-    @builtin(local_invocation_index) tid: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-) {
-    let pairs = VT / 2u;
-    let cp = tid % pairs;
-    let rg = tid / pairs;
-    let h = wid.y;
-    let seq = wid.z;
-    let heads = p.value_heads;
-    let kd = p.key_dim;
-    let vd = p.value_dim;
-    let kp4 = STATE_KP4;
-    let col = wid.x * VT + 2u * cp;
-    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
-    let chunks = sequence_chunks(tid, seq);
-
-    let slab = (seq * heads + h) * kd;
-    var s: array<vec2<f32>, 32>;
-    for (var m = 0u; m < ROW_BLOCKS; m++) {
-        let b = rg + ROW_GROUPS * m;
-        for (var e = 0u; e < 4u; e++) {
-            s[4u * m + e] = state_pair(slab, 4u * b + e, col, col_ok);
-        }
-    }
-
-    for (var n = chunks.x; n < chunks.y; n++) {
-        let ch = n * heads + h;
-        // The tile of S where every thread reads it.
-        for (var m = 0u; m < ROW_BLOCKS; m++) {
-            let b = rg + ROW_GROUPS * m;
-            if b < kp4 {
-                for (var e = 0u; e < 4u; e++) {
-                    s_tile[(4u * b + e) * pairs + cp] = s[4u * m + e];
-                }
-            }
-        }
-        workgroupBarrier();
-
-        // W S and Qd S for this thread's four rows.
-        var ws: array<vec2<f32>, 4>;
-        var qs: array<vec2<f32>, 4>;
-        let w_row = p.w_at + (ch * C + CHUNK_ROWS * rg) * kp4;
-        let q_row = p.qd_at + (ch * C + CHUNK_ROWS * rg) * kp4;
-        for (var r4 = 0u; r4 < kp4; r4++) {
-            let s0 = s_tile[(4u * r4) * pairs + cp];
-            let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
-            let s2 = s_tile[(4u * r4 + 2u) * pairs + cp];
-            let s3 = s_tile[(4u * r4 + 3u) * pairs + cp];
-            for (var i = 0u; i < CHUNK_ROWS; i++) {
-                let w = scratch[w_row + i * kp4 + r4];
-                let x = scratch[q_row + i * kp4 + r4];
-                ws[i] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
-                qs[i] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
-            }
-        }
-        // V' = U - W S.
-        let u_row = p.u_at + (ch * C + CHUNK_ROWS * rg) * p.vp4 + col / 4u;
-        for (var i = 0u; i < CHUNK_ROWS; i++) {
-            let u4 = scratch[u_row + i * p.vp4];
-            let u = select(u4.xy, u4.zw, (col & 2u) != 0u);
-            v_new[(CHUNK_ROWS * rg + i) * pairs + cp] = u - ws[i];
-        }
-        workgroupBarrier();
-
-        // O = Qd S + P V'.
-        let start = chunk_info[2u * n];
-        let len = chunk_info[2u * n + 1u];
-        let p_row = p.p_at + (ch * C + CHUNK_ROWS * rg) * (C / 4u);
-        for (var j4 = 0u; j4 < C / 4u; j4++) {
-            let v0 = v_new[(4u * j4) * pairs + cp];
-            let v1 = v_new[(4u * j4 + 1u) * pairs + cp];
-            let v2 = v_new[(4u * j4 + 2u) * pairs + cp];
-            let v3 = v_new[(4u * j4 + 3u) * pairs + cp];
-            for (var i = 0u; i < CHUNK_ROWS; i++) {
-                let pw = scratch[p_row + i * (C / 4u) + j4];
-                qs[i] += pw.x * v0 + pw.y * v1 + pw.z * v2 + pw.w * v3;
-            }
-        }
-        for (var i = 0u; i < CHUNK_ROWS; i++) {
-            let row = CHUNK_ROWS * rg + i;
-            if row < len && col_ok.x {
-                store_o(((start + row) * heads + h) * vd + col, qs[i], col_ok.y);
-            }
-        }
-
-        // S <- exp(G_last) S + Kd^T V'.
-        let decay = scratch[p.decay_at + ch].x;
-        for (var m = 0u; m < ROW_BLOCKS; m++) {
-            for (var e = 0u; e < 4u; e++) {
-                s[4u * m + e] *= decay;
-            }
-        }
-        let kd_base = p.kd_at + ch * C * kp4;
-        for (var jj = 0u; jj < C; jj++) {
-            let vj = v_new[jj * pairs + cp];
-            for (var m = 0u; m < ROW_BLOCKS; m++) {
-                let b = rg + ROW_GROUPS * m;
-                if b < kp4 {
-                    let kv = scratch[kd_base + jj * kp4 + b];
-                    s[4u * m] += kv.x * vj;
-                    s[4u * m + 1u] += kv.y * vj;
-                    s[4u * m + 2u] += kv.z * vj;
-                    s[4u * m + 3u] += kv.w * vj;
-                }
-            }
-        }
-        // The next chunk writes s_tile and v_new only after its first barrier, which every
-        // thread reaches after this chunk's reads.
-    }
-
-    for (var m = 0u; m < ROW_BLOCKS; m++) {
-        let b = rg + ROW_GROUPS * m;
-        for (var e = 0u; e < 4u; e++) {
-            store_state_pair(slab, 4u * b + e, col, col_ok, s[4u * m + e]);
-        }
-    }
 }

@@ -1,4 +1,4 @@
-// The state pass of `chunks.wgsl` for one shape: 32 row groups (ROW_GROUPS = C), so each thread
+// The state pass of `chunks_state.wgsl` (both walks, the same walk units) for one shape: 32 row groups (ROW_GROUPS = C), so each thread
 // owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
 // so K <= 128), with K a multiple of 16 and 16-column tiles. Same math as `gdn_chunk_state`;
 // W S and Qd S are summed as two halves over K (each thread sums rows rg and rg ^ 16 over one
@@ -17,7 +17,8 @@
 //   B2:   S <- exp(G_last) S + Kd^T V'; the next Qd's loads issued; barrier (next top)
 //
 // The three matrices take turns in one 16.5 KiB buffer, so the kernel needs 29 KiB of workgroup
-// memory (every adapter's 32 KiB holds it), at the price of eight barriers per chunk.
+// memory (every adapter's 32 KiB holds it), at the price of eight barriers per chunk. The
+// transition walk (WALK = 1) leaves out Qd and O, and with them two of the barriers.
 
 // The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's W, Qd or Kd.
 var<workgroup> block_s: array<vec2<f32>, 1024>;
@@ -103,21 +104,21 @@ fn gdn_chunk_state_staged(
     let cp = tid % pairs;
     let rg = tid / pairs;
     let h = wid.y;
-    let seq = wid.z;
+    let unit = wid.z;
     let heads = p.value_heads;
     let vd = p.value_dim;
     let kp4 = STATE_KP4;
     let col = wid.x * VT + 2u * cp;
-    let col_ok = vec2<bool>(col < vd, col + 1u < vd);
-    let chunks = sequence_chunks(tid, seq);
+    let col_ok = walk_columns(col);
+    let identity = identity_tile(wid.x * VT);
+    let chunks = unit_chunks(tid, unit);
 
-    let slab = (seq * heads + h) * p.key_dim;
     let has_rows = rg < kp4;
     let r = 4u * rg;
-    var s0 = state_pair(slab, r, col, col_ok);
-    var s1 = state_pair(slab, r + 1u, col, col_ok);
-    var s2 = state_pair(slab, r + 2u, col, col_ok);
-    var s3 = state_pair(slab, r + 3u, col, col_ok);
+    var s0 = entry_pair(unit, h, r, col, col_ok);
+    var s1 = entry_pair(unit, h, r + 1u, col, col_ok);
+    var s2 = entry_pair(unit, h, r + 2u, col, col_ok);
+    var s3 = entry_pair(unit, h, r + 3u, col, col_ok);
 
     // The first chunk's W and Qd (a sequence without chunks loads words it never uses).
     let first_ch = min(chunks.x, max(p.chunks, 1u) - 1u) * heads + h;
@@ -142,12 +143,12 @@ fn gdn_chunk_state_staged(
             block_s[(r + 3u) * pairs + cp] = s3;
         }
         stage_words(threads, tid, w0, w1, w2, w3);
-        let u4 = scratch[p.u_at + (ch * C + rg) * p.vp4 + col / 4u];
+        let u = u_pair(ch, rg, col, identity);
         workgroupBarrier();
 
         // A: W S for chunk row rg, then V' = U - W S.
         let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
-        block_v_new[rg * pairs + cp] = select(u4.xy, u4.zw, (col & 2u) != 0u) - ws;
+        block_v_new[rg * pairs + cp] = u - ws;
         let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
         let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
@@ -163,27 +164,32 @@ fn gdn_chunk_state_staged(
         let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
-        stage_words(threads, tid, x0, x1, x2, x3);
-        workgroupBarrier();
 
-        // B1: O = Qd S + P V'; the next chunk's W on its way.
-        var qs = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
+        // B1: O = Qd S + P V' (not in the transition walk); the next chunk's W on its way.
+        var qs = vec2<f32>(0.0);
+        if WALK == 0u {
+            stage_words(threads, tid, x0, x1, x2, x3);
+            workgroupBarrier();
+            qs = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
+        }
         w0 = chunk_word(p.w_at, next_ch, tid, kp4);
         w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
         w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
-        qs += new_value_products(p0, 0u, cp);
-        qs += new_value_products(p1, 1u, cp);
-        qs += new_value_products(p2, 2u, cp);
-        qs += new_value_products(p3, 3u, cp);
-        qs += new_value_products(p4, 4u, cp);
-        qs += new_value_products(p5, 5u, cp);
-        qs += new_value_products(p6, 6u, cp);
-        qs += new_value_products(p7, 7u, cp);
-        let start = chunk_info[2u * n];
-        let len = chunk_info[2u * n + 1u];
-        if rg < len && col_ok.x {
-            store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
+        if WALK == 0u {
+            qs += new_value_products(p0, 0u, cp);
+            qs += new_value_products(p1, 1u, cp);
+            qs += new_value_products(p2, 2u, cp);
+            qs += new_value_products(p3, 3u, cp);
+            qs += new_value_products(p4, 4u, cp);
+            qs += new_value_products(p5, 5u, cp);
+            qs += new_value_products(p6, 6u, cp);
+            qs += new_value_products(p7, 7u, cp);
+            let start = chunk_info[2u * n];
+            let len = chunk_info[2u * n + 1u];
+            if rg < len && col_ok.x {
+                store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
+            }
         }
         workgroupBarrier();
         stage_words(threads, tid, kd0, kd1, kd2, kd3);
@@ -228,8 +234,8 @@ fn gdn_chunk_state_staged(
         }
     }
 
-    store_state_pair(slab, r, col, col_ok, s0);
-    store_state_pair(slab, r + 1u, col, col_ok, s1);
-    store_state_pair(slab, r + 2u, col, col_ok, s2);
-    store_state_pair(slab, r + 3u, col, col_ok, s3);
+    store_exit_pair(unit, h, r, col, col_ok, s0);
+    store_exit_pair(unit, h, r + 1u, col, col_ok, s1);
+    store_exit_pair(unit, h, r + 2u, col, col_ok, s2);
+    store_exit_pair(unit, h, r + 3u, col, col_ok, s3);
 }

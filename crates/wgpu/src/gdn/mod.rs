@@ -5,6 +5,7 @@ pub mod decode;
 pub mod decode_sources;
 pub mod prefill;
 pub mod recurrent;
+mod state_plan;
 
 pub use chunks::{ChunkPasses, PrepareKernel, StateKernel, StatePlan};
 pub use decode::{

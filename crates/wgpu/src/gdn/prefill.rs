@@ -24,7 +24,7 @@ use deltakv_contract::{DType, HostTensor, Result};
 const NARROW_TILES_BELOW: usize = 1024;
 
 enum Launch {
-    Chunks(ChunkLaunch),
+    Chunks(Box<ChunkLaunch>),
     Single(RecurrentLaunch),
 }
 
@@ -119,7 +119,7 @@ impl PreparedPrefill {
         };
         let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
         let launch = match chunked {
-            Some(launch) => Launch::Chunks(launch),
+            Some(launch) => Launch::Chunks(Box::new(launch)),
             None => Launch::Single(RecurrentLaunch::new(
                 wgpu,
                 &RecurrentCall {
@@ -188,6 +188,15 @@ impl PreparedPrefill {
     pub fn state_kernel(&self) -> Option<StateKernel> {
         match &self.launch {
             Launch::Chunks(launch) => Some(launch.kernel()),
+            Launch::Single(_) => None,
+        }
+    }
+
+    /// The chunked state pass's walk units (one per sequence, more where sequences are split
+    /// into segments); `None` when this prefill runs in one pass.
+    pub fn walk_units(&self) -> Option<usize> {
+        match &self.launch {
+            Launch::Chunks(launch) => Some(launch.walk_units()),
             Launch::Single(_) => None,
         }
     }

@@ -1,0 +1,214 @@
+//! How the chunked prefill's state pass is shaped ([`StatePlan`]): its column tile, row groups,
+//! kernels and segments, from the launcher's defaults or the environment variables below.
+
+use deltakv_contract::{Error, Result};
+use std::sync::OnceLock;
+
+/// Set to 16 or 32, the environment variable that fixes the state pass's column tile (see
+/// [`StatePlan::tile`]).
+pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
+
+/// Set to 8, 16 or 32, the environment variable that fixes the state pass's row groups (see
+/// [`StatePlan::row_groups`]).
+pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
+
+/// Set to `general` or `staged`, the environment variable that picks the state pass's
+/// kernel where more than one serves (see [`StateKernel`]).
+pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
+
+/// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
+/// where more than one serves (see [`PrepareKernel`]).
+pub const PREPARE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_PREPARE";
+
+/// Set to a number of chunks (at least 1), the environment variable that splits each sequence
+/// longer than that into segments of at most that many chunks (see
+/// [`StatePlan::segment_chunks`]).
+pub const SEGMENT_ENV: &str = "DELTAKV_WGPU_PREFILL_SEGMENT_CHUNKS";
+
+/// The kernel of the prepare pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrepareKernel {
+    /// [`PrepareKernel::Staged`] where it serves, else [`PrepareKernel::General`].
+    #[default]
+    Auto,
+    /// `gdn_chunk_prepare` (`chunks.wgsl`): every dtype and head size.
+    General,
+    /// `gdn_chunk_prepare_staged` (`chunks_prepare_staged.wgsl`): bf16 or f16 q, k and v, K
+    /// and V even and at most 128; the chunk's rows read from memory once into workgroup
+    /// memory, every product reading them there.
+    Staged,
+}
+
+/// The kernel of the state pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StateKernel {
+    /// [`StateKernel::Staged`] where it serves, else [`StateKernel::General`].
+    #[default]
+    Auto,
+    /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
+    General,
+    /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
+    /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
+    /// straight-line code, W, Qd and Kd staged in workgroup memory one or two phases ahead,
+    /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
+    /// barriers per chunk).
+    Staged,
+}
+
+/// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
+/// (the default plan). The fields exist to time and test the other shapes; the prefill's public
+/// entry points take the plan the environment variables above give, read once per process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatePlan {
+    /// Value columns per workgroup, 16 or 32; default: 16 where fewer than 256 workgroups of
+    /// 32 columns would run or 32 row groups are asked for (and always for K > 128), else 32.
+    pub tile: Option<usize>,
+    /// Row groups, 8, 16 or 32 (threads = row groups x tile / 2, at most 256, so 32 groups
+    /// only with 16-column tiles); default: 32 with 16-column tiles, else 16.
+    pub row_groups: Option<usize>,
+    /// The kernel; one asked for a shape it does not serve is an error at launch.
+    pub kernel: StateKernel,
+    /// The prepare pass's kernel; likewise an error at launch where it does not serve.
+    pub prepare: PrepareKernel,
+    /// Chunks per segment: each sequence of more chunks is split into near-equal segments of at
+    /// most this many, walked at once (a two-level scan: each segment's map, then every
+    /// segment's entry state, then the outputs; more workgroups for few long sequences, about
+    /// twice the walk's products). `None` (the default): every sequence walked whole. A call
+    /// whose segment buffers would not fit one binding walks its sequences whole.
+    pub segment_chunks: Option<usize>,
+}
+
+impl StatePlan {
+    /// The plan [`TILE_ENV`], [`GROUPS_ENV`], [`STATE_KERNEL_ENV`], [`PREPARE_KERNEL_ENV`] and
+    /// [`SEGMENT_ENV`] give (unset or empty: the default), or an error naming a variable whose value is not
+    /// one of its choices.
+    pub fn from_env() -> Result<Self> {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let number = |name: &str, choices: &[usize]| -> Result<Option<usize>> {
+            match read(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| choices.contains(n))
+                    .map(Some)
+                    .ok_or_else(|| {
+                        Error::InvalidValue(format!("{name}={v}: expected one of {choices:?}"))
+                    }),
+            }
+        };
+        let kernel = named_choice(
+            STATE_KERNEL_ENV,
+            read(STATE_KERNEL_ENV),
+            &[
+                ("auto", StateKernel::Auto),
+                ("general", StateKernel::General),
+                ("staged", StateKernel::Staged),
+            ],
+        )?;
+        let prepare = named_choice(
+            PREPARE_KERNEL_ENV,
+            read(PREPARE_KERNEL_ENV),
+            &[
+                ("auto", PrepareKernel::Auto),
+                ("general", PrepareKernel::General),
+                ("staged", PrepareKernel::Staged),
+            ],
+        )?;
+        let segment_chunks = match read(SEGMENT_ENV) {
+            None => None,
+            Some(v) => Some(v.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                Error::InvalidValue(format!(
+                    "{SEGMENT_ENV}={v}: expected a number of chunks, at least 1"
+                ))
+            })?),
+        };
+        // The combination is checked where every plan is, at launch.
+        Ok(StatePlan {
+            tile: number(TILE_ENV, &[16, 32])?,
+            row_groups: number(GROUPS_ENV, &[8, 16, 32])?,
+            kernel,
+            prepare,
+            segment_chunks,
+        })
+    }
+
+    /// The plan of the environment, read once per process.
+    pub fn from_env_once() -> Result<Self> {
+        static PLAN: OnceLock<std::result::Result<StatePlan, String>> = OnceLock::new();
+        PLAN.get_or_init(|| Self::from_env().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(Error::InvalidValue)
+    }
+
+    /// An error for a tile or row-group count outside the kernels' choices, or segments of no
+    /// chunks.
+    pub fn check(&self) -> Result<()> {
+        if self.segment_chunks == Some(0) {
+            return Err(Error::InvalidValue(
+                "segments of the state pass take at least one chunk, got 0".into(),
+            ));
+        }
+        if let Some(tile) = self.tile
+            && !matches!(tile, 16 | 32)
+        {
+            return Err(Error::InvalidValue(format!(
+                "the state pass takes 16- or 32-column tiles, got {tile}"
+            )));
+        }
+        if let Some(groups) = self.row_groups
+            && (!matches!(groups, 8 | 16 | 32) || (groups == 32 && self.tile == Some(32)))
+        {
+            return Err(Error::InvalidValue(format!(
+                "the state pass takes 8, 16 or 32 row groups (32 only with 16-column tiles), got {groups}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The choice `value` names among `choices` (the first when unset), or an error naming the
+/// variable `name` and its choices.
+fn named_choice<T: Copy>(name: &str, value: Option<String>, choices: &[(&str, T)]) -> Result<T> {
+    let Some(value) = value else {
+        return Ok(choices[0].1);
+    };
+    choices
+        .iter()
+        .find(|(word, _)| *word == value)
+        .map(|&(_, choice)| choice)
+        .ok_or_else(|| {
+            let words: Vec<&str> = choices.iter().map(|(word, _)| *word).collect();
+            Error::InvalidValue(format!(
+                "{name}={value}: expected one of {}",
+                words.join(", ")
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_variable_names_one_of_its_choices() {
+        let choices = [
+            ("auto", PrepareKernel::Auto),
+            ("general", PrepareKernel::General),
+            ("staged", PrepareKernel::Staged),
+        ];
+        let pick = |value: Option<&str>| named_choice("VAR", value.map(String::from), &choices);
+        assert_eq!(pick(None).unwrap(), PrepareKernel::Auto);
+        assert_eq!(pick(Some("staged")).unwrap(), PrepareKernel::Staged);
+        let err = pick(Some("fast")).unwrap_err().to_string();
+        assert!(
+            err.contains("VAR=fast") && err.contains("auto, general, staged"),
+            "{err}"
+        );
+    }
+}

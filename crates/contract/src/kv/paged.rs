@@ -271,7 +271,8 @@ pub fn check_append(
 /// Checks a chunk appended to the paged caches of `lens.len()` sequences on a device: `k` and
 /// `v` of one shape `[B, Tn, Hkv, d]` and one float dtype, `new_lens` B counts of at most Tn, and
 /// every sequence's growth within `max_pages` pages ([`check_append`]). Returns Tn and the
-/// lengths after the append.
+/// lengths after the append, or `None` when every count is zero (a valid append that writes
+/// nothing).
 pub fn check_append_chunk(
     layout: &PagedLayout,
     k: &(impl TensorMeta + ?Sized),
@@ -279,7 +280,7 @@ pub fn check_append_chunk(
     new_lens: &[usize],
     lens: &[usize],
     max_pages: usize,
-) -> Result<(usize, Vec<usize>)> {
+) -> Result<Option<(usize, Vec<usize>)>> {
     let s = layout.scheme;
     let batch = lens.len();
     let shape = k.shape();
@@ -310,7 +311,7 @@ pub fn check_append_chunk(
     let grown = (lens.iter().zip(new_lens).enumerate())
         .map(|(b, (&len, &n))| check_append(layout, b, batch, len, n, max_pages))
         .collect::<Result<_>>()?;
-    Ok((tokens, grown))
+    Ok(new_lens.iter().any(|&n| n > 0).then_some((tokens, grown)))
 }
 
 /// The block table after sequence `b` grows from `lens[b]` to `new_lens[b]` tokens, for every
@@ -429,8 +430,13 @@ mod tests {
         };
         let k = chunk(vec![2, 5, 2, 64], DType::BF16);
         // Sequences holding 3 and 20 tokens in 2 pages of 16 each.
-        let (tokens, grown) = check_append_chunk(&layout, &k, &k, &[5, 2], &[3, 20], 2).unwrap();
-        assert_eq!((tokens, grown), (5, vec![8, 22]));
+        let appended = check_append_chunk(&layout, &k, &k, &[5, 2], &[3, 20], 2).unwrap();
+        assert_eq!(appended, Some((5, vec![8, 22])));
+        // Nothing to write: checked all the same, then `None`.
+        assert_eq!(
+            check_append_chunk(&layout, &k, &k, &[0, 0], &[3, 20], 2).unwrap(),
+            None
+        );
         let message = |v: &HostTensor, new_lens: &[usize], lens: &[usize]| {
             check_append_chunk(&layout, &k, v, new_lens, lens, 2)
                 .unwrap_err()

@@ -356,17 +356,17 @@ impl CudaPagedKvCache {
     ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
         let s = self.layout.scheme;
         let batch = self.batch();
-        let (tokens, grown) = paged::check_append_chunk(
+        let Some((tokens, grown)) = paged::check_append_chunk(
             &self.layout,
             k,
             v,
             new_lens,
             &self.host_lens,
             self.max_pages,
-        )?;
-        if new_lens.iter().all(|&n| n == 0) {
+        )?
+        else {
             return Ok(None);
-        }
+        };
         let table = paged::assign_pages(
             &self.layout,
             &self.host_table,

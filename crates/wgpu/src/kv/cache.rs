@@ -284,18 +284,18 @@ impl WgpuPagedKvCache {
     ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
         let s = self.layout.scheme;
         let batch = self.batch();
-        let (tokens, grown) = paged::check_append_chunk(
+        let Some((tokens, grown)) = paged::check_append_chunk(
             &self.layout,
             k,
             v,
             new_lens,
             &self.host_lens,
             self.max_pages,
-        )?;
-        u32_of("k's elements", k.shape().iter().product())?;
-        if new_lens.iter().all(|&n| n == 0) {
+        )?
+        else {
             return Ok(None);
-        }
+        };
+        u32_of("k's elements", k.shape().iter().product())?;
         let table = paged::assign_pages(
             &self.layout,
             &self.host_table,

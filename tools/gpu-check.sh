@@ -614,8 +614,9 @@ wgpu-prefill)
     # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
     # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
     # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
-    # 16, 32, 64 and 128 chunks, and with the general prepare and state kernels, beside
-    # `bench gdn --device cuda`'s prefill.
+    # 32, 64 and 128 chunks, with the tile of S by columns (alone and with segments of 64), and
+    # with the general prepare and state kernels, beside `bench gdn --device cuda`'s prefill.
+    # A variant's settings are joined by "+".
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
     vulkan_setup "$out"
@@ -628,11 +629,15 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default SEGMENT_CHUNKS=16 SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
-        SEGMENT_CHUNKS=128 PREPARE=general STATE=general; do
-        setting=$([ "$variant" = default ] && echo DELTAKV_NOTHING=1 || echo "DELTAKV_WGPU_PREFILL_$variant")
+    for variant in default STATE=staged-columns SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
+        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64 PREPARE=general STATE=general; do
+        settings=(DELTAKV_NOTHING=1)
+        if [ "$variant" != default ]; then
+            IFS=+ read -r -a parts <<<"$variant"
+            settings=("${parts[@]/#/DELTAKV_WGPU_PREFILL_}")
+        fi
         echo "== $variant" >>"$out/wgpu-prefill-bench.txt"
-        env "$setting" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
+        env "${settings[@]}" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \
             --decode-batches 1 >"$out/variant.txt" 2>&1 || true
         cat "$out/variant.txt" >>"$out/wgpu-prefill-bench.txt"
         for shape in 'qwen3-next   chunk     T=16384' 'tp8-shard    chunk     T=65536'; do

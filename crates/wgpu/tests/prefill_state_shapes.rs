@@ -83,6 +83,7 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         (Some(16), 32, StateKernel::General),
         (Some(16), 32, StateKernel::Staged),
         (None, 32, StateKernel::Staged),
+        (None, 32, StateKernel::StagedColumns),
         (Some(32), 8, StateKernel::Auto),
         (Some(32), 16, StateKernel::Auto),
     ];
@@ -262,6 +263,7 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
             (3, StateKernel::Auto),
             (7, StateKernel::Auto),
             (3, StateKernel::General),
+            (3, StateKernel::StagedColumns),
         ] {
             let plan = StatePlan {
                 segment_chunks: Some(segment_chunks),

@@ -51,13 +51,28 @@ pub const STATE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state",
 };
 
-/// The state pass with W, Qd and Kd staged in workgroup memory (both walks).
+/// The state pass with W, Qd and Kd staged in workgroup memory (both walks), the tile of S in
+/// rows.
 pub const STATE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_staged",
     text: concat!(
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("staged_s_rows.wgsl"),
+        include_str!("chunks_state_staged.wgsl")
+    ),
+    entry_point: "gdn_chunk_state_staged",
+};
+
+/// [`STATE_STAGED`] with the tile of S in columns.
+pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
+    name: "gdn_chunk_state_staged_columns",
+    text: concat!(
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state.wgsl"),
+        include_str!("staged_s_columns.wgsl"),
         include_str!("chunks_state_staged.wgsl")
     ),
     entry_point: "gdn_chunk_state_staged",
@@ -239,7 +254,7 @@ impl ChunkLaunch {
         let kernel = match plan.kernel {
             StateKernel::Auto if staged_shape => StateKernel::Staged,
             StateKernel::Auto => StateKernel::General,
-            StateKernel::Staged if !staged_shape => {
+            StateKernel::Staged | StateKernel::StagedColumns if !staged_shape => {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
                     plan.kernel, d.key_dim
@@ -320,7 +335,7 @@ impl ChunkLaunch {
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
         // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl, chunks_state.wgsl,
-        // chunks_state_staged.wgsl and chunks_combine.wgsl ends: their trip counts come from the
+        // chunks_state_staged.wgsl, staged_s_*.wgsl and chunks_combine.wgsl ends: their trip counts come from the
         // chunk table and the head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
@@ -351,8 +366,12 @@ impl ChunkLaunch {
             _ => pipeline(&PREPARE, &[])?,
         };
         let walk = |walk: u32| match kernel {
-            StateKernel::Staged => pipeline(
-                &STATE_STAGED,
+            StateKernel::Staged | StateKernel::StagedColumns => pipeline(
+                if kernel == StateKernel::Staged {
+                    &STATE_STAGED
+                } else {
+                    &STATE_STAGED_COLUMNS
+                },
                 &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
             ),
             _ => pipeline(

@@ -16,12 +16,14 @@
 //         Kd stored; barrier
 //   B2:   S <- exp(G_last) S + Kd^T V'; the next Qd's loads issued; barrier (next top)
 //
-// The three matrices take turns in one 16.5 KiB buffer, so the kernel needs 29 KiB of workgroup
+// The three matrices take turns in one 16.5 KiB buffer, so the kernel needs ~29 KiB of workgroup
 // memory (every adapter's 32 KiB holds it), at the price of eight barriers per chunk. The
 // transition walk (WALK = 1) leaves out Qd and O, and with them two of the barriers.
 
-// The tile of S, [K <= 128][8 column pairs]; V' of the chunk, [C][8]; the chunk's W, Qd or Kd.
-var<workgroup> block_s: array<vec2<f32>, 1024>;
+// V' of the chunk, [C][8]; the chunk's W, Qd or Kd. The tile of S (`block_s`, with
+// `store_s_rows` and `staged_half_products`) is in one of two layouts, each a file of its own:
+// staged_s_rows.wgsl ([K][8 column pairs] of vec2) or staged_s_columns.wgsl ([16 columns][K / 4]
+// of vec4, one load per four rows and column).
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
 // The halves of W S and Qd S that a thread sums for another thread's row, [C][8].
@@ -50,30 +52,6 @@ fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
 fn chunk_word(at: u32, ch: u32, i: u32, kp4: u32) -> vec4<f32> {
     let words = C * kp4;
     return scratch[at + ch * words + min(i, words - 1u)];
-}
-
-// Chunk rows rg and rg ^ 16 of the staged matrix (W or Qd) times the tile of S at column pair
-// cp, each over the half of K that rg / 16 names: (row rg, row rg ^ 16) as (xy, zw). Two rows
-// per thread share each load of S.
-fn staged_half_products(rg: u32, kp4: u32, cp: u32) -> vec4<f32> {
-    let pairs = VT / 2u;
-    let half = kp4 / 2u;
-    let first = (rg / 16u) * half;
-    let own = rg * (kp4 + STAGE_PAD);
-    let other = (rg ^ 16u) * (kp4 + STAGE_PAD);
-    var a = vec2<f32>(0.0);
-    var b = vec2<f32>(0.0);
-    for (var r4 = first; r4 < first + half; r4++) {
-        let s0 = block_s[(4u * r4) * pairs + cp];
-        let s1 = block_s[(4u * r4 + 1u) * pairs + cp];
-        let s2 = block_s[(4u * r4 + 2u) * pairs + cp];
-        let s3 = block_s[(4u * r4 + 3u) * pairs + cp];
-        let wa = staged[own + r4];
-        let wb = staged[other + r4];
-        a += wa.x * s0 + wa.y * s1 + wa.z * s2 + wa.w * s3;
-        b += wb.x * s0 + wb.y * s1 + wb.z * s2 + wb.w * s3;
-    }
-    return vec4<f32>(a, b);
 }
 
 // Row rg's whole product from its two halves: each thread hands the half it summed for row
@@ -137,10 +115,7 @@ fn gdn_chunk_state_staged(
         // Top: the previous update has read Kd and V'; S and W in.
         workgroupBarrier();
         if has_rows {
-            block_s[r * pairs + cp] = s0;
-            block_s[(r + 1u) * pairs + cp] = s1;
-            block_s[(r + 2u) * pairs + cp] = s2;
-            block_s[(r + 3u) * pairs + cp] = s3;
+            store_s_rows(rg, cp, s0, s1, s2, s3);
         }
         stage_words(threads, tid, w0, w1, w2, w3);
         let u = u_pair(ch, rg, col, identity);

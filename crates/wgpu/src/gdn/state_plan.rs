@@ -12,8 +12,8 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general` or `staged`, the environment variable that picks the state pass's
-/// kernel where more than one serves (see [`StateKernel`]).
+/// Set to `general`, `staged` or `staged-columns`, the environment variable that picks the
+/// state pass's kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
 /// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
@@ -53,6 +53,9 @@ pub enum StateKernel {
     /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
     /// barriers per chunk).
     Staged,
+    /// [`StateKernel::Staged`] with the tile of S stored by columns (`staged_s_columns.wgsl`:
+    /// four rows of a column in one vec4 word, so the products load S half as often).
+    StagedColumns,
 }
 
 /// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
@@ -109,6 +112,7 @@ impl StatePlan {
                 ("auto", StateKernel::Auto),
                 ("general", StateKernel::General),
                 ("staged", StateKernel::Staged),
+                ("staged-columns", StateKernel::StagedColumns),
             ],
         )?;
         let prepare = named_choice(

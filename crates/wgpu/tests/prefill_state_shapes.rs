@@ -15,7 +15,9 @@ use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_wgpu::Wgpu;
-use deltakv_wgpu::gdn::{PrepareKernel, StateKernel, StatePlan, gdn_prefill_planned};
+use deltakv_wgpu::gdn::{
+    PrepareKernel, PreparedPrefill, StateKernel, StatePlan, gdn_prefill_planned,
+};
 
 const OPTIONS: GdnOptions = GdnOptions {
     scale: None,
@@ -218,7 +220,8 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
         spec
     };
     // Long sequences beside short ones (a length-1 sequence, one of exactly one chunk), GQA,
-    // K != V with a partial column tile, f32 and 16-bit inputs.
+    // K != V with partial column tiles (V = 80: the identity columns start at 80 with 16-column
+    // tiles, at 96 with 32), f32 and 16-bit inputs.
     let cases = [
         (slow(spec(1000, 1, 2, 128, 128, DType::BF16, None)), 920),
         (
@@ -227,13 +230,13 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
                 2,
                 4,
                 64,
-                96,
+                80,
                 DType::F32,
                 Some(vec![1, 300, 32, 67]),
             )),
             921,
         ),
-        (spec(263, 1, 1, 128, 62, DType::F16, None), 922),
+        (slow(spec(263, 1, 1, 128, 62, DType::F16, None)), 922),
     ];
     let mut worst = [0f64; 2];
     for (spec, seed) in cases {
@@ -257,20 +260,34 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
             &label("whole"),
             &mut worst,
         );
-        // Segments of 1, 3 and 7 chunks, with the launcher's kernel and with the general one.
-        for (segment_chunks, kernel) in [
-            (1, StateKernel::Auto),
-            (3, StateKernel::Auto),
-            (7, StateKernel::Auto),
-            (3, StateKernel::General),
-            (3, StateKernel::StagedColumns),
+        // Segments of 1, 3 and 7 chunks, with the launcher's kernel (16-column tiles here), the
+        // general one, the columns layout, and 32-column tiles (V past a tile's end).
+        for (segment_chunks, kernel, tile) in [
+            (1, StateKernel::Auto, None),
+            (3, StateKernel::Auto, None),
+            (7, StateKernel::Auto, None),
+            (3, StateKernel::General, None),
+            (3, StateKernel::StagedColumns, None),
+            (3, StateKernel::Auto, Some(32)),
         ] {
             let plan = StatePlan {
                 segment_chunks: Some(segment_chunks),
                 kernel,
+                tile,
                 ..StatePlan::default()
             };
-            let what = format!("segments of {segment_chunks} chunks, kernel {kernel:?}");
+            let what =
+                format!("segments of {segment_chunks} chunks, kernel {kernel:?}, tile {tile:?}");
+            // The launch really walks the segments: one unit per segment.
+            let lens = spec.seq_lens.clone().unwrap_or(vec![spec.tokens]);
+            let expected: usize = lens
+                .iter()
+                .map(|&len| len.div_ceil(32).div_ceil(segment_chunks).max(1))
+                .sum();
+            let prepared =
+                PreparedPrefill::planned(wgpu, &case.inputs(), &OPTIONS, PrefillMode::Chunk, &plan)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(prepared.walk_units(), Some(expected), "{what}");
             let split = checked_run(wgpu, &case, &plan, &label(&what), &mut worst);
             // The same sums in another order (the entry states through M S + D): f32 rounding.
             let widened = |x: &[f32]| x.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();

@@ -1,6 +1,8 @@
 //! The launcher of the two-pass chunked prefill (`chunks.wgsl`; the math is at its top):
 //! `gdn_chunk_prepare` over every (chunk, value head) at once, then `gdn_chunk_state` over
-//! (sequence, value head, tile of value columns), in one compute pass. The prepare pass leaves
+//! (walk unit, value head, tile of value columns), in one compute pass; a walk unit is a
+//! sequence, or a segment of one, which adds the transition walk and the combine before the
+//! outputs walk (`chunks_state.wgsl`). The prepare pass leaves
 //! W, Qd, Kd (`[chunks, H, 32, ceil(K/4)]` vec4 words each), U, P and the chunk decays in one
 //! f32 scratch buffer (the runtime's, kept between calls up to `DELTAKV_WGPU_SCRATCH_CACHE_MIB`:
 //! the prepare pass writes every word the state pass reads); a call whose scratch would not
@@ -93,49 +95,70 @@ pub const COMBINE: ShaderSource = ShaderSource {
 /// Value columns per combine workgroup (`COMBINE_COLS` in `chunks_combine.wgsl`).
 const COMBINE_COLS: usize = 16;
 /// Fields of a walk unit's record (`UNIT_FIELDS` in `chunks_state.wgsl`).
-const UNIT_FIELDS: usize = 5;
+const UNIT_FIELDS: usize = 6;
 
-/// The chunk table of a call: `(first token, length)` per chunk of each sequence, then the walk
-/// units (`UNIT_FIELDS` each: first chunk, end chunk, sequence, index among the sequence's
-/// units, their count), then each sequence's first unit (`N + 1` entries). A sequence of more
-/// than `segment_chunks` chunks becomes near-equal segments of at most that many; any other, one
-/// unit. Returns the table, the chunk and unit counts, and whether any sequence was split.
-fn chunk_table(seqs: &[SeqSpan], segment_chunks: Option<usize>) -> (Vec<u32>, usize, usize, bool) {
-    let mut table: Vec<u32> = Vec::new();
+/// The chunk table of a call ([`chunk_table`]).
+#[derive(Debug)]
+struct ChunkTable {
+    /// `(first token, length)` per chunk of each sequence, then the walk units (`UNIT_FIELDS`
+    /// each: first chunk, end chunk, sequence, index among the sequence's units, their count,
+    /// slot in the segment states), then each sequence's first unit (`N + 1` entries).
+    words: Vec<u32>,
+    chunks: usize,
+    units: usize,
+    /// Units of split sequences (each has a slot in the segment states); 0: none is split.
+    slots: usize,
+}
+
+/// A whole sequence's slot field (never read: such a unit keeps its state in `state`).
+const NO_SLOT: usize = u32::MAX as usize;
+
+/// Plans the chunks and walk units of `seqs`: a sequence of more than `segment_chunks` chunks
+/// becomes the fewest segments of at most that many, their lengths within one of each other;
+/// any other, one unit.
+fn chunk_table(seqs: &[SeqSpan], segment_chunks: Option<usize>) -> ChunkTable {
+    let mut words: Vec<u32> = Vec::new();
     let mut spans = Vec::with_capacity(seqs.len());
     for s in seqs {
-        let first = table.len() / 2;
+        let first = words.len() / 2;
         let mut t = 0;
         while t < s.len {
-            table.push((s.start + t) as u32);
-            table.push(CHUNK.min(s.len - t) as u32);
+            words.push((s.start + t) as u32);
+            words.push(CHUNK.min(s.len - t) as u32);
             t += CHUNK;
         }
-        spans.push((first, table.len() / 2 - first));
+        spans.push((first, words.len() / 2 - first));
     }
-    let chunks = table.len() / 2;
+    let chunks = words.len() / 2;
     let mut firsts = vec![0u32];
-    let mut units = 0;
-    let mut split = false;
+    let (mut units, mut slots) = (0, 0);
     for (seq, &(first, count)) in spans.iter().enumerate() {
         let segments = match segment_chunks {
             Some(most) if count > most => count.div_ceil(most.max(1)),
             _ => 1,
         };
-        // Near-equal segments: every one non-empty, since (segments - 1) * per < count.
-        let per = count.div_ceil(segments).max(1);
+        // Segment i holds chunks [i count / segments, (i + 1) count / segments): at least one
+        // each, since segments <= count.
         for index in 0..segments {
-            let start = first + index * per;
-            let end = (first + (index + 1) * per).min(first + count);
-            let record: [usize; UNIT_FIELDS] = [start, end, seq, index, segments];
-            table.extend(record.map(|x| x as u32));
+            let start = first + index * count / segments;
+            let end = first + (index + 1) * count / segments;
+            let slot = if segments > 1 { slots + index } else { NO_SLOT };
+            let record: [usize; UNIT_FIELDS] = [start, end, seq, index, segments, slot];
+            words.extend(record.map(|x| x as u32));
         }
         units += segments;
-        split |= segments > 1;
+        if segments > 1 {
+            slots += segments;
+        }
         firsts.push(units as u32);
     }
-    table.extend_from_slice(&firsts);
-    (table, chunks, units, split)
+    words.extend_from_slice(&firsts);
+    ChunkTable {
+        words,
+        chunks,
+        units,
+        slots,
+    }
 }
 
 /// Which passes a submission runs (both for a prefill; one alone to time it).
@@ -201,7 +224,8 @@ impl ChunkLaunch {
         let d = &call.dims;
         let heads = d.value_heads;
         plan.check()?;
-        let (mut table, chunks, mut units, mut split) = chunk_table(call.seqs, plan.segment_chunks);
+        let mut table = chunk_table(call.seqs, plan.segment_chunks);
+        let chunks = table.chunks;
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
         // Scratch regions in vec4 words: W, Qd, Kd, U, P, decays.
@@ -235,7 +259,8 @@ impl ChunkLaunch {
             return Ok(None);
         }
         // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
-        // at 32).
+        // at 32). Counted over sequences, not walk units, so that segments do not change the
+        // tile (and with it the kernel).
         let narrow_tiles = d.key_dim > 128
             || match plan.tile {
                 Some(tile) => tile == 16,
@@ -263,37 +288,46 @@ impl ChunkLaunch {
             other => other,
         };
         // The split sequences' transitions and entry states (f32; chunks_state.wgsl), or, where
-        // they would not fit one binding or the grid, every sequence walked whole.
+        // they would not fit one binding, the grid or the device's memory, every sequence
+        // walked whole.
         let value_pad = d.value_dim.div_ceil(tile) * tile;
         let trans_width = value_pad + d.key_dim;
-        let walk_floats = |units: usize| units * heads * d.key_dim * (trans_width + d.value_dim);
-        if split
-            && (4 * walk_floats(units) as u64 > limits.max_storage_buffer_binding_size
-                || 4 * walk_floats(units) as u64 > limits.max_buffer_size
-                || walk_floats(units) > u32::MAX as usize
-                || units > max_dim)
-        {
-            (table, _, units, split) = chunk_table(call.seqs, None);
+        let walk_floats = |slots: usize| slots * heads * d.key_dim * (trans_width + d.value_dim);
+        let mut walk_states = None;
+        if table.slots > 0 {
+            // The combine's tile holds K <= 256 rows (the contract's limit, validated before).
+            debug_assert!(d.key_dim <= 256);
+            let floats = walk_floats(table.slots);
+            let bytes = 4 * floats as u64;
+            if bytes <= limits.max_storage_buffer_binding_size
+                && bytes <= limits.max_buffer_size
+                && floats <= u32::MAX as usize
+                && table.units <= max_dim
+            {
+                let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("gdn_chunk walk states"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                });
+                walk_states = wgpu
+                    .check(&format!("allocating {bytes} bytes of segment states"))
+                    .ok()
+                    .map(|()| buffer);
+            }
+            if walk_states.is_none() {
+                table = chunk_table(call.seqs, None);
+            }
         }
-        let walk_states = if split {
-            let bytes = 4 * walk_floats(units) as u64;
-            let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("gdn_chunk walk states"),
-                size: bytes,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            });
-            wgpu.check(&format!("allocating {bytes} bytes of segment states"))?;
-            buffer
-        } else {
-            wgpu.placeholder().clone()
-        };
+        let split = walk_states.is_some();
+        let walk_states = walk_states.unwrap_or_else(|| wgpu.placeholder().clone());
+        let (units, slots) = (table.units, table.slots);
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
-        let table_bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let table_bytes: Vec<u8> = table.words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
             wgpu,
-            &HostTensor::from_le_bytes(vec![table.len()], DType::I32, &table_bytes)?,
+            &HostTensor::from_le_bytes(vec![table.words.len()], DType::I32, &table_bytes)?,
         )?;
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let params: [u32; 24] = [
@@ -320,7 +354,7 @@ impl ChunkLaunch {
             units as u32,
             value_pad as u32,
             trans_width as u32,
-            (units * heads * d.key_dim * trans_width) as u32,
+            (slots * heads * d.key_dim * trans_width) as u32,
         ];
         let uniform = wgpu
             .device()
@@ -537,31 +571,37 @@ mod tests {
 
     #[test]
     fn long_sequences_split_into_near_equal_segments() {
-        // 10 chunks and 1 chunk (a length-1 sequence), segments of at most 3 chunks.
+        // 10 chunks and 1 chunk (a length-1 sequence), segments of at most 3 chunks: 2, 3, 2, 3
+        // (within one of each other), slots 0..4; the short sequence whole.
         let seqs = [span(0, 300), span(300, 1)];
-        let (table, chunks, units, split) = chunk_table(&seqs, Some(3));
-        assert_eq!((chunks, units, split), (11, 5, true));
-        assert_eq!(&table[..4], &[0, 32, 32, 32]);
-        assert_eq!(&table[18..22], &[288, 12, 300, 1]);
-        let records: Vec<&[u32]> = table[22..22 + 5 * UNIT_FIELDS]
+        let table = chunk_table(&seqs, Some(3));
+        assert_eq!((table.chunks, table.units, table.slots), (11, 5, 4));
+        let words = &table.words;
+        assert_eq!(&words[..4], &[0, 32, 32, 32]);
+        assert_eq!(&words[18..22], &[288, 12, 300, 1]);
+        let records: Vec<&[u32]> = words[22..22 + 5 * UNIT_FIELDS]
             .chunks(UNIT_FIELDS)
             .collect();
+        let whole = NO_SLOT as u32;
         assert_eq!(
             records,
             [
-                &[0, 3, 0, 0, 4][..],
-                &[3, 6, 0, 1, 4],
-                &[6, 9, 0, 2, 4],
-                &[9, 10, 0, 3, 4],
-                &[10, 11, 1, 0, 1],
+                &[0, 2, 0, 0, 4, 0][..],
+                &[2, 5, 0, 1, 4, 1],
+                &[5, 7, 0, 2, 4, 2],
+                &[7, 10, 0, 3, 4, 3],
+                &[10, 11, 1, 0, 1, whole],
             ]
         );
-        assert_eq!(&table[22 + 5 * UNIT_FIELDS..], &[0, 4, 5]);
+        assert_eq!(&words[22 + 5 * UNIT_FIELDS..], &[0, 4, 5]);
         // Without segments (or segments longer than the sequences): one unit per sequence.
         for most in [None, Some(10)] {
-            let (table, _, units, split) = chunk_table(&seqs, most);
-            assert_eq!((units, split), (2, false));
-            assert_eq!(&table[22..32], &[0, 10, 0, 0, 1, 10, 11, 1, 0, 1]);
+            let table = chunk_table(&seqs, most);
+            assert_eq!((table.units, table.slots), (2, 0));
+            assert_eq!(
+                &table.words[22..34],
+                &[0, 10, 0, 0, 1, whole, 10, 11, 1, 0, 1, whole]
+            );
         }
     }
 }

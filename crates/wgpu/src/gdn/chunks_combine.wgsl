@@ -27,9 +27,9 @@ fn initial_word(seq: u32, h: u32, r: u32, col: u32) -> vec4<f32> {
     return x;
 }
 
-// Row r of D of unit `unit`, head h, at columns col .. col + 3 (zeros past V).
-fn contribution_word(unit: u32, h: u32, r: u32, col: u32) -> vec4<f32> {
-    let at = ((unit * p.value_heads + h) * p.key_dim + r) * p.trans_width;
+// Row r of D of walk_states slot `slot`, head h, at columns col .. col + 3 (zeros past V).
+fn contribution_word(slot: u32, h: u32, r: u32, col: u32) -> vec4<f32> {
+    let at = ((slot * p.value_heads + h) * p.key_dim + r) * p.trans_width;
     var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         if col + e < p.value_dim {
@@ -39,8 +39,8 @@ fn contribution_word(unit: u32, h: u32, r: u32, col: u32) -> vec4<f32> {
     return x;
 }
 
-fn store_entry_word(unit: u32, h: u32, r: u32, col: u32, x: vec4<f32>) {
-    let at = p.entry_at + ((unit * p.value_heads + h) * p.key_dim + r) * p.value_dim;
+fn store_entry_word(slot: u32, h: u32, r: u32, col: u32, x: vec4<f32>) {
+    let at = p.entry_at + ((slot * p.value_heads + h) * p.key_dim + r) * p.value_dim;
     for (var e = 0u; e < 4u; e++) {
         if col + e < p.value_dim {
             walk_states[at + col + e] = x[e];
@@ -74,17 +74,18 @@ fn gdn_chunk_combine(
     }
     workgroupBarrier();
     for (var unit = units.x; unit < units.y; unit++) {
+        let slot = unit_field(unit, UNIT_SLOT);
         var next: array<vec4<f32>, COMBINE_WORDS>;
         for (var i = 0u; i < COMBINE_WORDS; i++) {
             let e = tid + COMBINE_THREADS * i;
             let r = e / 4u;
             let col = col0 + 4u * (e % 4u);
             if r < kd {
-                store_entry_word(unit, h, r, col, combine_tile[e]);
+                store_entry_word(slot, h, r, col, combine_tile[e]);
                 if unit + 1u < units.y {
                     // M_s S_s + D_s for this word: M's row r is in the columns from value_pad.
-                    let m_row = ((unit * p.value_heads + h) * kd + r) * p.trans_width + p.value_pad;
-                    var acc = contribution_word(unit, h, r, col);
+                    let m_row = ((slot * p.value_heads + h) * kd + r) * p.trans_width + p.value_pad;
+                    var acc = contribution_word(slot, h, r, col);
                     for (var j = 0u; j < kd; j++) {
                         acc += walk_states[m_row + j] * combine_tile[4u * j + e % 4u];
                     }

@@ -7,9 +7,10 @@
 // linear in its entry state: S_exit = M S_entry + D, with M the product of the chunks' maps
 // S -> exp(G_last) S - Kd^T W S (K x K) and D the exit state from a zero entry. A split
 // sequence takes three dispatches:
-//   1. the transition walk (WALK = 1) over V + K columns of every segment but the last: the
-//      value columns from a zero state give D, the K identity columns (from value_pad on, U
-//      taken as zero) give M, both stored in walk_states; no o;
+//   1. the transition walk (WALK = 1) over V + K columns of every segment but the last (its
+//      grid covers every unit; the others walk no chunks): the value columns from a zero state
+//      give D, the K identity columns (from value_pad on, U taken as zero) give M, both stored
+//      in walk_states; no o;
 //   2. `gdn_chunk_combine`: the entry state of every segment, S_0 the initial state and
 //      S_{s+1} = M_s S_s + D_s, stored in walk_states;
 //   3. the outputs walk (WALK = 0) of every segment at once, from its entry state; the last
@@ -20,13 +21,15 @@
 // writes it.
 
 // Fields of a walk unit's record in chunk_info (after the chunk records): its chunks
-// [first, end), its sequence, its index among the sequence's units and their count.
+// [first, end), its sequence, its index among the sequence's units and their count, and its
+// slot in walk_states (the units of split sequences numbered in order; unused for a whole one).
 const UNIT_FIRST: u32 = 0u;
 const UNIT_END: u32 = 1u;
 const UNIT_SEQ: u32 = 2u;
 const UNIT_INDEX: u32 = 3u;
 const UNIT_COUNT: u32 = 4u;
-const UNIT_FIELDS: u32 = 5u;
+const UNIT_SLOT: u32 = 5u;
+const UNIT_FIELDS: u32 = 6u;
 
 // 0: the outputs walk; 1: the transition walk (no o; the exit state to walk_states).
 override WALK: u32 = 0u;
@@ -36,9 +39,9 @@ override WALK: u32 = 0u;
 // Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
 // may fall in one word (odd V), written by different workgroups.
 @group(0) @binding(9) var<storage, read_write> o: array<atomic<u32>>;
-// For a call with a split sequence: the transitions [units, H, K, trans_width] (D in columns
-// 0 .. V, M in columns value_pad .. value_pad + K), then from entry_at the entry states
-// [units, H, K, V]; else a placeholder that no walk reads.
+// For a call with a split sequence, by the slots of its units: the transitions
+// [slots, H, K, trans_width] (D in columns 0 .. V, M in columns value_pad .. value_pad + K),
+// then from entry_at the entry states [slots, H, K, V]; else a placeholder that no walk reads.
 @group(0) @binding(10) var<storage, read_write> walk_states: array<f32>;
 
 fn unit_field(unit: u32, field: u32) -> u32 {
@@ -77,7 +80,8 @@ fn entry_pair(unit: u32, h: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f
     if unit_field(unit, UNIT_COUNT) == 1u {
         return state_pair((unit_field(unit, UNIT_SEQ) * heads + h) * p.key_dim, r, col, col_ok);
     }
-    let at = p.entry_at + ((unit * heads + h) * p.key_dim + r) * p.value_dim + col;
+    let slot = unit_field(unit, UNIT_SLOT);
+    let at = p.entry_at + ((slot * heads + h) * p.key_dim + r) * p.value_dim + col;
     var x = vec2<f32>(walk_states[at], 0.0);
     if col_ok.y {
         x.y = walk_states[at + 1u];
@@ -86,14 +90,19 @@ fn entry_pair(unit: u32, h: u32, r: u32, col: u32, col_ok: vec2<bool>) -> vec2<f
 }
 
 // Stores row r of unit `unit`'s exit state for head h at columns col, col + 1: the transition
-// walk's into walk_states, the outputs walk's into `state` for a sequence's last unit.
+// walk's into walk_states (for a split sequence's units), the outputs walk's into `state` for a
+// sequence's last unit.
 fn store_exit_pair(unit: u32, h: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
     if r >= p.key_dim || !col_ok.x {
         return;
     }
     let heads = p.value_heads;
     if WALK == 1u {
-        let at = ((unit * heads + h) * p.key_dim + r) * p.trans_width + col;
+        if unit_field(unit, UNIT_COUNT) == 1u {
+            return;
+        }
+        let slot = unit_field(unit, UNIT_SLOT);
+        let at = ((slot * heads + h) * p.key_dim + r) * p.trans_width + col;
         walk_states[at] = x.x;
         if col_ok.y {
             walk_states[at + 1u] = x.y;

@@ -1,6 +1,6 @@
-// The state pass of `chunks_state.wgsl` (both walks, the same walk units) for one shape: 32 row groups (ROW_GROUPS = C), so each thread
-// owns one chunk row rg for the products and the one 4-row block rg of S (rows 4 rg .. 4 rg + 3,
-// so K <= 128), with K a multiple of 16 and 16-column tiles. Same math as `gdn_chunk_state`;
+// The state pass of `chunks_state.wgsl` (both walks, the same walk units) for one shape: 32 row
+// groups (ROW_GROUPS = C), so each thread owns one chunk row rg for the products and the one
+// 4-row block rg of S (rows 4 rg .. 4 rg + 3, so K <= 128), with K a multiple of 16 and 16-column tiles. Same math as `gdn_chunk_state`;
 // W S and Qd S are summed as two halves over K (each thread sums rows rg and rg ^ 16 over one
 // half, so each load of S serves two rows, then the halves meet through workgroup memory).
 // Written without function-scope arrays: the state rows, the
@@ -98,7 +98,7 @@ fn gdn_chunk_state_staged(
     var s2 = entry_pair(unit, h, r + 2u, col, col_ok);
     var s3 = entry_pair(unit, h, r + 3u, col, col_ok);
 
-    // The first chunk's W and Qd (a sequence without chunks loads words it never uses).
+    // The first chunk's W and Qd (a unit without chunks loads words it never uses).
     let first_ch = min(chunks.x, max(p.chunks, 1u) - 1u) * heads + h;
     var w0 = chunk_word(p.w_at, first_ch, tid, kp4);
     var w1 = chunk_word(p.w_at, first_ch, tid + threads, kp4);

@@ -5,7 +5,8 @@
 //! One workgroup per (sequence, value head, tile of columns), the tile's state in registers for
 //! the whole sequence: `final_state` is seeded with the initial state (or zeros) and advanced
 //! in place. [`PrefillMode::Chunk`] runs the two passes of `chunks.wgsl` (every chunk's WY
-//! factors at once, then the state walk per (sequence, head, column tile); see `chunks.rs`),
+//! factors at once, then the state walk per (walk unit, head, column tile), a walk unit being a
+//! sequence or, with segments, a segment of one; see `chunks.rs`),
 //! or, where their scratch buffer would not fit one binding, `chunk.wgsl` (the recurrence
 //! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.

@@ -45,7 +45,7 @@ pub enum StateKernel {
     /// [`StateKernel::Staged`] where it serves, else [`StateKernel::General`].
     #[default]
     Auto,
-    /// `gdn_chunk_state` (`chunks.wgsl`): any shape the launcher plans.
+    /// `gdn_chunk_state` (`chunks_state.wgsl`): any shape the launcher plans.
     General,
     /// `gdn_chunk_state_staged` (`chunks_state_staged.wgsl`): 16-column tiles, 32 row groups,
     /// K <= 128 and a multiple of 16; one chunk row and one 4-row block of S per thread in
@@ -83,8 +83,8 @@ pub struct StatePlan {
 
 impl StatePlan {
     /// The plan [`TILE_ENV`], [`GROUPS_ENV`], [`STATE_KERNEL_ENV`], [`PREPARE_KERNEL_ENV`] and
-    /// [`SEGMENT_ENV`] give (unset or empty: the default), or an error naming a variable whose value is not
-    /// one of its choices.
+    /// [`SEGMENT_ENV`] give (unset or empty: the default), or an error naming a variable whose
+    /// value is not one of its choices.
     pub fn from_env() -> Result<Self> {
         let read = |name: &str| {
             std::env::var(name)

@@ -611,8 +611,8 @@ wgpu-clocks)
     ;;
 wgpu-prefill)
     # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
-    # executables deltakv-wgpu-{gdn_prefill,prefill_state_shapes}: both suites through NVIDIA's
-    # Vulkan driver, then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
+    # executables deltakv-wgpu-{coop_matrix,gdn_prefill,prefill_state_shapes}: the suites
+    # through NVIDIA's Vulkan driver (the first one the cooperative-matrix probe), then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
     # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
     # 32, 64 and 128 chunks, with the tile of S by columns (alone and with segments of 64), and
     # with the general prepare and state kernels, beside `bench gdn --device cuda`'s prefill.
@@ -621,10 +621,11 @@ wgpu-prefill)
     mkdir -p "$out"
     vulkan_setup "$out"
     summary=()
-    for t in .carry/tests/deltakv-wgpu-gdn_prefill .carry/tests/deltakv-wgpu-prefill_state_shapes; do
+    for t in .carry/tests/deltakv-wgpu-coop_matrix .carry/tests/deltakv-wgpu-gdn_prefill \
+        .carry/tests/deltakv-wgpu-prefill_state_shapes; do
         name=$(basename "$t")
         if CI=true "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
-            summary+=("PASS $name: $(last 'worst rel_rms\|device: ' "$out/$name.log")")
+            summary+=("PASS $name: $(last 'worst rel_rms\|tiles of 16\|matrices: skipped\|device: ' "$out/$name.log")")
         else
             summary+=("FAIL $name (see $name.log)")
         fi

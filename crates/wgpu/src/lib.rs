@@ -35,6 +35,7 @@
 //! kernel as the launcher builds it, its row loops written out by
 //! `gdn::decode_sources::unrolled`).
 
+pub mod coop;
 pub mod gdn;
 pub mod kv;
 pub mod runtime;

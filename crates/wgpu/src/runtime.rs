@@ -27,12 +27,19 @@ pub const SCRATCH_CACHE_ENV: &str = "DELTAKV_WGPU_SCRATCH_CACHE_MIB";
 
 const SCRATCH_CACHE_DEFAULT_MIB: u64 = 2048;
 
+/// Set to `0`, the environment variable that keeps the device without cooperative matrices
+/// (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`) even where the adapter has them.
+pub const COOP_ENV: &str = "DELTAKV_WGPU_COOP";
+
 /// The GPU (or software device) that deltakv's wgpu ops run on.
 pub struct Wgpu {
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     subgroups: bool,
+    /// The device was opened with cooperative matrices and f16 shaders: the adapter has a
+    /// 16 x 16 x 16 configuration with f16 operands and f32 accumulation (see [`crate::coop`]).
+    coop16: bool,
     errors: Arc<Mutex<Vec<String>>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     placeholder: wgpu::Buffer,
@@ -117,15 +124,35 @@ impl Wgpu {
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var(SUBGROUPS_ENV).map_or(true, |v| v.trim() != "0");
-        let required_features = if subgroups {
+        let mut required_features = if subgroups {
             wgpu::Features::SUBGROUP
         } else {
             wgpu::Features::empty()
+        };
+        // Cooperative matrices (tensor cores on NVIDIA) where the adapter has the configuration
+        // the kernels use; an experimental wgpu feature, so only asked for then.
+        let coop_features =
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+        let coop16 = adapter.features().contains(coop_features)
+            && adapter
+                .cooperative_matrix_properties()
+                .iter()
+                .any(crate::coop::is_f16_16x16x16)
+            && std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0");
+        let experimental_features = if coop16 {
+            required_features |= coop_features;
+            // SAFETY: wgpu's experimental cooperative matrices are used only by the kernels of
+            // `crate::coop`, with the one configuration the adapter reports (16 x 16 x 16, f16
+            // operands, f32 accumulation), every operand uniform in its subgroup.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("deltakv"),
             required_features,
             required_limits: adapter.limits(),
+            experimental_features,
             ..Default::default()
         }))
         .map_err(|e| {
@@ -154,6 +181,7 @@ impl Wgpu {
             queue,
             info,
             subgroups,
+            coop16,
             errors,
             pipelines: Mutex::new(HashMap::new()),
             placeholder,
@@ -169,7 +197,7 @@ impl Wgpu {
     /// The adapter's name, backend, driver and reduction path in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {:?}, driver {} {}; {} KiB of workgroup memory; {})",
+            "{} ({:?}, {:?}, driver {} {}; {} KiB of workgroup memory; {}{})",
             self.info.name,
             self.info.backend,
             self.info.device_type,
@@ -183,8 +211,19 @@ impl Wgpu {
                 )
             } else {
                 "no subgroups: workgroup-memory sums".to_string()
+            },
+            if self.coop16 {
+                "; cooperative matrices 16x16x16 f16 -> f32"
+            } else {
+                ""
             }
         )
+    }
+
+    /// True when the device has cooperative matrices with 16 x 16 x 16 f16 operands and f32
+    /// accumulation (tensor cores on NVIDIA) and `DELTAKV_WGPU_COOP` is not `0`.
+    pub fn has_coop16(&self) -> bool {
+        self.coop16
     }
 
     /// True when the shaders use subgroup operations: the adapter has them, in subgroups of at

@@ -1,0 +1,93 @@
+//! Cooperative matrices: wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`
+//! (`VK_KHR_cooperative_matrix` on Vulkan), the matrix units (NVIDIA's tensor cores) that plain
+//! WGSL cannot reach. The device asks for it only where the adapter reports a 16 x 16 x 16
+//! configuration with f16 operands and f32 accumulation ([`Wgpu::has_coop16`]); Mesa's
+//! lavapipe has none, so CI translates these shaders to SPIR-V with naga but runs them only on
+//! a GPU that has the configuration.
+//!
+//! [`matmul_tiles`] runs the probe kernel (`coop_probe.wgsl`): `C = A B` over a batch of
+//! 16 x 16 tiles, which tells whether the path works on an adapter before kernels rely on it.
+
+use crate::runtime::{ShaderSource, Wgpu, backend_error};
+use crate::tensor::WgpuTensor;
+use deltakv_contract::{DType, Error, HostTensor, Result};
+use half::f16;
+
+/// The probe kernel.
+pub const PROBE: ShaderSource = ShaderSource {
+    name: "coop_probe",
+    text: include_str!("coop_probe.wgsl"),
+    entry_point: "coop_probe",
+};
+
+/// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
+/// 8 x 8, so these have no Metal form).
+pub const SHADERS: &[ShaderSource] = &[PROBE];
+
+/// Whether `config` is the one the kernels use: 16 x 16 x 16, f16 operands, f32 accumulation.
+pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
+    config.m_size == 16
+        && config.n_size == 16
+        && config.k_size == 16
+        && config.ab_type == wgpu::CooperativeScalarType::F16
+        && config.cr_type == wgpu::CooperativeScalarType::F32
+}
+
+/// `C_t = A_t B_t` for each tile t of `a` and `b` (`[tiles, 16, 16]` row-major f16) on the
+/// cooperative matrices, f32 results in the same layout; an error naming what is missing on a
+/// device without them.
+pub fn matmul_tiles(wgpu: &Wgpu, a: &[f16], b: &[f16]) -> Result<Vec<f32>> {
+    if !wgpu.has_coop16() {
+        return Err(Error::Unsupported(format!(
+            "{}: no cooperative matrices with 16 x 16 x 16 f16 operands and f32 accumulation (or DELTAKV_WGPU_COOP=0)",
+            wgpu.name()
+        )));
+    }
+    if a.len() != b.len() || a.is_empty() || !a.len().is_multiple_of(256) {
+        return Err(Error::InvalidValue(format!(
+            "a and b must hold the same whole number of 16 x 16 tiles, got {} and {} elements",
+            a.len(),
+            b.len()
+        )));
+    }
+    let tiles = a.len() / 256;
+    if tiles > wgpu.device().limits().max_compute_workgroups_per_dimension as usize {
+        return Err(Error::InvalidValue(format!(
+            "{tiles} tiles: more than one dispatch row holds"
+        )));
+    }
+    let upload = |x: &[f16]| {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        WgpuTensor::upload(
+            wgpu,
+            &HostTensor::from_le_bytes(vec![tiles, 16, 16], DType::F16, &bytes)?,
+        )
+    };
+    let (a, b) = (upload(a)?, upload(b)?);
+    let c = WgpuTensor::poisoned(wgpu, vec![tiles, 16, 16], DType::F32)?;
+    let pipeline = wgpu.pipeline(&PROBE, &[])?;
+    let group = wgpu.bind_group(
+        "the cooperative-matrix probe",
+        &pipeline,
+        &[
+            (0, "a", a.buffer()),
+            (1, "b", b.buffer()),
+            (2, "c", c.buffer()),
+        ],
+    )?;
+    let mut encoder = wgpu
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(tiles as u32, 1, 1);
+    }
+    wgpu.queue().submit([encoder.finish()]);
+    wgpu.check("running the cooperative-matrix probe")?;
+    let out = c.download(wgpu)?;
+    out.as_f32()
+        .map(<[f32]>::to_vec)
+        .ok_or_else(|| backend_error("reading the probe's result", "not f32"))
+}

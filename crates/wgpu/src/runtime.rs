@@ -124,7 +124,7 @@ impl Wgpu {
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var(SUBGROUPS_ENV).map_or(true, |v| v.trim() != "0");
-        let mut required_features = if subgroups {
+        let required_features = if subgroups {
             wgpu::Features::SUBGROUP
         } else {
             wgpu::Features::empty()
@@ -133,29 +133,37 @@ impl Wgpu {
         // the kernels use; an experimental wgpu feature, so only asked for then.
         let coop_features =
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-        let coop16 = adapter.features().contains(coop_features)
+        let wants_coop = adapter.features().contains(coop_features)
             && adapter
                 .cooperative_matrix_properties()
                 .iter()
                 .any(crate::coop::is_f16_16x16x16)
             && std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0");
-        let experimental_features = if coop16 {
-            required_features |= coop_features;
-            // SAFETY: wgpu's experimental cooperative matrices are used only by the kernels of
-            // `crate::coop`, with the one configuration the adapter reports (16 x 16 x 16, f16
-            // operands, f32 accumulation), every operand uniform in its subgroup.
-            unsafe { wgpu::ExperimentalFeatures::enabled() }
-        } else {
-            wgpu::ExperimentalFeatures::disabled()
+        let open = |coop: bool| {
+            let (features, experimental_features) = if coop {
+                // SAFETY: wgpu's experimental cooperative matrices are used only by the kernels
+                // of `crate::coop`, with the one configuration the adapter reports (16 x 16 x
+                // 16, f16 operands, f32 accumulation), every operand uniform in its subgroup.
+                (required_features | coop_features, unsafe {
+                    wgpu::ExperimentalFeatures::enabled()
+                })
+            } else {
+                (required_features, wgpu::ExperimentalFeatures::disabled())
+            };
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("deltakv"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                experimental_features,
+                ..Default::default()
+            }))
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("deltakv"),
-            required_features,
-            required_limits: adapter.limits(),
-            experimental_features,
-            ..Default::default()
-        }))
-        .map_err(|e| {
+        // A device refused with the experimental feature is asked for again without it.
+        let (coop16, opened) = match wants_coop.then(|| open(true)) {
+            Some(Ok(opened)) => (true, Ok(opened)),
+            _ => (false, open(false)),
+        };
+        let (device, queue) = opened.map_err(|e| {
             unavailable(format!(
                 "no wgpu adapter: {} refused a device: {e}",
                 info.name

@@ -6,10 +6,13 @@
 //! a GPU that has the configuration.
 //!
 //! [`matmul_tiles`] runs the probe kernel (`coop_probe.wgsl`): `C = A B` over a batch of
-//! 16 x 16 tiles, which tells whether the path works on an adapter before kernels rely on it.
+//! 16 x 16 tiles, which tells whether the path works on an adapter before kernels rely on it;
+//! [`peak_tflops`] times the matrix units with operands in registers (`bench gdn --device
+//! wgpu` prints it beside the copy rate).
 
 use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
+use crate::timing::median_dispatch_us;
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use half::f16;
 
@@ -20,9 +23,20 @@ pub const PROBE: ShaderSource = ShaderSource {
     entry_point: "coop_probe",
 };
 
+/// The throughput kernel (the same source's `coop_peak`).
+pub const PEAK: ShaderSource = ShaderSource {
+    name: "coop_peak",
+    text: include_str!("coop_probe.wgsl"),
+    entry_point: "coop_peak",
+};
+
 /// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
 /// 8 x 8, so these have no Metal form).
-pub const SHADERS: &[ShaderSource] = &[PROBE];
+pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK];
+
+/// Multiply-add steps per subgroup in [`peak_tflops`] (`PEAK_STEPS`), and its workgroups.
+const PEAK_STEPS: u32 = 1024;
+const PEAK_GROUPS: u32 = 4096;
 
 /// Whether `config` is the one the kernels use: 16 x 16 x 16, f16 operands, f32 accumulation.
 pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
@@ -31,6 +45,52 @@ pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
         && config.k_size == 16
         && config.ab_type == wgpu::CooperativeScalarType::F16
         && config.cr_type == wgpu::CooperativeScalarType::F32
+}
+
+/// The f16 -> f32 multiply-add rate of the matrix units in TFLOP/s: 4096 subgroups, each 4096
+/// products of register-resident 16 x 16 tiles, timed as the median of dispatches after the
+/// timer's warm-up; an error on a device without cooperative matrices.
+pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
+    let ones = vec![f16::ONE; 256];
+    // The probe's checks and buffers: one tile each of a and b, c for every workgroup's sums.
+    matmul_tiles(wgpu, &ones, &ones)?;
+    let upload = |x: &[f16]| {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        WgpuTensor::upload(
+            wgpu,
+            &HostTensor::from_le_bytes(vec![16, 16], DType::F16, &bytes)?,
+        )
+    };
+    let (a, b) = (upload(&ones)?, upload(&ones)?);
+    let c = WgpuTensor::zeros(wgpu, vec![PEAK_GROUPS as usize, 4, 256], DType::F32)?;
+    let pipeline = wgpu.pipeline(&PEAK, &[("PEAK_STEPS", PEAK_STEPS)])?;
+    let group = wgpu.bind_group(
+        "the cooperative-matrix peak",
+        &pipeline,
+        &[
+            (0, "a", a.buffer()),
+            (1, "b", b.buffer()),
+            (2, "c", c.buffer()),
+        ],
+    )?;
+    let submit = |n: usize| {
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            for _ in 0..n {
+                pass.dispatch_workgroups(PEAK_GROUPS, 1, 1);
+            }
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("running the cooperative-matrix peak")
+    };
+    let us = median_dispatch_us(wgpu, 4, 5, submit)?;
+    let flops = 2.0 * 16f64.powi(3) * 4.0 * f64::from(PEAK_STEPS) * f64::from(PEAK_GROUPS);
+    Ok(flops / (us * 1e-6) / 1e12)
 }
 
 /// `C_t = A_t B_t` for each tile t of `a` and `b` (`[tiles, 16, 16]` row-major f16) on the

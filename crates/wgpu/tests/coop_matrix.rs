@@ -22,11 +22,24 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
         )
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}: validation: {e:?}", source.name));
+        // Each entry point with its constants at their defaults, as wgpu builds it.
+        let entry = (naga::ShaderStage::Compute, source.entry_point);
+        let (module, info) = naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            Some(entry),
+            &naga::back::PipelineConstants::default(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e:?}", source.name));
         let options = naga::back::spv::Options {
             lang_version: (1, 4),
             ..Default::default()
         };
-        let words = naga::back::spv::write_vec(&module, &info, &options, None)
+        let pipeline = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: source.entry_point.to_string(),
+        };
+        let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
             .unwrap_or_else(|e| panic!("{}: SPIR-V: {e:?}", source.name));
         assert!(words.len() > 100, "{}: {} words", source.name, words.len());
     }

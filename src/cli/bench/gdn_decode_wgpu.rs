@@ -39,6 +39,22 @@ pub fn run(
         json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_per_s": copy,
         "shader_tb_per_s": rates.shader, "buffer_tb_per_s": rates.buffer}),
     );
+    // The matrix units where the device has them (an experimental wgpu path: a failure is
+    // reported on its line and the bench goes on).
+    if wgpu.has_coop16() {
+        match deltakv::wgpu::coop::peak_tflops(wgpu) {
+            Ok(tflops) => {
+                lines.push(format!(
+                    "cooperative matrices on wgpu: {tflops:.1} TFLOP/s (16x16x16 f16 operands, f32 accumulation, operands in registers)"
+                ));
+                records.push(
+                    json!({"op": "coop_peak", "device": "wgpu", "adapter": wgpu.name(),
+                    "tflop_per_s": tflops}),
+                );
+            }
+            Err(e) => lines.push(format!("cooperative matrices on wgpu: failed: {e}")),
+        }
+    }
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let config = (batch, tokens, pool_dtype, intermediate);
         let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;

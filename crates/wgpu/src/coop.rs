@@ -8,7 +8,10 @@
 //! [`matmul_tiles`] runs the probe kernel (`coop_probe.wgsl`): `C = A B` over a batch of
 //! 16 x 16 tiles, which tells whether the path works on an adapter before kernels rely on it;
 //! [`peak_tflops`] times the matrix units with operands in registers (`bench gdn --device
-//! wgpu` prints it beside the copy rate).
+//! wgpu` prints it beside the copy rate); [`split_products`] runs the state pass's product
+//! shape (32 x 128 by 128 x 16) to f32 accuracy with both operands split into f16 high and low
+//! parts, three products per step, the numerics `tools/coop-lab/emulate.py` found enough for
+//! the prefill's tolerances.
 
 use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
@@ -30,9 +33,16 @@ pub const PEAK: ShaderSource = ShaderSource {
     entry_point: "coop_peak",
 };
 
+/// The split-operand product (`coop_split.wgsl`).
+pub const SPLIT: ShaderSource = ShaderSource {
+    name: "coop_split_product",
+    text: include_str!("coop_split.wgsl"),
+    entry_point: "coop_split_product",
+};
+
 /// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
 /// 8 x 8, so these have no Metal form).
-pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK];
+pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK, SPLIT];
 
 /// Multiply-add steps per subgroup in [`peak_tflops`] (`PEAK_STEPS`), and its workgroups.
 const PEAK_STEPS: u32 = 1024;
@@ -51,17 +61,9 @@ pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
 /// products of register-resident 16 x 16 tiles, timed as the median of dispatches after the
 /// timer's warm-up; an error on a device without cooperative matrices.
 pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
-    let ones = vec![f16::ONE; 256];
-    // The probe's checks and buffers: one tile each of a and b, c for every workgroup's sums.
-    matmul_tiles(wgpu, &ones, &ones)?;
-    let upload = |x: &[f16]| {
-        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WgpuTensor::upload(
-            wgpu,
-            &HostTensor::from_le_bytes(vec![16, 16], DType::F16, &bytes)?,
-        )
-    };
-    let (a, b) = (upload(&ones)?, upload(&ones)?);
+    check_device(wgpu)?;
+    let ones = upload_f16(wgpu, vec![16, 16], &[f16::ONE; 256])?;
+    let (a, b) = (&ones, &ones);
     let c = WgpuTensor::zeros(wgpu, vec![PEAK_GROUPS as usize, 4, 256], DType::F32)?;
     let pipeline = wgpu.pipeline(&PEAK, &[("PEAK_STEPS", PEAK_STEPS)])?;
     let group = wgpu.bind_group(
@@ -97,12 +99,7 @@ pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
 /// cooperative matrices, f32 results in the same layout; an error naming what is missing on a
 /// device without them.
 pub fn matmul_tiles(wgpu: &Wgpu, a: &[f16], b: &[f16]) -> Result<Vec<f32>> {
-    if !wgpu.has_coop16() {
-        return Err(Error::Unsupported(format!(
-            "{}: no cooperative matrices with 16 x 16 x 16 f16 operands and f32 accumulation (or DELTAKV_WGPU_COOP=0)",
-            wgpu.name()
-        )));
-    }
+    check_device(wgpu)?;
     if a.len() != b.len() || a.is_empty() || !a.len().is_multiple_of(256) {
         return Err(Error::InvalidValue(format!(
             "a and b must hold the same whole number of 16 x 16 tiles, got {} and {} elements",
@@ -110,29 +107,84 @@ pub fn matmul_tiles(wgpu: &Wgpu, a: &[f16], b: &[f16]) -> Result<Vec<f32>> {
             b.len()
         )));
     }
-    let tiles = a.len() / 256;
-    if tiles > wgpu.device().limits().max_compute_workgroups_per_dimension as usize {
+    let shape = vec![a.len() / 256, 16, 16];
+    let (a, b) = (
+        upload_f16(wgpu, shape.clone(), a)?,
+        upload_f16(wgpu, shape.clone(), b)?,
+    );
+    run_per_entry(wgpu, &PROBE, &a, &b, shape)
+}
+
+/// `values` as an f16 tensor of `shape` on the device.
+fn upload_f16(wgpu: &Wgpu, shape: Vec<usize>, values: &[f16]) -> Result<WgpuTensor> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    WgpuTensor::upload(wgpu, &HostTensor::from_le_bytes(shape, DType::F16, &bytes)?)
+}
+
+/// `Y_e = X_e B_e / 2` for each entry e of `x` (`[entries, 32, 128]`) and `b`
+/// (`[entries, 128, 16]`), row-major f32, on the cooperative matrices with both operands split
+/// into f16 high and low parts (`coop_split.wgsl`): the state pass's product shape, to f32
+/// accuracy. An error on a device without cooperative matrices.
+pub fn split_products(wgpu: &Wgpu, x: &[f32], b: &[f32]) -> Result<Vec<f32>> {
+    check_device(wgpu)?;
+    let entries = x.len() / 4096;
+    if x.is_empty() || x.len() != entries * 4096 || b.len() != entries * 2048 {
         return Err(Error::InvalidValue(format!(
-            "{tiles} tiles: more than one dispatch row holds"
+            "x must hold whole [32, 128] entries and b as many [128, 16] ones, got {} and {} elements",
+            x.len(),
+            b.len()
         )));
     }
-    let upload = |x: &[f16]| {
-        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let upload = |v: &[f32], rows: usize, cols: usize| {
         WgpuTensor::upload(
             wgpu,
-            &HostTensor::from_le_bytes(vec![tiles, 16, 16], DType::F16, &bytes)?,
+            &HostTensor::from_f32(vec![entries, rows, cols], v.to_vec())?,
         )
     };
-    let (a, b) = (upload(a)?, upload(b)?);
-    let c = WgpuTensor::poisoned(wgpu, vec![tiles, 16, 16], DType::F32)?;
-    let pipeline = wgpu.pipeline(&PROBE, &[])?;
+    run_per_entry(
+        wgpu,
+        &SPLIT,
+        &upload(x, 32, 128)?,
+        &upload(b, 128, 16)?,
+        vec![entries, 32, 16],
+    )
+}
+
+/// The refusal of a device without the configuration.
+fn check_device(wgpu: &Wgpu) -> Result<()> {
+    if wgpu.has_coop16() {
+        return Ok(());
+    }
+    Err(Error::Unsupported(format!(
+        "{}: no cooperative matrices with 16 x 16 x 16 f16 operands and f32 accumulation (or DELTAKV_WGPU_COOP=0)",
+        wgpu.name()
+    )))
+}
+
+/// Runs `source` (bindings 0 and 1 the inputs, 2 the output) with one workgroup per entry of
+/// the output (`out_shape[0]` of them) into a poisoned f32 output, and downloads it.
+fn run_per_entry(
+    wgpu: &Wgpu,
+    source: &ShaderSource,
+    first: &WgpuTensor,
+    second: &WgpuTensor,
+    out_shape: Vec<usize>,
+) -> Result<Vec<f32>> {
+    let entries = out_shape[0];
+    if entries > wgpu.device().limits().max_compute_workgroups_per_dimension as usize {
+        return Err(Error::InvalidValue(format!(
+            "{entries} entries: more than one dispatch row holds"
+        )));
+    }
+    let out = WgpuTensor::poisoned(wgpu, out_shape, DType::F32)?;
+    let pipeline = wgpu.pipeline(source, &[])?;
     let group = wgpu.bind_group(
-        "the cooperative-matrix probe",
+        source.name,
         &pipeline,
         &[
-            (0, "a", a.buffer()),
-            (1, "b", b.buffer()),
-            (2, "c", c.buffer()),
+            (0, "first input", first.buffer()),
+            (1, "second input", second.buffer()),
+            (2, "output", out.buffer()),
         ],
     )?;
     let mut encoder = wgpu
@@ -142,12 +194,12 @@ pub fn matmul_tiles(wgpu: &Wgpu, a: &[f16], b: &[f16]) -> Result<Vec<f32>> {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(tiles as u32, 1, 1);
+        pass.dispatch_workgroups(entries as u32, 1, 1);
     }
     wgpu.queue().submit([encoder.finish()]);
-    wgpu.check("running the cooperative-matrix probe")?;
-    let out = c.download(wgpu)?;
-    out.as_f32()
+    wgpu.check(&format!("running {}", source.name))?;
+    out.download(wgpu)?
+        .as_f32()
         .map(<[f32]>::to_vec)
-        .ok_or_else(|| backend_error("reading the probe's result", "not f32"))
+        .ok_or_else(|| backend_error(source.name, "the output is not f32"))
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::coop::{SHADERS, matmul_tiles};
+use deltakv_wgpu::coop::{SHADERS, matmul_tiles, split_products};
 use half::f16;
 use std::io::Write;
 
@@ -94,4 +94,58 @@ fn tile_products_on_cooperative_matrices_against_f64() {
     assert!(err < 1e-6, "rel_rms {err:.3e}");
     // Bad shapes are refused before anything runs.
     assert!(matmul_tiles(wgpu, &a[..100], &b[..100]).is_err());
+}
+
+#[test]
+fn split_operand_products_reach_f32_accuracy() {
+    let Some(wgpu) = common::device("cooperative split products") else {
+        return;
+    };
+    // W-like rows (entries of ~0.1, some small) against a state tile (~0.3): 24 entries.
+    let entries = 24;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut draw = |scale: f32| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let unit = ((state >> 11) as f64 / (1u64 << 53) as f64) as f32 * 2.0 - 1.0;
+        // A spread of magnitudes (down to ~1e-4 of the scale), as gated rows have.
+        scale * unit * unit * unit
+    };
+    let x: Vec<f32> = (0..entries * 4096).map(|_| draw(0.3)).collect();
+    let b: Vec<f32> = (0..entries * 2048).map(|_| draw(1.0)).collect();
+    if !wgpu.has_coop16() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "cooperative split products: skipped (the adapter has no 16x16x16 f16 -> f32 configuration)"
+        );
+        let refused = split_products(wgpu, &x, &b).unwrap_err().to_string();
+        assert!(refused.contains("no cooperative matrices"), "{refused}");
+        return;
+    }
+    let y = split_products(wgpu, &x, &b).unwrap();
+    let mut expected = vec![0f64; entries * 512];
+    for e in 0..entries {
+        for i in 0..32 {
+            for j in 0..16 {
+                let sum: f64 = (0..128)
+                    .map(|m| {
+                        f64::from(x[e * 4096 + i * 128 + m]) * f64::from(b[e * 2048 + m * 16 + j])
+                    })
+                    .sum();
+                expected[e * 512 + i * 16 + j] = sum / 2.0;
+            }
+        }
+    }
+    assert!(
+        y.iter().all(|v| v.is_finite()),
+        "an element was left unwritten"
+    );
+    let err = rel_rms(&y, &expected);
+    println!(
+        "{entries} products of 32 x 128 by 128 x 16, f16 hi/lo in three steps: rel_rms {err:.3e} against f64"
+    );
+    // tools/coop-lab/emulate.py: three products of f16 halves keep ~2^-21 of each term.
+    assert!(err < 1e-5, "rel_rms {err:.3e}");
+    assert!(split_products(wgpu, &x[..100], &b).is_err());
 }

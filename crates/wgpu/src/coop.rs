@@ -65,34 +65,30 @@ pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
     let ones = upload_f16(wgpu, vec![16, 16], &[f16::ONE; 256])?;
     let (a, b) = (&ones, &ones);
     let c = WgpuTensor::zeros(wgpu, vec![PEAK_GROUPS as usize, 4, 256], DType::F32)?;
-    let pipeline = wgpu.pipeline(&PEAK, &[("PEAK_STEPS", PEAK_STEPS)])?;
-    let group = wgpu.bind_group(
-        "the cooperative-matrix peak",
-        &pipeline,
-        &[
-            (0, "a", a.buffer()),
-            (1, "b", b.buffer()),
-            (2, "c", c.buffer()),
-        ],
+    let launch = Launch::new(
+        wgpu,
+        &PEAK,
+        &[("PEAK_STEPS", PEAK_STEPS)],
+        [a, b, &c],
+        PEAK_GROUPS as usize,
     )?;
-    let submit = |n: usize| {
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            for _ in 0..n {
-                pass.dispatch_workgroups(PEAK_GROUPS, 1, 1);
-            }
-        }
-        wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("running the cooperative-matrix peak")
-    };
-    let us = median_dispatch_us(wgpu, 4, 5, submit)?;
+    let us = median_dispatch_us(wgpu, 4, 5, |n| launch.submit(wgpu, n))?;
     let flops = 2.0 * 16f64.powi(3) * 4.0 * f64::from(PEAK_STEPS) * f64::from(PEAK_GROUPS);
     Ok(flops / (us * 1e-6) / 1e12)
+}
+
+/// The rate of [`split_products`]'s kernel over `entries` entries (operands from memory, split
+/// and staged in workgroup memory, three products per step) in TFLOP/s of the f32 product it
+/// computes (2 x 32 x 128 x 16 flops per entry): the median of dispatches after the timer's
+/// warm-up. An error on a device without cooperative matrices.
+pub fn split_tflops(wgpu: &Wgpu, entries: usize) -> Result<f64> {
+    check_device(wgpu)?;
+    let x = WgpuTensor::zeros(wgpu, vec![entries, 32, 128], DType::F32)?;
+    let b = WgpuTensor::zeros(wgpu, vec![entries, 128, 16], DType::F32)?;
+    let out = WgpuTensor::zeros(wgpu, vec![entries, 32, 16], DType::F32)?;
+    let launch = Launch::new(wgpu, &SPLIT, &[], [&x, &b, &out], entries)?;
+    let us = median_dispatch_us(wgpu, 4, 5, |n| launch.submit(wgpu, n))?;
+    Ok(2.0 * 32.0 * 128.0 * 16.0 * entries as f64 / (us * 1e-6) / 1e12)
 }
 
 /// `C_t = A_t B_t` for each tile t of `a` and `b` (`[tiles, 16, 16]` row-major f16) on the
@@ -171,35 +167,66 @@ fn run_per_entry(
     out_shape: Vec<usize>,
 ) -> Result<Vec<f32>> {
     let entries = out_shape[0];
-    if entries > wgpu.device().limits().max_compute_workgroups_per_dimension as usize {
-        return Err(Error::InvalidValue(format!(
-            "{entries} entries: more than one dispatch row holds"
-        )));
-    }
     let out = WgpuTensor::poisoned(wgpu, out_shape, DType::F32)?;
-    let pipeline = wgpu.pipeline(source, &[])?;
-    let group = wgpu.bind_group(
-        source.name,
-        &pipeline,
-        &[
-            (0, "first input", first.buffer()),
-            (1, "second input", second.buffer()),
-            (2, "output", out.buffer()),
-        ],
-    )?;
-    let mut encoder = wgpu
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(entries as u32, 1, 1);
-    }
-    wgpu.queue().submit([encoder.finish()]);
-    wgpu.check(&format!("running {}", source.name))?;
+    Launch::new(wgpu, source, &[], [first, second, &out], entries)?.submit(wgpu, 1)?;
     out.download(wgpu)?
         .as_f32()
         .map(<[f32]>::to_vec)
         .ok_or_else(|| backend_error(source.name, "the output is not f32"))
+}
+
+/// A kernel of this module with its constants, bound to its three buffers, one workgroup per
+/// entry.
+struct Launch {
+    pipeline: wgpu::ComputePipeline,
+    group: wgpu::BindGroup,
+    entries: u32,
+}
+
+impl Launch {
+    fn new(
+        wgpu: &Wgpu,
+        source: &ShaderSource,
+        constants: &[(&'static str, u32)],
+        buffers: [&WgpuTensor; 3],
+        entries: usize,
+    ) -> Result<Self> {
+        if entries > wgpu.device().limits().max_compute_workgroups_per_dimension as usize {
+            return Err(Error::InvalidValue(format!(
+                "{entries} entries: more than one dispatch row holds"
+            )));
+        }
+        let pipeline = wgpu.pipeline(source, constants)?;
+        let group = wgpu.bind_group(
+            source.name,
+            &pipeline,
+            &[
+                (0, "first input", buffers[0].buffer()),
+                (1, "second input", buffers[1].buffer()),
+                (2, "output", buffers[2].buffer()),
+            ],
+        )?;
+        Ok(Self {
+            pipeline,
+            group,
+            entries: entries as u32,
+        })
+    }
+
+    /// Queues `repeat` dispatches in one submission (without waiting).
+    fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        let mut encoder = wgpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&self.pipeline);
+            pass.set_bind_group(0, &self.group, &[]);
+            for _ in 0..repeat {
+                pass.dispatch_workgroups(self.entries, 1, 1);
+            }
+        }
+        wgpu.queue().submit([encoder.finish()]);
+        wgpu.check("running a cooperative-matrix kernel")
+    }
 }

@@ -54,6 +54,19 @@ pub fn run(
             }
             Err(e) => lines.push(format!("cooperative matrices on wgpu: failed: {e}")),
         }
+        // The state pass's product shape from memory, split into f16 halves (8192 entries).
+        match deltakv::wgpu::coop::split_tflops(wgpu, 8192) {
+            Ok(tflops) => {
+                lines.push(format!(
+                    "cooperative matrices on wgpu, 32x128 by 128x16 f32 products as f16 hi/lo in three steps from memory: {tflops:.1} TFLOP/s of f32 product"
+                ));
+                records.push(
+                    json!({"op": "coop_split", "device": "wgpu", "adapter": wgpu.name(),
+                    "tflop_per_s": tflops, "entries": 8192}),
+                );
+            }
+            Err(e) => lines.push(format!("cooperative split products on wgpu: failed: {e}")),
+        }
     }
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let config = (batch, tokens, pool_dtype, intermediate);

@@ -646,7 +646,8 @@ wgpu-prefill)
         done
     done
     rm -f "$out/variant.txt"
-    summary+=("wgpu matrix units: $(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$out/wgpu-prefill-bench.txt" | tr '\n' ' ' || echo 'none (no cooperative matrices on this device)')")
+    units=$(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$out/wgpu-prefill-bench.txt" | tr '\n' ' ')
+    summary+=("wgpu matrix units: ${units:-none (no cooperative matrices on this device)}")
     .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
         >"$out/cuda-prefill-bench.txt" 2>&1 || true
     summary+=("cuda prefill: $(grep -h 'B=1  T=16384\|tp8-shard' "$out/cuda-prefill-bench.txt" | head -n 2 | tr '\n' ' ')")

@@ -50,6 +50,25 @@ fn checked_run(
     (o, state)
 }
 
+/// A problem of `tokens` tokens (`lens`: varlen sequence lengths), raw q and k (the kernels
+/// normalise them) and initial states.
+fn spec(
+    tokens: usize,
+    key_heads: usize,
+    value_heads: usize,
+    kd: usize,
+    vd: usize,
+    dtype: DType,
+    lens: Option<Vec<usize>>,
+) -> GdnSpec {
+    let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
+    spec.dtype = dtype;
+    spec.raw_qk = true;
+    spec.with_initial_state = true;
+    spec.seq_lens = lens;
+    spec
+}
+
 /// A plan the launcher must refuse for `case`, before anything runs, with `reason` in its error.
 fn assert_refused(wgpu: &Wgpu, case: &GdnCase, plan: &StatePlan, reason: &str) {
     let refused = gdn_prefill_planned(wgpu, &case.inputs(), &OPTIONS, PrefillMode::Chunk, plan);
@@ -134,14 +153,6 @@ fn both_prepare_kernels_against_the_oracle() {
         return;
     };
     println!("device: {}", wgpu.describe());
-    let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
-        let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
-        spec.dtype = dtype;
-        spec.raw_qk = true;
-        spec.with_initial_state = true;
-        spec.seq_lens = lens;
-        spec
-    };
     let cases = [
         (spec(130, 1, 2, 128, 128, DType::BF16, None), 910),
         (spec(97, 2, 4, 64, 96, DType::F16, None), 911),
@@ -205,14 +216,6 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
         return;
     };
     println!("device: {}", wgpu.describe());
-    let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
-        let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
-        spec.dtype = dtype;
-        spec.raw_qk = true;
-        spec.with_initial_state = true;
-        spec.seq_lens = lens;
-        spec
-    };
     // Slow decay (gates of -0.014 .. -0.0002 per token), so that a segment's entry state still
     // weighs on its outputs hundreds of tokens on, beside the generator's usual gates.
     let slow = |mut spec: GdnSpec| {

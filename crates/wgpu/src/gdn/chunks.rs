@@ -48,7 +48,8 @@ pub const STATE: ShaderSource = ShaderSource {
     text: concat!(
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl")
+        include_str!("chunks_state.wgsl"),
+        include_str!("store_o.wgsl")
     ),
     entry_point: "gdn_chunk_state",
 };
@@ -61,6 +62,7 @@ pub const STATE_STAGED: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("staged_s_rows.wgsl"),
         include_str!("chunks_state_staged.wgsl")
     ),
@@ -74,6 +76,7 @@ pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("staged_s_columns.wgsl"),
         include_str!("chunks_state_staged.wgsl")
     ),
@@ -87,6 +90,7 @@ pub const COMBINE: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("chunks_combine.wgsl")
     ),
     entry_point: "gdn_chunk_combine",

@@ -20,6 +20,7 @@ macro_rules! bands_source {
             text: concat!(
                 include_str!("../dtype.wgsl"),
                 include_str!("gdn_common.wgsl"),
+                include_str!("store_o.wgsl"),
                 include_str!($state),
                 include_str!("decode_bands.wgsl")
             ),

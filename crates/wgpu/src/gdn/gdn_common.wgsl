@@ -89,30 +89,3 @@ fn gates(token: u32, head: u32) -> vec2<f32> {
     let bias = widen(dt_bias[word_of(head, p.dt_bias_dtype)], head, p.dt_bias_dtype);
     return vec2<f32>(rate * softplus(x + bias), 1.0 / (1.0 + exp(-y)));
 }
-
-// Stores o element i (two consecutive elements starting at i when `pair`).
-fn store_o(i: u32, x: vec2<f32>, pair: bool) {
-    let d = p.out_dtype;
-    if d == DT_F32 {
-        atomicStore(&o[i], bitcast<u32>(x.x));
-        if pair {
-            atomicStore(&o[i + 1u], bitcast<u32>(x.y));
-        }
-        return;
-    }
-    if pair && (i & 1u) == 0u {
-        atomicStore(&o[i >> 1u], half_bits(x.x, d) | (half_bits(x.y, d) << 16u));
-        return;
-    }
-    store_o_half(i, half_bits(x.x, d));
-    if pair {
-        store_o_half(i + 1u, half_bits(x.y, d));
-    }
-}
-
-// One 16-bit element of o, leaving the other half of its word as it is.
-fn store_o_half(i: u32, bits: u32) {
-    let shift = (i & 1u) * 16u;
-    atomicAnd(&o[i >> 1u], ~(0xffffu << shift));
-    atomicOr(&o[i >> 1u], bits << shift);
-}

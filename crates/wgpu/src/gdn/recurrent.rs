@@ -19,6 +19,7 @@ pub const SOURCE_SUBGROUP: ShaderSource = ShaderSource {
         include_str!("reduce_subgroup.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("state_words.wgsl"),
         include_str!("recurrent.wgsl")
     ),
@@ -32,6 +33,7 @@ pub const SOURCE_SHARED: ShaderSource = ShaderSource {
         include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("state_words.wgsl"),
         include_str!("recurrent.wgsl")
     ),
@@ -45,6 +47,7 @@ pub const CHUNK_SUBGROUP: ShaderSource = ShaderSource {
         include_str!("reduce_subgroup.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("state_words.wgsl"),
         include_str!("chunk.wgsl")
     ),
@@ -58,6 +61,7 @@ pub const CHUNK_SHARED: ShaderSource = ShaderSource {
         include_str!("reduce_shared.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("gdn_common.wgsl"),
+        include_str!("store_o.wgsl"),
         include_str!("state_words.wgsl"),
         include_str!("chunk.wgsl")
     ),

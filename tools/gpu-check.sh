@@ -624,8 +624,9 @@ wgpu-prefill)
     for t in .carry/tests/deltakv-wgpu-coop_matrix .carry/tests/deltakv-wgpu-gdn_prefill \
         .carry/tests/deltakv-wgpu-prefill_state_shapes; do
         name=$(basename "$t")
-        if CI=true "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
-            summary+=("PASS $name: $(last 'worst rel_rms\|tiles of 16\|matrices: skipped\|device: ' "$out/$name.log")")
+        coop=$([ "$name" = deltakv-wgpu-coop_matrix ] && echo 1 || echo 0)
+        if CI=true DELTAKV_WGPU_COOP=$coop "$t" --test-threads=1 --nocapture >"$out/$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'worst rel_rms\|tiles of 16\|in Workgroup\|matrices: skipped\|device: ' "$out/$name.log")")
         else
             summary+=("FAIL $name (see $name.log)")
         fi
@@ -646,8 +647,11 @@ wgpu-prefill)
         done
     done
     rm -f "$out/variant.txt"
+    echo "== DELTAKV_WGPU_COOP=1" >>"$out/wgpu-prefill-bench.txt"
+    DELTAKV_WGPU_COOP=1 .carry/deltakv bench gdn --device wgpu --seq-lens 4096 --modes chunk \
+        --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
     units=$(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$out/wgpu-prefill-bench.txt" | tr '\n' ' ')
-    summary+=("wgpu matrix units: ${units:-none (no cooperative matrices on this device)}")
+    summary+=("wgpu matrix units (DELTAKV_WGPU_COOP=1): ${units:-none (see wgpu-prefill-bench.txt)}")
     .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
         >"$out/cuda-prefill-bench.txt" 2>&1 || true
     summary+=("cuda prefill: $(grep -h 'B=1  T=16384\|tp8-shard' "$out/cuda-prefill-bench.txt" | head -n 2 | tr '\n' ' ')")
@@ -668,9 +672,11 @@ wgpu)
     [ "${2:-}" = quick ] && tests=()
     for t in "${tests[@]}"; do
         name=$(basename "$t")
-        if CI=true DELTAKV_BIN="$PWD/.carry/deltakv" "$t" --test-threads=1 --nocapture \
-            >"$logs/wgpu-$name.log" 2>&1; then
-            summary+=("PASS $name: $(last 'device: \|worst rel_rms' "$logs/wgpu-$name.log")")
+        # Cooperative matrices (experimental in wgpu) only for their own suite.
+        coop=$([ "$name" = deltakv-wgpu-coop_matrix ] && echo 1 || echo 0)
+        if CI=true DELTAKV_WGPU_COOP=$coop DELTAKV_BIN="$PWD/.carry/deltakv" "$t" \
+            --test-threads=1 --nocapture >"$logs/wgpu-$name.log" 2>&1; then
+            summary+=("PASS $name: $(last 'device: \|worst rel_rms\|tiles of 16\|in Workgroup\|matrices: skipped' "$logs/wgpu-$name.log")")
         else
             summary+=("FAIL $name (see wgpu-$name.log)")
         fi
@@ -685,6 +691,10 @@ wgpu)
         --json "$out/wgpu-gdn.json" 2>&1 | tee "$out/wgpu-bench.txt"
     .carry/deltakv bench gdn --device cuda --seq-lens 16384 --decode-batches 1,8,32,64,256 \
         --json "$out/cuda-gdn.json" 2>&1 | tee "$out/cuda-bench.txt"
+    DELTAKV_WGPU_COOP=1 .carry/deltakv bench gdn --device wgpu --seq-lens 4096 --modes chunk \
+        --decode-batches 1 >"$logs/wgpu-bench-coop.txt" 2>&1 || true
+    units=$(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$logs/wgpu-bench-coop.txt" | tr '\n' ' ')
+    summary+=("wgpu matrix units (DELTAKV_WGPU_COOP=1): ${units:-none (see wgpu-bench-coop.txt)}")
     summary+=("wgpu copy: $(last 'copy on wgpu' "$out/wgpu-bench.txt")")
     summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32     ' "$out/wgpu-bench.txt")")
     summary+=("wgpu decode tiles: $(grep -h ' tile ' "$out/wgpu-bench.txt" | sed 's/  */ /g' | tr '\n' ';')")

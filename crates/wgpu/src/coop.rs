@@ -1,17 +1,17 @@
 //! Cooperative matrices: wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`
 //! (`VK_KHR_cooperative_matrix` on Vulkan), the matrix units (NVIDIA's tensor cores) that plain
-//! WGSL cannot reach. The device asks for it only where the adapter reports a 16 x 16 x 16
-//! configuration with f16 operands and f32 accumulation ([`Wgpu::has_coop16`]); Mesa's
-//! lavapipe has none, so CI translates these shaders to SPIR-V with naga but runs them only on
-//! a GPU that has the configuration.
+//! WGSL cannot reach. The device asks for it only with `DELTAKV_WGPU_COOP=1` and where the
+//! adapter reports a 16 x 16 x 16 configuration with f16 operands and f32 accumulation and
+//! subgroups of 32 ([`Wgpu::has_coop16`]); Mesa's lavapipe has none, so CI translates these
+//! shaders to SPIR-V with naga but runs them only on a GPU that has the configuration.
 //!
 //! [`matmul_tiles`] runs the probe kernel (`coop_probe.wgsl`): `C = A B` over a batch of
 //! 16 x 16 tiles, which tells whether the path works on an adapter before kernels rely on it;
 //! [`peak_tflops`] times the matrix units with operands in registers (`bench gdn --device
 //! wgpu` prints it beside the copy rate); [`split_products`] runs the state pass's product
 //! shape (32 x 128 by 128 x 16) to f32 accuracy with both operands split into f16 high and low
-//! parts, three products per step, the numerics `tools/coop-lab/emulate.py` found enough for
-//! the prefill's tolerances.
+//! halves (the low one scaled by 2^11), three products per step, the numerics
+//! `tools/coop-lab/emulate.py` found as accurate as f32 for the prefill.
 
 use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
@@ -40,26 +40,48 @@ pub const SPLIT: ShaderSource = ShaderSource {
     entry_point: "coop_split_product",
 };
 
+/// The split-operand product from host-split halves in storage (`coop_split_storage.wgsl`).
+pub const SPLIT_STORAGE: ShaderSource = ShaderSource {
+    name: "coop_split_product_storage",
+    text: include_str!("coop_split_storage.wgsl"),
+    entry_point: "coop_split_product_storage",
+};
+
 /// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
 /// 8 x 8, so these have no Metal form).
-pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK, SPLIT];
+pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK, SPLIT, SPLIT_STORAGE];
+
+/// Where [`split_products`] splits its operands into f16 halves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitStaging {
+    /// In the kernel, into workgroup memory (`coop_split.wgsl`), as a state pass would.
+    Workgroup,
+    /// On the host, read from storage (`coop_split_storage.wgsl`): no workgroup memory.
+    Storage,
+}
+
+/// The low half's scale: x = hi + lo / LO_SCALE (see `coop_split.wgsl`).
+const LO_SCALE: f32 = 2048.0;
 
 /// Multiply-add steps per subgroup in [`peak_tflops`] (`PEAK_STEPS`), and its workgroups.
 const PEAK_STEPS: u32 = 1024;
 const PEAK_GROUPS: u32 = 4096;
 
-/// Whether `config` is the one the kernels use: 16 x 16 x 16, f16 operands, f32 accumulation.
+/// Whether `config` is the one the kernels use: 16 x 16 x 16, f16 operands, f32 accumulation
+/// (not saturating: naga writes no saturation operand).
 pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
     config.m_size == 16
         && config.n_size == 16
         && config.k_size == 16
         && config.ab_type == wgpu::CooperativeScalarType::F16
         && config.cr_type == wgpu::CooperativeScalarType::F32
+        && !config.saturating_accumulation
 }
 
 /// The f16 -> f32 multiply-add rate of the matrix units in TFLOP/s: 4096 subgroups, each 4096
 /// products of register-resident 16 x 16 tiles, timed as the median of dispatches after the
-/// timer's warm-up; an error on a device without cooperative matrices.
+/// timer's warm-up; an upper bound (constant operands, no memory traffic). An error on a
+/// device without cooperative matrices.
 pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
     check_device(wgpu)?;
     let ones = upload_f16(wgpu, vec![16, 16], &[f16::ONE; 256])?;
@@ -119,9 +141,15 @@ fn upload_f16(wgpu: &Wgpu, shape: Vec<usize>, values: &[f16]) -> Result<WgpuTens
 
 /// `Y_e = X_e B_e / 2` for each entry e of `x` (`[entries, 32, 128]`) and `b`
 /// (`[entries, 128, 16]`), row-major f32, on the cooperative matrices with both operands split
-/// into f16 high and low parts (`coop_split.wgsl`): the state pass's product shape, to f32
-/// accuracy. An error on a device without cooperative matrices.
-pub fn split_products(wgpu: &Wgpu, x: &[f32], b: &[f32]) -> Result<Vec<f32>> {
+/// into f16 halves (`x = hi + lo / 2^11`, three products per step), split where `staging`
+/// says: the state pass's product shape, to f32 accuracy. An error on a device without
+/// cooperative matrices.
+pub fn split_products(
+    wgpu: &Wgpu,
+    x: &[f32],
+    b: &[f32],
+    staging: SplitStaging,
+) -> Result<Vec<f32>> {
     check_device(wgpu)?;
     let entries = x.len() / 4096;
     if x.is_empty() || x.len() != entries * 4096 || b.len() != entries * 2048 {
@@ -131,19 +159,38 @@ pub fn split_products(wgpu: &Wgpu, x: &[f32], b: &[f32]) -> Result<Vec<f32>> {
             b.len()
         )));
     }
-    let upload = |v: &[f32], rows: usize, cols: usize| {
-        WgpuTensor::upload(
-            wgpu,
-            &HostTensor::from_f32(vec![entries, rows, cols], v.to_vec())?,
-        )
-    };
-    run_per_entry(
-        wgpu,
-        &SPLIT,
-        &upload(x, 32, 128)?,
-        &upload(b, 128, 16)?,
-        vec![entries, 32, 16],
-    )
+    let out_shape = vec![entries, 32, 16];
+    match staging {
+        SplitStaging::Workgroup => {
+            let upload = |v: &[f32], rows: usize, cols: usize| {
+                WgpuTensor::upload(
+                    wgpu,
+                    &HostTensor::from_f32(vec![entries, rows, cols], v.to_vec())?,
+                )
+            };
+            let (x, b) = (upload(x, 32, 128)?, upload(b, 128, 16)?);
+            run_per_entry(wgpu, &SPLIT, &x, &b, out_shape)
+        }
+        SplitStaging::Storage => {
+            // Per entry: the high halves, then the low halves times LO_SCALE.
+            let halves = |v: &[f32], size: usize| -> Vec<f16> {
+                v.chunks(size)
+                    .flat_map(|entry| {
+                        let high: Vec<f16> = entry.iter().map(|&e| f16::from_f32(e)).collect();
+                        let low: Vec<f16> = entry
+                            .iter()
+                            .zip(&high)
+                            .map(|(&e, h)| f16::from_f32((e - h.to_f32()) * LO_SCALE))
+                            .collect();
+                        high.into_iter().chain(low)
+                    })
+                    .collect()
+            };
+            let x = upload_f16(wgpu, vec![entries, 2, 32, 128], &halves(x, 4096))?;
+            let b = upload_f16(wgpu, vec![entries, 2, 128, 16], &halves(b, 2048))?;
+            run_per_entry(wgpu, &SPLIT_STORAGE, &x, &b, out_shape)
+        }
+    }
 }
 
 /// The refusal of a device without the configuration.
@@ -152,7 +199,7 @@ fn check_device(wgpu: &Wgpu) -> Result<()> {
         return Ok(());
     }
     Err(Error::Unsupported(format!(
-        "{}: no cooperative matrices with 16 x 16 x 16 f16 operands and f32 accumulation (or DELTAKV_WGPU_COOP=0)",
+        "{}: no cooperative matrices with 16 x 16 x 16 f16 operands and f32 accumulation (they are off unless DELTAKV_WGPU_COOP=1)",
         wgpu.name()
     )))
 }

@@ -1,9 +1,16 @@
 // Y = X B / 2 to f32 accuracy on f16 matrix units, the state pass's product shape (X a chunk's
-// 32 x 128 rows, B a 128 x 16 tile of the state): X and B split into f16 high and low parts
-// in workgroup memory (x = hi + lo, lo the f16 rounding of x - hi), three products per
-// 16 x 16 x 16 step (hi hi + hi lo + lo hi) accumulated in f32, the result scaled on the
-// matrix and stored through workgroup memory. One subgroup of 32 invocations per batch entry,
-// both 16-row tiles in turn; every cooperative operand is uniform.
+// 32 x 128 rows, B a 128 x 16 tile of the state), with X and B split in workgroup memory into
+// f16 halves: x = hi + lo / 2^11, hi = f16(x) and lo = f16((x - hi) 2^11) (the low half
+// scaled so that it stays a normal f16 number where x - hi is far below f16's normal range).
+// Each 16 x 16 x 16 step takes three products, hi hi into one accumulator and hi lo + lo hi
+// into another, joined once as hh + cross / 2^11; the result is scaled on the matrix and
+// stored straight to memory. One subgroup of 32 invocations per batch entry, both 16-row tiles
+// in turn; every cooperative operand is uniform.
+//
+// The staged halves pass from plain stores through a workgroup barrier to cooperative loads;
+// naga 30 declares the Vulkan memory model for modules with cooperative matrices without
+// making those stores available (wgpu issue 8805), so `coop_split_storage.wgsl` reads
+// host-split halves from storage instead, for comparison.
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -15,12 +22,16 @@ enable wgpu_cooperative_matrix;
 const ROWS: u32 = 32u;
 const DEPTH: u32 = 128u;
 const COLS: u32 = 16u;
+const LO_SCALE: f32 = 2048.0;
+// Row strides of the staged halves in f16 elements (16 bytes past a row): the 16 rows of a
+// tile then start in different banks.
+const X_STRIDE: u32 = 136u;
+const Y_STRIDE: u32 = 24u;
 
-var<workgroup> x_hi: array<f16, 4096>;
-var<workgroup> x_lo: array<f16, 4096>;
-var<workgroup> y_hi: array<f16, 2048>;
-var<workgroup> y_lo: array<f16, 2048>;
-var<workgroup> result: array<f32, 512>;
+var<workgroup> x_hi: array<f16, 4352>;
+var<workgroup> x_lo: array<f16, 4352>;
+var<workgroup> y_hi: array<f16, 3072>;
+var<workgroup> y_lo: array<f16, 3072>;
 
 @compute @workgroup_size(32)
 fn coop_split_product(
@@ -31,32 +42,31 @@ fn coop_split_product(
     for (var e = tid; e < ROWS * DEPTH; e += 32u) {
         let v = x[entry * ROWS * DEPTH + e];
         let hi = f16(v);
-        x_hi[e] = hi;
-        x_lo[e] = f16(v - f32(hi));
+        let at = (e / DEPTH) * X_STRIDE + e % DEPTH;
+        x_hi[at] = hi;
+        x_lo[at] = f16((v - f32(hi)) * LO_SCALE);
     }
     for (var e = tid; e < DEPTH * COLS; e += 32u) {
         let v = y[entry * DEPTH * COLS + e];
         let hi = f16(v);
-        y_hi[e] = hi;
-        y_lo[e] = f16(v - f32(hi));
+        let at = (e / COLS) * Y_STRIDE + e % COLS;
+        y_hi[at] = hi;
+        y_lo[at] = f16((v - f32(hi)) * LO_SCALE);
     }
     workgroupBarrier();
     for (var row0 = 0u; row0 < ROWS; row0 += 16u) {
-        var acc = coop_mat16x16<f32, C>();
+        var high = coop_mat16x16<f32, C>();
+        var cross = coop_mat16x16<f32, C>();
         for (var k0 = 0u; k0 < DEPTH; k0 += 16u) {
-            let a_hi = coopLoadT<coop_mat16x16<f16, A>>(&x_hi[row0 * DEPTH + k0], DEPTH);
-            let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&x_lo[row0 * DEPTH + k0], DEPTH);
-            let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&y_hi[k0 * COLS], COLS);
-            let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&y_lo[k0 * COLS], COLS);
-            acc = coopMultiplyAdd(a_hi, b_hi, acc);
-            acc = coopMultiplyAdd(a_hi, b_lo, acc);
-            acc = coopMultiplyAdd(a_lo, b_hi, acc);
+            let a_hi = coopLoadT<coop_mat16x16<f16, A>>(&x_hi[row0 * X_STRIDE + k0], X_STRIDE);
+            let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&x_lo[row0 * X_STRIDE + k0], X_STRIDE);
+            let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&y_hi[k0 * Y_STRIDE], Y_STRIDE);
+            let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&y_lo[k0 * Y_STRIDE], Y_STRIDE);
+            high = coopMultiplyAdd(a_hi, b_hi, high);
+            cross = coopMultiplyAdd(a_hi, b_lo, cross);
+            cross = coopMultiplyAdd(a_lo, b_hi, cross);
         }
-        acc = acc * 0.5;
-        coopStoreT(acc, &result[row0 * COLS], COLS);
-    }
-    workgroupBarrier();
-    for (var e = tid; e < ROWS * COLS; e += 32u) {
-        out[entry * ROWS * COLS + e] = result[e];
+        let result = (high + cross * (1.0 / LO_SCALE)) * 0.5;
+        coopStoreT(result, &out[(entry * ROWS + row0) * COLS], COLS);
     }
 }

@@ -27,8 +27,9 @@ pub const SCRATCH_CACHE_ENV: &str = "DELTAKV_WGPU_SCRATCH_CACHE_MIB";
 
 const SCRATCH_CACHE_DEFAULT_MIB: u64 = 2048;
 
-/// Set to `0`, the environment variable that keeps the device without cooperative matrices
-/// (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`) even where the adapter has them.
+/// Set to `1`, the environment variable that opens the device with cooperative matrices (wgpu's
+/// experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`) where the adapter has the configuration the
+/// kernels of [`crate::coop`] use. Off by default: the path has not yet run on a GPU.
 pub const COOP_ENV: &str = "DELTAKV_WGPU_COOP";
 
 /// The GPU (or software device) that deltakv's wgpu ops run on.
@@ -40,6 +41,8 @@ pub struct Wgpu {
     /// The device was opened with cooperative matrices and f16 shaders: the adapter has a
     /// 16 x 16 x 16 configuration with f16 operands and f32 accumulation (see [`crate::coop`]).
     coop16: bool,
+    /// Why the device has no cooperative matrices when they were asked for.
+    coop_note: Option<String>,
     errors: Arc<Mutex<Vec<String>>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     placeholder: wgpu::Buffer,
@@ -133,17 +136,35 @@ impl Wgpu {
         // the kernels use; an experimental wgpu feature, so only asked for then.
         let coop_features =
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-        let wants_coop = adapter.features().contains(coop_features)
-            && adapter
-                .cooperative_matrix_properties()
-                .iter()
-                .any(crate::coop::is_f16_16x16x16)
-            && std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0");
+        // The kernels take one subgroup of 32 invocations per workgroup.
+        let asked = std::env::var(COOP_ENV).is_ok_and(|v| v.trim() == "1");
+        let coop_missing = if !adapter.features().contains(coop_features) {
+            Some("the adapter has no cooperative matrices or f16 shaders".to_string())
+        } else if !adapter
+            .cooperative_matrix_properties()
+            .iter()
+            .any(crate::coop::is_f16_16x16x16)
+        {
+            Some("no 16x16x16 f16 -> f32 configuration".to_string())
+        } else if (info.subgroup_min_size, info.subgroup_max_size) != (32, 32) {
+            Some(format!(
+                "subgroups of {}..={}, not 32",
+                info.subgroup_min_size, info.subgroup_max_size
+            ))
+        } else {
+            None
+        };
+        let wants_coop = asked && coop_missing.is_none();
         let open = |coop: bool| {
             let (features, experimental_features) = if coop {
-                // SAFETY: wgpu's experimental cooperative matrices are used only by the kernels
-                // of `crate::coop`, with the one configuration the adapter reports (16 x 16 x
-                // 16, f16 operands, f32 accumulation), every operand uniform in its subgroup.
+                // SAFETY: asked for explicitly (`DELTAKV_WGPU_COOP=1`); wgpu's experimental
+                // cooperative matrices are used only by the kernels of `crate::coop`, with the
+                // one configuration the adapter reports (16 x 16 x 16, f16 operands, f32
+                // accumulation), one subgroup of 32 per workgroup, every operand uniform. Known
+                // hazard: naga 30 declares the Vulkan memory model for such modules without
+                // making plain workgroup stores available before cooperative loads (wgpu issue
+                // 8805); `coop_split.wgsl` is the one kernel exposed to it, and its test
+                // compares it with a form that reads storage only.
                 (required_features | coop_features, unsafe {
                     wgpu::ExperimentalFeatures::enabled()
                 })
@@ -159,9 +180,14 @@ impl Wgpu {
             }))
         };
         // A device refused with the experimental feature is asked for again without it.
-        let (coop16, opened) = match wants_coop.then(|| open(true)) {
-            Some(Ok(opened)) => (true, Ok(opened)),
-            _ => (false, open(false)),
+        let (coop16, opened, coop_note) = match wants_coop.then(|| open(true)) {
+            Some(Ok(opened)) => (true, Ok(opened), None),
+            Some(Err(e)) => (
+                false,
+                open(false),
+                Some(format!("the device was refused with them: {e}")),
+            ),
+            None => (false, open(false), coop_missing.filter(|_| asked)),
         };
         let (device, queue) = opened.map_err(|e| {
             unavailable(format!(
@@ -190,6 +216,7 @@ impl Wgpu {
             info,
             subgroups,
             coop16,
+            coop_note,
             errors,
             pipelines: Mutex::new(HashMap::new()),
             placeholder,
@@ -220,16 +247,17 @@ impl Wgpu {
             } else {
                 "no subgroups: workgroup-memory sums".to_string()
             },
-            if self.coop16 {
-                "; cooperative matrices 16x16x16 f16 -> f32"
-            } else {
-                ""
+            match (&self.coop16, &self.coop_note) {
+                (true, _) => "; cooperative matrices 16x16x16 f16 -> f32".to_string(),
+                (false, Some(why)) => format!("; no cooperative matrices: {why}"),
+                (false, None) => String::new(),
             }
         )
     }
 
     /// True when the device has cooperative matrices with 16 x 16 x 16 f16 operands and f32
-    /// accumulation (tensor cores on NVIDIA) and `DELTAKV_WGPU_COOP` is not `0`.
+    /// accumulation (tensor cores on NVIDIA): `DELTAKV_WGPU_COOP=1` and an adapter with them
+    /// and subgroups of 32.
     pub fn has_coop16(&self) -> bool {
         self.coop16
     }

@@ -39,13 +39,13 @@ pub fn run(
         json!({"op": "copy", "device": "wgpu", "adapter": wgpu.name(), "tb_per_s": copy,
         "shader_tb_per_s": rates.shader, "buffer_tb_per_s": rates.buffer}),
     );
-    // The matrix units where the device has them (an experimental wgpu path: a failure is
-    // reported on its line and the bench goes on).
+    // The matrix units where the device has them (DELTAKV_WGPU_COOP=1; an experimental wgpu
+    // path: a failure is reported on its line and the bench goes on).
     if wgpu.has_coop16() {
         match deltakv::wgpu::coop::peak_tflops(wgpu) {
             Ok(tflops) => {
                 lines.push(format!(
-                    "cooperative matrices on wgpu: {tflops:.1} TFLOP/s (16x16x16 f16 operands, f32 accumulation, operands in registers)"
+                    "cooperative matrices on wgpu: {tflops:.1} TFLOP/s (16x16x16 f16 operands, f32 accumulation, constant operands in registers)"
                 ));
                 records.push(
                     json!({"op": "coop_peak", "device": "wgpu", "adapter": wgpu.name(),

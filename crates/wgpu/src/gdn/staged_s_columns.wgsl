@@ -6,7 +6,8 @@
 // columns 2 cp (or 2 cp + 1) a subgroup reads at once lie one column stride apart; the stride,
 // one word more than the 32 that K <= 128 needs, puts them in different banks.
 
-// Words per column of the tile.
+// Words per column of the tile. The layout is written for the staged kernel's 16-column tiles
+// (8 column pairs; the launcher's staged shape).
 const S_COLUMN: u32 = 33u;
 
 var<workgroup> block_s: array<vec4<f32>, 528>;

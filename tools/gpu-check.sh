@@ -614,9 +614,9 @@ wgpu-prefill)
     # executables deltakv-wgpu-{coop_matrix,gdn_prefill,prefill_state_shapes}: the suites
     # through NVIDIA's Vulkan driver (the first one the cooperative-matrix probe), then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
     # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
-    # 32, 64 and 128 chunks, with the tile of S by columns (alone and with segments of 64), and
-    # with the general prepare and state kernels, beside `bench gdn --device cuda`'s prefill.
-    # A variant's settings are joined by "+".
+    # 32, 64 and 128 chunks, and with the tile of S by columns (alone and with segments of 64),
+    # beside `bench gdn --device cuda`'s prefill; then the cooperative-matrix rates in a run of
+    # their own (DELTAKV_WGPU_COOP=1). A variant's settings are joined by "+".
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
     vulkan_setup "$out"
@@ -632,7 +632,7 @@ wgpu-prefill)
         fi
     done
     for variant in default STATE=staged-columns SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
-        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64 PREPARE=general STATE=general; do
+        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64; do
         settings=(DELTAKV_NOTHING=1)
         if [ "$variant" != default ]; then
             IFS=+ read -r -a parts <<<"$variant"

@@ -614,9 +614,11 @@ wgpu-prefill)
     # executables deltakv-wgpu-{coop_matrix,gdn_prefill,prefill_state_shapes}: the suites
     # through NVIDIA's Vulkan driver (the first one the cooperative-matrix probe), then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
     # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
-    # 32, 64 and 128 chunks, and with the tile of S by columns (alone and with segments of 64),
-    # beside `bench gdn --device cuda`'s prefill; then the cooperative-matrix rates in a run of
-    # their own (DELTAKV_WGPU_COOP=1). A variant's settings are joined by "+".
+    # 32, 64 and 128 chunks, with the tile of S by columns (alone and with segments of 64), and
+    # with the state pass on cooperative matrices (alone and with segments of 64; the device
+    # opened with DELTAKV_WGPU_COOP=1), beside `bench gdn --device cuda`'s prefill; then the
+    # cooperative-matrix rates in a run of their own. A variant's settings are joined by "+"
+    # (DELTAKV_WGPU_PREFILL_ is prefixed to those that do not start with DELTAKV_).
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
     vulkan_setup "$out"
@@ -632,11 +634,18 @@ wgpu-prefill)
         fi
     done
     for variant in default STATE=staged-columns SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
-        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64; do
+        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64 \
+        STATE=coop+DELTAKV_WGPU_COOP=1 STATE=coop+SEGMENT_CHUNKS=64+DELTAKV_WGPU_COOP=1; do
         settings=(DELTAKV_NOTHING=1)
         if [ "$variant" != default ]; then
             IFS=+ read -r -a parts <<<"$variant"
-            settings=("${parts[@]/#/DELTAKV_WGPU_PREFILL_}")
+            settings=()
+            for part in "${parts[@]}"; do
+                case $part in
+                DELTAKV_*) settings+=("$part") ;;
+                *) settings+=("DELTAKV_WGPU_PREFILL_$part") ;;
+                esac
+            done
         fi
         echo "== $variant" >>"$out/wgpu-prefill-bench.txt"
         env "${settings[@]}" .carry/deltakv bench gdn --device wgpu --seq-lens 4096,16384 --modes chunk \

@@ -49,7 +49,13 @@ pub const SPLIT_STORAGE: ShaderSource = ShaderSource {
 
 /// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
 /// 8 x 8, so these have no Metal form).
-pub const SHADERS: &[ShaderSource] = &[PROBE, PEAK, SPLIT, SPLIT_STORAGE];
+pub const SHADERS: &[ShaderSource] = &[
+    PROBE,
+    PEAK,
+    SPLIT,
+    SPLIT_STORAGE,
+    crate::gdn::chunks::STATE_COOP,
+];
 
 /// Where [`split_products`] splits its operands into f16 halves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

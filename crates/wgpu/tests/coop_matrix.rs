@@ -6,8 +6,13 @@
 
 mod common;
 
+use deltakv_contract::DType;
+use deltakv_contract::gdn::oracle::gdn_reference;
+use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
+use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_wgpu::coop::{SHADERS, SplitStaging, matmul_tiles, split_products};
+use deltakv_wgpu::gdn::{StateKernel, StatePlan, gdn_prefill_planned};
 use half::f16;
 use std::io::Write;
 
@@ -154,4 +159,87 @@ fn split_operand_products_reach_f32_accuracy() {
         assert!(err < 1e-5, "{staging:?}: rel_rms {err:.3e}");
     }
     assert!(split_products(wgpu, &x[..100], &b, SplitStaging::Storage).is_err());
+}
+
+#[test]
+fn coop_state_kernel_against_the_oracle_and_the_staged_kernel() {
+    let Some(wgpu) = common::device("coop state kernel") else {
+        return;
+    };
+    let options = GdnOptions {
+        scale: None,
+        use_qk_l2norm: true,
+    };
+    let spec = |tokens, key_heads, value_heads, kd, vd, dtype, lens: Option<Vec<usize>>| {
+        let mut spec = GdnSpec::new(tokens, key_heads, value_heads, kd, vd);
+        spec.dtype = dtype;
+        spec.raw_qk = true;
+        spec.with_initial_state = true;
+        spec.seq_lens = lens;
+        // Slow decay, so that the state carried from chunk to chunk weighs on the outputs.
+        spec.gate_scale = 0.02;
+        spec
+    };
+    let cases = [
+        (spec(1000, 1, 2, 128, 128, DType::BF16, None), 930),
+        (
+            spec(400, 2, 4, 64, 80, DType::F32, Some(vec![1, 300, 32, 67])),
+            931,
+        ),
+    ];
+    let coop = StatePlan {
+        kernel: StateKernel::Coop,
+        ..StatePlan::default()
+    };
+    if !wgpu.has_coop16() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "coop state kernel: skipped (the device has no cooperative matrices; DELTAKV_WGPU_COOP=1 asks for them)"
+        );
+        let case = GdnCase::random(&cases[0].0, cases[0].1).unwrap();
+        let refused =
+            gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, &coop)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+        assert!(refused.contains("cooperative matrices"), "{refused}");
+        return;
+    }
+    for (spec, seed) in cases {
+        let case = GdnCase::random(&spec, seed).unwrap();
+        let reference = gdn_reference(&case.inputs(), &options).unwrap();
+        let run = |plan: &StatePlan| {
+            let out = gdn_prefill_planned(wgpu, &case.inputs(), &options, PrefillMode::Chunk, plan)
+                .unwrap();
+            (
+                out.o.to_f32_vec("o").unwrap(),
+                out.final_state.as_f32().unwrap().to_vec(),
+            )
+        };
+        let staged = run(&StatePlan::default());
+        let split = StatePlan {
+            segment_chunks: Some(3),
+            ..coop
+        };
+        for (label, plan) in [("coop", &coop), ("coop, segments of 3 chunks", &split)] {
+            let (o, state) = run(plan);
+            let o_err = rel_rms(&o, &reference.o);
+            let s_err = rel_rms(&state, &reference.final_state);
+            let widened = |x: &[f32]| x.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            let o_apart = rel_rms(&o, &widened(&staged.0));
+            let s_apart = rel_rms(&state, &widened(&staged.1));
+            println!(
+                "{label}, {:?} K={} V={}: o {o_err:.3e}, final_state {s_err:.3e} (apart from the staged kernel: o {o_apart:.3e}, state {s_apart:.3e})",
+                spec.dtype, spec.key_dim, spec.value_dim
+            );
+            assert!(
+                o_err < 2e-3 && s_err < 1e-4,
+                "{label}: o {o_err:.3e}, state {s_err:.3e}"
+            );
+            assert!(
+                o_apart < 1e-3 && s_apart < 1e-5,
+                "{label}: apart from the staged kernel: o {o_apart:.3e}, state {s_apart:.3e}"
+            );
+        }
+    }
 }

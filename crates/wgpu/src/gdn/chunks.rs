@@ -21,7 +21,7 @@ use deltakv_contract::gdn::prefill::validate::SeqSpan;
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use wgpu::util::DeviceExt;
 
-/// Tokens per chunk (`C` in the shader).
+/// Tokens per chunk (`CT` in the shaders).
 pub const CHUNK: usize = 32;
 
 /// The prepare pass.
@@ -82,6 +82,20 @@ pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
         include_str!("chunks_state_staged.wgsl")
     ),
     entry_point: "gdn_chunk_state_staged",
+};
+
+/// The state pass on cooperative matrices (`chunks_state_coop.wgsl`; both walks).
+pub const STATE_COOP: ShaderSource = ShaderSource {
+    name: "gdn_chunk_state_coop",
+    text: concat!(
+        include_str!("coop_enable.wgsl"),
+        include_str!("../dtype.wgsl"),
+        include_str!("chunks.wgsl"),
+        include_str!("chunks_state.wgsl"),
+        include_str!("store_o.wgsl"),
+        include_str!("chunks_state_coop.wgsl")
+    ),
+    entry_point: "gdn_chunk_state_coop",
 };
 
 /// The entry states of split sequences' segments, between the two walks.
@@ -204,6 +218,7 @@ impl ChunkLaunch {
                 Some(tile) => tile == 16,
                 None => {
                     plan.row_groups == Some(32)
+                        || plan.kernel == StateKernel::Coop
                         || call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW
                 }
             };
@@ -221,6 +236,18 @@ impl ChunkLaunch {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
                     plan.kernel, d.key_dim
+                )));
+            }
+            StateKernel::Coop
+                if !(tile == 16
+                    && matches!(d.key_dim, 64 | 128)
+                    && wgpu.has_coop16()
+                    && wgpu.has_subgroups()) =>
+            {
+                return Err(Error::Unsupported(format!(
+                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32) and subgroups, 16-column tiles and K = 64 or 128; this call has {tile} columns, K = {} on {}",
+                    d.key_dim,
+                    wgpu.describe()
                 )));
             }
             other => other,
@@ -346,6 +373,7 @@ impl ChunkLaunch {
                 },
                 &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
             ),
+            StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             _ => pipeline(
                 &STATE,
                 &[

@@ -1,4 +1,4 @@
-// GDN prefill in two passes over chunks of C = 32 tokens (the WY form of FLA's chunk algorithm,
+// GDN prefill in two passes over chunks of CT = 32 tokens (the WY form of FLA's chunk algorithm,
 // f32 throughout). For a chunk with normalised q_i, k_i, gates clamped at RESET_GATE and
 // G_i = g_0 + ... + g_i counted from the chunk's start, and the state S at its start:
 //
@@ -18,8 +18,8 @@
 // then every segment's entry state, then the outputs walk of every segment at once). All are
 // plain tiled f32 loops (no subgroup operations), so one source serves every adapter.
 
-const C: u32 = 32u;
-// Row stride of the C x C matrices and of the staged slices in workgroup memory (one more than
+const CT: u32 = 32u;
+// Row stride of the CT x CT matrices and of the staged slices in workgroup memory (one more than
 // 32: a column walk touches 32 different banks).
 const CP: u32 = 33u;
 const SLICE: u32 = 32u;
@@ -27,11 +27,11 @@ const RESET_GATE: f32 = -80.0;
 const PREPARE_THREADS: u32 = 256u;
 
 // Value columns per state workgroup (16 or 32; K * VT <= 4096), its row groups (8, 16 or 32;
-// ROW_GROUPS * VT <= 512), the chunk rows of each (C / ROW_GROUPS) and the 4-row blocks of S
+// ROW_GROUPS * VT <= 512), the chunk rows of each (CT / ROW_GROUPS) and the 4-row blocks of S
 // each thread keeps (ceil(K / (4 ROW_GROUPS))).
 override VT: u32 = 32u;
 override ROW_GROUPS: u32 = 8u;
-override CHUNK_ROWS: u32 = C / ROW_GROUPS;
+override CHUNK_ROWS: u32 = CT / ROW_GROUPS;
 override ROW_BLOCKS: u32 = 4u;
 // ceil(K / 4), fixed when the pipeline is built: the loops over a row of W, Qd and Kd then have
 // constant trip counts, so the driver can unroll them and issue the row's loads together
@@ -115,22 +115,22 @@ fn load_row4(which: u32, token: u32, head: u32, heads: u32, dim: u32, c4: u32) -
 
 // ---- gdn_chunk_prepare ----
 
-// A slice of SLICE columns of the chunk's k and q, [C][CP].
+// A slice of SLICE columns of the chunk's k and q, [CT][CP].
 var<workgroup> k_slice: array<f32, 1056>;
 var<workgroup> q_slice: array<f32, 1056>;
 // K K^T (its diagonal gives |k_i|^2), then A; Q K^T, then P; T.
 var<workgroup> gram_kk: array<f32, 1056>;
 var<workgroup> gram_qk: array<f32, 1056>;
 var<workgroup> t_inv: array<f32, 1056>;
-var<workgroup> g_cum: array<f32, C>;
-var<workgroup> beta_c: array<f32, C>;
-var<workgroup> q_sq: array<f32, C>;
-var<workgroup> inv_q: array<f32, C>;
-var<workgroup> inv_k: array<f32, C>;
+var<workgroup> g_cum: array<f32, CT>;
+var<workgroup> beta_c: array<f32, CT>;
+var<workgroup> q_sq: array<f32, CT>;
+var<workgroup> inv_q: array<f32, CT>;
+var<workgroup> inv_k: array<f32, CT>;
 // Row coefficients: of K in W (beta exp(G) / |k|), of q in Qd, of k in Kd.
-var<workgroup> coef_w: array<f32, C>;
-var<workgroup> coef_qd: array<f32, C>;
-var<workgroup> coef_kd: array<f32, C>;
+var<workgroup> coef_w: array<f32, CT>;
+var<workgroup> coef_qd: array<f32, CT>;
+var<workgroup> coef_kd: array<f32, CT>;
 var<workgroup> chunk_range: vec2<u32>;
 
 // Eight rows of W or U being summed (named fields: no dynamically indexed array).
@@ -237,7 +237,7 @@ fn chunk_range_of(tid: u32, n: u32) -> vec2<u32> {
 // scratch.
 fn store_rows8(is_w: bool, ch: u32, block: u32, c4: u32, acc: Rows8) {
     let dim4 = select(p.vp4, p.kp4, is_w);
-    let base = select(p.u_at + ch * C * p.vp4, p.w_at + ch * C * p.kp4, is_w);
+    let base = select(p.u_at + ch * CT * p.vp4, p.w_at + ch * CT * p.kp4, is_w);
     let out = base + 8u * block * dim4 + c4;
     scratch[out] = acc.r0;
     scratch[out + dim4] = acc.r1;
@@ -250,9 +250,9 @@ fn store_rows8(is_w: bool, ch: u32, block: u32, c4: u32, acc: Rows8) {
 }
 
 // g (clamped at RESET_GATE) and beta of the chunk's rows into g_cum and beta_c (zeros past
-// its end), by threads 0..C.
+// its end), by threads 0..CT.
 fn load_gates(tid: u32, start: u32, len: u32, h: u32) {
-    if tid < C {
+    if tid < CT {
         var gi = 0.0;
         var bi = 0.0;
         if tid < len {
@@ -265,10 +265,10 @@ fn load_gates(tid: u32, start: u32, len: u32, h: u32) {
     }
 }
 
-// Inverse norms from q_sq and K K^T's diagonal (threads 0..C) and the cumulative gates
-// (thread C).
+// Inverse norms from q_sq and K K^T's diagonal (threads 0..CT) and the cumulative gates
+// (thread CT).
 fn inverse_norms_and_gate_sums(tid: u32) {
-    if tid < C {
+    if tid < CT {
         var iq = 1.0;
         var ik = 1.0;
         if p.l2norm != 0u {
@@ -277,8 +277,8 @@ fn inverse_norms_and_gate_sums(tid: u32) {
         }
         inv_q[tid] = iq;
         inv_k[tid] = ik;
-    } else if tid == C {
-        for (var i = 1u; i < C; i++) {
+    } else if tid == CT {
+        for (var i = 1u; i < CT; i++) {
             g_cum[i] += g_cum[i - 1u];
         }
     }
@@ -286,7 +286,7 @@ fn inverse_norms_and_gate_sums(tid: u32) {
 
 // Row i's coefficients of K in W, of q in Qd and of k in Kd (zero past the chunk's end).
 fn row_coefficients(i: u32, len: u32) {
-    let g_last = g_cum[C - 1u];
+    let g_last = g_cum[CT - 1u];
     let live = i < len;
     coef_w[i] = select(0.0, beta_c[i] * exp(g_cum[i]) * inv_k[i], live);
     coef_qd[i] = select(0.0, p.scale * exp(g_cum[i]) * inv_q[i], live);
@@ -295,20 +295,20 @@ fn row_coefficients(i: u32, len: u32) {
 
 // T = (I + A)^-1 by blocks, every thread taking part (called in uniform control flow after
 // the barrier that follows A; ends with a barrier): the eight 4 x 4 diagonal blocks by forward
-// substitution, a column per thread (threads 0..C), while the others zero every entry outside
+// substitution, a column per thread (threads 0..CT), while the others zero every entry outside
 // those blocks; then, for s = 4, 8, 16, the lower-left s x s block of each 2s x 2s diagonal
 // block from the two diagonal blocks above it, T21 = -T22 (A21 T11). The longest serial chain
 // is then three rows of a 4 x 4 block and two sums of at most 16 terms per level, where a
 // substitution over whole 16 x 16 blocks chained up to 120 dependent steps.
 fn inverse_blocked(tid: u32) {
-    for (var e = tid; e < C * C; e += PREPARE_THREADS) {
-        let i = e / C;
-        let j = e % C;
+    for (var e = tid; e < CT * CT; e += PREPARE_THREADS) {
+        let i = e / CT;
+        let j = e % CT;
         if i / 4u != j / 4u {
             t_inv[i * CP + j] = 0.0;
         }
     }
-    if tid < C {
+    if tid < CT {
         let col = tid;
         let r0 = col & ~3u;
         for (var i = r0; i < r0 + 4u; i++) {
@@ -324,7 +324,7 @@ fn inverse_blocked(tid: u32) {
         }
     }
     workgroupBarrier();
-    for (var s = 4u; s < C; s *= 2u) {
+    for (var s = 4u; s < CT; s *= 2u) {
         inverse_lower_blocks(tid, s);
     }
 }
@@ -359,10 +359,10 @@ fn inverse_lower_blocks(tid: u32, s: u32) {
 
 // P (a vec4 of a row per thread) and the chunk's decay exp(G_last) into the scratch.
 fn store_p_and_decay(tid: u32, ch: u32) {
-    for (var e = tid; e < C * C / 4u; e += PREPARE_THREADS) {
-        let i = e / (C / 4u);
-        let j0 = 4u * (e % (C / 4u));
-        scratch[p.p_at + ch * C * C / 4u + e] = vec4<f32>(
+    for (var e = tid; e < CT * CT / 4u; e += PREPARE_THREADS) {
+        let i = e / (CT / 4u);
+        let j0 = 4u * (e % (CT / 4u));
+        scratch[p.p_at + ch * CT * CT / 4u + e] = vec4<f32>(
             gram_qk[i * CP + j0],
             gram_qk[i * CP + j0 + 1u],
             gram_qk[i * CP + j0 + 2u],
@@ -370,7 +370,7 @@ fn store_p_and_decay(tid: u32, ch: u32) {
         );
     }
     if tid == 0u {
-        scratch[p.decay_at + ch] = vec4<f32>(exp(g_cum[C - 1u]), 0.0, 0.0, 0.0);
+        scratch[p.decay_at + ch] = vec4<f32>(exp(g_cum[CT - 1u]), 0.0, 0.0, 0.0);
     }
 }
 
@@ -404,7 +404,7 @@ fn gdn_chunk_prepare(
     var dqq = vec2<f32>(0.0);
     for (var r0 = 0u; r0 < kd; r0 += SLICE) {
         workgroupBarrier();
-        for (var e = tid; e < C * SLICE; e += PREPARE_THREADS) {
+        for (var e = tid; e < CT * SLICE; e += PREPARE_THREADS) {
             let i = e / SLICE;
             let r = r0 + e % SLICE;
             var kx = 0.0;
@@ -437,9 +437,9 @@ fn gdn_chunk_prepare(
     store_a_and_p_block(i0, j0, dkk, dqk);
     workgroupBarrier();
 
-    // The row coefficients (threads C..2C) and T = (I + A)^-1 (all).
-    if tid >= C && tid < 2u * C {
-        row_coefficients(tid - C, len);
+    // The row coefficients (threads CT..2C) and T = (I + A)^-1 (all).
+    if tid >= CT && tid < 2u * CT {
+        row_coefficients(tid - CT, len);
     }
     inverse_blocked(tid);
 
@@ -479,7 +479,7 @@ fn gdn_chunk_prepare(
     }
     // Qd and Kd: item (row, vec4 column), four items per thread and trip, all their loads
     // issued before the first store.
-    let qk_items = C * kp4;
+    let qk_items = CT * kp4;
     let qk_base = ch * qk_items;
     for (var e = tid; e < qk_items; e += 4u * PREPARE_THREADS) {
         let r0 = scaled_q_and_k(e, qk_items, start, len, kh, kp4);

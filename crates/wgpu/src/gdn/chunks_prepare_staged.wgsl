@@ -52,7 +52,7 @@ fn row_word(which: u32, start: u32, len: u32, row: u32, head: u32, heads: u32, w
 // Item i (of ROW_LOADS) of this thread's share of v's staged words.
 fn v_item(tid: u32, i: u32, start: u32, len: u32, h: u32) -> u32 {
     let e = tid + i * PREPARE_THREADS;
-    if e >= C * VW {
+    if e >= CT * VW {
         return 0u;
     }
     return row_word(2u, start, len, e / VW, h, p.value_heads, VW, e % VW);
@@ -60,7 +60,7 @@ fn v_item(tid: u32, i: u32, start: u32, len: u32, h: u32) -> u32 {
 
 fn store_v_item(tid: u32, i: u32, word: u32) {
     let e = tid + i * PREPARE_THREADS;
-    if e < C * VW {
+    if e < CT * VW {
         qv_rows[(e / VW) * RS + e % VW] = word;
     }
 }
@@ -116,7 +116,7 @@ fn gdn_chunk_prepare_staged(
     let v7 = v_item(tid, 7u, start, len, h);
     for (var i = 0u; i < ROW_LOADS; i++) {
         let e = tid + i * PREPARE_THREADS;
-        if e < C * KW {
+        if e < CT * KW {
             let row = e / KW;
             let w = e % KW;
             k_rows[row * RS + w] = row_word(1u, start, len, row, kh, p.key_heads, KW, w);
@@ -155,7 +155,7 @@ fn gdn_chunk_prepare_staged(
     inverse_norms_and_gate_sums(tid);
     workgroupBarrier();
     store_a_and_p_block(i0, j0, dkk, dqk);
-    if tid < C {
+    if tid < CT {
         row_coefficients(tid, len);
     }
     workgroupBarrier();
@@ -164,7 +164,7 @@ fn gdn_chunk_prepare_staged(
     let ch = n * p.value_heads + h;
     let kp4 = p.kp4;
     let vp4 = p.vp4;
-    let items = C * kp4;
+    let items = CT * kp4;
     let base = ch * items;
     for (var e = tid; e < items; e += PREPARE_THREADS) {
         let i = e / kp4;

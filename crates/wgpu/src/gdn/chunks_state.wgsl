@@ -119,7 +119,7 @@ fn u_pair(ch: u32, row: u32, col: u32, identity: bool) -> vec2<f32> {
     if identity {
         return vec2<f32>(0.0);
     }
-    let u4 = scratch[p.u_at + (ch * C + row) * p.vp4 + col / 4u];
+    let u4 = scratch[p.u_at + (ch * CT + row) * p.vp4 + col / 4u];
     return select(u4.xy, u4.zw, (col & 2u) != 0u);
 }
 
@@ -128,7 +128,7 @@ fn u_pair(ch: u32, row: u32, col: u32, identity: bool) -> vec2<f32> {
 
 // The tile of S, [K rounded up to 4][VT / 2] column pairs.
 var<workgroup> s_tile: array<vec2<f32>, 2048>;
-// V' of the chunk, [C][VT / 2].
+// V' of the chunk, [CT][VT / 2].
 var<workgroup> v_new: array<vec2<f32>, 512>;
 var<workgroup> unit_span: vec2<u32>;
 
@@ -212,8 +212,8 @@ fn gdn_chunk_state(
         // W S and Qd S for this thread's four rows.
         var ws: array<vec2<f32>, 4>;
         var qs: array<vec2<f32>, 4>;
-        let w_row = p.w_at + (ch * C + CHUNK_ROWS * rg) * kp4;
-        let q_row = p.qd_at + (ch * C + CHUNK_ROWS * rg) * kp4;
+        let w_row = p.w_at + (ch * CT + CHUNK_ROWS * rg) * kp4;
+        let q_row = p.qd_at + (ch * CT + CHUNK_ROWS * rg) * kp4;
         for (var r4 = 0u; r4 < kp4; r4++) {
             let s0 = s_tile[(4u * r4) * pairs + cp];
             let s1 = s_tile[(4u * r4 + 1u) * pairs + cp];
@@ -236,14 +236,14 @@ fn gdn_chunk_state(
         // O = Qd S + P V' (the transition walk leaves it to the compiler to drop).
         let start = chunk_info[2u * n];
         let len = chunk_info[2u * n + 1u];
-        let p_row = p.p_at + (ch * C + CHUNK_ROWS * rg) * (C / 4u);
-        for (var j4 = 0u; j4 < C / 4u; j4++) {
+        let p_row = p.p_at + (ch * CT + CHUNK_ROWS * rg) * (CT / 4u);
+        for (var j4 = 0u; j4 < CT / 4u; j4++) {
             let v0 = v_new[(4u * j4) * pairs + cp];
             let v1 = v_new[(4u * j4 + 1u) * pairs + cp];
             let v2 = v_new[(4u * j4 + 2u) * pairs + cp];
             let v3 = v_new[(4u * j4 + 3u) * pairs + cp];
             for (var i = 0u; i < CHUNK_ROWS; i++) {
-                let pw = scratch[p_row + i * (C / 4u) + j4];
+                let pw = scratch[p_row + i * (CT / 4u) + j4];
                 qs[i] += pw.x * v0 + pw.y * v1 + pw.z * v2 + pw.w * v3;
             }
         }
@@ -261,8 +261,8 @@ fn gdn_chunk_state(
                 s[4u * m + e] *= decay;
             }
         }
-        let kd_base = p.kd_at + ch * C * kp4;
-        for (var jj = 0u; jj < C; jj++) {
+        let kd_base = p.kd_at + ch * CT * kp4;
+        for (var jj = 0u; jj < CT; jj++) {
             let vj = v_new[jj * pairs + cp];
             for (var m = 0u; m < ROW_BLOCKS; m++) {
                 let b = rg + ROW_GROUPS * m;

@@ -1,5 +1,5 @@
 // The state pass of `chunks_state.wgsl` (both walks, the same walk units) for one shape: 32 row
-// groups (ROW_GROUPS = C), so each thread owns one chunk row rg for the products and the one
+// groups (ROW_GROUPS = CT), so each thread owns one chunk row rg for the products and the one
 // 4-row block rg of S (rows 4 rg .. 4 rg + 3, so K <= 128), with K a multiple of 16 and 16-column tiles. Same math as `gdn_chunk_state`;
 // W S and Qd S are summed as two halves over K (each thread sums rows rg and rg ^ 16 over one
 // half, so each load of S serves two rows, then the halves meet through workgroup memory).
@@ -20,22 +20,22 @@
 // memory (every adapter's 32 KiB holds it), at the price of eight barriers per chunk. The
 // transition walk (WALK = 1) leaves out Qd and O, and with them two of the barriers.
 
-// V' of the chunk, [C][8]; the chunk's W, Qd or Kd. The tile of S (`block_s`, with
+// V' of the chunk, [CT][8]; the chunk's W, Qd or Kd. The tile of S (`block_s`, with
 // `store_s_rows` and `staged_half_products`) is in one of two layouts, each a file of its own:
 // staged_s_rows.wgsl ([K][8 column pairs] of vec2) or staged_s_columns.wgsl ([16 columns][K / 4]
 // of vec4, one load per four rows and column).
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
-// The halves of W S and Qd S that a thread sums for another thread's row, [C][8].
+// The halves of W S and Qd S that a thread sums for another thread's row, [CT][8].
 var<workgroup> half_sums: array<vec2<f32>, 256>;
 // vec4 words between the staged matrix's rows beyond a row: one, so the rows that the four
 // row groups of a subgroup read at once start in different banks.
 const STAGE_PAD: u32 = 1u;
 
-// Word e of a chunk's [C][STATE_KP4] matrix into `staged` (the words past it, loaded again
+// Word e of a chunk's [CT][STATE_KP4] matrix into `staged` (the words past it, loaded again
 // by the clamped reads, are dropped).
 fn stage_word(e: u32, word: vec4<f32>) {
-    if e < C * STATE_KP4 {
+    if e < CT * STATE_KP4 {
         staged[(e / STATE_KP4) * (STATE_KP4 + STAGE_PAD) + e % STATE_KP4] = word;
     }
 }
@@ -47,10 +47,10 @@ fn new_value_products(pw: vec4<f32>, j4: u32, cp: u32) -> vec2<f32> {
         + pw.z * block_v_new[(4u * j4 + 2u) * pairs + cp] + pw.w * block_v_new[(4u * j4 + 3u) * pairs + cp];
 }
 
-// Word i of a scratch matrix [C][kp4] of chunk-head ch at region offset `at`, clamped to the
+// Word i of a scratch matrix [CT][kp4] of chunk-head ch at region offset `at`, clamped to the
 // matrix (the words past it are loaded again and never read).
 fn chunk_word(at: u32, ch: u32, i: u32, kp4: u32) -> vec4<f32> {
-    let words = C * kp4;
+    let words = CT * kp4;
     return scratch[at + ch * words + min(i, words - 1u)];
 }
 
@@ -64,7 +64,7 @@ fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
     return halves.xy + half_sums[rg * pairs + cp];
 }
 
-// Four words per thread of a chunk's [C][kp4] matrix into `staged`.
+// Four words per thread of a chunk's [CT][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     stage_word(tid, a);
     stage_word(tid + threads, b);
@@ -72,13 +72,13 @@ fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>,
     stage_word(tid + 3u * threads, d);
 }
 
-@compute @workgroup_size(C * VT / 2u)
+@compute @workgroup_size(CT * VT / 2u)
 fn gdn_chunk_state_staged(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let pairs = VT / 2u;
-    let threads = C * VT / 2u;
+    let threads = CT * VT / 2u;
     let cp = tid % pairs;
     let rg = tid / pairs;
     let h = wid.y;
@@ -128,7 +128,7 @@ fn gdn_chunk_state_staged(
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
         let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
         let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
-        let p_row = p.p_at + (ch * C + rg) * (C / 4u);
+        let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
         let p0 = scratch[p_row];
         let p1 = scratch[p_row + 1u];
         let p2 = scratch[p_row + 2u];
@@ -180,7 +180,7 @@ fn gdn_chunk_state_staged(
         s2 *= decay;
         s3 *= decay;
         if has_rows {
-            for (var j4 = 0u; j4 < C; j4 += 4u) {
+            for (var j4 = 0u; j4 < CT; j4 += 4u) {
                 let k0 = staged[j4 * (kp4 + STAGE_PAD) + rg];
                 let k1 = staged[(j4 + 1u) * (kp4 + STAGE_PAD) + rg];
                 let k2 = staged[(j4 + 2u) * (kp4 + STAGE_PAD) + rg];

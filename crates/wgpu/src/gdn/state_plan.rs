@@ -12,8 +12,8 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `staged` or `staged-columns`, the environment variable that picks the
-/// state pass's kernel where more than one serves (see [`StateKernel`]).
+/// Set to `general`, `staged`, `staged-columns` or `coop`, the environment variable that picks
+/// the state pass's kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
 /// Set to `general` or `staged`, the environment variable that picks the prepare pass's kernel
@@ -56,6 +56,11 @@ pub enum StateKernel {
     /// [`StateKernel::Staged`] with the tile of S stored by columns (`staged_s_columns.wgsl`:
     /// four rows of a column in one vec4 word, so the products load S half as often).
     StagedColumns,
+    /// `gdn_chunk_state_coop` (`chunks_state_coop.wgsl`): the products on cooperative matrices
+    /// (tensor cores) from f16 halves, f32-accurate; only on a device opened with them
+    /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128. Never chosen by
+    /// `Auto`: not yet run on a GPU.
+    Coop,
 }
 
 /// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
@@ -113,6 +118,7 @@ impl StatePlan {
                 ("general", StateKernel::General),
                 ("staged", StateKernel::Staged),
                 ("staged-columns", StateKernel::StagedColumns),
+                ("coop", StateKernel::Coop),
             ],
         )?;
         let prepare = named_choice(

@@ -1,0 +1,2 @@
+enable f16;
+enable wgpu_cooperative_matrix;

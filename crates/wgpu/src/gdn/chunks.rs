@@ -50,6 +50,7 @@ pub const STATE: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("chunks_o.wgsl"),
         include_str!("store_o.wgsl")
     ),
     entry_point: "gdn_chunk_state",
@@ -63,6 +64,7 @@ pub const STATE_STAGED: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("chunks_o.wgsl"),
         include_str!("store_o.wgsl"),
         include_str!("staged_s_rows.wgsl"),
         include_str!("chunks_state_staged.wgsl")
@@ -77,6 +79,7 @@ pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("chunks_o.wgsl"),
         include_str!("store_o.wgsl"),
         include_str!("staged_s_columns.wgsl"),
         include_str!("chunks_state_staged.wgsl")
@@ -92,7 +95,7 @@ pub const STATE_COOP: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
-        include_str!("store_o.wgsl"),
+        include_str!("chunks_o_plain.wgsl"),
         include_str!("chunks_state_coop.wgsl")
     ),
     entry_point: "gdn_chunk_state_coop",
@@ -105,6 +108,7 @@ pub const COMBINE: ShaderSource = ShaderSource {
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),
+        include_str!("chunks_o.wgsl"),
         include_str!("store_o.wgsl"),
         include_str!("chunks_combine.wgsl")
     ),
@@ -241,12 +245,14 @@ impl ChunkLaunch {
             StateKernel::Coop
                 if !(tile == 16
                     && matches!(d.key_dim, 64 | 128)
+                    && d.value_dim.is_multiple_of(2)
                     && wgpu.has_coop16()
                     && wgpu.has_subgroups()) =>
             {
                 return Err(Error::Unsupported(format!(
-                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32) and subgroups, 16-column tiles and K = 64 or 128; this call has {tile} columns, K = {} on {}",
+                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32) and subgroups, 16-column tiles, K = 64 or 128 and an even V; this call has {tile} columns, K = {}, V = {} on {}",
                     d.key_dim,
+                    d.value_dim,
                     wgpu.describe()
                 )));
             }

@@ -36,9 +36,8 @@ override WALK: u32 = 0u;
 
 // [N, H, K, V] f32: the initial states in, the final states out.
 @group(0) @binding(8) var<storage, read_write> state: array<f32>;
-// Written through atomics: two 16-bit outputs share a word, and neighbouring heads' columns
-// may fall in one word (odd V), written by different workgroups.
-@group(0) @binding(9) var<storage, read_write> o: array<atomic<u32>>;
+// o (binding 9) and its `store_o` come from the file included beside this one: chunks_o.wgsl
+// (atomic words, with store_o.wgsl) or, in the cooperative-matrix module, chunks_o_plain.wgsl.
 // For a call with a split sequence, by the slots of its units: the transitions
 // [slots, H, K, trans_width] (D in columns 0 .. V, M in columns value_pad .. value_pad + K),
 // then from entry_at the entry states [slots, H, K, V]; else a placeholder that no walk reads.

@@ -58,8 +58,8 @@ pub enum StateKernel {
     StagedColumns,
     /// `gdn_chunk_state_coop` (`chunks_state_coop.wgsl`): the products on cooperative matrices
     /// (tensor cores) from f16 halves, f32-accurate; only on a device opened with them
-    /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128. Never chosen by
-    /// `Auto`: not yet run on a GPU.
+    /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128, V even. Never
+    /// chosen by `Auto`: not yet run on a GPU.
     Coop,
 }
 

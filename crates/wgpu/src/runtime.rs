@@ -136,7 +136,7 @@ impl Wgpu {
         // the kernels use; an experimental wgpu feature, so only asked for then.
         let coop_features =
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-        // The kernels take one subgroup of 32 invocations per workgroup.
+        // The kernels take subgroups of exactly 32 invocations.
         let asked = std::env::var(COOP_ENV).is_ok_and(|v| v.trim() == "1");
         let coop_missing = if !adapter.features().contains(coop_features) {
             Some("the adapter has no cooperative matrices or f16 shaders".to_string())
@@ -158,13 +158,15 @@ impl Wgpu {
         let open = |coop: bool| {
             let (features, experimental_features) = if coop {
                 // SAFETY: asked for explicitly (`DELTAKV_WGPU_COOP=1`); wgpu's experimental
-                // cooperative matrices are used only by the kernels of `crate::coop`, with the
-                // one configuration the adapter reports (16 x 16 x 16, f16 operands, f32
-                // accumulation), one subgroup of 32 per workgroup, every operand uniform. Known
-                // hazard: naga 30 declares the Vulkan memory model for such modules without
-                // making plain workgroup stores available before cooperative loads (wgpu issue
-                // 8805); `coop_split.wgsl` is the one kernel exposed to it, and its test
-                // compares it with a form that reads storage only.
+                // cooperative matrices are used only by the kernels of `crate::coop` and by
+                // `gdn_chunk_state_coop`, with the one configuration the adapter reports (16 x
+                // 16 x 16, f16 operands, f32 accumulation), subgroups of 32, every operand
+                // uniform in its subgroup. Known hazard: naga 30 declares the Vulkan memory
+                // model for such modules without the availability and visibility operations
+                // that hand data between plain and cooperative accesses across a barrier (wgpu
+                // issue 8805); `coop_split.wgsl` and `gdn_chunk_state_coop` rely on such
+                // hand-offs, and the split product's test compares its staged form with one
+                // that reads storage only.
                 (required_features | coop_features, unsafe {
                     wgpu::ExperimentalFeatures::enabled()
                 })

@@ -115,6 +115,9 @@ pub const COMBINE: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_combine",
 };
 
+/// Workgroup memory of `gdn_chunk_state_coop` (its arrays and the walk's unit span).
+const COOP_WORKGROUP_BYTES: u32 = 45_064;
+
 /// Value columns per combine workgroup (`COMBINE_COLS` in `chunks_combine.wgsl`).
 const COMBINE_COLS: usize = 16;
 /// Which passes a submission runs (both for a prefill; one alone to time it).
@@ -246,11 +249,13 @@ impl ChunkLaunch {
                 if !(tile == 16
                     && matches!(d.key_dim, 64 | 128)
                     && d.value_dim.is_multiple_of(2)
+                    && wgpu.device().limits().max_compute_workgroup_storage_size
+                        >= COOP_WORKGROUP_BYTES
                     && wgpu.has_coop16()
                     && wgpu.has_subgroups()) =>
             {
                 return Err(Error::Unsupported(format!(
-                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32) and subgroups, 16-column tiles, K = 64 or 128 and an even V; this call has {tile} columns, K = {}, V = {} on {}",
+                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32), subgroups and 44 KiB of workgroup memory, 16-column tiles, K = 64 or 128 and an even V; this call has {tile} columns, K = {}, V = {} on {}",
                     d.key_dim,
                     d.value_dim,
                     wgpu.describe()
@@ -340,7 +345,8 @@ impl ChunkLaunch {
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
         // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl, chunks_state.wgsl,
-        // chunks_state_staged.wgsl, staged_s_*.wgsl and chunks_combine.wgsl ends: their trip counts come from the
+        // chunks_state_staged.wgsl, staged_s_*.wgsl, chunks_state_coop.wgsl and
+        // chunks_combine.wgsl ends: their trip counts come from the
         // chunk table and the head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)

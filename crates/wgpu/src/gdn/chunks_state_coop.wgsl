@@ -17,7 +17,11 @@
 //   column-major load of Kd's rows); barrier
 //
 // Control flow stays uniform: subgroups differ only in the offsets of their loads and stores.
-// Workgroup memory: 46 KiB (NVIDIA's 48 KiB holds it).
+// Workgroup memory: 44 KiB (NVIDIA's 48 KiB holds it). The halves carry f32's precision, not
+// its range: an operand beyond f16's (65504) becomes infinite, and the call's result check
+// then refuses it. Every phase hands data between plain and cooperative accesses through
+// workgroup barriers, so the kernel is exposed to naga's missing memory-model availability
+// operations (wgpu issue 8805; see crate::coop).
 
 const CO_THREADS: u32 = 128u;
 const LO_SCALE: f32 = 2048.0;
@@ -33,8 +37,7 @@ var<workgroup> co_s_lo: array<f16, 3072>;
 // The chunk's W, Qd, Kd or P rows as halves, [32][A_STRIDE].
 var<workgroup> co_a_hi: array<f16, 4352>;
 var<workgroup> co_a_lo: array<f16, 4352>;
-// V' [32][16] in f32 and as halves [32][B_STRIDE].
-var<workgroup> co_v: array<f32, 512>;
+// V' as halves, [32][B_STRIDE].
 var<workgroup> co_v_hi: array<f16, 768>;
 var<workgroup> co_v_lo: array<f16, 768>;
 // The two partial sums of a 32 x 16 product, [2][32][16].
@@ -88,7 +91,7 @@ fn co_stage_p(tid: u32, ch: u32) {
 // subgroup calls it).
 fn co_rows_times_s(g: u32) {
     let row0 = (g & 1u) * 16u;
-    let half = p.key_dim / 2u;
+    let half = 2u * STATE_KP4;
     let k_first = (g >> 1u) * half;
     var high = coop_mat16x16<f32, C>();
     var cross = coop_mat16x16<f32, C>();
@@ -116,7 +119,8 @@ fn gdn_chunk_state_coop(
     let unit = wid.z;
     let heads = p.value_heads;
     let vd = p.value_dim;
-    let kd = p.key_dim;
+    // K (64 or 128: a multiple of 4, so STATE_KP4 fixes it and the loops' trip counts).
+    let kd = 4u * STATE_KP4;
     let col0 = wid.x * 16u;
     let identity = identity_tile(col0);
     let chunks = unit_chunks(tid, unit);
@@ -150,8 +154,6 @@ fn gdn_chunk_state_coop(
             let at = row * 16u + 2u * cp;
             let ws = vec2<f32>(co_part[at] + co_part[512u + at], co_part[at + 1u] + co_part[513u + at]);
             let v_new = u_pair(ch, row, col0 + 2u * cp, identity) - ws;
-            co_v[at] = v_new.x;
-            co_v[at + 1u] = v_new.y;
             co_split_v(row * B_STRIDE + 2u * cp, v_new.x);
             co_split_v(row * B_STRIDE + 2u * cp + 1u, v_new.y);
         }
@@ -159,7 +161,7 @@ fn gdn_chunk_state_coop(
             co_stage_rows(tid, p.qd_at, ch);
             workgroupBarrier();
 
-            // O = Qd S + P V': Qd S's halves of K summed into co_v's neighbour below, then P V'.
+            // O = Qd S + P V': each subgroup's half of Qd S, then its share of P V' added.
             co_rows_times_s(g);
             workgroupBarrier();
             co_stage_p(tid, ch);

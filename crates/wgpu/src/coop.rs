@@ -22,28 +22,42 @@ use half::f16;
 /// The probe kernel.
 pub const PROBE: ShaderSource = ShaderSource {
     name: "coop_probe",
-    text: include_str!("coop_probe.wgsl"),
+    text: concat!(
+        include_str!("coop_enable.wgsl"),
+        include_str!("coop_probe.wgsl")
+    ),
     entry_point: "coop_probe",
 };
 
 /// The throughput kernel (the same source's `coop_peak`).
 pub const PEAK: ShaderSource = ShaderSource {
     name: "coop_peak",
-    text: include_str!("coop_probe.wgsl"),
+    text: concat!(
+        include_str!("coop_enable.wgsl"),
+        include_str!("coop_probe.wgsl")
+    ),
     entry_point: "coop_peak",
 };
 
 /// The split-operand product (`coop_split.wgsl`).
 pub const SPLIT: ShaderSource = ShaderSource {
     name: "coop_split_product",
-    text: include_str!("coop_split.wgsl"),
+    text: concat!(
+        include_str!("coop_enable.wgsl"),
+        include_str!("coop_split_step.wgsl"),
+        include_str!("coop_split.wgsl")
+    ),
     entry_point: "coop_split_product",
 };
 
 /// The split-operand product from host-split halves in storage (`coop_split_storage.wgsl`).
 pub const SPLIT_STORAGE: ShaderSource = ShaderSource {
     name: "coop_split_product_storage",
-    text: include_str!("coop_split_storage.wgsl"),
+    text: concat!(
+        include_str!("coop_enable.wgsl"),
+        include_str!("coop_split_step.wgsl"),
+        include_str!("coop_split_storage.wgsl")
+    ),
     entry_point: "coop_split_product_storage",
 };
 
@@ -66,7 +80,7 @@ pub enum SplitStaging {
     Storage,
 }
 
-/// The low half's scale: x = hi + lo / LO_SCALE (see `coop_split.wgsl`).
+/// The low half's scale: x = hi + lo / LO_SCALE (`LO_SCALE` in `coop_split_step.wgsl`).
 const LO_SCALE: f32 = 2048.0;
 
 /// Multiply-add steps per subgroup in [`peak_tflops`] (`PEAK_STEPS`), and its workgroups.
@@ -91,13 +105,12 @@ pub fn is_f16_16x16x16(config: &wgpu::CooperativeMatrixProperties) -> bool {
 pub fn peak_tflops(wgpu: &Wgpu) -> Result<f64> {
     check_device(wgpu)?;
     let ones = upload_f16(wgpu, vec![16, 16], &[f16::ONE; 256])?;
-    let (a, b) = (&ones, &ones);
     let c = WgpuTensor::zeros(wgpu, vec![PEAK_GROUPS as usize, 4, 256], DType::F32)?;
     let launch = Launch::new(
         wgpu,
         &PEAK,
         &[("PEAK_STEPS", PEAK_STEPS)],
-        [a, b, &c],
+        [&ones, &ones, &c],
         PEAK_GROUPS as usize,
     )?;
     let us = median_dispatch_us(wgpu, 4, 5, |n| launch.submit(wgpu, n))?;

@@ -2,9 +2,6 @@
 // B f16, C accumulated in f32, all row-major, tile t at element 256 t. One subgroup per tile
 // (workgroups of 32 invocations; every operand of the cooperative operations is uniform).
 
-enable f16;
-enable wgpu_cooperative_matrix;
-
 @group(0) @binding(0) var<storage, read> a: array<f16>;
 @group(0) @binding(1) var<storage, read> b: array<f16>;
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;

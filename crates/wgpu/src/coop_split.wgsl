@@ -1,19 +1,13 @@
-// Y = X B / 2 to f32 accuracy on f16 matrix units, the state pass's product shape (X a chunk's
-// 32 x 128 rows, B a 128 x 16 tile of the state), with X and B split in workgroup memory into
-// f16 halves: x = hi + lo / 2^11, hi = f16(x) and lo = f16((x - hi) 2^11) (the low half
-// scaled so that it stays a normal f16 number where x - hi is far below f16's normal range).
-// Each 16 x 16 x 16 step takes three products, hi hi into one accumulator and hi lo + lo hi
-// into another, joined once as hh + cross / 2^11; the result is scaled on the matrix and
-// stored straight to memory. One subgroup of 32 invocations per batch entry, both 16-row tiles
-// in turn; every cooperative operand is uniform.
+// Y = X B / 2 to f32 accuracy on f16 matrix units (coop_split_step.wgsl), the state pass's
+// product shape (X a chunk's 32 x 128 rows, B a 128 x 16 tile of the state), with X and B split
+// into f16 halves in workgroup memory; the result is scaled on the matrix and stored straight
+// to memory. One subgroup of 32 invocations per batch entry, both 16-row tiles in turn; every
+// cooperative operand is uniform.
 //
 // The staged halves pass from plain stores through a workgroup barrier to cooperative loads;
 // naga 30 declares the Vulkan memory model for modules with cooperative matrices without
 // making those stores available (wgpu issue 8805), so `coop_split_storage.wgsl` reads
 // host-split halves from storage instead, for comparison.
-
-enable f16;
-enable wgpu_cooperative_matrix;
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> y: array<f32>;
@@ -22,7 +16,6 @@ enable wgpu_cooperative_matrix;
 const ROWS: u32 = 32u;
 const DEPTH: u32 = 128u;
 const COLS: u32 = 16u;
-const LO_SCALE: f32 = 2048.0;
 // Row strides of the staged halves in f16 elements (16 bytes past a row): the 16 rows of a
 // tile then start in different banks.
 const X_STRIDE: u32 = 136u;
@@ -44,14 +37,14 @@ fn coop_split_product(
         let hi = f16(v);
         let at = (e / DEPTH) * X_STRIDE + e % DEPTH;
         x_hi[at] = hi;
-        x_lo[at] = f16((v - f32(hi)) * LO_SCALE);
+        x_lo[at] = split_lo(v, hi);
     }
     for (var e = tid; e < DEPTH * COLS; e += 32u) {
         let v = y[entry * DEPTH * COLS + e];
         let hi = f16(v);
         let at = (e / COLS) * Y_STRIDE + e % COLS;
         y_hi[at] = hi;
-        y_lo[at] = f16((v - f32(hi)) * LO_SCALE);
+        y_lo[at] = split_lo(v, hi);
     }
     workgroupBarrier();
     for (var row0 = 0u; row0 < ROWS; row0 += 16u) {
@@ -62,11 +55,9 @@ fn coop_split_product(
             let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&x_lo[row0 * X_STRIDE + k0], X_STRIDE);
             let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&y_hi[k0 * Y_STRIDE], Y_STRIDE);
             let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&y_lo[k0 * Y_STRIDE], Y_STRIDE);
-            high = coopMultiplyAdd(a_hi, b_hi, high);
-            cross = coopMultiplyAdd(a_hi, b_lo, cross);
-            cross = coopMultiplyAdd(a_lo, b_hi, cross);
+            add_split_products(&high, &cross, a_hi, a_lo, b_hi, b_lo);
         }
-        let result = (high + cross * (1.0 / LO_SCALE)) * 0.5;
+        let result = split_sum(high, cross) * 0.5;
         coopStoreT(result, &out[(entry * ROWS + row0) * COLS], COLS);
     }
 }

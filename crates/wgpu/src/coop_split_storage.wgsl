@@ -1,9 +1,6 @@
 // `coop_split.wgsl`'s product with the halves split on the host and read from storage (no
 // workgroup memory): x_halves [entries][2][32][128] and y_halves [entries][2][128][16], f16,
-// the high half then the low half times 2^11 of each operand.
-
-enable f16;
-enable wgpu_cooperative_matrix;
+// the high half then the low half times LO_SCALE of each operand (coop_split_step.wgsl).
 
 @group(0) @binding(0) var<storage, read> x_halves: array<f16>;
 @group(0) @binding(1) var<storage, read> y_halves: array<f16>;
@@ -22,11 +19,9 @@ fn coop_split_product_storage(@builtin(workgroup_id) wid: vec3<u32>) {
             let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&x_halves[xs + 4096u + row0 * 128u + k0], 128u);
             let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&y_halves[ys + k0 * 16u], 16u);
             let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&y_halves[ys + 2048u + k0 * 16u], 16u);
-            high = coopMultiplyAdd(a_hi, b_hi, high);
-            cross = coopMultiplyAdd(a_hi, b_lo, cross);
-            cross = coopMultiplyAdd(a_lo, b_hi, cross);
+            add_split_products(&high, &cross, a_hi, a_lo, b_hi, b_lo);
         }
-        let result = (high + cross * (1.0 / 2048.0)) * 0.5;
+        let result = split_sum(high, cross) * 0.5;
         coopStoreT(result, &out[(entry * 32u + row0) * 16u], 16u);
     }
 }

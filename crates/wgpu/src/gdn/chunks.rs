@@ -91,7 +91,8 @@ pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
 pub const STATE_COOP: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_coop",
     text: concat!(
-        include_str!("coop_enable.wgsl"),
+        include_str!("../coop_enable.wgsl"),
+        include_str!("../coop_split_step.wgsl"),
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
         include_str!("chunks_state.wgsl"),

@@ -1,8 +1,7 @@
 // The state pass of `chunks_state.wgsl` (both walks, the same walk units and state I/O) on
 // cooperative matrices (tensor cores; `crate::coop`), for K = 64 or 128 and 16-column tiles.
-// Every product is f32-accurate from f16 halves, x = hi + lo / 2^11 (hi = f16(x), lo =
-// f16((x - hi) 2^11)), three 16 x 16 x 16 products per step: hi hi into one accumulator, hi lo
-// + lo hi into another, joined once (tools/coop-lab/emulate.py: as accurate as the f32 pass).
+// Every product is f32-accurate from f16 halves, three 16 x 16 x 16 products per step
+// (coop_split_step.wgsl; tools/coop-lab/emulate.py: as accurate as the f32 pass).
 //
 // A workgroup of four subgroups of 32 (the device is opened with cooperative matrices only
 // where subgroups are 32 wide) keeps the tile of S in f32 workgroup memory and, per chunk:
@@ -24,7 +23,6 @@
 // operations (wgpu issue 8805; see crate::coop).
 
 const CO_THREADS: u32 = 128u;
-const LO_SCALE: f32 = 2048.0;
 // Row strides in f16 elements of the staged A rows (K <= 128 columns) and of S's and V''s
 // halves (16 columns), 16 bytes past a row so the rows of a tile start in different banks.
 const A_STRIDE: u32 = 136u;
@@ -46,19 +44,19 @@ var<workgroup> co_part: array<f32, 1024>;
 fn co_split_s(at: u32, x: f32) {
     let hi = f16(x);
     co_s_hi[at] = hi;
-    co_s_lo[at] = f16((x - f32(hi)) * LO_SCALE);
+    co_s_lo[at] = split_lo(x, hi);
 }
 
 fn co_split_a(at: u32, x: f32) {
     let hi = f16(x);
     co_a_hi[at] = hi;
-    co_a_lo[at] = f16((x - f32(hi)) * LO_SCALE);
+    co_a_lo[at] = split_lo(x, hi);
 }
 
 fn co_split_v(at: u32, x: f32) {
     let hi = f16(x);
     co_v_hi[at] = hi;
-    co_v_lo[at] = f16((x - f32(hi)) * LO_SCALE);
+    co_v_lo[at] = split_lo(x, hi);
 }
 
 // Rows of a chunk's [CT][STATE_KP4] scratch matrix at region offset `at` (chunk-head ch) into
@@ -101,12 +99,9 @@ fn co_rows_times_s(g: u32) {
         let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&co_a_lo[row0 * A_STRIDE + k0], A_STRIDE);
         let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&co_s_hi[k0 * B_STRIDE], B_STRIDE);
         let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&co_s_lo[k0 * B_STRIDE], B_STRIDE);
-        high = coopMultiplyAdd(a_hi, b_hi, high);
-        cross = coopMultiplyAdd(a_hi, b_lo, cross);
-        cross = coopMultiplyAdd(a_lo, b_hi, cross);
+        add_split_products(&high, &cross, a_hi, a_lo, b_hi, b_lo);
     }
-    let sum = high + cross * (1.0 / LO_SCALE);
-    coopStoreT(sum, &co_part[(g >> 1u) * 512u + row0 * 16u], 16u);
+    coopStoreT(split_sum(high, cross), &co_part[(g >> 1u) * 512u + row0 * 16u], 16u);
 }
 
 @compute @workgroup_size(CO_THREADS)
@@ -174,12 +169,10 @@ fn gdn_chunk_state_coop(
             let a_lo = coopLoadT<coop_mat16x16<f16, A>>(&co_a_lo[row0 * A_STRIDE + j0], A_STRIDE);
             let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&co_v_hi[j0 * B_STRIDE], B_STRIDE);
             let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&co_v_lo[j0 * B_STRIDE], B_STRIDE);
-            high = coopMultiplyAdd(a_hi, b_hi, high);
-            cross = coopMultiplyAdd(a_hi, b_lo, cross);
-            cross = coopMultiplyAdd(a_lo, b_hi, cross);
+            add_split_products(&high, &cross, a_hi, a_lo, b_hi, b_lo);
             // Each subgroup's partial (its half of K for Qd S, its chunk rows for P V') back
             // in its place; o is the two partials' sum.
-            coopStoreT(high + cross * (1.0 / LO_SCALE), &co_part[(g >> 1u) * 512u + row0 * 16u], 16u);
+            coopStoreT(split_sum(high, cross), &co_part[(g >> 1u) * 512u + row0 * 16u], 16u);
             workgroupBarrier();
             let start = chunk_info[2u * n];
             let len = chunk_info[2u * n + 1u];
@@ -210,11 +203,9 @@ fn gdn_chunk_state_coop(
                 let a_lo = coopLoad<coop_mat16x16<f16, A>>(&co_a_lo[j0 * A_STRIDE + r0], A_STRIDE);
                 let b_hi = coopLoadT<coop_mat16x16<f16, B>>(&co_v_hi[j0 * B_STRIDE], B_STRIDE);
                 let b_lo = coopLoadT<coop_mat16x16<f16, B>>(&co_v_lo[j0 * B_STRIDE], B_STRIDE);
-                high = coopMultiplyAdd(a_hi, b_hi, high);
-                cross = coopMultiplyAdd(a_hi, b_lo, cross);
-                cross = coopMultiplyAdd(a_lo, b_hi, cross);
+                add_split_products(&high, &cross, a_hi, a_lo, b_hi, b_lo);
             }
-            coopStoreT(high + cross * (1.0 / LO_SCALE), &co_s[r0 * 16u], 16u);
+            coopStoreT(split_sum(high, cross), &co_s[r0 * 16u], 16u);
         }
         workgroupBarrier();
     }

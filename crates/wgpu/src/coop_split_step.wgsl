@@ -1,0 +1,30 @@
+// The f32-accurate step of the cooperative-matrix kernels. Each operand x is split into f16
+// halves, x = hi + lo / LO_SCALE with hi = f16(x) and lo = f16((x - hi) LO_SCALE) (the low half
+// scaled so that it stays a normal f16 number where x - hi lies far below f16's normal range),
+// and each 16 x 16 x 16 step takes three products: hi hi into one accumulator, hi lo + lo hi
+// into another, joined once at the end (tools/coop-lab/emulate.py: as accurate as f32 sums).
+
+const LO_SCALE: f32 = 2048.0;
+
+// The low half of x, given its high half.
+fn split_lo(x: f32, hi: f16) -> f16 {
+    return f16((x - f32(hi)) * LO_SCALE);
+}
+
+// One step's three products into the accumulators `high` and `cross`.
+fn add_split_products(
+    high: ptr<function, coop_mat16x16<f32, C>>,
+    cross: ptr<function, coop_mat16x16<f32, C>>,
+    a_hi: coop_mat16x16<f16, A>,
+    a_lo: coop_mat16x16<f16, A>,
+    b_hi: coop_mat16x16<f16, B>,
+    b_lo: coop_mat16x16<f16, B>,
+) {
+    *high = coopMultiplyAdd(a_hi, b_hi, *high);
+    *cross = coopMultiplyAdd(a_lo, b_hi, coopMultiplyAdd(a_hi, b_lo, *cross));
+}
+
+// The product from its two accumulators.
+fn split_sum(high: coop_mat16x16<f32, C>, cross: coop_mat16x16<f32, C>) -> coop_mat16x16<f32, C> {
+    return high + cross * (1.0 / LO_SCALE);
+}

@@ -91,6 +91,14 @@ vulkan_setup() {
         ldconfig -p | grep libvulkan || true
     } | tee "$1/vulkan.txt"
 }
+# The Vulkan driver's statistics for every wgpu pipeline (registers, spills, shared memory) into
+# $1/pipeline-stats.txt, where the build carried the example and the driver reports them; the
+# chunked prefill's lines are added to the summary.
+pipeline_stats() {
+    [ -x .carry/pipeline_stats ] || return 0
+    .carry/pipeline_stats >"$1/pipeline-stats.txt" 2>&1 || true
+    summary+=("pipeline stats: $(grep -h 'gdn_chunk_state\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" | head -n 8 | tr '\n' ';' | head -c 1500)")
+}
 mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
@@ -204,8 +212,10 @@ build-py)
     ;;
 build)
     cargo build --release --features cuda,wgpu
+    cargo build --release -p deltakv-wgpu --example pipeline_stats
     rm -rf .carry && mkdir -p .carry/tests .carry/vulkan
     cp target/release/deltakv .carry/deltakv
+    cp target/release/examples/pipeline_stats .carry/pipeline_stats
     # The Vulkan loader and the GL dispatch libraries NVIDIA's Vulkan driver loads through (the
     # GPU machine has the driver and its ICD but maybe no loader): the lent machines' recipe.
     apt_amd64='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
@@ -228,7 +238,7 @@ for line in sys.stdin:
             "deltakv-prefill_pool"):
             shutil.copy(exe, f".carry/tests/{crate}-{name}")
 '
-    strip .carry/deltakv .carry/tests/*
+    strip .carry/deltakv .carry/pipeline_stats .carry/tests/*
     kv_lab_build .carry/kv_lab
     kv_lab_build .carry/prefill_lab tools/prefill-lab/prefill_lab.cu
     kv_lab_build .carry/prefill_lab2 tools/prefill-lab/prefill_lab.cu -DPF_PREPARE_BLOCKS_PER_SM=2
@@ -612,17 +622,18 @@ wgpu-clocks)
 wgpu-prefill)
     # The wgpu chunked prefill alone, carrying .carry/deltakv, .carry/vulkan and the test
     # executables deltakv-wgpu-{coop_matrix,gdn_prefill,prefill_state_shapes}: the suites
-    # through NVIDIA's Vulkan driver (the first one the cooperative-matrix probe), then `bench gdn --device wgpu` (chunk mode, T 4096 and 16384, and the
-    # tensor-parallel shard at 65536) in the default plan, with sequences split into segments of
-    # 32, 64 and 128 chunks, with the tile of S by columns (alone and with segments of 64), and
-    # with the state pass on cooperative matrices (alone and with segments of 64; the device
-    # opened with DELTAKV_WGPU_COOP=1), beside `bench gdn --device cuda`'s prefill; then the
-    # cooperative-matrix rates in a run of their own. A variant's settings are joined by "+"
-    # (DELTAKV_WGPU_PREFILL_ is prefixed to those that do not start with DELTAKV_).
+    # through NVIDIA's Vulkan driver (the first one the cooperative-matrix probe), then `bench gdn
+    # --device wgpu` (chunk mode, T 4096 and 16384, and the tensor-parallel shard at 65536) in
+    # each of WGPU_PREFILL_VARIANTS (default: the default plan and the state pass on cooperative
+    # matrices), beside `bench gdn --device cuda`'s prefill; then the cooperative-matrix rates in
+    # a run of their own. A variant's settings are joined by "+" (DELTAKV_WGPU_PREFILL_ is
+    # prefixed to those that do not start with DELTAKV_), e.g. SEGMENT_CHUNKS=64 or
+    # STATE=coop+DELTAKV_WGPU_COOP=1.
     out=${OUT:-gpu-check-out}
     mkdir -p "$out"
     vulkan_setup "$out"
     summary=()
+    pipeline_stats "$out"
     for t in .carry/tests/deltakv-wgpu-coop_matrix .carry/tests/deltakv-wgpu-gdn_prefill \
         .carry/tests/deltakv-wgpu-prefill_state_shapes; do
         name=$(basename "$t")
@@ -633,9 +644,8 @@ wgpu-prefill)
             summary+=("FAIL $name (see $name.log)")
         fi
     done
-    for variant in default STATE=staged-columns SEGMENT_CHUNKS=32 SEGMENT_CHUNKS=64 \
-        SEGMENT_CHUNKS=128 STATE=staged-columns+SEGMENT_CHUNKS=64 \
-        STATE=coop+DELTAKV_WGPU_COOP=1 STATE=coop+SEGMENT_CHUNKS=64+DELTAKV_WGPU_COOP=1; do
+    # shellcheck disable=SC2086
+    for variant in ${WGPU_PREFILL_VARIANTS:-default STATE=coop+DELTAKV_WGPU_COOP=1}; do
         settings=(DELTAKV_NOTHING=1)
         if [ "$variant" != default ]; then
             IFS=+ read -r -a parts <<<"$variant"
@@ -674,6 +684,7 @@ wgpu)
     mkdir -p "$out" "$logs"
     summary=()
     vulkan_setup "$out"
+    pipeline_stats "$out"
     # Every wgpu test (CI=true: a test that finds no adapter fails), the CLI's device tests
     # (gdn, gdn-decode --device wgpu against --device cpu) and the facade's device tensors;
     # `wgpu quick` skips them (then only .carry/deltakv and .carry/vulkan are needed).

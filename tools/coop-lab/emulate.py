@@ -32,7 +32,10 @@ LO_SCALE = np.float32(2048.0)
 
 
 def split(x, lo_scale):
-    hi = x.astype(np.float16).astype(np.float32)
+    # The kernels' high half (split_f16 in coop_split_step.wgsl): x rounded to 11 significant
+    # bits through its bits, half an f16 step added to the magnitude and 13 bits cleared.
+    bits = (x.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    hi = bits.view(np.float32).astype(np.float16).astype(np.float32)
     lo = ((x - hi) * lo_scale).astype(np.float16).astype(np.float32)
     return hi, lo
 

@@ -34,17 +34,17 @@ fn coop_split_product(
     let entry = wid.x;
     for (var e = tid; e < ROWS * DEPTH; e += 32u) {
         let v = x[entry * ROWS * DEPTH + e];
-        let hi = f16(v);
+        let halves = split_f16(v);
         let at = (e / DEPTH) * X_STRIDE + e % DEPTH;
-        x_hi[at] = hi;
-        x_lo[at] = split_lo(v, hi);
+        x_hi[at] = halves.x;
+        x_lo[at] = halves.y;
     }
     for (var e = tid; e < DEPTH * COLS; e += 32u) {
         let v = y[entry * DEPTH * COLS + e];
-        let hi = f16(v);
+        let halves = split_f16(v);
         let at = (e / COLS) * Y_STRIDE + e % COLS;
-        y_hi[at] = hi;
-        y_lo[at] = split_lo(v, hi);
+        y_hi[at] = halves.x;
+        y_lo[at] = halves.y;
     }
     workgroupBarrier();
     for (var row0 = 0u; row0 < ROWS; row0 += 16u) {

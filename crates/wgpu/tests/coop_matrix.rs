@@ -6,6 +6,7 @@
 //! skipped line and checks that the call is refused with a clear error.
 
 mod common;
+mod spirv;
 
 use deltakv_contract::DType;
 use deltakv_contract::gdn::oracle::gdn_reference;
@@ -17,6 +18,7 @@ use deltakv_wgpu::coop::{SHADERS, SplitStaging, matmul_tiles, split_products};
 use deltakv_wgpu::gdn::chunks::STATE_COOP;
 use deltakv_wgpu::gdn::{PreparedPrefill, StateKernel, StatePlan, gdn_prefill_planned};
 use half::f16;
+use spirv::spirv_of;
 use std::io::Write;
 
 #[test]
@@ -44,46 +46,6 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
             validate_spirv(validator, &label, &words);
         }
     }
-}
-
-/// `source`'s entry point with `constants` as SPIR-V, written by naga with the options wgpu's
-/// Vulkan backend uses on a Vulkan 1.3 device (SPIR-V 1.6, clamped indices, loop bounding,
-/// 16-bit I/O).
-fn spirv_of(source: &ShaderSource, constants: &[(&str, f64)]) -> Result<Vec<u32>, String> {
-    let module =
-        naga::front::wgsl::parse_str(source.text).map_err(|e| e.emit_to_string(source.text))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| format!("validation: {e:?}"))?;
-    let mut values = naga::back::PipelineConstants::default();
-    for &(name, value) in constants {
-        values.insert(name.to_string(), value);
-    }
-    let entry = (naga::ShaderStage::Compute, source.entry_point);
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, Some(entry), &values)
-            .map_err(|e| format!("constants: {e:?}"))?;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 6),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Restrict,
-            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
-            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
-        force_loop_bounding: true,
-        use_storage_input_output_16: true,
-        ..Default::default()
-    };
-    let pipeline = naga::back::spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: source.entry_point.to_string(),
-    };
-    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
-        .map_err(|e| format!("SPIR-V: {e:?}"))
 }
 
 /// Runs spirv-val (Vulkan 1.3 rules) on `words`, without the ArrayStride decorations naga puts

@@ -104,7 +104,6 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         (Some(16), 32, StateKernel::General),
         (Some(16), 32, StateKernel::Staged),
         (None, 32, StateKernel::Staged),
-        (None, 32, StateKernel::StagedColumns),
         (Some(32), 8, StateKernel::Auto),
         (Some(32), 16, StateKernel::Auto),
     ];
@@ -270,7 +269,7 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
             (3, StateKernel::Auto, None),
             (7, StateKernel::Auto, None),
             (3, StateKernel::General, None),
-            (3, StateKernel::StagedColumns, None),
+            (3, StateKernel::Staged, None),
             (3, StateKernel::Auto, Some(32)),
         ] {
             let plan = StatePlan {

@@ -57,24 +57,9 @@ pub const STATE: ShaderSource = ShaderSource {
 };
 
 /// The state pass with W, Qd and Kd staged in workgroup memory (both walks), the tile of S in
-/// rows.
+/// columns.
 pub const STATE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_staged",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("staged_s_rows.wgsl"),
-        include_str!("chunks_state_staged.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_staged",
-};
-
-/// [`STATE_STAGED`] with the tile of S in columns.
-pub const STATE_STAGED_COLUMNS: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_staged_columns",
     text: concat!(
         include_str!("../dtype.wgsl"),
         include_str!("chunks.wgsl"),
@@ -240,7 +225,7 @@ impl ChunkLaunch {
         let kernel = match plan.kernel {
             StateKernel::Auto if staged_shape => StateKernel::Staged,
             StateKernel::Auto => StateKernel::General,
-            StateKernel::Staged | StateKernel::StagedColumns if !staged_shape => {
+            StateKernel::Staged if !staged_shape => {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
                     plan.kernel, d.key_dim
@@ -378,12 +363,8 @@ impl ChunkLaunch {
             _ => pipeline(&PREPARE, &[])?,
         };
         let walk = |walk: u32| match kernel {
-            StateKernel::Staged | StateKernel::StagedColumns => pipeline(
-                if kernel == StateKernel::Staged {
-                    &STATE_STAGED
-                } else {
-                    &STATE_STAGED_COLUMNS
-                },
+            StateKernel::Staged => pipeline(
+                &STATE_STAGED,
                 &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
             ),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),

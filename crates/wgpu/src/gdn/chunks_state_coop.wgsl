@@ -42,21 +42,21 @@ var<workgroup> co_v_lo: array<f16, 768>;
 var<workgroup> co_part: array<f32, 1024>;
 
 fn co_split_s(at: u32, x: f32) {
-    let hi = f16(x);
-    co_s_hi[at] = hi;
-    co_s_lo[at] = split_lo(x, hi);
+    let halves = split_f16(x);
+    co_s_hi[at] = halves.x;
+    co_s_lo[at] = halves.y;
 }
 
 fn co_split_a(at: u32, x: f32) {
-    let hi = f16(x);
-    co_a_hi[at] = hi;
-    co_a_lo[at] = split_lo(x, hi);
+    let halves = split_f16(x);
+    co_a_hi[at] = halves.x;
+    co_a_lo[at] = halves.y;
 }
 
 fn co_split_v(at: u32, x: f32) {
-    let hi = f16(x);
-    co_v_hi[at] = hi;
-    co_v_lo[at] = split_lo(x, hi);
+    let halves = split_f16(x);
+    co_v_hi[at] = halves.x;
+    co_v_lo[at] = halves.y;
 }
 
 // Rows of a chunk's [CT][STATE_KP4] scratch matrix at region offset `at` (chunk-head ch) into

@@ -21,9 +21,8 @@
 // transition walk (WALK = 1) leaves out Qd and O, and with them two of the barriers.
 
 // V' of the chunk, [CT][8]; the chunk's W, Qd or Kd. The tile of S (`block_s`, with
-// `store_s_rows` and `staged_half_products`) is in one of two layouts, each a file of its own:
-// staged_s_rows.wgsl ([K][8 column pairs] of vec2) or staged_s_columns.wgsl ([16 columns][K / 4]
-// of vec4, one load per four rows and column).
+// `store_s_rows` and `staged_half_products`) is laid out by columns in staged_s_columns.wgsl
+// ([16 columns][K / 4] of vec4, one load per four rows and column).
 var<workgroup> block_v_new: array<vec2<f32>, 256>;
 var<workgroup> staged: array<vec4<f32>, 1056>;
 // The halves of W S and Qd S that a thread sums for another thread's row, [CT][8].
@@ -128,15 +127,6 @@ fn gdn_chunk_state_staged(
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
         let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
         let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
-        let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
-        let p0 = scratch[p_row];
-        let p1 = scratch[p_row + 1u];
-        let p2 = scratch[p_row + 2u];
-        let p3 = scratch[p_row + 3u];
-        let p4 = scratch[p_row + 4u];
-        let p5 = scratch[p_row + 5u];
-        let p6 = scratch[p_row + 6u];
-        let p7 = scratch[p_row + 7u];
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
 
@@ -152,6 +142,17 @@ fn gdn_chunk_state_staged(
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
         w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
         if WALK == 0u {
+            // P's row is loaded here, where O needs it, rather than with Kd (not held through
+            // Qd S).
+            let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
+            let p0 = scratch[p_row];
+            let p1 = scratch[p_row + 1u];
+            let p2 = scratch[p_row + 2u];
+            let p3 = scratch[p_row + 3u];
+            let p4 = scratch[p_row + 4u];
+            let p5 = scratch[p_row + 5u];
+            let p6 = scratch[p_row + 6u];
+            let p7 = scratch[p_row + 7u];
             qs += new_value_products(p0, 0u, cp);
             qs += new_value_products(p1, 1u, cp);
             qs += new_value_products(p2, 2u, cp);

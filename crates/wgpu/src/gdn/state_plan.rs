@@ -12,7 +12,7 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `staged`, `staged-columns` or `coop`, the environment variable that picks
+/// Set to `general`, `staged` or `coop`, the environment variable that picks
 /// the state pass's kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
@@ -53,13 +53,10 @@ pub enum StateKernel {
     /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
     /// barriers per chunk).
     Staged,
-    /// [`StateKernel::Staged`] with the tile of S stored by columns (`staged_s_columns.wgsl`:
-    /// four rows of a column in one vec4 word, so the products load S half as often).
-    StagedColumns,
     /// `gdn_chunk_state_coop` (`chunks_state_coop.wgsl`): the products on cooperative matrices
     /// (tensor cores) from f16 halves, f32-accurate; only on a device opened with them
     /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128, V even. Never
-    /// chosen by `Auto`: not yet run on a GPU.
+    /// chosen by `Auto`: slower than [`StateKernel::Staged`] on the H100.
     Coop,
 }
 
@@ -117,7 +114,6 @@ impl StatePlan {
                 ("auto", StateKernel::Auto),
                 ("general", StateKernel::General),
                 ("staged", StateKernel::Staged),
-                ("staged-columns", StateKernel::StagedColumns),
                 ("coop", StateKernel::Coop),
             ],
         )?;

@@ -2,7 +2,8 @@
 # The GPU check, in two halves: build here, run on the GPU machine (which has no Rust).
 #
 #   tools/gpu-check.sh build        # here: release binary + test executables with `--features
-#                                   # cuda,wgpu`, stripped, gathered in .carry/ (git-ignored),
+#                                   # cuda,wgpu` and examples/pipeline_stats (deltakv-wgpu),
+#                                   # stripped, gathered in .carry/ (git-ignored),
 #                                   # with the Vulkan loader's .deb; FLA's wheels in .whl/
 #   tools/gpu-check.sh prefill      # there: the prefill's GPU tests, compute-sanitizer memcheck
 #                                   # over the prefill suite, `bench gdn --device cuda` (prefill)
@@ -63,11 +64,14 @@
 #                                   # beside `--device cuda` and wgpu's own copy rate (the
 #                                   # better of a copy shader and copy_buffer_to_buffer), the
 #                                   # chunked prefill's two passes timed alone and with either
-#                                   # column tile; summary last.
-#   tools/gpu-check.sh wgpu-prefill # there, carrying .carry/deltakv, .carry/vulkan and the two
-#                                   # wgpu prefill test executables: those suites on NVIDIA's
-#                                   # Vulkan driver, the chunked prefill timed in its default
-#                                   # shape and with each state-pass variable, CUDA's beside it.
+#                                   # column tile; the driver's statistics for every shader
+#                                   # (.carry/pipeline_stats: pipeline-stats.txt); summary last.
+#   tools/gpu-check.sh wgpu-prefill # there, carrying .carry/deltakv, .carry/vulkan,
+#                                   # .carry/pipeline_stats and the three wgpu test executables
+#                                   # coop_matrix, gdn_prefill, prefill_state_shapes: those
+#                                   # suites on NVIDIA's Vulkan driver, the driver's statistics,
+#                                   # the chunked prefill timed in each of WGPU_PREFILL_VARIANTS,
+#                                   # CUDA's beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
@@ -91,13 +95,14 @@ vulkan_setup() {
         ldconfig -p | grep libvulkan || true
     } | tee "$1/vulkan.txt"
 }
-# The Vulkan driver's statistics for every wgpu pipeline (registers, spills, shared memory) into
+# The Vulkan driver's statistics for every wgpu pipeline (registers, shared memory) into
 # $1/pipeline-stats.txt, where the build carried the example and the driver reports them; the
-# chunked prefill's lines are added to the summary.
+# staged and coop state kernels' lines are added to the summary.
 pipeline_stats() {
     [ -x .carry/pipeline_stats ] || return 0
     .carry/pipeline_stats >"$1/pipeline-stats.txt" 2>&1 || true
-    summary+=("pipeline stats: $(grep -h 'gdn_chunk_state\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" | head -n 8 | tr '\n' ';' | head -c 1500)")
+    summary+=("pipeline stats: $({ grep -h 'gdn_chunk_state_staged\|gdn_chunk_state_coop\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" || true; } |
+        sed 's/Binary Size [0-9]*, //; s/Stack Size [0-9]*, //; s/Local Memory Size [0-9]*, //' | tr '\n' ';' | head -c 1500)")
 }
 mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
@@ -662,18 +667,18 @@ wgpu-prefill)
             --decode-batches 1 >"$out/variant.txt" 2>&1 || true
         cat "$out/variant.txt" >>"$out/wgpu-prefill-bench.txt"
         for shape in 'qwen3-next   chunk     T=16384' 'tp8-shard    chunk     T=65536'; do
-            summary+=("wgpu prefill $variant: $(grep -h -A1 "$shape" "$out/variant.txt" | tr '\n' ' ')")
+            summary+=("wgpu prefill $variant: $({ grep -h -A1 "$shape" "$out/variant.txt" || true; } | tr '\n' ' ')")
         done
     done
     rm -f "$out/variant.txt"
     echo "== DELTAKV_WGPU_COOP=1" >>"$out/wgpu-prefill-bench.txt"
     DELTAKV_WGPU_COOP=1 .carry/deltakv bench gdn --device wgpu --seq-lens 4096 --modes chunk \
         --decode-batches 1 >>"$out/wgpu-prefill-bench.txt" 2>&1 || true
-    units=$(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$out/wgpu-prefill-bench.txt" | tr '\n' ' ')
+    units=$({ grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$out/wgpu-prefill-bench.txt" || true; } | tr '\n' ' ')
     summary+=("wgpu matrix units (DELTAKV_WGPU_COOP=1): ${units:-none (see wgpu-prefill-bench.txt)}")
     .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
         >"$out/cuda-prefill-bench.txt" 2>&1 || true
-    summary+=("cuda prefill: $(grep -h 'B=1  T=16384\|tp8-shard' "$out/cuda-prefill-bench.txt" | head -n 2 | tr '\n' ' ')")
+    summary+=("cuda prefill: $({ grep -h 'B=1  T=16384\|tp8-shard' "$out/cuda-prefill-bench.txt" || true; } | head -n 2 | tr '\n' ' ')")
     printf '%s\n' "== summary" "${summary[@]}" | tee "$out/summary.txt"
     ;;
 wgpu)
@@ -713,19 +718,19 @@ wgpu)
         --json "$out/cuda-gdn.json" 2>&1 | tee "$out/cuda-bench.txt"
     DELTAKV_WGPU_COOP=1 .carry/deltakv bench gdn --device wgpu --seq-lens 4096 --modes chunk \
         --decode-batches 1 >"$logs/wgpu-bench-coop.txt" 2>&1 || true
-    units=$(grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$logs/wgpu-bench-coop.txt" | tr '\n' ' ')
+    units=$({ grep -h -m2 'cooperative matrices on wgpu\|cooperative split' "$logs/wgpu-bench-coop.txt" || true; } | tr '\n' ' ')
     summary+=("wgpu matrix units (DELTAKV_WGPU_COOP=1): ${units:-none (see wgpu-bench-coop.txt)}")
     summary+=("wgpu copy: $(last 'copy on wgpu' "$out/wgpu-bench.txt")")
     summary+=("wgpu decode B=256 f32: $(last 'B=256  T=1  pool f32     ' "$out/wgpu-bench.txt")")
-    summary+=("wgpu decode tiles: $(grep -h ' tile ' "$out/wgpu-bench.txt" | sed 's/  */ /g' | tr '\n' ';')")
+    summary+=("wgpu decode tiles: $({ grep -h ' tile ' "$out/wgpu-bench.txt" || true; } | sed 's/  */ /g' | tr '\n' ';')")
     summary+=("cuda decode B=256 f32: $(last 'B=256  T=1  pool f32' "$out/cuda-bench.txt")")
     summary+=("wgpu prefill: $(last 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt")")
-    summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $(grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" | tail -n 1)")
+    summary+=("wgpu prefill passes (default: 16-column tiles, 32 row groups): $({ grep -h -A1 'qwen3-next   chunk     T=16384' "$out/wgpu-bench.txt" || true; } | tail -n 1)")
     # The chunked prefill's other kernels (the variables of docs/wgpu.md).
     for variant in STATE=general PREPARE=general; do
         env "DELTAKV_WGPU_PREFILL_$variant" .carry/deltakv bench gdn --device wgpu --seq-lens 16384 \
             --modes chunk --decode-batches 1 >"$logs/wgpu-bench-$variant.txt" 2>&1 || true
-        summary+=("wgpu prefill $variant: $(grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" | tr '\n' ' ')")
+        summary+=("wgpu prefill $variant: $({ grep -h -A1 'qwen3-next   chunk     T=16384' "$logs/wgpu-bench-$variant.txt" || true; } | tr '\n' ' ')")
     done
     summary+=("wgpu prefill: $(last 'qwen3-next   recurrent T=16384' "$out/wgpu-bench.txt")")
     # Compressed KV at the issue's shape: B 8, 32k context, Hq 32, Hkv 8, d 128, 4/2 bits.

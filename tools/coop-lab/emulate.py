@@ -32,12 +32,16 @@ LO_SCALE = np.float32(2048.0)
 
 
 def split(x, lo_scale):
-    # The kernels' high half (split_f16 in coop_split_step.wgsl): x rounded to 11 significant
-    # bits through its bits, half an f16 step added to the magnitude and 13 bits cleared.
-    bits = (x.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
-    hi = bits.view(np.float32).astype(np.float16).astype(np.float32)
+    # The kernels' halves (split_f16 in coop_split_step.wgsl): hi is x on f16's grid, from x's
+    # bits at or above f16's smallest normal (half an f16 step added to the magnitude, 13 bits
+    # cleared) and rounded to a multiple of 2^-24 below it; lo from the f32 hi, as the kernel.
+    x = x.astype(np.float32)
+    bits = (x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    normal = bits.view(np.float32)
+    subnormal = (np.round(x * np.float32(2.0**24)) * np.float32(2.0**-24)).astype(np.float32)
+    hi = np.where(np.abs(x) < np.float32(2.0**-14), subnormal, normal).astype(np.float32)
     lo = ((x - hi) * lo_scale).astype(np.float16).astype(np.float32)
-    return hi, lo
+    return hi.astype(np.float16).astype(np.float32), lo
 
 
 def product(form):

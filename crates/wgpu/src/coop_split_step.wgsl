@@ -7,12 +7,15 @@
 
 const LO_SCALE: f32 = 2048.0;
 
-// x's halves (hi, lo). The high half is rounded through x's bits (half an f16 step added to the
-// magnitude, the 13 bits f16 drops cleared), not as f32(f16(x)): NVIDIA's Vulkan compiler takes
-// that round trip for x itself, which leaves lo zero and the product at f16 accuracy (2.9e-4
-// on the H100 where the split from storage gave 2.1e-7).
+// x's halves (hi, lo). The high half is x on f16's grid, found by arithmetic a compiler cannot
+// undo (not as f32(f16(x)), a round trip NVIDIA's Vulkan compiler takes for x itself, leaving
+// lo zero; tuning log row 18): for |x| at or above f16's smallest normal 2^-14, half an f16
+// step added to x's bits and the 13 bits f16 drops cleared; below it, x rounded to a multiple of
+// 2^-24, f16's subnormal step. Either way f16(hi) is exact, so lo holds all of x - hi.
 fn split_f16(x: f32) -> vec2<f16> {
-    let hi = bitcast<f32>((bitcast<u32>(x) + 0x1000u) & 0xffffe000u);
+    let normal = bitcast<f32>((bitcast<u32>(x) + 0x1000u) & 0xffffe000u);
+    let subnormal = round(x * 16777216.0) * (1.0 / 16777216.0);
+    let hi = select(normal, subnormal, abs(x) < (1.0 / 16384.0));
     return vec2<f16>(f16(hi), f16((x - hi) * LO_SCALE));
 }
 

@@ -29,8 +29,8 @@ const SCRATCH_CACHE_DEFAULT_MIB: u64 = 2048;
 
 /// Set to `1`, the environment variable that opens the device with cooperative matrices (wgpu's
 /// experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`) where the adapter has the configuration the
-/// kernels of [`crate::coop`] use. Off by default: wgpu marks the feature experimental, and on the H100 the state pass
-/// built on it is slower than the f32 one.
+/// kernels of [`crate::coop`] use. Off by default: wgpu marks the feature experimental, and on
+/// the H100 the state pass built on it is slower than the f32 one.
 pub const COOP_ENV: &str = "DELTAKV_WGPU_COOP";
 
 /// The GPU (or software device) that deltakv's wgpu ops run on.

@@ -262,14 +262,13 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
             &label("whole"),
             &mut worst,
         );
-        // Segments of 1, 3 and 7 chunks, with the launcher's kernel (16-column tiles here), the
-        // general one, the columns layout, and 32-column tiles (V past a tile's end).
+        // Segments of 1, 3 and 7 chunks, with the launcher's kernel (the staged one, 16-column
+        // tiles here), the general one, and 32-column tiles (V past a tile's end).
         for (segment_chunks, kernel, tile) in [
             (1, StateKernel::Auto, None),
             (3, StateKernel::Auto, None),
             (7, StateKernel::Auto, None),
             (3, StateKernel::General, None),
-            (3, StateKernel::Staged, None),
             (3, StateKernel::Auto, Some(32)),
         ] {
             let plan = StatePlan {

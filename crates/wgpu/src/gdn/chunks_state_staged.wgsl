@@ -142,8 +142,7 @@ fn gdn_chunk_state_staged(
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
         w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
         if WALK == 0u {
-            // P's row is loaded here, where O needs it, rather than with Kd (not held through
-            // Qd S).
+            // P's row, loaded where O needs it (not held through Qd S).
             let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
             let p0 = scratch[p_row];
             let p1 = scratch[p_row + 1u];

@@ -2,7 +2,7 @@
 // (k, c) in component k % 4 of word k / 4 of column (c % 2) 8 + c / 2 (see
 // chunks_state_staged.wgsl). A product step reads four rows of S for each of its two
 // columns in one load per column, so W S and Qd S take two loads of S per 16 multiply-adds
-// where the row layout takes four. Even columns come first, then odd ones, so that the eight
+// where a layout by rows would take four. Even columns come first, then odd ones, so that the eight
 // columns 2 cp (or 2 cp + 1) a subgroup reads at once lie one column stride apart; the stride,
 // one word more than the 32 that K <= 128 needs, puts them in different banks.
 

@@ -5,8 +5,8 @@
 use deltakv_wgpu::ShaderSource;
 
 /// `source`'s entry point with `constants` as SPIR-V, written by naga with the options wgpu's
-/// Vulkan backend uses on a Vulkan 1.3 device (SPIR-V 1.6, clamped indices, loop bounding,
-/// 16-bit I/O).
+/// Vulkan backend uses on a Vulkan 1.3 device for the runtime's pipelines (SPIR-V 1.6, clamped
+/// indices, loop bounding, 16-bit I/O, workgroup memory not zeroed).
 pub fn spirv_of(source: &ShaderSource, constants: &[(&str, f64)]) -> Result<Vec<u32>, String> {
     let module =
         naga::front::wgsl::parse_str(source.text).map_err(|e| e.emit_to_string(source.text))?;
@@ -34,6 +34,8 @@ pub fn spirv_of(source: &ShaderSource, constants: &[(&str, f64)]) -> Result<Vec<
         },
         force_loop_bounding: true,
         use_storage_input_output_16: true,
+        // The runtime builds every pipeline without wgpu's zeroing of workgroup memory.
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
         ..Default::default()
     };
     let pipeline = naga::back::spv::PipelineOptions {

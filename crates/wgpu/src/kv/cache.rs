@@ -345,7 +345,13 @@ impl WgpuPagedKvCache {
                 contents: &uniform_bytes(&params),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        let pipeline = wgpu.pipeline(&SOURCE_ENCODE, &[])?;
+        // Built without wgpu's loop bounding, so the driver can unroll the wide-integer loops
+        // of the norm's exact rounding and keep their limbs in registers.
+        // SAFETY: every loop of encode.wgsl ends: over the vectors by `groups` steps (at least
+        // one wherever a workgroup runs), over d (checked at most 256) by the workgroup's 64
+        // threads or by doubling, over fixed counts (limbs, lanes, rounding steps), and over a
+        // code's bits by halving.
+        let pipeline = unsafe { wgpu.pipeline_without_loop_bounding(&SOURCE_ENCODE, &[])? };
         let dispatch = Dispatch::new(
             wgpu,
             pipeline,

@@ -160,19 +160,23 @@ fn mul_small(x: Wide, y: u32) -> Wide {
 // n << shift for n < 2^24 and shift < 72.
 fn shifted(n: u32, shift: u32) -> Wide {
     var out: Wide;
-    for (var i = 0u; i < 6u; i++) {
-        out.l[i] = 0u;
-    }
     let li = shift / 16u;
     let sh = shift % 16u;
     let lo = (n & 0xffffu) << sh; // < 2^31
     let hi = (n >> 16u) << sh;    // < 2^23
-    out.l[li] += lo & 0xffffu;
-    if li + 1u < 6u {
-        out.l[li + 1u] += (lo >> 16u) + (hi & 0xffffu);
-    }
-    if li + 2u < 6u {
-        out.l[li + 2u] += hi >> 16u;
+    // Each limb by a constant index (the loop unrolled), so the limbs stay in registers.
+    for (var i = 0u; i < 6u; i++) {
+        var limb = 0u;
+        if i == li {
+            limb += lo & 0xffffu;
+        }
+        if i == li + 1u {
+            limb += (lo >> 16u) + (hi & 0xffffu);
+        }
+        if i == li + 2u {
+            limb += hi >> 16u;
+        }
+        out.l[i] = limb;
     }
     return normalize(out);
 }

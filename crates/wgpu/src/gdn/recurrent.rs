@@ -277,7 +277,19 @@ impl RecurrentLaunch {
                 call.rows, d.value_heads
             )));
         }
-        let pipeline = wgpu.pipeline(&source, &constants)?;
+        // The token-loop and one-pass chunk kernels are built without wgpu's loop bounding (its
+        // counters keep the driver from unrolling their loops over rows, elements and chunk
+        // tokens: the token-loop prefill took 21% less time without them on the H100); the
+        // bands decode, written out row by row already, keeps it (without, it took 35% more).
+        let pipeline = if matches!(call.kernel, Kernel::Bands) {
+            wgpu.pipeline(&source, &constants)?
+        } else {
+            // SAFETY: every loop of recurrent.wgsl and chunk.wgsl ends: over a row's tokens (its
+            // range from the row table this call built and checked), over constants (ROWS, four
+            // elements, CHUNK_TOKENS), over K, V and a chunk's length, or by the workgroup's
+            // thread count; the reduction loops double a mask below 8.
+            unsafe { wgpu.pipeline_without_loop_bounding(&source, &constants)? }
+        };
         let code = |t: &WgpuTensor| dtype_code(t.dtype());
         let (fused, gate_a, gate_b, a_log, dt_bias) = match call.gates {
             [g, beta] => (false, *g, *beta, *g, *g),

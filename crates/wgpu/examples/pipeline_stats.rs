@@ -31,14 +31,6 @@ fn main() {
     }
 }
 
-/// The coop state kernel's constant sets (as the launcher sets them).
-const STATE_COOP_CONSTANTS: &[Constants] = &[
-    &[("STATE_KP4", 16.0), ("WALK", 0.0)],
-    &[("STATE_KP4", 16.0), ("WALK", 1.0)],
-    &[("STATE_KP4", 32.0), ("WALK", 0.0)],
-    &[("STATE_KP4", 32.0), ("WALK", 1.0)],
-];
-
 fn run() -> Result<(), Failure> {
     let filters: Vec<String> = std::env::args().skip(1).collect();
     let mut builds: Vec<(&ShaderSource, Constants, bool)> = Vec::new();
@@ -47,14 +39,10 @@ fn run() -> Result<(), Failure> {
             builds.push((source, set, false));
         }
     }
-    let state_coop = &deltakv_wgpu::gdn::chunks::STATE_COOP;
-    for source in deltakv_wgpu::coop::SHADERS {
-        if source.name != state_coop.name {
-            builds.push((source, &[], true));
+    for (source, sets) in deltakv_wgpu::coop::SHADERS {
+        for &set in *sets {
+            builds.push((source, set, true));
         }
-    }
-    for set in STATE_COOP_CONSTANTS {
-        builds.push((state_coop, set, true));
     }
     builds.retain(|(source, _, _)| {
         filters.is_empty() || filters.iter().any(|f| source.name.contains(f.as_str()))

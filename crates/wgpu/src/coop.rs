@@ -13,6 +13,7 @@
 //! halves (the low one scaled by 2^11), three products per step, the numerics
 //! `tools/coop-lab/emulate.py` found as accurate as f32 for the prefill.
 
+use crate::Constants;
 use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
 use crate::timing::median_dispatch_us;
@@ -61,14 +62,23 @@ pub const SPLIT_STORAGE: ShaderSource = ShaderSource {
     entry_point: "coop_split_product_storage",
 };
 
-/// Every shader of this module (translated to SPIR-V by a test; Metal's simdgroup matrices are
+/// Every cooperative-matrix shader with the sets of `override` constants its launcher uses
+/// (each set one pipeline; translated to SPIR-V by a test; Metal's simdgroup matrices are
 /// 8 x 8, so these have no Metal form).
-pub const SHADERS: &[ShaderSource] = &[
-    PROBE,
-    PEAK,
-    SPLIT,
-    SPLIT_STORAGE,
-    crate::gdn::chunks::STATE_COOP,
+pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
+    (PROBE, &[&[]]),
+    (PEAK, &[&[]]),
+    (SPLIT, &[&[]]),
+    (SPLIT_STORAGE, &[&[]]),
+    (
+        crate::gdn::chunks::STATE_COOP,
+        &[
+            &[("STATE_KP4", 16.0), ("WALK", 0.0)],
+            &[("STATE_KP4", 16.0), ("WALK", 1.0)],
+            &[("STATE_KP4", 32.0), ("WALK", 0.0)],
+            &[("STATE_KP4", 32.0), ("WALK", 1.0)],
+        ],
+    ),
 ];
 
 /// Where [`split_products`] splits its operands into f16 halves.

@@ -13,9 +13,7 @@ use deltakv_contract::gdn::oracle::gdn_reference;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
-use deltakv_wgpu::ShaderSource;
 use deltakv_wgpu::coop::{SHADERS, SplitStaging, matmul_tiles, split_products};
-use deltakv_wgpu::gdn::chunks::STATE_COOP;
 use deltakv_wgpu::gdn::{PreparedPrefill, StateKernel, StatePlan, gdn_prefill_planned};
 use half::f16;
 use spirv::spirv_of;
@@ -23,14 +21,10 @@ use std::io::Write;
 
 #[test]
 fn cooperative_matrix_shaders_translate_to_spirv() {
-    // Each shader with its constants as the launchers set them (defaults elsewhere).
-    let mut builds: Vec<(&ShaderSource, Vec<(&str, f64)>)> =
-        SHADERS.iter().map(|source| (source, Vec::new())).collect();
-    for kp4 in [16.0, 32.0] {
-        for walk in [0.0, 1.0] {
-            builds.push((&STATE_COOP, vec![("STATE_KP4", kp4), ("WALK", walk)]));
-        }
-    }
+    // Each shader with each constant set its launcher uses.
+    let builds = SHADERS
+        .iter()
+        .flat_map(|(source, sets)| sets.iter().map(move |&set| (source, set)));
     let validator = std::env::var_os("DELTAKV_SPIRV_VAL");
     if validator.is_none() {
         let _ = writeln!(
@@ -40,7 +34,7 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     }
     for (source, constants) in builds {
         let label = format!("{} {constants:?}", source.name);
-        let words = spirv_of(source, &constants).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let words = spirv_of(source, constants).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert!(words.len() > 100, "{label}: {} words", words.len());
         if let Some(validator) = &validator {
             validate_spirv(validator, &label, &words);

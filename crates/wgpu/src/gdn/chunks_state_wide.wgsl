@@ -1,9 +1,10 @@
-// The state pass of `chunks_state.wgsl` (both walks, the same walk units) with 32-column tiles:
-// 256 threads, thread (rg, cq) owning chunk row rg for the products and rows 4 rg .. 4 rg + 3 of
-// S at the four columns 4 cq .. 4 cq + 3 (so K <= 128, a multiple of 16). Same math as
-// `gdn_chunk_state`. Against the 16-column staged kernel, each staged word of W, Qd and Kd feeds
-// twice the columns and a head takes half the workgroups, so the chunk's matrices are staged
-// half as often per column.
+// The state pass of `chunks_state.wgsl` (both walks, the same walk units) with 32-column tiles
+// and 256 threads: thread (rg, cq) owns rows 4 rg .. 4 rg + 3 of S at the four columns
+// 4 cq .. 4 cq + 3 (so K <= 128, a multiple of 16) for the update, and threads 0 .. 127 form
+// the products of chunk rows 2 rg and 2 rg + 1 at those columns. Same math as `gdn_chunk_state`.
+// The products read workgroup memory, whose load pipe bounds the walk: per 4 x 4 block of W
+// (or Qd) and S, 32 floats for 64 multiply-adds, where the 16-column staged kernel reads 16
+// floats for 16 (each staged word feeds two chunk rows and four columns here, two and two there).
 //
 // W, Qd and Kd go through workgroup memory in two pieces each (W and Qd by halves of K, Kd by
 // halves of the chunk's rows), one 8.5 KiB buffer in turn, so the kernel fits 32 KiB of
@@ -17,9 +18,8 @@
 //
 // The transition walk (WALK = 1) leaves out Qd and O.
 
-// Pieces per staged matrix, and the vec4 words each thread stages per piece.
+// Pieces per staged matrix (each thread stages two vec4 words of a piece).
 const WIDE_PIECES: u32 = 2u;
-const WIDE_WORDS: u32 = 2u;
 const WIDE_THREADS: u32 = 256u;
 const WIDE_QUADS: u32 = 8u;
 
@@ -79,16 +79,30 @@ fn wide_stage(which: u32, piece: u32, e: u32, word: vec4<f32>) {
     }
 }
 
-// Chunk row rg of the staged piece of W or Qd times the tile of S, at columns 4 cq .. 4 cq + 3.
-fn wide_products(rg: u32, cq: u32, piece: u32) -> vec4<f32> {
+// Two chunk rows' products at four columns.
+struct WideRows {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Chunk rows 2 rp and 2 rp + 1 of the staged piece of W or Qd times the tile of S, at columns
+// 4 cq .. 4 cq + 3, added to `sum`: per word of the piece, two loads of W and four of S for 32
+// multiply-adds.
+fn wide_products(rp: u32, cq: u32, piece: u32, sum: WideRows) -> WideRows {
     let half = STATE_KP4 / WIDE_PIECES;
-    let row = rg * (half + 1u);
-    var acc = vec4<f32>(0.0);
+    let row_a = (2u * rp) * (half + 1u);
+    let row_b = row_a + half + 1u;
+    var acc = sum;
     for (var w = 0u; w < half; w++) {
-        let x = wide_staged[row + w];
+        let xa = wide_staged[row_a + w];
+        let xb = wide_staged[row_b + w];
         let k = 4u * (piece * half + w);
-        acc += x.x * wide_s[k * WIDE_QUADS + cq] + x.y * wide_s[(k + 1u) * WIDE_QUADS + cq]
-            + x.z * wide_s[(k + 2u) * WIDE_QUADS + cq] + x.w * wide_s[(k + 3u) * WIDE_QUADS + cq];
+        let s0 = wide_s[k * WIDE_QUADS + cq];
+        let s1 = wide_s[(k + 1u) * WIDE_QUADS + cq];
+        let s2 = wide_s[(k + 2u) * WIDE_QUADS + cq];
+        let s3 = wide_s[(k + 3u) * WIDE_QUADS + cq];
+        acc.a += xa.x * s0 + xa.y * s1 + xa.z * s2 + xa.w * s3;
+        acc.b += xb.x * s0 + xb.y * s1 + xb.z * s2 + xb.w * s3;
     }
     return acc;
 }
@@ -100,6 +114,19 @@ fn u_quad(ch: u32, row: u32, col: u32, identity: bool) -> vec4<f32> {
         return vec4<f32>(0.0);
     }
     return scratch[p.u_at + (ch * CT + row) * p.vp4 + col / 4u];
+}
+
+// O's chunk row `row` (of a chunk of `len` rows from token `start`) at columns col .. col + 3.
+fn wide_store_o(start: u32, len: u32, row: u32, h: u32, col: u32, ok_a: vec2<bool>, ok_b: vec2<bool>, x: vec4<f32>) {
+    if row < len {
+        let at = ((start + row) * p.value_heads + h) * p.value_dim + col;
+        if ok_a.x {
+            store_o(at, x.xy, ok_a.y);
+        }
+        if ok_b.x {
+            store_o(at + 2u, x.zw, ok_b.y);
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -122,6 +149,7 @@ fn gdn_chunk_state_wide(
     let e1 = tid + WIDE_THREADS;
 
     let has_rows = rg < STATE_KP4;
+    let products = tid < WIDE_THREADS / 2u;
     let r = 4u * rg;
     var s0 = vec4<f32>(entry_pair(unit, h, r, col, ok_a), entry_pair(unit, h, r, col + 2u, ok_b));
     var s1 = vec4<f32>(entry_pair(unit, h, r + 1u, col, ok_a), entry_pair(unit, h, r + 1u, col + 2u, ok_b));
@@ -149,12 +177,17 @@ fn gdn_chunk_state_wide(
         wide_stage(WIDE_W, 0u, e1, n1);
         n0 = wide_load(WIDE_W, ch, 1u, e0);
         n1 = wide_load(WIDE_W, ch, 1u, e1);
-        let u = u_quad(ch, rg, col, identity);
+        // Threads 0 .. 127 (row pair rp = rg) form the products of chunk rows 2 rp, 2 rp + 1.
+        let u_a = u_quad(ch, 2u * rg, col, identity);
+        let u_b = u_quad(ch, 2u * rg + 1u, col, identity);
         let decay = scratch[p.decay_at + ch].x;
         workgroupBarrier();
 
         // V' = U - W S.
-        var ws = wide_products(rg, cq, 0u);
+        var ws = WideRows(vec4<f32>(0.0), vec4<f32>(0.0));
+        if products {
+            ws = wide_products(rg, cq, 0u, ws);
+        }
         workgroupBarrier();
         wide_stage(WIDE_W, 1u, e0, n0);
         wide_stage(WIDE_W, 1u, e1, n1);
@@ -162,8 +195,11 @@ fn gdn_chunk_state_wide(
         n0 = wide_load(after_w, ch, 0u, e0);
         n1 = wide_load(after_w, ch, 0u, e1);
         workgroupBarrier();
-        ws += wide_products(rg, cq, 1u);
-        wide_v[rg * WIDE_QUADS + cq] = u - ws;
+        if products {
+            ws = wide_products(rg, cq, 1u, ws);
+            wide_v[2u * rg * WIDE_QUADS + cq] = u_a - ws.a;
+            wide_v[(2u * rg + 1u) * WIDE_QUADS + cq] = u_b - ws.b;
+        }
         workgroupBarrier();
 
         // O = Qd S + P V' (not in the transition walk).
@@ -173,31 +209,35 @@ fn gdn_chunk_state_wide(
             n0 = wide_load(WIDE_QD, ch, 1u, e0);
             n1 = wide_load(WIDE_QD, ch, 1u, e1);
             workgroupBarrier();
-            var qs = wide_products(rg, cq, 0u);
+            var qs = WideRows(vec4<f32>(0.0), vec4<f32>(0.0));
+            if products {
+                qs = wide_products(rg, cq, 0u, qs);
+            }
             workgroupBarrier();
             wide_stage(WIDE_QD, 1u, e0, n0);
             wide_stage(WIDE_QD, 1u, e1, n1);
             n0 = wide_load(WIDE_KD, ch, 0u, e0);
             n1 = wide_load(WIDE_KD, ch, 0u, e1);
             workgroupBarrier();
-            qs += wide_products(rg, cq, 1u);
-            let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
-            for (var j4 = 0u; j4 < CT / 4u; j4++) {
-                let pw = scratch[p_row + j4];
-                let j = 4u * j4;
-                qs += pw.x * wide_v[j * WIDE_QUADS + cq] + pw.y * wide_v[(j + 1u) * WIDE_QUADS + cq]
-                    + pw.z * wide_v[(j + 2u) * WIDE_QUADS + cq] + pw.w * wide_v[(j + 3u) * WIDE_QUADS + cq];
-            }
-            let start = chunk_info[2u * n];
-            let len = chunk_info[2u * n + 1u];
-            if rg < len {
-                let at = ((start + rg) * heads + h) * vd + col;
-                if ok_a.x {
-                    store_o(at, qs.xy, ok_a.y);
+            if products {
+                qs = wide_products(rg, cq, 1u, qs);
+                let p_a = p.p_at + (ch * CT + 2u * rg) * (CT / 4u);
+                let p_b = p_a + CT / 4u;
+                for (var j4 = 0u; j4 < CT / 4u; j4++) {
+                    let pa = scratch[p_a + j4];
+                    let pb = scratch[p_b + j4];
+                    let j = 4u * j4;
+                    let v0 = wide_v[j * WIDE_QUADS + cq];
+                    let v1 = wide_v[(j + 1u) * WIDE_QUADS + cq];
+                    let v2 = wide_v[(j + 2u) * WIDE_QUADS + cq];
+                    let v3 = wide_v[(j + 3u) * WIDE_QUADS + cq];
+                    qs.a += pa.x * v0 + pa.y * v1 + pa.z * v2 + pa.w * v3;
+                    qs.b += pb.x * v0 + pb.y * v1 + pb.z * v2 + pb.w * v3;
                 }
-                if ok_b.x {
-                    store_o(at + 2u, qs.zw, ok_b.y);
-                }
+                let start = chunk_info[2u * n];
+                let len = chunk_info[2u * n + 1u];
+                wide_store_o(start, len, 2u * rg, h, col, ok_a, ok_b, qs.a);
+                wide_store_o(start, len, 2u * rg + 1u, h, col, ok_a, ok_b, qs.b);
             }
             workgroupBarrier();
         }

@@ -67,7 +67,8 @@
 #                                   # column tile; the driver's statistics for every shader
 #                                   # (.carry/pipeline_stats: pipeline-stats.txt); summary last.
 #   tools/gpu-check.sh wgpu-prefill # there, carrying .carry/deltakv, .carry/vulkan,
-#                                   # .carry/pipeline_stats and the three wgpu test executables
+#                                   # .carry/pipeline_stats, .carry/product_probe (optional)
+#                                   # and the three wgpu test executables
 #                                   # coop_matrix, gdn_prefill, prefill_state_shapes: those
 #                                   # suites on NVIDIA's Vulkan driver, the driver's statistics,
 #                                   # the chunked prefill timed in each of WGPU_PREFILL_VARIANTS,
@@ -217,10 +218,11 @@ build-py)
     ;;
 build)
     cargo build --release --features cuda,wgpu
-    cargo build --release -p deltakv-wgpu --example pipeline_stats
+    cargo build --release -p deltakv-wgpu --example pipeline_stats --example product_probe
     rm -rf .carry && mkdir -p .carry/tests .carry/vulkan
     cp target/release/deltakv .carry/deltakv
     cp target/release/examples/pipeline_stats .carry/pipeline_stats
+    cp target/release/examples/product_probe .carry/product_probe
     # The Vulkan loader and the GL dispatch libraries NVIDIA's Vulkan driver loads through (the
     # GPU machine has the driver and its ICD but maybe no loader): the lent machines' recipe.
     apt_amd64='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
@@ -246,7 +248,7 @@ for line in sys.stdin:
             "deltakv-prefill_pool"):
             shutil.copy(exe, f".carry/tests/{crate}-{name}")
 '
-    strip .carry/deltakv .carry/pipeline_stats .carry/tests/*
+    strip .carry/deltakv .carry/pipeline_stats .carry/product_probe .carry/tests/*
     kv_lab_build .carry/kv_lab
     kv_lab_build .carry/prefill_lab tools/prefill-lab/prefill_lab.cu
     kv_lab_build .carry/prefill_lab2 tools/prefill-lab/prefill_lab.cu -DPF_PREPARE_BLOCKS_PER_SM=2
@@ -642,6 +644,12 @@ wgpu-prefill)
     vulkan_setup "$out"
     summary=()
     pipeline_stats "$out"
+    # The state pass's products alone (examples/product_probe.rs), one workgroup per SM and
+    # eight, where the build carried it.
+    if [ -x .carry/product_probe ]; then
+        for groups in 132 1056; do .carry/product_probe "$groups" || true; done >"$out/product-probe.txt" 2>&1
+        summary+=("product probe: $({ grep -h 'us ' "$out/product-probe.txt" || true; } | sed 's/ *(.*//' | tr -s ' ' | tr '\n' ';')")
+    fi
     for t in .carry/tests/deltakv-wgpu-coop_matrix .carry/tests/deltakv-wgpu-gdn_prefill \
         .carry/tests/deltakv-wgpu-prefill_state_shapes; do
         name=$(basename "$t")

@@ -102,7 +102,7 @@ vulkan_setup() {
 pipeline_stats() {
     [ -x .carry/pipeline_stats ] || return 0
     .carry/pipeline_stats >"$1/pipeline-stats.txt" 2>&1 || true
-    summary+=("pipeline stats: $({ grep -h 'gdn_chunk_state_staged\|gdn_chunk_state_wide\|gdn_chunk_state_coop\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" || true; } |
+    summary+=("pipeline stats: $({ grep -h 'gdn_chunk_state_staged\|gdn_chunk_state_coop\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" || true; } |
         sed 's/Binary Size [0-9]*, //; s/Stack Size [0-9]*, //; s/Local Memory Size [0-9]*, //' | tr '\n' ';' | head -c 1500)")
 }
 mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}

@@ -106,14 +106,11 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         (None, 32, StateKernel::Staged),
         (Some(32), 8, StateKernel::Auto),
         (Some(32), 16, StateKernel::Auto),
-        (None, 0, StateKernel::Wide),
-        (Some(32), 0, StateKernel::Wide),
     ];
     for (tile, groups, kernel) in plans {
         let plan = StatePlan {
             tile,
-            // 0: the kernel's own row groups.
-            row_groups: Some(groups).filter(|&g| g > 0),
+            row_groups: Some(groups),
             kernel,
             ..StatePlan::default()
         };
@@ -143,12 +140,6 @@ fn every_state_tile_and_row_group_count_against_the_oracle() {
         ..StatePlan::default()
     };
     assert_refused(wgpu, &cases[0], &wrong_shape, "16-column tiles");
-    let wide_narrow = StatePlan {
-        tile: Some(16),
-        kernel: StateKernel::Wide,
-        ..StatePlan::default()
-    };
-    assert_refused(wgpu, &cases[0], &wide_narrow, "32-column tiles");
     println!(
         "worst rel_rms: o {:.3e}, final_state {:.3e}",
         worst[0], worst[1]
@@ -279,8 +270,6 @@ fn segmented_walks_against_the_oracle_and_the_whole_walk() {
             (7, StateKernel::Auto, None),
             (3, StateKernel::General, None),
             (3, StateKernel::Auto, Some(32)),
-            (3, StateKernel::Wide, None),
-            (1, StateKernel::Wide, None),
         ] {
             let plan = StatePlan {
                 segment_chunks: Some(segment_chunks),

@@ -72,20 +72,6 @@ pub const STATE_STAGED: ShaderSource = ShaderSource {
     entry_point: "gdn_chunk_state_staged",
 };
 
-/// The state pass with 32-column tiles, four columns of S per thread (both walks).
-pub const STATE_WIDE: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_wide",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("chunks_state_wide.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_wide",
-};
-
 /// The state pass on cooperative matrices (`chunks_state_coop.wgsl`; both walks).
 pub const STATE_COOP: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_coop",
@@ -220,24 +206,15 @@ impl ChunkLaunch {
         // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
         // at 32). Counted over sequences, not walk units, so that segments do not change the
         // tile (and with it the kernel).
-        let wide = plan.kernel == StateKernel::Wide;
-        if wide && (plan.tile == Some(16) || plan.row_groups.is_some() || d.key_dim > 128) {
-            return Err(Error::InvalidValue(format!(
-                "the wide state kernel takes 32-column tiles, its own 32 row groups and K <= 128 a multiple of 16; this call asks for tile {:?} and row groups {:?} with K = {}",
-                plan.tile, plan.row_groups, d.key_dim
-            )));
-        }
-        let narrow_tiles = !wide
-            && (d.key_dim > 128
-                || match plan.tile {
-                    Some(tile) => tile == 16,
-                    None => {
-                        plan.row_groups == Some(32)
-                            || plan.kernel == StateKernel::Coop
-                            || call.seqs.len() * heads * d.value_dim.div_ceil(32)
-                                < NARROW_TILES_BELOW
-                    }
-                });
+        let narrow_tiles = d.key_dim > 128
+            || match plan.tile {
+                Some(tile) => tile == 16,
+                None => {
+                    plan.row_groups == Some(32)
+                        || plan.kernel == StateKernel::Coop
+                        || call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW
+                }
+            };
         let tile = if narrow_tiles { 16 } else { 32 };
         // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
         // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
@@ -248,12 +225,6 @@ impl ChunkLaunch {
         let kernel = match plan.kernel {
             StateKernel::Auto if staged_shape => StateKernel::Staged,
             StateKernel::Auto => StateKernel::General,
-            StateKernel::Wide if !(kp4 <= 32 && kp4.is_multiple_of(4)) => {
-                return Err(Error::InvalidValue(format!(
-                    "the wide state kernel takes K <= 128 a multiple of 16; this call has K = {}",
-                    d.key_dim
-                )));
-            }
             StateKernel::Staged if !staged_shape => {
                 return Err(Error::InvalidValue(format!(
                     "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
@@ -360,8 +331,8 @@ impl ChunkLaunch {
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
         // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl, chunks_state.wgsl,
-        // chunks_state_staged.wgsl, staged_s_*.wgsl, chunks_state_wide.wgsl,
-        // chunks_state_coop.wgsl and chunks_combine.wgsl ends: their trip counts come from the
+        // chunks_state_staged.wgsl, staged_s_*.wgsl, chunks_state_coop.wgsl and
+        // chunks_combine.wgsl ends: their trip counts come from the
         // chunk table and the head dimensions, which this launch has checked.
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
@@ -396,7 +367,6 @@ impl ChunkLaunch {
                 &STATE_STAGED,
                 &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
             ),
-            StateKernel::Wide => pipeline(&STATE_WIDE, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             _ => pipeline(
                 &STATE,

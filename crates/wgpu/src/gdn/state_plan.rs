@@ -12,7 +12,7 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `staged`, `wide` or `coop`, the environment variable that picks
+/// Set to `general`, `staged` or `coop`, the environment variable that picks
 /// the state pass's kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
@@ -53,12 +53,6 @@ pub enum StateKernel {
     /// taking turns in one buffer; W S and Qd S summed in two halves over K (29 KiB, eight
     /// barriers per chunk).
     Staged,
-    /// `gdn_chunk_state_wide` (`chunks_state_wide.wgsl`): 32-column tiles, 256 threads each
-    /// owning one chunk row and a 4-row block of S at four columns, K <= 128 and a multiple of
-    /// 16; W, Qd and Kd staged in two pieces each through one buffer, a piece's words loaded
-    /// while the piece before it is used (29 KiB, eleven barriers per chunk). Half the
-    /// workgroups of [`StateKernel::Staged`] for the same columns.
-    Wide,
     /// `gdn_chunk_state_coop` (`chunks_state_coop.wgsl`): the products on cooperative matrices
     /// (tensor cores) from f16 halves, f32-accurate; only on a device opened with them
     /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128, V even. Never
@@ -120,7 +114,6 @@ impl StatePlan {
                 ("auto", StateKernel::Auto),
                 ("general", StateKernel::General),
                 ("staged", StateKernel::Staged),
-                ("wide", StateKernel::Wide),
                 ("coop", StateKernel::Coop),
             ],
         )?;

@@ -365,7 +365,17 @@ impl ChunkLaunch {
         let walk = |walk: u32| match kernel {
             StateKernel::Staged => pipeline(
                 &STATE_STAGED,
-                &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
+                &[
+                    ("VT", 16),
+                    ("STATE_KP4", state_kp4),
+                    ("WALK", walk),
+                    (
+                        "QUARTERS",
+                        u32::from(
+                            std::env::var("DELTAKV_WGPU_PREFILL_QUARTERS").as_deref() == Ok("1"),
+                        ),
+                    ),
+                ],
             ),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             _ => pipeline(

@@ -63,6 +63,36 @@ fn join_halves(rg: u32, cp: u32, halves: vec4<f32>) -> vec2<f32> {
     return halves.xy + half_sums[rg * pairs + cp];
 }
 
+// 1: W S and Qd S summed in quarters of K (`staged_quarter_products`), the partials joined
+// through `staged`; 0: in halves, joined through `half_sums`.
+override QUARTERS: u32 = 0u;
+
+// Row rg's sum at columns 2 cp, 2 cp + 1 from the four quarters' partials: they pass through
+// `staged`, whose matrix every thread must have read first (every thread calls it, in uniform
+// control flow; two barriers inside).
+fn join_quarters(t: u32, rg: u32, cp: u32, part: QuarterRows) -> vec2<f32> {
+    let cq = t % 4u;
+    let rp = (t / 4u) % 16u;
+    let kq = t / 64u;
+    workgroupBarrier();
+    staged[(kq * CT + rp) * 4u + cq] = part.a;
+    staged[(kq * CT + rp + 16u) * 4u + cq] = part.b;
+    workgroupBarrier();
+    let q = cp / 2u;
+    let x = staged[rg * 4u + q] + staged[(CT + rg) * 4u + q] + staged[(2u * CT + rg) * 4u + q]
+        + staged[(3u * CT + rg) * 4u + q];
+    return select(x.xy, x.zw, (cp & 1u) == 1u);
+}
+
+// Row rg of the staged matrix times the tile of S at columns 2 cp, 2 cp + 1, whole (every thread
+// calls it, in uniform control flow).
+fn staged_row_products(tid: u32, rg: u32, cp: u32, kp4: u32) -> vec2<f32> {
+    if QUARTERS == 1u {
+        return join_quarters(tid, rg, cp, staged_quarter_products(tid, kp4));
+    }
+    return join_halves(rg, cp, staged_half_products(rg, kp4, cp));
+}
+
 // Four words per thread of a chunk's [CT][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     stage_word(tid, a);
@@ -121,7 +151,7 @@ fn gdn_chunk_state_staged(
         workgroupBarrier();
 
         // A: W S for chunk row rg, then V' = U - W S.
-        let ws = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
+        let ws = staged_row_products(tid, rg, cp, kp4);
         block_v_new[rg * pairs + cp] = u - ws;
         let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
@@ -135,7 +165,7 @@ fn gdn_chunk_state_staged(
         if WALK == 0u {
             stage_words(threads, tid, x0, x1, x2, x3);
             workgroupBarrier();
-            qs = join_halves(rg, cp, staged_half_products(rg, kp4, cp));
+            qs = staged_row_products(tid, rg, cp, kp4);
         }
         w0 = chunk_word(p.w_at, next_ch, tid, kp4);
         w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);

@@ -40,3 +40,40 @@ fn staged_half_products(rg: u32, kp4: u32, cp: u32) -> vec4<f32> {
     }
     return vec4<f32>(a, b);
 }
+
+// Two chunk rows' sums at four columns.
+struct QuarterRows {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Thread t's share of the staged matrix (W or Qd) times the tile of S with K in quarters: chunk
+// rows rp and rp + 16 at columns 4 cq .. 4 cq + 3 over quarter kq of K (cq = t % 4,
+// rp = t / 4 % 16, kq = t / 64): per word, two loads of the staged matrix and four of S for 32
+// multiply-adds (the halves above: four loads for 16).
+fn staged_quarter_products(t: u32, kp4: u32) -> QuarterRows {
+    let cq = t % 4u;
+    let rp = (t / 4u) % 16u;
+    let quarter = kp4 / 4u;
+    let first = (t / 64u) * quarter;
+    let row_a = rp * (kp4 + STAGE_PAD);
+    let row_b = (rp + 16u) * (kp4 + STAGE_PAD);
+    // Columns 4 cq, 4 cq + 1, 4 cq + 2, 4 cq + 3 (even columns first).
+    let c0 = (2u * cq) * S_COLUMN;
+    let c1 = (8u + 2u * cq) * S_COLUMN;
+    let c2 = (2u * cq + 1u) * S_COLUMN;
+    let c3 = (9u + 2u * cq) * S_COLUMN;
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var r4 = first; r4 < first + quarter; r4++) {
+        let s0 = block_s[c0 + r4];
+        let s1 = block_s[c1 + r4];
+        let s2 = block_s[c2 + r4];
+        let s3 = block_s[c3 + r4];
+        let wa = staged[row_a + r4];
+        let wb = staged[row_b + r4];
+        a += vec4<f32>(dot(wa, s0), dot(wa, s1), dot(wa, s2), dot(wa, s3));
+        b += vec4<f32>(dot(wb, s0), dot(wb, s1), dot(wb, s2), dot(wb, s3));
+    }
+    return QuarterRows(a, b);
+}

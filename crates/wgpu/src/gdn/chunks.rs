@@ -375,6 +375,13 @@ impl ChunkLaunch {
                             std::env::var("DELTAKV_WGPU_PREFILL_QUARTERS").as_deref() == Ok("1"),
                         ),
                     ),
+                    (
+                        "TRIAL",
+                        std::env::var("DELTAKV_WGPU_PREFILL_TRIAL")
+                            .ok()
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0),
+                    ),
                 ],
             ),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),

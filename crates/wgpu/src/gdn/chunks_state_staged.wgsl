@@ -84,9 +84,17 @@ fn join_quarters(t: u32, rg: u32, cp: u32, part: QuarterRows) -> vec2<f32> {
     return select(x.xy, x.zw, (cp & 1u) == 1u);
 }
 
+// Timing trials (wrong results): bit 1 leaves out W S and Qd S with their joins, 2 the update's
+// multiply-adds, 4 P V' with P's loads, 8 the stores of the staged words (their loads kept).
+override TRIAL: u32 = 0u;
+var<private> trial_sink: vec4<f32>;
+
 // Row rg of the staged matrix times the tile of S at columns 2 cp, 2 cp + 1, whole (every thread
 // calls it, in uniform control flow).
 fn staged_row_products(tid: u32, rg: u32, cp: u32, kp4: u32) -> vec2<f32> {
+    if (TRIAL & 1u) != 0u {
+        return vec2<f32>(0.0);
+    }
     if QUARTERS == 1u {
         return join_quarters(tid, rg, cp, staged_quarter_products(tid, kp4));
     }
@@ -95,6 +103,10 @@ fn staged_row_products(tid: u32, rg: u32, cp: u32, kp4: u32) -> vec2<f32> {
 
 // Four words per thread of a chunk's [CT][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
+    if (TRIAL & 8u) != 0u {
+        trial_sink += a + b + c + d;
+        return;
+    }
     stage_word(tid, a);
     stage_word(tid + threads, b);
     stage_word(tid + 2u * threads, c);
@@ -172,24 +184,26 @@ fn gdn_chunk_state_staged(
         w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
         w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
         if WALK == 0u {
-            // P's row, loaded where O needs it (not held through Qd S).
-            let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
-            let p0 = scratch[p_row];
-            let p1 = scratch[p_row + 1u];
-            let p2 = scratch[p_row + 2u];
-            let p3 = scratch[p_row + 3u];
-            let p4 = scratch[p_row + 4u];
-            let p5 = scratch[p_row + 5u];
-            let p6 = scratch[p_row + 6u];
-            let p7 = scratch[p_row + 7u];
-            qs += new_value_products(p0, 0u, cp);
-            qs += new_value_products(p1, 1u, cp);
-            qs += new_value_products(p2, 2u, cp);
-            qs += new_value_products(p3, 3u, cp);
-            qs += new_value_products(p4, 4u, cp);
-            qs += new_value_products(p5, 5u, cp);
-            qs += new_value_products(p6, 6u, cp);
-            qs += new_value_products(p7, 7u, cp);
+            if (TRIAL & 4u) == 0u {
+                // P's row, loaded where O needs it (not held through Qd S).
+                let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
+                let p0 = scratch[p_row];
+                let p1 = scratch[p_row + 1u];
+                let p2 = scratch[p_row + 2u];
+                let p3 = scratch[p_row + 3u];
+                let p4 = scratch[p_row + 4u];
+                let p5 = scratch[p_row + 5u];
+                let p6 = scratch[p_row + 6u];
+                let p7 = scratch[p_row + 7u];
+                qs += new_value_products(p0, 0u, cp);
+                qs += new_value_products(p1, 1u, cp);
+                qs += new_value_products(p2, 2u, cp);
+                qs += new_value_products(p3, 3u, cp);
+                qs += new_value_products(p4, 4u, cp);
+                qs += new_value_products(p5, 5u, cp);
+                qs += new_value_products(p6, 6u, cp);
+                qs += new_value_products(p7, 7u, cp);
+            }
             let start = chunk_info[2u * n];
             let len = chunk_info[2u * n + 1u];
             if rg < len && col_ok.x {
@@ -209,7 +223,7 @@ fn gdn_chunk_state_staged(
         s1 *= decay;
         s2 *= decay;
         s3 *= decay;
-        if has_rows {
+        if has_rows && (TRIAL & 2u) == 0u {
             for (var j4 = 0u; j4 < CT; j4 += 4u) {
                 let k0 = staged[j4 * (kp4 + STAGE_PAD) + rg];
                 let k1 = staged[(j4 + 1u) * (kp4 + STAGE_PAD) + rg];
@@ -239,6 +253,9 @@ fn gdn_chunk_state_staged(
         }
     }
 
+    if (TRIAL & 8u) != 0u && p.chunks == 0xffffffffu {
+        s0 += trial_sink.xy;
+    }
     store_exit_pair(unit, h, r, col, col_ok, s0);
     store_exit_pair(unit, h, r + 1u, col, col_ok, s1);
     store_exit_pair(unit, h, r + 2u, col, col_ok, s2);

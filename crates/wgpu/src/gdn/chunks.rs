@@ -376,6 +376,10 @@ impl ChunkLaunch {
                         ),
                     ),
                     (
+                        "PIN",
+                        u32::from(std::env::var("DELTAKV_WGPU_PREFILL_PIN").as_deref() == Ok("1")),
+                    ),
+                    (
                         "TRIAL",
                         std::env::var("DELTAKV_WGPU_PREFILL_TRIAL")
                             .ok()

@@ -101,6 +101,16 @@ fn staged_row_products(tid: u32, rg: u32, cp: u32, kp4: u32) -> vec2<f32> {
     return join_halves(rg, cp, staged_half_products(rg, kp4, cp));
 }
 
+// 1: each phase's loads of the scratch buffer held to that phase by a storage barrier at its
+// end, so that they are issued before its products and land behind them.
+override PIN: u32 = 0u;
+
+fn pin_loads() {
+    if PIN == 1u {
+        storageBarrier();
+    }
+}
+
 // Four words per thread of a chunk's [CT][kp4] matrix into `staged`.
 fn stage_words(threads: u32, tid: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) {
     if (TRIAL & 8u) != 0u {
@@ -150,6 +160,8 @@ fn gdn_chunk_state_staged(
     var x2 = chunk_word(p.qd_at, first_ch, tid + 2u * threads, kp4);
     var x3 = chunk_word(p.qd_at, first_ch, tid + 3u * threads, kp4);
 
+    var u_next = u_pair(first_ch, rg, col, identity);
+
     for (var n = chunks.x; n < chunks.y; n++) {
         let ch = n * heads + h;
         let next_ch = min(n + 1u, chunks.y - 1u) * heads + h;
@@ -159,42 +171,40 @@ fn gdn_chunk_state_staged(
             store_s_rows(rg, cp, s0, s1, s2, s3);
         }
         stage_words(threads, tid, w0, w1, w2, w3);
-        let u = u_pair(ch, rg, col, identity);
+        let u = u_next;
         workgroupBarrier();
 
-        // A: W S for chunk row rg, then V' = U - W S.
-        let ws = staged_row_products(tid, rg, cp, kp4);
-        block_v_new[rg * pairs + cp] = u - ws;
+        // A: W S for chunk row rg, then V' = U - W S; Kd, the decay and P's row on their way.
         let kd0 = chunk_word(p.kd_at, ch, tid, kp4);
         let kd1 = chunk_word(p.kd_at, ch, tid + threads, kp4);
         let kd2 = chunk_word(p.kd_at, ch, tid + 2u * threads, kp4);
         let kd3 = chunk_word(p.kd_at, ch, tid + 3u * threads, kp4);
         let decay = scratch[p.decay_at + ch].x;
+        let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
+        let p0 = scratch[p_row];
+        let p1 = scratch[p_row + 1u];
+        let p2 = scratch[p_row + 2u];
+        let p3 = scratch[p_row + 3u];
+        let p4 = scratch[p_row + 4u];
+        let p5 = scratch[p_row + 5u];
+        let p6 = scratch[p_row + 6u];
+        let p7 = scratch[p_row + 7u];
+        let ws = staged_row_products(tid, rg, cp, kp4);
+        block_v_new[rg * pairs + cp] = u - ws;
+        pin_loads();
         workgroupBarrier();
 
         // B1: O = Qd S + P V' (not in the transition walk); the next chunk's W on its way.
+        w0 = chunk_word(p.w_at, next_ch, tid, kp4);
+        w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
+        w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
+        w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
         var qs = vec2<f32>(0.0);
         if WALK == 0u {
             stage_words(threads, tid, x0, x1, x2, x3);
             workgroupBarrier();
             qs = staged_row_products(tid, rg, cp, kp4);
-        }
-        w0 = chunk_word(p.w_at, next_ch, tid, kp4);
-        w1 = chunk_word(p.w_at, next_ch, tid + threads, kp4);
-        w2 = chunk_word(p.w_at, next_ch, tid + 2u * threads, kp4);
-        w3 = chunk_word(p.w_at, next_ch, tid + 3u * threads, kp4);
-        if WALK == 0u {
             if (TRIAL & 4u) == 0u {
-                // P's row, loaded where O needs it (not held through Qd S).
-                let p_row = p.p_at + (ch * CT + rg) * (CT / 4u);
-                let p0 = scratch[p_row];
-                let p1 = scratch[p_row + 1u];
-                let p2 = scratch[p_row + 2u];
-                let p3 = scratch[p_row + 3u];
-                let p4 = scratch[p_row + 4u];
-                let p5 = scratch[p_row + 5u];
-                let p6 = scratch[p_row + 6u];
-                let p7 = scratch[p_row + 7u];
                 qs += new_value_products(p0, 0u, cp);
                 qs += new_value_products(p1, 1u, cp);
                 qs += new_value_products(p2, 2u, cp);
@@ -210,6 +220,7 @@ fn gdn_chunk_state_staged(
                 store_o(((start + rg) * heads + h) * vd + col, qs, col_ok.y);
             }
         }
+        pin_loads();
         workgroupBarrier();
         stage_words(threads, tid, kd0, kd1, kd2, kd3);
         workgroupBarrier();
@@ -219,6 +230,7 @@ fn gdn_chunk_state_staged(
         x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
         x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);
         x3 = chunk_word(p.qd_at, next_ch, tid + 3u * threads, kp4);
+        u_next = u_pair(next_ch, rg, col, identity);
         s0 *= decay;
         s1 *= decay;
         s2 *= decay;
@@ -251,6 +263,7 @@ fn gdn_chunk_state_staged(
                 s3 += k3.w * v3;
             }
         }
+        pin_loads();
     }
 
     if (TRIAL & 8u) != 0u && p.chunks == 0xffffffffu {

@@ -156,18 +156,6 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
             &[("VT", 16.0), ("STATE_KP4", 16.0), ("WALK", 0.0)],
             &[("VT", 16.0), ("STATE_KP4", 32.0), ("WALK", 1.0)],
             &[("VT", 16.0), ("STATE_KP4", 16.0), ("WALK", 1.0)],
-            &[
-                ("VT", 16.0),
-                ("STATE_KP4", 32.0),
-                ("WALK", 0.0),
-                ("QUARTERS", 1.0),
-            ],
-            &[
-                ("VT", 16.0),
-                ("STATE_KP4", 16.0),
-                ("WALK", 1.0),
-                ("QUARTERS", 1.0),
-            ],
         ],
     ),
     (gdn::chunks::COMBINE, &[&[]]),

@@ -365,28 +365,7 @@ impl ChunkLaunch {
         let walk = |walk: u32| match kernel {
             StateKernel::Staged => pipeline(
                 &STATE_STAGED,
-                &[
-                    ("VT", 16),
-                    ("STATE_KP4", state_kp4),
-                    ("WALK", walk),
-                    (
-                        "QUARTERS",
-                        u32::from(
-                            std::env::var("DELTAKV_WGPU_PREFILL_QUARTERS").as_deref() == Ok("1"),
-                        ),
-                    ),
-                    (
-                        "PIN",
-                        u32::from(std::env::var("DELTAKV_WGPU_PREFILL_PIN").as_deref() == Ok("1")),
-                    ),
-                    (
-                        "TRIAL",
-                        std::env::var("DELTAKV_WGPU_PREFILL_TRIAL")
-                            .ok()
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0),
-                    ),
-                ],
+                &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
             ),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             _ => pipeline(

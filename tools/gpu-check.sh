@@ -2,7 +2,8 @@
 # The GPU check, in two halves: build here, run on the GPU machine (which has no Rust).
 #
 #   tools/gpu-check.sh build        # here: release binary + test executables with `--features
-#                                   # cuda,wgpu` and examples/pipeline_stats (deltakv-wgpu),
+#                                   # cuda,wgpu` and examples/pipeline_stats and product_probe
+#                                   # (deltakv-wgpu),
 #                                   # stripped, gathered in .carry/ (git-ignored),
 #                                   # with the Vulkan loader's .deb; FLA's wheels in .whl/
 #   tools/gpu-check.sh prefill      # there: the prefill's GPU tests, compute-sanitizer memcheck
@@ -648,7 +649,8 @@ wgpu-prefill)
     # eight, where the build carried it.
     if [ -x .carry/product_probe ]; then
         for groups in 132 1056; do .carry/product_probe "$groups" || true; done >"$out/product-probe.txt" 2>&1
-        summary+=("product probe: $({ grep -h 'us ' "$out/product-probe.txt" || true; } | sed 's/ *(.*//' | tr -s ' ' | tr '\n' ';')")
+        summary+=("product probe: $({ grep -h ' us \|product_probe:' "$out/product-probe.txt" || true; } |
+            sed -E 's/ *\(.*; ([0-9]+ workgroups).*/ (\1)/' | tr -s ' ' | tr '\n' ';')")
     fi
     for t in .carry/tests/deltakv-wgpu-coop_matrix .carry/tests/deltakv-wgpu-gdn_prefill \
         .carry/tests/deltakv-wgpu-prefill_state_shapes; do

@@ -9,6 +9,8 @@
 //!
 //! Each line gives the median time of one dispatch (`deltakv_wgpu::timing`, after its warm-up)
 //! and the multiply-add rate it implies; WORKGROUPS (default 1056) workgroups of 256 threads.
+//! The product probes hold 33 KiB of workgroup memory (W and S with their padding), a little
+//! more than the 32 KiB every adapter is sure to have (the H100 has 48; lavapipe ran them).
 
 use deltakv_wgpu::timing::median_dispatch_us;
 use deltakv_wgpu::{ShaderSource, Wgpu};

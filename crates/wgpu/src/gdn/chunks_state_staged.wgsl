@@ -171,7 +171,7 @@ fn gdn_chunk_state_staged(
         stage_words(threads, tid, kd0, kd1, kd2, kd3);
         workgroupBarrier();
 
-        // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd on its way.
+        // B2: S <- exp(G_last) S + Kd^T V'; the next chunk's Qd and U on their way.
         x0 = chunk_word(p.qd_at, next_ch, tid, kp4);
         x1 = chunk_word(p.qd_at, next_ch, tid + threads, kp4);
         x2 = chunk_word(p.qd_at, next_ch, tid + 2u * threads, kp4);

@@ -9,14 +9,18 @@
 //!
 //! Each line gives the median time of one dispatch (`deltakv_wgpu::timing`, after its warm-up)
 //! and the multiply-add rate it implies; WORKGROUPS (default 1056) workgroups of 256 threads.
-//! The product probes hold 33 KiB of workgroup memory (W and S with their padding), a little
+//! The 2- and 4-row probes hold 33 KiB of workgroup memory (W and S with W's padding), a little
 //! more than the 32 KiB every adapter is sure to have (the H100 has 48; lavapipe ran them).
 
 use deltakv_wgpu::timing::median_dispatch_us;
 use deltakv_wgpu::{ShaderSource, Wgpu};
 use wgpu::util::DeviceExt;
 
-const TEXT: &str = include_str!("product_probe.wgsl");
+/// The probes, with the staged state kernel's own product function (`staged_half_products`).
+const TEXT: &str = concat!(
+    include_str!("product_probe.wgsl"),
+    include_str!("../src/gdn/staged_s_columns.wgsl")
+);
 const REPS: u32 = 256;
 
 /// (entry point, multiply-adds per workgroup and repetition, what it is).
@@ -29,12 +33,12 @@ const PROBES: &[(&str, f64, &str)] = &[
     (
         "ws_pairs",
         32.0 * 16.0 * 128.0,
-        "W S, 16 columns: the staged kernel's pairs (2 rows x 2 columns x half of K per thread, 256 threads)",
+        "W S, 16 columns: the staged kernel's own products (2 rows x 2 columns x half of K per thread, 256 threads)",
     ),
     (
         "ws_rows2",
         32.0 * 32.0 * 128.0,
-        "W S, 32 columns: the wide kernel's 2 rows x 4 columns x K per thread, 128 threads",
+        "W S, 32 columns: 2 rows x 4 columns x K per thread, 128 threads (tuning log row 24's layout)",
     ),
     (
         "ws_rows2_halves",

@@ -279,8 +279,8 @@ impl RecurrentLaunch {
         }
         // The token-loop and one-pass chunk kernels are built without wgpu's loop bounding (its
         // counters keep the driver from unrolling their loops over rows, elements and chunk
-        // tokens: the token-loop prefill took 21% less time without them on the H100); the
-        // bands decode, written out row by row already, keeps it (without, it took 35% more).
+        // tokens); the bands decode, written out row by row already, keeps it (it measured
+        // slower without; docs/wgpu.md, decode tuning log).
         let pipeline = if matches!(call.kernel, Kernel::Bands) {
             wgpu.pipeline(&source, &constants)?
         } else {

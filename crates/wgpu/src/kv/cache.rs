@@ -345,8 +345,9 @@ impl WgpuPagedKvCache {
                 contents: &uniform_bytes(&params),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-        // Built without wgpu's loop bounding, so the driver can unroll the wide-integer loops
-        // of the norm's exact rounding and keep their limbs in registers.
+        // Built without wgpu's loop bounding, whose counters keep the driver from unrolling the
+        // encode's loops (its sums, butterflies and level search; docs/wgpu.md, "KV encode on
+        // the H100").
         // SAFETY: every loop of encode.wgsl ends: over the vectors by `groups` steps (at least
         // one wherever a workgroup runs), over d (checked at most 256) by the workgroup's 64
         // threads or by doubling, over fixed counts (limbs, lanes, rounding steps), and over a

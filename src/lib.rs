@@ -208,7 +208,7 @@ pub fn gdn_prefill_checkpointed(
                 deltakv_cuda::Cuda::get()?,
                 inputs,
                 options,
-                None,
+                deltakv_cuda::gdn::Split::Auto,
                 checkpoint_every,
             ),
             PrefillMode::Recurrent => Err(Error::Unsupported(
@@ -291,7 +291,7 @@ pub fn gdn_prefill_into_pool_checkpointed(
                 state_pool,
                 slot_indices,
                 checkpoint_every,
-                None,
+                deltakv_cuda::gdn::Split::Auto,
             )
         }
         _ => deltakv_cpu::gdn::gdn_prefill_into_pool_checkpointed(

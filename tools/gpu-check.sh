@@ -483,8 +483,10 @@ for line in sys.stdin:
     du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
     ;;
 prefill-variants)
-    # Each prepare kernel (PREFILL_VARIANTS, default "scalar mma mma-prefetch":
-    # DELTAKV_PREFILL_PREPARE=scalar, =mma (the library default), =mma-prefetch) through the prefill suites, then
+    # Each variant (PREFILL_VARIANTS, default "scalar mma mma-prefetch": a word sets
+    # DELTAKV_PREFILL_PREPARE=word (mma is the library default), `default` the library's
+    # defaults, `NAME=VALUE` that variable, e.g. DELTAKV_PREFILL_RELAY=off; with
+    # PREFILL_SUITES=first only the first variant runs the suites) through the prefill suites, then
     # `bench gdn` at T 4096 and 16384 and ncu's per-kernel times at T 16384; then, while the
     # call has time (PREFILL_VARIANTS_BUDGET seconds, default 470), compute-sanitizer memcheck
     # and racecheck over one small test with the last variant, the loaded kernels' local
@@ -499,10 +501,20 @@ prefill-variants)
     budget=${PREFILL_VARIANTS_BUDGET:-470}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
     variants=${PREFILL_VARIANTS:-scalar mma mma-prefetch}
-    use() { if [ "$1" = default ]; then unset DELTAKV_PREFILL_PREPARE; else export DELTAKV_PREFILL_PREPARE=$1; fi; }
+    use() {
+        unset DELTAKV_PREFILL_PREPARE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
+        case "$1" in
+        default) ;;
+        *=*) export "${1?}" ;;
+        *) export DELTAKV_PREFILL_PREPARE=$1 ;;
+        esac
+    }
+    first_variant=${variants%% *}
     for variant in $variants; do
         use "$variant"
-        for suite in gdn_prefill gdn_prefill_checkpoints gdn_prefill_streams; do
+        suites="gdn_prefill gdn_prefill_checkpoints gdn_prefill_streams"
+        [ "${PREFILL_SUITES:-all}" = first ] && [ "$variant" != "$first_variant" ] && suites=""
+        for suite in $suites; do
             log=$logs/$variant-$suite.log
             if timeout 150 ".carry/tests/deltakv-cuda-$suite" --test-threads=1 --nocapture >"$log" 2>&1; then
                 summary+=("PASS $variant: $suite ($(last 'test result' "$log"))")
@@ -510,8 +522,10 @@ prefill-variants)
                 summary+=("FAIL $variant: $suite: $(grep -h 'panicked\|FAILED\|failed' "$log" | head -n 3 | tr '\n' ' ')")
             fi
         done
-        worst=$(grep -ho ': o [0-9.e+-]*' "$logs/$variant-gdn_prefill.log" | awk '{print $3}' | sort -g | tail -n 1)
-        summary+=("$variant: worst o rel_rms over the prefill suite ${worst:-?}")
+        if [ -n "$suites" ]; then
+            worst=$(grep -ho ': o [0-9.e+-]*' "$logs/$variant-gdn_prefill.log" | awk '{print $3}' | sort -g | tail -n 1)
+            summary+=("$variant: worst o rel_rms over the prefill suite ${worst:-?}")
+        fi
         timeout 120 .carry/deltakv bench gdn --device cuda --seq-lens 4096,16384 --decode-batches 1 \
             --json "$logs/$variant-bench.json" >"$logs/$variant-bench.txt" 2>&1 ||
             summary+=("FAIL $variant: bench (exit $?)")
@@ -523,15 +537,16 @@ prefill-variants)
             awk '/^  gdn/ {name=$1} /duration/ {sum[name] += $NF; n[name]++}
                 END {for (k in sum) printf "%s %.1f (mean of %d); ", k, sum[k] / n[k], n[k]}')")
     done
-    # The last variant under the sanitizers, on small shapes (segments, varlen, resets).
+    # The first variant under the sanitizers, on small shapes (segments, relays, varlen, resets).
+    use "$first_variant"
     for tool in memcheck racecheck; do
         [ "$SECONDS" -lt "$budget" ] || { summary+=("skipped compute-sanitizer $tool: out of time"); continue; }
         t=.carry/tests/deltakv-cuda-gdn_prefill
         if timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 \
             gate_extremes >"$logs/sanitizer-$tool.log" 2>&1; then
-            summary+=("PASS compute-sanitizer $tool (${DELTAKV_PREFILL_PREPARE:-default}, gate_extremes): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            summary+=("PASS compute-sanitizer $tool ($first_variant, gate_extremes): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
         else
-            summary+=("FAIL compute-sanitizer $tool (${DELTAKV_PREFILL_PREPARE:-default}, gate_extremes, exit $?): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+            summary+=("FAIL compute-sanitizer $tool ($first_variant, gate_extremes, exit $?): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
         fi
     done
     t=.carry/tests/deltakv-cuda-kernels_compile

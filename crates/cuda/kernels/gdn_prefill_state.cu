@@ -31,6 +31,8 @@ struct SegmentRows {
 // Where a block's entry state comes from and where its end state goes.
 #define MODE_OUTPUT 0      // outputs and (last segment) the final state
 #define MODE_TRANSITION 1  // no outputs; D (zero entry, U) or M (identity entry, no U)
+#define MODE_LEAD 2        // no outputs; the entry state walked to the segment's end state,
+                           // stored as the next segment's entry (the relay)
 
 template <int KP>
 struct StateStage {
@@ -377,6 +379,18 @@ __device__ void state_impl(const PrefillParams& p) {
                 }
             }
         }
+    } else if (MODE == MODE_LEAD) {
+        // Every row and column of the tile (the padding is zero), where the segment that
+        // follows reads its entry state (`load_entry_state`, the same index).
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
+                ((float*)p.segment_states)
+                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
+            }
+        }
     } else if (p.final_state && seg_index == seg_count - 1) {
         store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
     }
@@ -390,6 +404,10 @@ __device__ void state_impl(const PrefillParams& p) {
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
         state_impl<KP, MODE_TRANSITION>(p);                                                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
+        gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
+        state_impl<KP, MODE_LEAD>(p);                                                         \
     }
 
 PF_STATE_ENTRY_POINTS(64)

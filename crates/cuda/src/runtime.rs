@@ -1,12 +1,15 @@
 //! The CUDA runtime of deltakv: one context on one GPU per process, one stream that every op
 //! and copy is ordered on, and the kernels compiled at first use. [`Cuda::on_stream`] gives a
 //! handle that launches the same kernels on a caller's stream instead (an engine's current
-//! stream, handed over through DLPack).
+//! stream, handed over through DLPack). An op that runs two kernels side by side forks a
+//! second stream off the op's stream and joins it back before returning
+//! ([`Cuda::fork_side`], [`Cuda::join_side`]), so to a caller every op is still one stream's work.
 //!
 //! Opening the device never panics: libcuda is probed before cudarc touches it (cudarc panics
 //! when the library is missing), and every failure becomes a one-line `Err`.
 
 use crate::compile::{self, Compiled, KernelSource};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
@@ -19,6 +22,9 @@ pub struct Cuda {
     name: String,
     arch: String,
     multiprocessors: usize,
+    /// The second stream of [`Cuda::fork_side`], made on first use and shared with the
+    /// handles of [`Cuda::on_stream`].
+    side: Arc<OnceLock<Arc<CudaStream>>>,
     /// Shared with the handles of [`Cuda::on_stream`]: a kernel is compiled once per process.
     modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
     functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
@@ -160,9 +166,10 @@ impl Cuda {
         }
         let context = CudaContext::new(ordinal)
             .map_err(|e| unavailable(format!("no CUDA device: opening GPU {ordinal}: {e}")))?;
-        // One stream orders every op and copy, so cudarc's per-buffer event tracking (made for
-        // several streams) would only add an event record to every launch.
-        // SAFETY: no buffer exists yet, and all work goes to the single stream below.
+        // One stream orders every op and copy (a side stream only ever runs between a fork from
+        // it and a join back), so cudarc's per-buffer event tracking would only add an event
+        // record to every launch.
+        // SAFETY: no buffer exists yet, and all work is ordered on the stream below.
         unsafe { context.disable_event_tracking() };
         let (major, minor) = context
             .compute_capability()
@@ -186,6 +193,7 @@ impl Cuda {
             name,
             arch: arch_for(major, minor),
             multiprocessors,
+            side: Arc::default(),
             modules: Arc::default(),
             functions: Arc::default(),
         })
@@ -210,6 +218,7 @@ impl Cuda {
             name: self.name.clone(),
             arch: self.arch.clone(),
             multiprocessors: self.multiprocessors,
+            side: self.side.clone(),
             modules: self.modules.clone(),
             functions: self.functions.clone(),
         }
@@ -244,6 +253,41 @@ impl Cuda {
     /// The driver context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.context
+    }
+
+    /// The side stream, made to wait for everything queued on [`Cuda::stream`] so far: work
+    /// queued on it next runs beside what the stream runs next. Every fork must be followed by
+    /// [`Cuda::join_side`] before the op returns. The side stream is shared by the handles of
+    /// one GPU, so two threads forking at once order their side work one after the other
+    /// (correct, not concurrent).
+    pub fn fork_side(&self) -> Result<Arc<CudaStream>> {
+        let side = match self.side.get() {
+            Some(side) => side.clone(),
+            None => {
+                let made = self
+                    .context
+                    .new_stream()
+                    .map_err(|e| driver_error("creating a second stream", e))?;
+                self.side.get_or_init(|| made).clone()
+            }
+        };
+        let event = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| driver_error("recording an event", e))?;
+        side.wait(&event)
+            .map_err(|e| driver_error("ordering the second stream", e))?;
+        Ok(side)
+    }
+
+    /// Makes [`Cuda::stream`] wait for everything queued on `side` (from [`Cuda::fork_side`]).
+    pub fn join_side(&self, side: &CudaStream) -> Result<()> {
+        let event = side
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| driver_error("recording an event", e))?;
+        self.stream
+            .wait(&event)
+            .map_err(|e| driver_error("joining the second stream", e))
     }
 
     /// Waits for all work queued on deltakv's stream; a kernel fault shows up here.

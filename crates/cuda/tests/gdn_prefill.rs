@@ -1,6 +1,6 @@
 //! GDN prefill on the GPU against the f64 oracle: the shapes of the CPU suite (odd T, varlen
 //! with length-1 sequences, GQA ratios, K != V, strong and zero decay, beta 0 and 1, resets,
-//! f32/f16 inputs), every case run whole and split into forced segments (the two-level scan),
+//! f32/f16 inputs), every case run whole, split into forced segments (the two-level scan) and relayed,
 //! plus the pooled prefill followed by decode. On a machine without a CUDA device every test
 //! prints one "skipped (no CUDA device)" line and passes.
 //!
@@ -12,7 +12,9 @@ use deltakv_contract::gdn::random::{BetaFill, GdnCase, GdnSpec};
 use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, Gating, GdnInputs, GdnOptions};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, HostTensor};
-use deltakv_cuda::gdn::{PrefillStates, gdn_decode, gdn_prefill, gdn_prefill_host};
+use deltakv_cuda::gdn::{
+    PrefillStates, Split, gdn_decode, gdn_prefill_checkpointed, gdn_prefill_host,
+};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
 
@@ -41,24 +43,32 @@ fn options(l2: bool) -> GdnOptions {
     }
 }
 
-/// Runs `case` whole and with forced segments of 1 and 3 chunks; returns the worst errors.
+/// Runs `case` whole, with forced scan segments of 1 and 3 chunks and relayed after 1 and 2
+/// chunks; returns the worst errors.
 fn check(cuda: &Cuda, name: &str, case: &GdnCase, options: &GdnOptions) -> (f64, f64) {
     let reference = gdn_reference(&case.inputs(), options).unwrap();
     let mut worst = (0.0f64, 0.0f64);
-    for segment_chunks in [None, Some(1), Some(3)] {
-        let out = gdn_prefill_host(cuda, &case.inputs(), options, segment_chunks)
+    let splits = [
+        Split::Auto,
+        Split::Scan(1),
+        Split::Scan(3),
+        Split::Relay(1),
+        Split::Relay(2),
+    ];
+    for split in splits {
+        let out = gdn_prefill_host(cuda, &case.inputs(), options, split)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(out.o.dtype(), case.v.dtype());
         let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
         let s_err = rel_rms(out.final_state.as_f32().unwrap(), &reference.final_state);
-        eprintln!("{name} segments {segment_chunks:?}: o {o_err:.3e}, final_state {s_err:.3e}");
+        eprintln!("{name} segments {split:?}: o {o_err:.3e}, final_state {s_err:.3e}");
         assert!(
             o_err < O_TOLERANCE,
-            "{name} {segment_chunks:?}: o rel_rms {o_err:.3e}"
+            "{name} {split:?}: o rel_rms {o_err:.3e}"
         );
         assert!(
             s_err < STATE_TOLERANCE,
-            "{name} {segment_chunks:?}: final_state rel_rms {s_err:.3e}"
+            "{name} {split:?}: final_state rel_rms {s_err:.3e}"
         );
         worst = (worst.0.max(o_err), worst.1.max(s_err));
     }
@@ -248,62 +258,61 @@ fn pooled_prefill_then_decode_equals_the_longer_prefill() {
     let tail = [&case.q, &case.k, &case.v, &case.g, &case.beta].map(|t| up(&split(t, false)));
     let slots = [4i64, 0, 2];
     let slot_tensor = up(&HostTensor::from_i64(vec![3], slots.to_vec()).unwrap());
-    // Slots start as zero states (the prefill reads them as its initial states).
-    let mut pool = CudaTensor::zeros(cuda, vec![5, heads, dim, dim], DType::F32).unwrap();
-    let inputs = GdnInputs {
-        q: &head[0],
-        k: &head[1],
-        v: &head[2],
-        g: &head[3],
-        beta: &head[4],
-        initial_state: None,
-        cu_seqlens: None,
-    };
-    gdn_prefill(
-        cuda,
-        &inputs,
-        &opts,
-        PrefillStates::Pool {
+    // Whole and relayed (the relay stores its final states through scratch: a pool's slot is
+    // both the initial and the final state).
+    for schedule in [Split::Auto, Split::Relay(2)] {
+        // Slots start as zero states (the prefill reads them as its initial states).
+        let mut pool = CudaTensor::zeros(cuda, vec![5, heads, dim, dim], DType::F32).unwrap();
+        let inputs = GdnInputs {
+            q: &head[0],
+            k: &head[1],
+            v: &head[2],
+            g: &head[3],
+            beta: &head[4],
+            initial_state: None,
+            cu_seqlens: None,
+        };
+        let states = PrefillStates::Pool {
             pool: &mut pool,
             slot_indices: &slot_tensor,
-        },
-    )
-    .unwrap();
-    let decode_inputs = DecodeInputs {
-        q: &tail[0],
-        k: &tail[1],
-        v: &tail[2],
-        gating: Gating::Direct {
-            g: &tail[3],
-            beta: &tail[4],
-        },
-        slot_indices: &slot_tensor,
-    };
-    let decode_options = DecodeOptions {
-        gdn: opts.clone(),
-        ..DecodeOptions::default()
-    };
-    let out = gdn_decode(cuda, &decode_inputs, &mut pool, &decode_options).unwrap();
-    // The decoded token's output against the oracle's last token of the longer prefill.
-    let o = out.o.download(cuda).unwrap().to_f32_vec("o").unwrap();
-    let per_row = heads * dim;
-    let expected_o: Vec<f64> = (0..3)
-        .flat_map(|b| reference.o[(b * (prompt + 1) + prompt) * per_row..][..per_row].to_vec())
-        .collect();
-    let o_err = rel_rms(&o, &expected_o);
-    // Each slot against the oracle's final state of its sequence.
-    let pool = pool.download(cuda).unwrap();
-    let pool = pool.as_f32().unwrap();
-    let per_state = heads * dim * dim;
-    let mut got = Vec::new();
-    let mut expected = Vec::new();
-    for (n, &slot) in slots.iter().enumerate() {
-        got.extend_from_slice(&pool[slot as usize * per_state..][..per_state]);
-        expected.extend_from_slice(&reference.final_state[n * per_state..][..per_state]);
+        };
+        gdn_prefill_checkpointed(cuda, &inputs, &opts, states, None, schedule).unwrap();
+        let decode_inputs = DecodeInputs {
+            q: &tail[0],
+            k: &tail[1],
+            v: &tail[2],
+            gating: Gating::Direct {
+                g: &tail[3],
+                beta: &tail[4],
+            },
+            slot_indices: &slot_tensor,
+        };
+        let decode_options = DecodeOptions {
+            gdn: opts.clone(),
+            ..DecodeOptions::default()
+        };
+        let out = gdn_decode(cuda, &decode_inputs, &mut pool, &decode_options).unwrap();
+        // The decoded token's output against the oracle's last token of the longer prefill.
+        let o = out.o.download(cuda).unwrap().to_f32_vec("o").unwrap();
+        let per_row = heads * dim;
+        let expected_o: Vec<f64> = (0..3)
+            .flat_map(|b| reference.o[(b * (prompt + 1) + prompt) * per_row..][..per_row].to_vec())
+            .collect();
+        let o_err = rel_rms(&o, &expected_o);
+        // Each slot against the oracle's final state of its sequence.
+        let pool = pool.download(cuda).unwrap();
+        let pool = pool.as_f32().unwrap();
+        let per_state = heads * dim * dim;
+        let mut got = Vec::new();
+        let mut expected = Vec::new();
+        for (n, &slot) in slots.iter().enumerate() {
+            got.extend_from_slice(&pool[slot as usize * per_state..][..per_state]);
+            expected.extend_from_slice(&reference.final_state[n * per_state..][..per_state]);
+        }
+        let s_err = rel_rms(&got, &expected);
+        eprintln!("pooled prefill ({schedule:?}) + decode: o {o_err:.3e}, pool {s_err:.3e}");
+        assert!(o_err < O_TOLERANCE && s_err < STATE_TOLERANCE);
     }
-    let s_err = rel_rms(&got, &expected);
-    eprintln!("pooled prefill + decode: o {o_err:.3e}, pool {s_err:.3e}");
-    assert!(o_err < O_TOLERANCE && s_err < STATE_TOLERANCE);
 }
 
 #[test]
@@ -316,6 +325,6 @@ fn bad_calls_are_refused_before_launch() {
     let mut g = case.g.to_f32_vec("g").unwrap();
     g[4] = f32::NAN;
     case.g = HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
-    let err = gdn_prefill_host(cuda, &case.inputs(), &options(false), None).unwrap_err();
+    let err = gdn_prefill_host(cuda, &case.inputs(), &options(false), Split::Auto).unwrap_err();
     assert!(err.to_string().contains("g"), "{err}");
 }

@@ -18,11 +18,19 @@ use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::rng::Rng;
 use deltakv_contract::{DType, HostTensor};
 use deltakv_cuda::Cuda;
-use deltakv_cuda::gdn::{gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool_checkpointed};
+use deltakv_cuda::gdn::{
+    Split, gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool_checkpointed,
+};
 use std::io::Write;
 
 const STATE_TOLERANCE: f64 = 4.0e-3;
-const SEGMENTS: [Option<usize>; 3] = [None, Some(1), Some(3)];
+const SPLITS: [Split; 5] = [
+    Split::Auto,
+    Split::Scan(1),
+    Split::Scan(3),
+    Split::Relay(1),
+    Split::Relay(2),
+];
 
 /// The GPU, with scratch memory poisoned so a kernel that reads an element no kernel wrote
 /// shows it as NaN in the results.
@@ -72,11 +80,10 @@ fn check(cuda: &Cuda, name: &str, case: &GdnCase, options: &GdnOptions, every: u
     let plan = CheckpointPlan::new(every, &seqs).unwrap();
     let (h, k, v) = (case.v.shape()[2], case.q.shape()[3], case.v.shape()[3]);
     let state_len = h * k * v;
-    for segment_chunks in SEGMENTS {
-        let what = format!("{name} every {every} segments {segment_chunks:?}");
-        let out =
-            gdn_prefill_host_checkpointed(cuda, &inputs, options, segment_chunks, Some(every))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+    for split in SPLITS {
+        let what = format!("{name} every {every} segments {split:?}");
+        let out = gdn_prefill_host_checkpointed(cuda, &inputs, options, split, Some(every))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         let checkpoints = out.checkpoints.expect("checkpoints were asked for");
         assert_eq!(checkpoints.states.dtype(), DType::F32);
         assert_eq!(checkpoints.states.shape(), &[plan.total(), h, k, v]);
@@ -201,7 +208,7 @@ fn pooled_prefill_checkpoints_equal_those_from_the_slots() {
     }
     let initial = HostTensor::from_f32(vec![2, 4, 64, 48], initial).unwrap();
     let slot_tensor = HostTensor::from_i64(vec![2], slots.to_vec()).unwrap();
-    for segment_chunks in SEGMENTS {
+    for split in SPLITS {
         let expected = gdn_prefill_host_checkpointed(
             cuda,
             &GdnInputs {
@@ -209,7 +216,7 @@ fn pooled_prefill_checkpoints_equal_those_from_the_slots() {
                 ..case.inputs()
             },
             &options(false),
-            segment_chunks,
+            split,
             Some(64),
         )
         .unwrap()
@@ -223,7 +230,7 @@ fn pooled_prefill_checkpoints_equal_those_from_the_slots() {
             &mut pool,
             &slot_tensor,
             Some(64),
-            segment_chunks,
+            split,
         )
         .unwrap();
         let checkpoints = checkpoints.unwrap();
@@ -232,10 +239,10 @@ fn pooled_prefill_checkpoints_equal_those_from_the_slots() {
             checkpoints.states.as_f32().unwrap(),
             &expected.states.to_f64_vec("states").unwrap(),
         );
-        eprintln!("pooled checkpoints {segment_chunks:?}: {err:.3e} from the separate call");
+        eprintln!("pooled checkpoints {split:?}: {err:.3e} from the separate call");
         assert!(
             err < 1e-6,
-            "{segment_chunks:?}: pooled checkpoints differ: {err:.3e}"
+            "{split:?}: pooled checkpoints differ: {err:.3e}"
         );
     }
     for bad in [0, 32, 100] {
@@ -247,7 +254,7 @@ fn pooled_prefill_checkpoints_equal_those_from_the_slots() {
             &mut pool,
             &slot_tensor,
             Some(bad),
-            None,
+            Split::Auto,
         )
         .unwrap_err()
         .to_string();

@@ -6,7 +6,8 @@
 //! other stream sees NaN. Each case also runs through the lockstep state pass (asked for by
 //! checkpoints), so a wrong figure says whether the stream or the state pass is at fault. Every
 //! figure is printed before any assertion. Shapes: the Python side-stream test's (B 2, T 200,
-//! K = V = 128, l2, f32 and bf16), varlen, and a segmented (two-level scan) one. On a machine
+//! K = V = 128, l2, f32 and bf16), varlen, a segmented (two-level scan) one and the same relayed
+//! (whose first segments run on a second stream forked from the caller's). On a machine
 //! without a CUDA device the test prints one "skipped (no CUDA device)" line and passes.
 
 use cudarc::driver::sys::CUstream;
@@ -17,7 +18,7 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, Result};
 use deltakv_cuda::compile::KernelSource;
-use deltakv_cuda::gdn::{PrefillStates, gdn_prefill_checkpointed};
+use deltakv_cuda::gdn::{PrefillStates, Split, gdn_prefill_checkpointed};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
 
@@ -107,12 +108,13 @@ fn run(
     options: &GdnOptions,
     reference: &GdnReference,
     lockstep: bool,
+    split: Split,
 ) -> Result<(f64, f64)> {
     let states = PrefillStates::Separate {
         output_final_state: true,
     };
     let checkpoint_every = lockstep.then_some(64);
-    let out = gdn_prefill_checkpointed(on, inputs, options, states, checkpoint_every, None)?;
+    let out = gdn_prefill_checkpointed(on, inputs, options, states, checkpoint_every, split)?;
     let o = out.o.download(on)?.to_f32_vec("o")?;
     let final_state = out
         .final_state
@@ -192,20 +194,35 @@ fn prefill_with_an_initial_state_on_a_borrowed_stream() {
     let mut segmented = GdnSpec::new(1000, 2, 4, 128, 64);
     segmented.raw_qk = true;
     segmented.with_initial_state = true;
+    let auto = Split::Auto;
     let cases = [
         (
             "B2 T200 K=V=128 l2 f32 (the Python test's)",
             python_f32,
             true,
             61,
+            auto,
         ),
-        ("B2 T200 K=V=128 l2 bf16", python_bf16, true, 62),
-        ("varlen K=V=64", varlen, false, 63),
-        ("segmented T1000 K128 V64 l2", segmented, true, 64),
+        ("B2 T200 K=V=128 l2 bf16", python_bf16, true, 62, auto),
+        ("varlen K=V=64", varlen, false, 63, auto),
+        (
+            "segmented T1000 K128 V64 l2",
+            segmented.clone(),
+            true,
+            64,
+            auto,
+        ),
+        (
+            "relayed T1000 K128 V64 l2",
+            segmented,
+            true,
+            65,
+            Split::Relay(11),
+        ),
     ];
 
     let mut failures = Vec::new();
-    for (name, spec, l2, seed) in cases {
+    for (name, spec, l2, seed, split) in cases {
         let case = GdnCase::random(&spec, seed).unwrap();
         let options = options(l2);
         let reference = gdn_reference(&case.inputs(), &options).unwrap();
@@ -216,15 +233,15 @@ fn prefill_with_an_initial_state_on_a_borrowed_stream() {
             let mut figures = vec![
                 (
                     "deltakv's stream",
-                    run(cuda, &inputs, &options, &reference, lockstep),
+                    run(cuda, &inputs, &options, &reference, lockstep, split),
                 ),
                 (
                     "legacy stream",
-                    run(&legacy, &inputs, &options, &reference, lockstep),
+                    run(&legacy, &inputs, &options, &reference, lockstep, split),
                 ),
                 (
                     "borrowed stream",
-                    run(&caller, &inputs, &options, &reference, lockstep),
+                    run(&caller, &inputs, &options, &reference, lockstep, split),
                 ),
             ];
             // The borrowed stream with the caller's pending writes: the initial state is a
@@ -236,7 +253,7 @@ fn prefill_with_an_initial_state_on_a_borrowed_stream() {
             let behind = write_behind_a_spin(cuda, &caller, &uploaded.initial_state, &mut pending)
                 .and_then(|()| {
                     let inputs = uploaded.inputs(&pending);
-                    run(&caller, &inputs, &options, &reference, lockstep)
+                    run(&caller, &inputs, &options, &reference, lockstep, split)
                 });
             figures.push(("borrowed stream, pending writes", behind));
             caller.synchronize().unwrap();

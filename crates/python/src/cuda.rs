@@ -20,7 +20,7 @@ use crate::dlpack::{Borrowed, Device};
 use crate::export::Exported;
 use crate::gdn::PrefillResults;
 use crate::to_py_err;
-use deltakv::cuda::gdn::{PrefillStates, gdn_decode, gdn_prefill_checkpointed};
+use deltakv::cuda::gdn::{PrefillStates, Split, gdn_decode, gdn_prefill_checkpointed};
 use deltakv::cuda::{Cuda, CudaTensor};
 use deltakv::gdn::prefill::validate::check_prefill_meta;
 use deltakv::gdn::{
@@ -171,8 +171,15 @@ pub fn prefill(
                     .map(|(o, state)| (o, Some(state), None))
             } else {
                 let states = PrefillStates::Separate { output_final_state };
-                gdn_prefill_checkpointed(cuda, &inputs, options, states, checkpoint_every, None)
-                    .map(|out| (out.o, out.final_state, out.checkpoints))
+                gdn_prefill_checkpointed(
+                    cuda,
+                    &inputs,
+                    options,
+                    states,
+                    checkpoint_every,
+                    Split::Auto,
+                )
+                .map(|out| (out.o, out.final_state, out.checkpoints))
             }
         })
         .map_err(to_py_err)?;

@@ -8,7 +8,7 @@ pub use decode::{
     gdn_decode_host, prepare_decode_launch,
 };
 pub use prefill::{
-    CudaCheckpoints, CudaPrefillOutput, PrefillExtras, PrefillLaunch, PrefillStates, gdn_prefill,
-    gdn_prefill_checkpointed, gdn_prefill_host, gdn_prefill_host_checkpointed,
+    CudaCheckpoints, CudaPrefillOutput, PrefillExtras, PrefillLaunch, PrefillStates, Split,
+    gdn_prefill, gdn_prefill_checkpointed, gdn_prefill_host, gdn_prefill_host_checkpointed,
     gdn_prefill_host_into_pool, gdn_prefill_host_into_pool_checkpointed,
 };

@@ -59,7 +59,7 @@ pub(crate) fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::PrefillPlan;
+    use super::super::plan::{PrefillPlan, Split};
     use super::*;
 
     #[test]
@@ -76,7 +76,7 @@ mod tests {
             .collect();
         let plan = CheckpointPlan::new(128, &seqs).unwrap();
         let table = chunk_checkpoints(&seqs, &plan);
-        let chunks = PrefillPlan::new(&seqs, 8, 132, Some(3));
+        let chunks = PrefillPlan::new(&seqs, 8, 132, Split::Scan(3), None);
         assert_eq!(table.len(), chunks.chunks());
         // Chunks: [1] | [64, 64, 2] | [64, 64, 64] | [64] | [64 x 5, 63].
         assert_eq!(

@@ -3,7 +3,7 @@
 //! facade's host-tensor entry points use these; a serving loop calls [`super::gdn_prefill`]
 //! with tensors that stay on the GPU.
 
-use super::{PrefillExtras, PrefillLaunch, PrefillStates, gdn_prefill_checkpointed};
+use super::{PrefillExtras, PrefillLaunch, PrefillStates, Split, gdn_prefill_checkpointed};
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
 use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
@@ -50,15 +50,15 @@ impl UploadedPrefill {
 }
 
 /// Prefill of host tensors on the GPU: the contract's full check (values included) on the
-/// host, upload, the kernels, and the results copied back. `segment_chunks` forces the segment
-/// length of the two-level scan (`None`: chosen from the GPU's size).
+/// host, upload, the kernels, and the results copied back. `split` says how long sequences are
+/// split for the state pass ([`Split::Auto`]: from the GPU's size).
 pub fn gdn_prefill_host(
     cuda: &Cuda,
     inputs: &GdnInputs<'_>,
     options: &GdnOptions,
-    segment_chunks: Option<usize>,
+    split: Split,
 ) -> Result<GdnOutput> {
-    gdn_prefill_host_checkpointed(cuda, inputs, options, segment_chunks, None)
+    gdn_prefill_host_checkpointed(cuda, inputs, options, split, None)
 }
 
 /// [`gdn_prefill_host`] that also returns the state every `checkpoint_every` tokens of each
@@ -67,7 +67,7 @@ pub fn gdn_prefill_host_checkpointed(
     cuda: &Cuda,
     inputs: &GdnInputs<'_>,
     options: &GdnOptions,
-    segment_chunks: Option<usize>,
+    split: Split,
     checkpoint_every: Option<usize>,
 ) -> Result<GdnOutput> {
     validate_prefill(inputs, options)?;
@@ -99,7 +99,7 @@ pub fn gdn_prefill_host_checkpointed(
         Some(&mut final_state),
         PrefillExtras {
             checkpoint_every,
-            segment_chunks,
+            split,
         },
     )?;
     launch.launch(cuda)?;
@@ -155,14 +155,13 @@ pub fn gdn_prefill_host_into_pool(
         state_pool,
         slot_indices,
         None,
-        None,
+        Split::Auto,
     )
     .map(|(o, _)| o)
 }
 
 /// [`gdn_prefill_host_into_pool`] that also returns the state every `checkpoint_every` tokens
-/// of each sequence, and may force the segment length of the two-level scan
-/// (`segment_chunks`).
+/// of each sequence, and may force how long sequences are split (`split`).
 pub fn gdn_prefill_host_into_pool_checkpointed(
     cuda: &Cuda,
     inputs: &GdnInputs<'_>,
@@ -170,7 +169,7 @@ pub fn gdn_prefill_host_into_pool_checkpointed(
     state_pool: &mut HostTensor,
     slot_indices: &HostTensor,
     checkpoint_every: Option<usize>,
-    segment_chunks: Option<usize>,
+    split: Split,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
     validate_prefill(inputs, options)?;
     let uploaded = UploadedPrefill::new(cuda, inputs)?;
@@ -186,7 +185,7 @@ pub fn gdn_prefill_host_into_pool_checkpointed(
             slot_indices: &slots,
         },
         checkpoint_every,
-        segment_chunks,
+        split,
     )?;
     let o = out.o.download(cuda)?;
     check_result_finite("o", &o, "b, t, h, v", GDN_OVERFLOW_CAUSE)?;

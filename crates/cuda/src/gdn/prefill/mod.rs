@@ -4,9 +4,9 @@
 //! inputs, K and V up to 256.
 //!
 //! The algorithm and its kernels are described at the top of `kernels/gdn_prefill.cu`: a
-//! parallel pass per chunk (A, its inverse, W and U), an optional two-level scan over segments
-//! of chunks (each segment's linear map and contribution, then the entry state of every
-//! segment), and the state pass that writes the outputs.
+//! parallel pass per chunk (A, its inverse, W and U), then the state pass that writes the
+//! outputs; a long sequence with few heads is split into segments walked in parallel, by a
+//! two-level scan or by the relay (see `plan`).
 //!
 //! Precision: the products take bf16 operands with f32 accumulation (q, k and v are rounded to
 //! bf16 after the l2 norm, W and U are stored in bf16, the state enters the products in bf16);
@@ -20,6 +20,7 @@ mod checkpoint;
 mod host;
 mod operand;
 mod plan;
+mod relay;
 
 pub use checkpoint::CudaCheckpoints;
 use checkpoint::{checkpoint_shape, chunk_checkpoints};
@@ -40,7 +41,9 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
-use plan::{CHUNK, PrefillPlan, TILE, padded_dim};
+pub use plan::Split;
+use plan::{CHUNK, PrefillPlan, RELAY_LEAD_SHARE, SEGMENT_FIELDS, TILE, padded_dim};
+use relay::{FinalStaging, Kernel, RelayLaunch};
 
 /// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -154,6 +157,8 @@ pub struct PrefillLaunch {
     /// The transition pass and its shared memory.
     transition: (cudarc::driver::CudaFunction, u32),
     combine: cudarc::driver::CudaFunction,
+    /// The relay's launches, when the plan relays some sequence.
+    relay: Option<RelayLaunch>,
     convert: cudarc::driver::CudaFunction,
     conversions: Vec<Conversion>,
     _buffers: Vec<CudaTensor>,
@@ -215,9 +220,11 @@ pub struct PrefillExtras {
     /// Also store the state every this many tokens of each sequence (a positive multiple of
     /// 64; the contract's layout, `deltakv_contract::gdn::prefill::checkpoint`).
     pub checkpoint_every: Option<usize>,
-    /// Forces the segment length of the two-level scan, in chunks (`None`: chosen from the
-    /// GPU's size).
-    pub segment_chunks: Option<usize>,
+    /// How long sequences are split for the state pass (`Split::Auto`: from the GPU's size;
+    /// `DELTAKV_PREFILL_SEGMENT_CHUNKS=n` then forces the scan over n chunks, and
+    /// `DELTAKV_PREFILL_RELAY=off` or a first-segment share in (0, 1) turns the relay off or
+    /// sets its split).
+    pub split: Split,
 }
 
 /// Which kernel walks the chunks and writes the outputs.
@@ -271,7 +278,7 @@ impl PrefillLaunch {
     ) -> Result<Self> {
         let PrefillExtras {
             checkpoint_every,
-            segment_chunks,
+            split,
         } = extras;
         let offsets = match inputs.cu_seqlens {
             Some(cu) => Some(cu.download(cuda)?.to_i64_vec("cu_seqlens")?),
@@ -291,14 +298,19 @@ impl PrefillLaunch {
         }
         let (kp, vp) = (padded_dim(dims.key_dim), padded_dim(dims.value_dim));
         let tiles_v = vp / TILE;
+        let split = match (split, segment_chunks_from_env()) {
+            (Split::Auto, Some(chunks)) => Split::Scan(chunks),
+            (split, _) => split,
+        };
         let plan = PrefillPlan::new(
             &seqs,
             dims.value_heads * tiles_v,
             cuda.multiprocessors(),
-            segment_chunks.or_else(segment_chunks_from_env),
+            split,
+            relay_share_from_env()?,
         );
         let heads = dims.value_heads;
-        let (initial, final_address, state_rows_buffer) = match states {
+        let (initial, final_address, state_rows_buffer, slots) = match states {
             PrefillStates::Separate { .. } => {
                 let final_address = match final_state {
                     Some(f) => {
@@ -310,6 +322,7 @@ impl PrefillLaunch {
                 (
                     inputs.initial_state.map_or(0, |s| s.device_address(cuda)),
                     final_address,
+                    None,
                     None,
                 )
             }
@@ -327,7 +340,12 @@ impl PrefillLaunch {
                         .map(|slot| slot as i64)
                         .collect();
                 let address = pool.device_address_mut(cuda);
-                (address, address, Some(upload_i64(cuda, rows)?))
+                (
+                    address,
+                    address,
+                    Some(upload_i64(cuda, rows.clone())?),
+                    Some(rows),
+                )
             }
         };
 
@@ -353,15 +371,28 @@ impl PrefillLaunch {
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
         let seq_first_segment = upload_i32(cuda, plan.seq_first_segment.clone())?;
+        let empty = || scratch(vec![0], DType::F32);
         let (segment_states, transition_d, transition_m) = if plan.segmented {
             (
                 scratch(vec![segments, heads, kp, vp], DType::F32)?,
                 scratch(vec![segments, heads, kp, vp], DType::F32)?,
                 scratch(vec![segments, heads, kp, kp], DType::F32)?,
             )
+        } else if plan.relayed > 0 {
+            // The lead's hand-over, written before the second segments read it.
+            let hand_over = written(vec![plan.relayed, heads, kp, vp], DType::F32)?;
+            (hand_over, empty()?, empty()?)
         } else {
-            let empty = || scratch(vec![0], DType::F32);
             (empty()?, empty()?, empty()?)
+        };
+        // The relayed sequences' final states, copied to the caller's rows after the join.
+        let relay_final = if plan.relayed > 0 && final_address != 0 {
+            Some(written(
+                vec![seqs.len(), heads, dims.key_dim, dims.value_dim],
+                DType::F32,
+            )?)
+        } else {
+            None
         };
         let beta_dtype = inputs.beta.dtype();
         let mut conversions = Vec::new();
@@ -508,6 +539,37 @@ impl PrefillLaunch {
                 2 * kp as u32,
             ),
         };
+        let relay = if plan.relayed > 0 {
+            let relayed_rows = plan
+                .segments
+                .chunks(SEGMENT_FIELDS)
+                .take(plan.relayed)
+                .map(|record| {
+                    let n = record[0] as usize;
+                    let row = slots.as_ref().map_or(n as u64, |s| s[n] as u64);
+                    (n, row)
+                })
+                .collect();
+            let staging = relay_final.as_ref().map(|t| FinalStaging {
+                scratch: t.device_address(cuda),
+                rows: relayed_rows,
+                state_bytes: 4 * heads * dims.key_dim * dims.value_dim,
+            });
+            let lead = (
+                cuda.function(&SOURCE, lead_name(kp))?,
+                state_smem(kp) as u32,
+            );
+            Some(RelayLaunch::new(
+                lead,
+                &params,
+                segment_table.device_address(cuda),
+                seqs.len(),
+                segment_states.device_address(cuda),
+                staging,
+            ))
+        } else {
+            None
+        };
         let mut buffers = vec![
             w,
             u,
@@ -522,6 +584,7 @@ impl PrefillLaunch {
             transition_m,
         ];
         buffers.extend(state_rows_buffer);
+        buffers.extend(relay_final);
         buffers.extend(checkpoint_table);
         buffers.extend(operands);
         Ok(Self {
@@ -534,6 +597,7 @@ impl PrefillLaunch {
             state: state_pass,
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
+            relay,
             plan,
             checkpoints,
             _buffers: buffers,
@@ -561,53 +625,52 @@ impl PrefillLaunch {
             unsafe { builder.launch(config) }
                 .map_err(|e| driver_error("launching gdn_prefill_convert", e))?;
         }
-        let run = |f: &cudarc::driver::CudaFunction, grid, block, smem, what: &str| {
-            let mut builder = cuda.stream().launch_builder(f);
-            builder.arg(&self.params);
-            let config = LaunchConfig {
-                grid_dim: grid,
-                block_dim: (block, 1, 1),
-                shared_mem_bytes: smem,
-            };
-            // SAFETY: the parameters point at live buffers of the sizes the kernels index: the
-            // inputs and outputs passed the contract's shape check, and the scratch buffers and
-            // tables were sized from the same plan the kernels walk.
-            unsafe { builder.launch(config) }
-                .map(|_| ())
-                .map_err(|e| driver_error(&format!("launching {what}"), e))
+        let kernel = |function, grid, threads, shared_bytes, name| Kernel {
+            function,
+            params: &self.params,
+            grid,
+            threads,
+            shared_bytes,
+            name,
         };
         // One prepare block per (chunk, key head, group of its value heads).
         let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
-        run(
+        let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
+        kernel(
             &self.prepare.0,
-            (self.plan.chunks() as u32, prepare_rows, 1),
+            prepare_grid,
             256,
             self.prepare.1,
             "gdn_prefill_prepare",
-        )?;
-        if self.plan.segmented {
-            run(
-                &self.transition.0,
-                (segments, heads, tiles_v + tiles_k),
-                transition_threads,
-                self.transition.1,
-                "gdn_prefill_transition",
-            )?;
-            run(
-                &self.combine,
-                (self.sequences, heads, value_pad / 16),
-                256,
-                0,
-                "gdn_prefill_combine",
-            )?;
+        )
+        .launch(cuda.stream())?;
+        if let Some(relay) = &self.relay {
+            let relayed = self.plan.relayed as u32;
+            return relay.launch(cuda, &self.state, self.sequences, relayed, heads, tiles_v);
         }
-        run(
-            &self.state.0,
+        if self.plan.segmented {
+            let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
+            let grid = (segments, heads, tiles_v + tiles_k);
+            kernel(
+                transition,
+                grid,
+                transition_threads,
+                transition_bytes,
+                "gdn_prefill_transition",
+            )
+            .launch(cuda.stream())?;
+            let grid = (self.sequences, heads, value_pad / 16);
+            kernel(&self.combine, grid, 256, 0, "gdn_prefill_combine").launch(cuda.stream())?;
+        }
+        let (state, state_bytes, state_threads) = (&self.state.0, self.state.1, self.state.2);
+        kernel(
+            state,
             (segments, heads, tiles_v),
-            self.state.2,
-            self.state.1,
+            state_threads,
+            state_bytes,
             "gdn_prefill_state",
         )
+        .launch(cuda.stream())
     }
 
     /// The checkpoints the launches wrote, when `checkpoint_every` asked for them (the launch
@@ -619,6 +682,31 @@ impl PrefillLaunch {
     /// Segments the state pass walks in parallel (one per sequence unless segmented).
     pub fn segments(&self) -> usize {
         self.plan.segment_count()
+    }
+}
+
+/// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1) (for
+/// experiments); unset: [`RELAY_LEAD_SHARE`].
+fn relay_share_from_env() -> Result<Option<f64>> {
+    let Ok(text) = std::env::var("DELTAKV_PREFILL_RELAY") else {
+        return Ok(Some(RELAY_LEAD_SHARE));
+    };
+    if text == "off" {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(share) if share > 0.0 && share < 1.0 => Ok(Some(share)),
+        _ => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
+        ))),
+    }
+}
+
+fn lead_name(kp: usize) -> &'static str {
+    match kp {
+        64 => "gdn_prefill_lead_k64",
+        128 => "gdn_prefill_lead_k128",
+        _ => "gdn_prefill_lead_k256",
     }
 }
 
@@ -728,20 +816,20 @@ pub fn gdn_prefill(
     options: &GdnOptions,
     states: PrefillStates<'_>,
 ) -> Result<CudaPrefillOutput> {
-    gdn_prefill_checkpointed(cuda, inputs, options, states, None, None)
+    gdn_prefill_checkpointed(cuda, inputs, options, states, None, Split::Auto)
 }
 
 /// [`gdn_prefill`] that also returns the state every `checkpoint_every` tokens of each
 /// sequence (a positive multiple of 64; the contract's layout,
-/// `deltakv_contract::gdn::prefill::checkpoint`), and may force the segment length of the
-/// two-level scan (`segment_chunks`; `None`: chosen from the GPU's size).
+/// `deltakv_contract::gdn::prefill::checkpoint`), and may force how long sequences are split
+/// for the state pass (`split`; [`Split::Auto`]: chosen from the GPU's size).
 pub fn gdn_prefill_checkpointed(
     cuda: &Cuda,
     inputs: &GdnInputs<'_, CudaTensor>,
     options: &GdnOptions,
     mut states: PrefillStates<'_>,
     checkpoint_every: Option<usize>,
-    segment_chunks: Option<usize>,
+    split: Split,
 ) -> Result<CudaPrefillOutput> {
     let dims = deltakv_contract::gdn::shapes::gdn_dims(inputs.q, inputs.v)?;
     let mut o = CudaTensor::poisoned(
@@ -774,7 +862,7 @@ pub fn gdn_prefill_checkpointed(
         final_state.as_mut(),
         PrefillExtras {
             checkpoint_every,
-            segment_chunks,
+            split,
         },
     )?;
     launch.launch(cuda)?;

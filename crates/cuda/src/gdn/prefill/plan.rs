@@ -1,6 +1,15 @@
-//! The host-side schedule of a prefill call: 64-token chunks of each sequence, and segments of
-//! consecutive chunks that the state pass walks in parallel (a two-level scan) when the
-//! sequences and heads alone would leave most multiprocessors idle.
+//! The host-side schedule of a prefill call: 64-token chunks of each sequence, and how the
+//! state pass splits a long sequence when the sequences and heads alone would leave most
+//! multiprocessors idle:
+//!
+//! - **the two-level scan**: segments of consecutive chunks walked in parallel, each from a
+//!   zero state and from the identity (its map `S_exit = M S_entry + D`), the entry states
+//!   combined in order, then every segment's outputs from its entry state;
+//! - **the relay**: two segments; the first segment's outputs are walked from the sequence's
+//!   initial state on a second stream while a walk without outputs (the lead) carries the same
+//!   state to the first segment's end, where the second segment's outputs start. No map, no
+//!   combine: the second segment waits only for the lead, which is faster per chunk than a walk
+//!   with outputs, so the first segment is the longer one.
 
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
 
@@ -10,6 +19,10 @@ pub(crate) const CHUNK: usize = 64;
 pub(crate) const TILE: usize = 64;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
+/// The first segment's share of a relayed sequence when the call does not say: on the H100 a
+/// chunk of the lead takes ~2.0 us and a chunk with outputs ~2.9 us (kernel log, `ncu` of the
+/// transition and overlapped passes), so both streams end together near 2.9 / (2.9 + 0.9).
+pub(crate) const RELAY_LEAD_SHARE: f64 = 0.75;
 
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
@@ -20,6 +33,21 @@ pub(crate) fn padded_dim(dim: usize) -> usize {
     }
 }
 
+/// How the state pass splits long sequences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Split {
+    /// Chosen from the GPU's size: none when the sequences' state blocks fill the GPU or one
+    /// wave of them leaves no room for a second; the relay when exactly two waves fit; the
+    /// two-level scan when more do.
+    #[default]
+    Auto,
+    /// The two-level scan over segments of at most this many chunks.
+    Scan(usize),
+    /// The relay for every sequence of more than this many chunks, its first segment this
+    /// many chunks long.
+    Relay(usize),
+}
+
 /// The chunks and segments of a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PrefillPlan {
@@ -28,50 +56,93 @@ pub(crate) struct PrefillPlan {
     /// Tokens in each chunk (64, or fewer at a sequence end).
     pub chunk_len: Vec<i32>,
     /// `[segments, SEGMENT_FIELDS]`: sequence, first chunk, chunk count, index in the
-    /// sequence, the sequence's segment count.
+    /// sequence, the sequence's segment count. Scan and no split: sequence by sequence, each
+    /// sequence's segments in order. Relay: the first segments of the relayed sequences, then
+    /// the other sequences (whole), then the relayed sequences' second segments, in the same
+    /// order as their first ones (so the lead's block `j` hands its state to block `j` of the
+    /// second segments' launch).
     pub segments: Vec<i32>,
-    /// `[N + 1]`: the first segment of each sequence.
+    /// `[N + 1]`: the first segment of each sequence, then the table's length (the scan's
+    /// combine reads a sequence's segments as consecutive records; not used by the relay).
     pub seq_first_segment: Vec<i32>,
-    /// True when some sequence has more than one segment (the transition and combine kernels
-    /// run, and every segment reads its entry state from the combined states).
+    /// True when the two-level scan runs (the transition and combine kernels, and every
+    /// segment reads its entry state from the combined states).
     pub segmented: bool,
+    /// Sequences the relay splits (0: no relay).
+    pub relayed: usize,
 }
 
 impl PrefillPlan {
-    /// Splits `seqs` into chunks, and into segments of about `segment_chunks` chunks each
-    /// (`None`: chosen so that one wave of state blocks, `parallel_units` per segment, about
-    /// fills `multiprocessors`).
+    /// Splits `seqs` into chunks, and long sequences into segments as `split` says; `Auto`
+    /// uses the relay (its first segment `relay_share` of a sequence) where it applies and
+    /// `relay_share` is given. One wave of state blocks is `parallel_units` per segment.
     pub(crate) fn new(
         seqs: &[SeqSpan],
         parallel_units: usize,
         multiprocessors: usize,
-        segment_chunks: Option<usize>,
+        split: Split,
+        relay_share: Option<f64>,
     ) -> Self {
         let mut chunk_first_row = Vec::new();
         let mut chunk_len = Vec::new();
         let chunks_per_seq: Vec<usize> = seqs.iter().map(|s| s.len.div_ceil(CHUNK)).collect();
+        for (span, &chunks) in seqs.iter().zip(&chunks_per_seq) {
+            for c in 0..chunks {
+                chunk_first_row.push((span.start + c * CHUNK) as i64);
+                chunk_len.push((span.len - c * CHUNK).min(CHUNK) as i32);
+            }
+        }
         let total_chunks: usize = chunks_per_seq.iter().sum();
-        // Segments per sequence so that N * segments * units is about one wave.
-        let segment_len = segment_chunks.unwrap_or_else(|| {
-            let waves = (multiprocessors / parallel_units.max(1)).max(1);
-            let busy = seqs.len() * parallel_units >= multiprocessors;
+        let waves = (multiprocessors / parallel_units.max(1)).max(1);
+        let busy = seqs.len() * parallel_units >= multiprocessors;
+        // Auto: segments so that N * segments * units is about one wave.
+        let auto_len = || {
             if busy || waves == 1 {
                 usize::MAX
             } else {
                 total_chunks.div_ceil(waves).max(4)
             }
-        });
+        };
+        let first_chunks: Vec<usize> = chunks_per_seq
+            .iter()
+            .scan(0, |next, &chunks| {
+                let first = *next;
+                *next += chunks;
+                Some(first)
+            })
+            .collect();
+        let relay_lead = |chunks: usize| -> Option<usize> {
+            match split {
+                Split::Relay(lead) => (chunks > lead.max(1)).then_some(lead.max(1)),
+                Split::Auto if waves == 2 && !busy && chunks > auto_len() => {
+                    let share = relay_share?;
+                    Some(((chunks as f64 * share).ceil() as usize).clamp(1, chunks - 1))
+                }
+                _ => None,
+            }
+        };
+        let leads: Vec<Option<usize>> = chunks_per_seq.iter().map(|&c| relay_lead(c)).collect();
+        if leads.iter().any(Option::is_some) {
+            return Self::relay(
+                chunk_first_row,
+                chunk_len,
+                &chunks_per_seq,
+                &first_chunks,
+                &leads,
+            );
+        }
+        let segment_len = match split {
+            Split::Scan(len) => len.max(1),
+            Split::Auto => auto_len(),
+            // No sequence is longer than the relay's first segment: each is walked whole.
+            Split::Relay(_) => usize::MAX,
+        };
         let mut segments = Vec::new();
         let mut seq_first_segment = vec![0i32];
         let mut segmented = false;
-        for (n, (span, &chunks)) in seqs.iter().zip(&chunks_per_seq).enumerate() {
-            let first_chunk = chunk_first_row.len();
-            for c in 0..chunks {
-                chunk_first_row.push((span.start + c * CHUNK) as i64);
-                chunk_len.push((span.len - c * CHUNK).min(CHUNK) as i32);
-            }
+        for (n, (&chunks, &first_chunk)) in chunks_per_seq.iter().zip(&first_chunks).enumerate() {
             // Near-equal segments of at most `segment_len` chunks.
-            let per = chunks.div_ceil(chunks.div_ceil(segment_len.max(1)).max(1));
+            let per = chunks.div_ceil(chunks.div_ceil(segment_len).max(1));
             let bounds: Vec<(usize, usize)> = (0..chunks)
                 .step_by(per.max(1))
                 .map(|first| (first, per.min(chunks - first)))
@@ -95,6 +166,47 @@ impl PrefillPlan {
             segments,
             seq_first_segment,
             segmented,
+            relayed: 0,
+        }
+    }
+
+    /// The relay's table (see `segments`): sequence `n` in two segments when `leads[n]` holds
+    /// its first segment's length.
+    fn relay(
+        chunk_first_row: Vec<i64>,
+        chunk_len: Vec<i32>,
+        chunks_per_seq: &[usize],
+        first_chunks: &[usize],
+        leads: &[Option<usize>],
+    ) -> Self {
+        let record = |n: usize, first: usize, len: usize, index: i32, count: i32| {
+            [n as i32, first as i32, len as i32, index, count]
+        };
+        let relayed: Vec<usize> = (0..leads.len()).filter(|&n| leads[n].is_some()).collect();
+        let whole: Vec<usize> = (0..leads.len()).filter(|&n| leads[n].is_none()).collect();
+        let mut segments = Vec::new();
+        let mut seq_first_segment = vec![0i32; leads.len() + 1];
+        for &n in relayed.iter().chain(&whole) {
+            seq_first_segment[n] = (segments.len() / SEGMENT_FIELDS) as i32;
+            let (first, chunks) = (first_chunks[n], chunks_per_seq[n]);
+            segments.extend(match leads[n] {
+                Some(lead) => record(n, first, lead, 0, 2),
+                None => record(n, first, chunks, 0, 1),
+            });
+        }
+        for &n in &relayed {
+            let lead = leads[n].unwrap_or(0);
+            let (first, chunks) = (first_chunks[n], chunks_per_seq[n]);
+            segments.extend(record(n, first + lead, chunks - lead, 1, 2));
+        }
+        seq_first_segment[leads.len()] = (segments.len() / SEGMENT_FIELDS) as i32;
+        Self {
+            chunk_first_row,
+            chunk_len,
+            segments,
+            seq_first_segment,
+            segmented: false,
+            relayed: relayed.len(),
         }
     }
 
@@ -122,9 +234,13 @@ mod tests {
             .collect()
     }
 
+    fn records(plan: &PrefillPlan) -> Vec<&[i32]> {
+        plan.segments.chunks(SEGMENT_FIELDS).collect()
+    }
+
     #[test]
     fn chunks_cover_every_token_once() {
-        let plan = PrefillPlan::new(&spans(&[1, 63, 64, 65, 1000]), 64, 132, None);
+        let plan = PrefillPlan::new(&spans(&[1, 63, 64, 65, 1000]), 64, 132, Split::Auto, None);
         let mut covered = 0;
         for (&first, &len) in plan.chunk_first_row.iter().zip(&plan.chunk_len) {
             assert_eq!(first, covered as i64);
@@ -137,18 +253,68 @@ mod tests {
     #[test]
     fn few_heads_split_long_sequences_into_segments() {
         // One sequence of 16384 tokens, 32 heads x 2 column tiles: two segments of 128 chunks.
-        let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, None);
+        let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Auto, None);
         assert!(plan.segmented);
         assert_eq!(plan.segments, vec![0, 0, 128, 0, 2, 0, 128, 128, 1, 2]);
         // Eight sequences fill the GPU on their own: one segment each.
-        let plan = PrefillPlan::new(&spans(&[8192; 8]), 64, 132, None);
+        let plan = PrefillPlan::new(&spans(&[8192; 8]), 64, 132, Split::Auto, Some(0.75));
         assert!(!plan.segmented);
-        assert_eq!(plan.segment_count(), 8);
+        assert_eq!((plan.segment_count(), plan.relayed), (8, 0));
         // A forced segment length splits every sequence, the last segment shorter.
-        let plan = PrefillPlan::new(&spans(&[65 * 64 + 5]), 64, 132, Some(16));
-        let counts: Vec<i32> = plan.segments.chunks(SEGMENT_FIELDS).map(|s| s[2]).collect();
+        let plan = PrefillPlan::new(&spans(&[65 * 64 + 5]), 64, 132, Split::Scan(16), Some(0.75));
+        let counts: Vec<i32> = records(&plan).iter().map(|s| s[2]).collect();
         assert_eq!(counts.iter().sum::<i32>(), 66);
         assert!(counts.iter().all(|&c| c <= 16));
         assert_eq!(plan.seq_first_segment, vec![0, counts.len() as i32]);
+        // Eight waves of state blocks (the TP-8 shard): the scan, not the relay.
+        let plan = PrefillPlan::new(&spans(&[65536]), 16, 132, Split::Auto, Some(0.75));
+        assert!(plan.segmented);
+        assert_eq!((plan.segment_count(), plan.relayed), (8, 0));
+    }
+
+    #[test]
+    fn two_waves_relay_long_sequences() {
+        // Qwen3-Next's shape: 256 chunks, the first segment three quarters of them.
+        let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Auto, Some(0.75));
+        assert!(!plan.segmented);
+        assert_eq!(plan.relayed, 1);
+        assert_eq!(plan.segments, vec![0, 0, 192, 0, 2, 0, 192, 64, 1, 2]);
+        // Relayed first segments, then whole sequences, then second segments in the first
+        // segments' order.
+        let plan = PrefillPlan::new(
+            &spans(&[100, 5000, 64, 9000]),
+            0,
+            132,
+            Split::Relay(10),
+            None,
+        );
+        assert_eq!(plan.relayed, 2);
+        let firsts = [0, 2, 81, 82];
+        let expected: Vec<[i32; 5]> = vec![
+            [1, firsts[1], 10, 0, 2],
+            [3, firsts[3], 10, 0, 2],
+            [0, firsts[0], 2, 0, 1],
+            [2, firsts[2], 1, 0, 1],
+            [1, firsts[1] + 10, 69, 1, 2],
+            [3, firsts[3] + 10, 131, 1, 2],
+        ];
+        let got: Vec<[i32; 5]> = records(&plan)
+            .iter()
+            .map(|r| [r[0], r[1], r[2], r[3], r[4]])
+            .collect();
+        assert_eq!(got, expected);
+        // Every chunk of every sequence is walked by exactly one segment.
+        let mut walked = vec![0; plan.chunks()];
+        for r in records(&plan) {
+            for c in r[1]..r[1] + r[2] {
+                walked[c as usize] += 1;
+            }
+        }
+        assert!(walked.iter().all(|&w| w == 1));
+        // A sequence no longer than the lead is walked whole; without a share Auto scans.
+        let plan = PrefillPlan::new(&spans(&[640]), 0, 132, Split::Relay(10), None);
+        assert_eq!((plan.relayed, plan.segment_count()), (0, 1));
+        let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Auto, None);
+        assert_eq!((plan.relayed, plan.segmented), (0, true));
     }
 }

@@ -1,0 +1,167 @@
+//! The relay (see `plan`): a long sequence's first segment walked with its outputs on a
+//! second stream while the lead walk carries its state to the segment's end on the call's
+//! stream, where the second segment's outputs start.
+//!
+//! ```text
+//! call's stream:  prepare ─┬─ lead (first segments, no outputs) ── second segments ─┬─ copies
+//! side stream:             └─ first segments (and whole sequences) with outputs ────┘
+//! ```
+//!
+//! The second segments store their final states into a scratch buffer, copied to the caller's
+//! rows after the join: a final state that shares memory with an initial state (a state pool,
+//! whose slots are both) must not be written while the side stream may still be reading it.
+
+use super::{PrefillParams, SEGMENT_FIELDS};
+use crate::runtime::{Cuda, driver_error};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use deltakv_contract::Result;
+
+/// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
+pub(super) struct Kernel<'a> {
+    pub function: &'a CudaFunction,
+    pub params: &'a PrefillParams,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: u32,
+    pub name: &'static str,
+}
+
+impl Kernel<'_> {
+    /// Queues the kernel on `stream`.
+    pub fn launch(&self, stream: &CudaStream) -> Result<()> {
+        let mut builder = stream.launch_builder(self.function);
+        builder.arg(self.params);
+        let config = LaunchConfig {
+            grid_dim: self.grid,
+            block_dim: (self.threads, 1, 1),
+            shared_mem_bytes: self.shared_bytes,
+        };
+        // SAFETY: the parameters point at live buffers of the sizes the kernels index: the
+        // inputs and outputs passed the contract's shape check, and the scratch buffers and
+        // tables were sized from the same plan the kernels walk.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(|e| driver_error(&format!("launching {}", self.name), e))
+    }
+}
+
+/// What the relay launches beside the call's other kernels.
+pub(super) struct RelayLaunch {
+    /// `gdn_prefill_lead_k*` and its shared memory.
+    pub lead: (CudaFunction, u32),
+    /// The first segments and whole sequences (table records 0 .. N): entry states from the
+    /// initial states. The lead reads the same parameters (its records are the first R).
+    pub first: PrefillParams,
+    /// The second segments (records N .. N + R): entry states from the lead's hand-over,
+    /// final states into the scratch rows of their sequences.
+    pub second: PrefillParams,
+    /// (destination, source, bytes) of each relayed sequence's final state, when asked.
+    pub final_copies: Vec<(u64, u64, usize)>,
+}
+
+/// Where the relayed sequences' final states are staged and where they go.
+pub(super) struct FinalStaging {
+    /// `[N, H, K, V]` f32 scratch, row n for sequence n.
+    pub scratch: u64,
+    /// (sequence, destination row) of each relayed sequence: its slot in a pool, else itself.
+    pub rows: Vec<(usize, u64)>,
+    /// Bytes of one `[H, K, V]` f32 state.
+    pub state_bytes: usize,
+}
+
+impl RelayLaunch {
+    /// The parameters of both launches from the call's: `table` is the segment table's device
+    /// address, `sequences` N, `hand_over` the lead's states `[R, H, KP, VP]`; `staging` when
+    /// the call writes final states.
+    pub fn new(
+        lead: (CudaFunction, u32),
+        params: &PrefillParams,
+        table: u64,
+        sequences: usize,
+        hand_over: u64,
+        staging: Option<FinalStaging>,
+    ) -> Self {
+        let first = PrefillParams {
+            use_segment_states: 0,
+            segment_states: hand_over,
+            ..*params
+        };
+        let second = PrefillParams {
+            segments: table + (sequences * SEGMENT_FIELDS * 4) as u64,
+            use_segment_states: 1,
+            segment_states: hand_over,
+            final_state: staging.as_ref().map_or(0, |s| s.scratch),
+            // The scratch's rows are the sequences (no pool slots).
+            state_rows: 0,
+            ..*params
+        };
+        let final_copies = match staging {
+            Some(staging) if params.final_state != 0 => {
+                let bytes = staging.state_bytes;
+                staging
+                    .rows
+                    .into_iter()
+                    .map(|(n, row)| {
+                        let to = params.final_state + row * bytes as u64;
+                        (to, staging.scratch + (n * bytes) as u64, bytes)
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Self {
+            lead,
+            first,
+            second,
+            final_copies,
+        }
+    }
+
+    /// Queues the state pass of a relayed call after its prepare: `state` is the pass that
+    /// writes the outputs (function, shared memory, threads), the grid `(., heads, tiles)`.
+    pub fn launch(
+        &self,
+        cuda: &Cuda,
+        state: &(CudaFunction, u32, u32),
+        sequences: u32,
+        relayed: u32,
+        heads: u32,
+        tiles: u32,
+    ) -> Result<()> {
+        let pass = |params, grid| Kernel {
+            function: &state.0,
+            params,
+            grid,
+            threads: state.2,
+            shared_bytes: state.1,
+            name: "gdn_prefill_state (relay)",
+        };
+        let side = cuda.fork_side()?;
+        pass(&self.first, (sequences, heads, tiles)).launch(&side)?;
+        Kernel {
+            function: &self.lead.0,
+            params: &self.first,
+            grid: (relayed, heads, tiles),
+            threads: 2 * self.first.key_pad as u32,
+            shared_bytes: self.lead.1,
+            name: "gdn_prefill_lead",
+        }
+        .launch(cuda.stream())?;
+        pass(&self.second, (relayed, heads, tiles)).launch(cuda.stream())?;
+        cuda.join_side(&side)?;
+        for &(to, from, bytes) in &self.final_copies {
+            // SAFETY: both ranges lie inside live f32 buffers of [*, H, K, V] states (the
+            // caller's final states or pool, and the scratch sized for every sequence).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    to,
+                    from,
+                    bytes,
+                    cuda.stream().cu_stream(),
+                )
+            }
+            .map_err(|e| driver_error("copying a relayed final state", e))?;
+        }
+        Ok(())
+    }
+}

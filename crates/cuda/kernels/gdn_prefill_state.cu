@@ -1,9 +1,7 @@
 // ---------------------------------------------------------------------------------------
-// The state pass. Block = HALVES x KP / 16 warps; warp w owns state rows 16 (w % (KP / 16))
-// .. + 15 over 64 / HALVES of the block's 64 columns (8 / HALVES mma tiles, 32 / HALVES f32
-// per thread). Products over the chunk (64 x 64 outputs: X, scores, O) are split as 4 row
-// tiles x (32 / warps) column tiles per warp. HALVES = 2 (the lead at K <= 128) gives each
-// scheduler four warps instead of two to hide the walk's latencies.
+// The state pass. Block = KP / 16 warps; warp w owns state rows 16w..16w+15 over the block's
+// 64 columns (8 mma tiles, 32 f32 per thread). Products over the chunk (64 x 64 outputs: X,
+// scores, O) are split as 4 row tiles x (32 / warps) column tiles per warp.
 //
 // The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through
 // asynchronous copies while chunk c computes (two stages; one for KP = 256, where two do not
@@ -95,12 +93,12 @@ __device__ __forceinline__ int state_col_of(int col0, int n, int lane, int e) {
 
 // A segment's entry state into the registers: the combined state of the two-level scan when
 // the call is segmented, else the sequence's initial state (`state_row` of it), else zero.
-template <int KP, int SN>
-__device__ __forceinline__ void load_entry_state(float (&state)[SN][4], const PrefillParams& p,
+template <int KP>
+__device__ __forceinline__ void load_entry_state(float (&state)[8][4], const PrefillParams& p,
                                                  int segment, long long state_row, int head,
                                                  int col0, int warp, int lane) {
 #pragma unroll
-    for (int n = 0; n < SN; ++n) {
+    for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
@@ -119,12 +117,11 @@ __device__ __forceinline__ void load_entry_state(float (&state)[SN][4], const Pr
 
 // Stores a block's register state (its rows < K and columns col0.. < V) as row `state_row` of
 // a [*, H, K, V] f32 tensor (the final states, checkpoints).
-template <int SN>
-__device__ __forceinline__ void store_state_block(const float (&state)[SN][4], float* dst,
+__device__ __forceinline__ void store_state_block(const float (&state)[8][4], float* dst,
                                                   long long state_row, int head, int col0,
                                                   int warp, int lane, const PrefillParams& p) {
 #pragma unroll
-    for (int n = 0; n < SN; ++n) {
+    for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
@@ -162,13 +159,10 @@ __device__ __forceinline__ void store_output_rows(const float (&out)[NT][4], con
 }
 
 
-template <int KP, int MODE, int HALVES>
+template <int KP, int MODE>
 __device__ void state_impl(const PrefillParams& p) {
-    constexpr int ROW_WARPS = KP / 16;     // warps per column group of the state
-    constexpr int WARPS = ROW_WARPS * HALVES;
-    constexpr int SN = 8 / HALVES;         // n8 tiles of the state per warp
-    constexpr int NT = 32 / WARPS;         // n8 tiles per warp in the 64 x 64 products
-    static_assert(NT % 2 == 0 && SN % 2 == 0, "a warp takes whole pairs of n8 tiles");
+    constexpr int WARPS = KP / 16;
+    constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
     constexpr int LDK = KP + PF_PAD;
     constexpr int STAGES = KP == 256 ? 1 : 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -180,9 +174,6 @@ __device__ void state_impl(const PrefillParams& p) {
 
     const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // The warp's state rows 16 row_warp.. and its first state tile.
-    const int row_warp = HALVES == 1 ? warp : warp % ROW_WARPS;
-    const int tile0 = HALVES == 1 ? 0 : (warp / ROW_WARPS) * SN;
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
     const int seg_index = seg[SEG_INDEX], seg_count = seg[SEG_COUNT];
@@ -193,25 +184,23 @@ __device__ void state_impl(const PrefillParams& p) {
     // the K x K map M.
     const bool m_cols = MODE == MODE_TRANSITION && tile >= tiles_v;
     const int col0 = (m_cols ? tile - tiles_v : tile) * PF_TILE;
-    const int state_col0 = col0 + 8 * tile0;  // the warp's first state column
     const long long state_row =
         p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
 
     // Entry state into registers: the identity map's columns or zeros (transition mode), else
     // the segment's entry state.
-    float state[SN][4];
+    float state[8][4];
     if (MODE == MODE_TRANSITION) {
 #pragma unroll
-        for (int n = 0; n < SN; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = state_row_of(row_warp, lane, e);
-                const int c = state_col_of(state_col0, n, lane, e);
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
                 state[n][e] = (m_cols && r == c) ? 1.0f : 0.0f;
             }
         }
     } else {
-        load_entry_state<KP>(state, p, segment, state_row, head, state_col0, row_warp, lane);
+        load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
     }
 
     const int row_tile = 16 * (warp & 3);
@@ -243,11 +232,11 @@ __device__ void state_impl(const PrefillParams& p) {
         // Stage 1: the entry state as bf16.
         const ChunkGates& gates = *stage.gates;
 #pragma unroll
-        for (int n = 0; n < SN; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                int r = 16 * row_warp + (lane >> 2) + 8 * h;
-                int c = 8 * (tile0 + n) + 2 * (lane & 3);
+                int r = 16 * warp + (lane >> 2) + 8 * h;
+                int c = 8 * n + 2 * (lane & 3);
                 *(unsigned*)(state_s + r * PF_LDC + c) = pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
             }
         }
@@ -350,18 +339,18 @@ __device__ void state_impl(const PrefillParams& p) {
         {
             const float decay = gates.state_decay;
 #pragma unroll
-            for (int n = 0; n < SN; ++n) {
+            for (int n = 0; n < 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state[n][e] *= decay;
             }
 #pragma unroll
             for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
                 unsigned a[4];
-                frag_a_transposed(a, stage.k, LDK, 16 * row_warp, k0, lane);
+                frag_a_transposed(a, stage.k, LDK, 16 * warp, k0, lane);
 #pragma unroll
-                for (int n = 0; n < SN; n += 2) {
+                for (int n = 0; n < 8; n += 2) {
                     unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * (tile0 + n), lane);
+                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
                     mma_bf16_16816(state[n], a, b0);
                     mma_bf16_16816(state[n + 1], a, b1);
                 }
@@ -370,21 +359,17 @@ __device__ void state_impl(const PrefillParams& p) {
         // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's table).
         if (MODE == MODE_OUTPUT && p.checkpoints) {
             const int checkpoint = ((const int*)p.chunk_checkpoint)[chunk];
-            if (checkpoint >= 0) {
-                store_state_block(state, (float*)p.checkpoints, checkpoint, head, state_col0,
-                                  row_warp, lane, p);
-            }
+            if (checkpoint >= 0) store_state_block(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
         }
     }
 
     // End state: the segment's map (transition mode), or the sequence's final state.
     if (MODE == MODE_TRANSITION) {
 #pragma unroll
-        for (int n = 0; n < SN; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = state_row_of(row_warp, lane, e);
-                const int c = state_col_of(state_col0, n, lane, e);
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
                 if (m_cols) {
                     ((float*)p.transition_m)
                         [(((long long)segment * p.value_heads + head) * KP + r) * KP + c] = state[n][e];
@@ -398,36 +383,31 @@ __device__ void state_impl(const PrefillParams& p) {
         // Every row and column of the tile (the padding is zero), where the segment that
         // follows reads its entry state (`load_entry_state`, the same index).
 #pragma unroll
-        for (int n = 0; n < SN; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = state_row_of(row_warp, lane, e);
-                const int c = state_col_of(state_col0, n, lane, e);
+                const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
                 ((float*)p.segment_states)
                     [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
             }
         }
     } else if (p.final_state && seg_index == seg_count - 1) {
-        store_state_block(state, (float*)p.final_state, state_row, head, state_col0, row_warp,
-                          lane, p);
+        store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
     }
 }
 
-// The lead walks with both halves of the columns on warps of their own where the block stays
-// within 512 threads (K <= 128; the host's `lead_threads` mirrors this).
-#define PF_LEAD_HALVES(KP) ((KP) <= 128 ? 2 : 1)
 #define PF_STATE_ENTRY_POINTS(KP)                                                             \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_state_k##KP(PrefillParams p) {                                            \
-        state_impl<KP, MODE_OUTPUT, 1>(p);                                                    \
+        state_impl<KP, MODE_OUTPUT>(p);                                                       \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
-        state_impl<KP, MODE_TRANSITION, 1>(p);                                                \
+        state_impl<KP, MODE_TRANSITION>(p);                                                   \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(KP * 2 * PF_LEAD_HALVES(KP), 1)             \
+    extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
-        state_impl<KP, MODE_LEAD, PF_LEAD_HALVES(KP)>(p);                                     \
+        state_impl<KP, MODE_LEAD>(p);                                                         \
     }
 
 PF_STATE_ENTRY_POINTS(64)

@@ -558,7 +558,6 @@ impl PrefillLaunch {
             let lead = (
                 cuda.function(&SOURCE, lead_name(kp))?,
                 state_smem(kp) as u32,
-                lead_threads(kp) as u32,
             );
             Some(RelayLaunch::new(
                 lead,
@@ -701,12 +700,6 @@ fn relay_share_from_env() -> Result<Option<f64>> {
             "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
         ))),
     }
-}
-
-/// Threads of the lead's block: both halves of the columns on warps of their own where that
-/// stays within 512 threads (the kernels' `PF_LEAD_HALVES`).
-fn lead_threads(kp: usize) -> usize {
-    if kp <= 128 { 4 * kp } else { 2 * kp }
 }
 
 fn lead_name(kp: usize) -> &'static str {

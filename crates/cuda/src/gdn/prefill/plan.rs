@@ -20,9 +20,10 @@ pub(crate) const TILE: usize = 64;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// The first segment's share of a relayed sequence when the call does not say: on the H100 a
-/// chunk of the lead takes ~2.0 us and a chunk with outputs ~2.9 us (kernel log, `ncu` of the
-/// transition and overlapped passes), so both streams end together near 2.9 / (2.9 + 0.9).
-pub(crate) const RELAY_LEAD_SHARE: f64 = 0.75;
+/// chunk of the lead takes ~2.2 us and a chunk with outputs ~2.85 us, so both streams end
+/// together near 2.85 / (2.85 + 0.65) = 0.81; of the shares timed (0.75, 0.8, 0.85; kernel log,
+/// gdn_prefill row 20) 0.8 was the fastest.
+pub(crate) const RELAY_LEAD_SHARE: f64 = 0.8;
 
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
@@ -274,11 +275,17 @@ mod tests {
 
     #[test]
     fn two_waves_relay_long_sequences() {
-        // Qwen3-Next's shape: 256 chunks, the first segment three quarters of them.
-        let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Auto, Some(0.75));
+        // Qwen3-Next's shape: 256 chunks, the first segment the default share of them.
+        let plan = PrefillPlan::new(
+            &spans(&[16384]),
+            64,
+            132,
+            Split::Auto,
+            Some(RELAY_LEAD_SHARE),
+        );
         assert!(!plan.segmented);
         assert_eq!(plan.relayed, 1);
-        assert_eq!(plan.segments, vec![0, 0, 192, 0, 2, 0, 192, 64, 1, 2]);
+        assert_eq!(plan.segments, vec![0, 0, 205, 0, 2, 0, 205, 51, 1, 2]);
         // Relayed first segments, then whole sequences, then second segments in the first
         // segments' order.
         let plan = PrefillPlan::new(

@@ -91,6 +91,21 @@ __device__ __forceinline__ int state_col_of(int col0, int n, int lane, int e) {
     return col0 + 8 * n + 2 * (lane & 3) + (e & 1);
 }
 
+// A warp's 16 state rows (from its register tiles) as bf16 into state_s [KP][PF_LDC], the B
+// operand of the next chunk's products.
+__device__ __forceinline__ void store_state_bf16(const float (&state)[8][4], unsigned short* state_s,
+                                                 int warp, int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + (lane >> 2) + 8 * h;
+            const int c = 8 * n + 2 * (lane & 3);
+            *(unsigned*)(state_s + r * PF_LDC + c) = pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
+        }
+    }
+}
+
 // A segment's entry state into the registers: the combined state of the two-level scan when
 // the call is segmented, else the sequence's initial state (`state_row` of it), else zero.
 template <int KP>
@@ -210,6 +225,7 @@ __device__ void state_impl(const PrefillParams& p) {
         issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
                               head, key_head, col0, m_cols);
     }
+    store_state_bf16(state, state_s, warp, lane);
     for (int ci = 0; ci < chunks; ++ci) {
         const int chunk = first_chunk + ci;
         const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
@@ -229,18 +245,9 @@ __device__ void state_impl(const PrefillParams& p) {
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
 
-        // Stage 1: the entry state as bf16.
+        // The state as bf16 is in state_s: each warp wrote its rows after the last chunk's
+        // update (or before the loop), and the barrier above published them.
         const ChunkGates& gates = *stage.gates;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                int r = 16 * warp + (lane >> 2) + 8 * h;
-                int c = 8 * n + 2 * (lane & 3);
-                *(unsigned*)(state_s + r * PF_LDC + c) = pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
-            }
-        }
-        __syncthreads();
 
         // Stage 2: V' = U - W S (and its end-decayed copy), the scores, O = diag(d) Q S.
         float out[NT][4];
@@ -356,6 +363,10 @@ __device__ void state_impl(const PrefillParams& p) {
                 }
             }
         }
+        // The next chunk's entry state as bf16: state_s is only read before the barrier that
+        // precedes the update, so every warp may write its rows now; the barrier at the top of
+        // the next chunk publishes them.
+        store_state_bf16(state, state_s, warp, lane);
         // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's table).
         if (MODE == MODE_OUTPUT && p.checkpoints) {
             const int checkpoint = ((const int*)p.chunk_checkpoint)[chunk];

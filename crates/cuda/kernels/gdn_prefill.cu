@@ -286,6 +286,41 @@ __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const
     }
 }
 
+// The thread's index in the block, read afresh: values derived from it are then formed where
+// they are used instead of being hoisted out of the state passes' chunk loops into registers
+// held across the whole walk.
+__device__ __forceinline__ unsigned fresh_thread_index() {
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return tid;
+}
+
+// copy_rows_async for a team of THREADS consecutive threads (thread threadIdx.x % THREADS of
+// it): each thread copies the same 16-byte piece of rows r0, r0 + THREADS / PIECES, .., so its
+// row and piece are formed once per call and each copy is an address step and a compare. The
+// state passes issue these copies on their sequential path every chunk.
+template <int COLS, int THREADS>
+__device__ __forceinline__ void copy_rows_async_team(unsigned short* x, int ld,
+                                                     const unsigned short* src,
+                                                     long long row_stride, int len) {
+    constexpr int PIECES = COLS / 8;
+    static_assert(THREADS % PIECES == 0 && (PF_CHUNK * PIECES) % THREADS == 0,
+                  "the team covers whole rows, and the chunk's rows in whole rounds");
+    constexpr int ROW_STEP = THREADS / PIECES;
+    constexpr int COPIES = PF_CHUNK * PIECES / THREADS;
+    const unsigned thread = fresh_thread_index() % THREADS;
+    const int r0 = (int)(thread / PIECES), piece = (int)(thread % PIECES);
+    unsigned short* dst = x + r0 * ld + 8 * piece;
+    const unsigned short* from = src + r0 * row_stride + 8 * piece;
+    const long long step = ROW_STEP * row_stride;
+#pragma unroll
+    for (int c = 0; c < COPIES; ++c) {
+        const bool valid = r0 + c * ROW_STEP < len;
+        // A row past the chunk's end reads nothing (and is zero-filled) from a valid address.
+        cp_async16(dst + c * ROW_STEP * ld, valid ? from + c * step : src, valid);
+    }
+}
+
 // D_ij of the chunk (0 outside j <= i within one reset segment).
 __device__ __forceinline__ float pair_decay(const ChunkGates& s, int i, int j) {
     if (j > i || s.seg[i] < 0) return 0.0f;

@@ -59,18 +59,21 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
                                             int chunk, long long first_row, int len, int head,
                                             int key_head, int col0, bool m_cols) {
     constexpr int LDK = KP + PF_PAD;
+    constexpr int THREADS = 2 * KP;  // the block
+    const long long key_row = (first_row * p.key_heads + key_head) * KP;
     if (MODE == MODE_OUTPUT) {
-        copy_rows_async<KP>(stage.q, LDK, (const unsigned short*)p.q + (first_row * p.key_heads + key_head) * KP,
-                            (long long)p.key_heads * KP, len);
+        copy_rows_async_team<KP, THREADS>(stage.q, LDK, (const unsigned short*)p.q + key_row,
+                                          (long long)p.key_heads * KP, len);
     }
-    copy_rows_async<KP>(stage.k, LDK, (const unsigned short*)p.k + (first_row * p.key_heads + key_head) * KP,
-                        (long long)p.key_heads * KP, len);
+    copy_rows_async_team<KP, THREADS>(stage.k, LDK, (const unsigned short*)p.k + key_row,
+                                      (long long)p.key_heads * KP, len);
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    copy_rows_async<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK);
+    copy_rows_async_team<KP, THREADS>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP,
+                                      KP, PF_CHUNK);
     if (!m_cols) {
-        copy_rows_async<PF_TILE>(stage.u, PF_LDC,
-                                 (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-                                 p.value_pad, PF_CHUNK);
+        copy_rows_async_team<PF_TILE, THREADS>(
+            stage.u, PF_LDC, (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+            p.value_pad, PF_CHUNK);
     }
     {
         const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;

@@ -84,21 +84,20 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
                                                int key_head, int col0, int thread, int threads,
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    constexpr int TEAM = 2 * KP;  // the state group
     const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    copy_rows_async_team<KP, TEAM>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
-                                   (long long)p.key_heads * KP, len);
-    copy_rows_async_team<KP, TEAM>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
-                                   (long long)p.key_heads * KP, len);
+    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    copy_rows_async_team<KP, TEAM>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP,
-                                   KP, PF_CHUNK);
-    copy_rows_async_team<PF_TILE, TEAM>(
-        stage.u(), PF_LDC, (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-        p.value_pad, PF_CHUNK);
-    copy_rows_async_team<PF_CHUNK, TEAM>(
-        stage.scores(), PF_LDC, (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
-        PF_CHUNK, PF_CHUNK);
+    copy_rows_async<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
+                        PF_CHUNK, thread, threads);
+    copy_rows_async<PF_TILE>(stage.u(), PF_LDC,
+                             (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                             p.value_pad, PF_CHUNK, thread, threads);
+    copy_rows_async<PF_CHUNK>(stage.scores(), PF_LDC,
+                              (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
+                              PF_CHUNK, PF_CHUNK, thread, threads);
     const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
     for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
         cp_async16((unsigned char*)stage.gates() + 16 * i, gates + 16 * i, true);

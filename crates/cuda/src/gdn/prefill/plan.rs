@@ -20,10 +20,10 @@ pub(crate) const TILE: usize = 64;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// The first segment's share of a relayed sequence when the call does not say: on the H100 a
-/// chunk of the lead takes ~2.2 us and a chunk with outputs ~2.85 us, so both streams end
-/// together near 2.85 / (2.85 + 0.65) = 0.81; of the shares timed (0.75, 0.8, 0.85; kernel log,
-/// gdn_prefill row 20) 0.8 was the fastest.
-pub(crate) const RELAY_LEAD_SHARE: f64 = 0.8;
+/// chunk of the lead takes ~1.85 us and a chunk with outputs ~2.85 us, so both streams end
+/// together near 2.85 / (2.85 + 1.0) = 0.74; of the shares timed (0.7, 0.75, 0.8; kernel log,
+/// gdn_prefill row 23) 0.75 was the fastest at T 16384.
+pub(crate) const RELAY_LEAD_SHARE: f64 = 0.75;
 
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
@@ -285,7 +285,7 @@ mod tests {
         );
         assert!(!plan.segmented);
         assert_eq!(plan.relayed, 1);
-        assert_eq!(plan.segments, vec![0, 0, 205, 0, 2, 0, 205, 51, 1, 2]);
+        assert_eq!(plan.segments, vec![0, 0, 192, 0, 2, 0, 192, 64, 1, 2]);
         // Relayed first segments, then whole sequences, then second segments in the first
         // segments' order.
         let plan = PrefillPlan::new(

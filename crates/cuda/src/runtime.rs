@@ -259,7 +259,10 @@ impl Cuda {
     /// queued on it next runs beside what the stream runs next. Every fork must be followed by
     /// [`Cuda::join_side`] before the op returns. The side stream is shared by the handles of
     /// one GPU, so two threads forking at once order their side work one after the other
-    /// (correct, not concurrent).
+    /// (correct, not concurrent); while one stream is being captured into a CUDA graph, a
+    /// second thread's op that forks would be drawn into that capture (or refused by the
+    /// driver), so capture on one thread at a time. The stream is made at the first fork: make
+    /// one call that forks (a relayed prefill) before capturing, as a warm-up launch does.
     pub fn fork_side(&self) -> Result<Arc<CudaStream>> {
         let side = match self.side.get() {
             Some(side) => side.clone(),

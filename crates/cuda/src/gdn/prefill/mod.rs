@@ -307,7 +307,11 @@ impl PrefillLaunch {
             dims.value_heads * tiles_v,
             cuda.multiprocessors(),
             split,
-            relay_share_from_env()?,
+            // Only an automatic split consults the variable.
+            match split {
+                Split::Auto => relay_share_from_env()?,
+                _ => None,
+            },
         );
         let heads = dims.value_heads;
         let (initial, final_address, state_rows_buffer, slots) = match states {
@@ -385,7 +389,9 @@ impl PrefillLaunch {
         } else {
             (empty()?, empty()?, empty()?)
         };
-        // The relayed sequences' final states, copied to the caller's rows after the join.
+        // The relayed sequences' final states, copied to the caller's rows after the join (a row
+        // per sequence, so the kernels index it as they index the caller's; only the relayed
+        // sequences' rows are written).
         let relay_final = if plan.relayed > 0 && final_address != 0 {
             Some(written(
                 vec![seqs.len(), heads, dims.key_dim, dims.value_dim],
@@ -679,7 +685,8 @@ impl PrefillLaunch {
         self.checkpoints
     }
 
-    /// Segments the state pass walks in parallel (one per sequence unless segmented).
+    /// Segments the state pass walks (one per sequence unless the scan or the relay splits
+    /// some: the relay's two segments of a sequence count twice).
     pub fn segments(&self) -> usize {
         self.plan.segment_count()
     }

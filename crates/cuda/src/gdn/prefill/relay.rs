@@ -137,18 +137,23 @@ impl RelayLaunch {
             name: "gdn_prefill_state (relay)",
         };
         let side = cuda.fork_side()?;
-        pass(&self.first, (sequences, heads, tiles)).launch(&side)?;
-        Kernel {
+        let lead = Kernel {
             function: &self.lead.0,
             params: &self.first,
             grid: (relayed, heads, tiles),
             threads: 2 * self.first.key_pad as u32,
             shared_bytes: self.lead.1,
             name: "gdn_prefill_lead",
-        }
-        .launch(cuda.stream())?;
-        pass(&self.second, (relayed, heads, tiles)).launch(cuda.stream())?;
-        cuda.join_side(&side)?;
+        };
+        let queued = pass(&self.first, (sequences, heads, tiles))
+            .launch(&side)
+            .and_then(|()| lead.launch(cuda.stream()))
+            .and_then(|()| pass(&self.second, (relayed, heads, tiles)).launch(cuda.stream()));
+        // Joined whatever failed: the call's buffers are freed on its stream, after the work
+        // queued there, so the side stream's work must be part of that work.
+        let joined = cuda.join_side(&side);
+        queued?;
+        joined?;
         for &(to, from, bytes) in &self.final_copies {
             // SAFETY: both ranges lie inside live f32 buffers of [*, H, K, V] states (the
             // caller's final states or pool, and the scratch sized for every sequence).

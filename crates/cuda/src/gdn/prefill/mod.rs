@@ -569,7 +569,7 @@ impl PrefillLaunch {
                 lead,
                 &params,
                 segment_table.device_address(cuda),
-                seqs.len(),
+                (seqs.len(), plan.relayed),
                 segment_states.device_address(cuda),
                 staging,
             ))
@@ -651,8 +651,7 @@ impl PrefillLaunch {
         )
         .launch(cuda.stream())?;
         if let Some(relay) = &self.relay {
-            let relayed = self.plan.relayed as u32;
-            return relay.launch(cuda, &self.state, self.sequences, relayed, heads, tiles_v);
+            return relay.launch(cuda, &self.state, heads, tiles_v);
         }
         if self.plan.segmented {
             let (transition, transition_bytes) = (&self.transition.0, self.transition.1);

@@ -57,6 +57,10 @@ pub(super) struct RelayLaunch {
     pub second: PrefillParams,
     /// (destination, source, bytes) of each relayed sequence's final state, when asked.
     pub final_copies: Vec<(u64, u64, usize)>,
+    /// N: the first segments' launch has a block row per sequence.
+    pub sequences: u32,
+    /// R: the lead's and the second segments' launches have a block row per relayed sequence.
+    pub relayed: u32,
 }
 
 /// Where the relayed sequences' final states are staged and where they go.
@@ -71,13 +75,13 @@ pub(super) struct FinalStaging {
 
 impl RelayLaunch {
     /// The parameters of both launches from the call's: `table` is the segment table's device
-    /// address, `sequences` N, `hand_over` the lead's states `[R, H, KP, VP]`; `staging` when
-    /// the call writes final states.
+    /// address, `sequences` N, `relayed` R, `hand_over` the lead's states `[R, H, KP, VP]`;
+    /// `staging` when the call writes final states.
     pub fn new(
         lead: (CudaFunction, u32),
         params: &PrefillParams,
         table: u64,
-        sequences: usize,
+        (sequences, relayed): (usize, usize),
         hand_over: u64,
         staging: Option<FinalStaging>,
     ) -> Self {
@@ -95,25 +99,23 @@ impl RelayLaunch {
             state_rows: 0,
             ..*params
         };
-        let final_copies = match staging {
-            Some(staging) if params.final_state != 0 => {
-                let bytes = staging.state_bytes;
-                staging
-                    .rows
-                    .into_iter()
-                    .map(|(n, row)| {
-                        let to = params.final_state + row * bytes as u64;
-                        (to, staging.scratch + (n * bytes) as u64, bytes)
-                    })
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
+        // Staging exists only where the call writes final states (params.final_state is set).
+        let final_copies = staging.map_or_else(Vec::new, |staging| {
+            let bytes = staging.state_bytes;
+            let rows = staging.rows.into_iter();
+            rows.map(|(n, row)| {
+                let to = params.final_state + row * bytes as u64;
+                (to, staging.scratch + (n * bytes) as u64, bytes)
+            })
+            .collect()
+        });
         Self {
             lead,
             first,
             second,
             final_copies,
+            sequences: sequences as u32,
+            relayed: relayed as u32,
         }
     }
 
@@ -123,11 +125,10 @@ impl RelayLaunch {
         &self,
         cuda: &Cuda,
         state: &(CudaFunction, u32, u32),
-        sequences: u32,
-        relayed: u32,
         heads: u32,
         tiles: u32,
     ) -> Result<()> {
+        let (sequences, relayed) = (self.sequences, self.relayed);
         let pass = |params, grid| Kernel {
             function: &state.0,
             params,

@@ -67,6 +67,12 @@ fn every_kernel_compiles_for_sm90a_without_spills() {
             source.name,
             compiled.cubin.len()
         );
+        // For reading the SASS (nvdisasm): DELTAKV_CUBIN_DIR=dir writes each source's CUBIN.
+        if let Some(dir) = std::env::var_os("DELTAKV_CUBIN_DIR") {
+            let path = std::path::Path::new(&dir).join(format!("{}.cubin", source.name));
+            std::fs::write(&path, &compiled.cubin)
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        }
         let kernels = compiled.kernels();
         for k in &kernels {
             println!(

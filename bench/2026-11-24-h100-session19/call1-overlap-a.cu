@@ -1,0 +1,301 @@
+// ---------------------------------------------------------------------------------------
+// The state pass with its outputs on their own warps (K <= 128). The block holds two groups
+// of KP / 16 warps:
+//   the state group keeps S in registers and walks the recurrence: S as bf16 into shared
+//     memory, V' = U - W S (and its end-decayed copy), S <- exp(G_last) S + K^T diag(e) V';
+//   the output group computes O = scale (diag(d) Q S + (Q K^T o D) V') from the S and V' the
+//     state group publishes, a chunk behind it, with the scores Q K^T o D the prepare kernel
+//     computed beside A; it also queues the chunks' inputs (the first two before its loop,
+//     chunk c + 1 once S of chunk c is published: by then both groups are done with chunk
+//     c - 1's stage), which would otherwise cost the state group ~15 copies per thread and
+//     chunk on the sequential path while the output group waits for V'.
+// So the products that do not feed the next state (Q S, scores V') leave the sequential chain,
+// and the scores leave the pass. The groups meet through mbarriers:
+//   full[s]     stage s holds its chunk's inputs (the output group's asynchronous copies arrive)
+//   s_ready     S of chunk c is in shared memory               (state group arrives)
+//   v_ready     V' of chunk c is in shared memory              (state group arrives)
+//   done        the output group is done with S, V' and the stage of chunk c
+// Each completes one phase per chunk (full[s] one per two) and no group can run two phases
+// ahead of the other's wait, so waiting on the phase parity is exact. Shared memory: two
+// stages (gates, q, k, W, the U tile, the scores), S, V', diag(e) V', the barriers.
+
+#define OV_FULL 0
+#define OV_S_READY 2
+#define OV_V_READY 3
+#define OV_DONE 4
+#define OV_BARRIERS 5
+
+// One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread). Only the
+// base is kept: each part's address is formed where it is used, which keeps registers free in
+// a kernel at its 128-register bound.
+template <int KP>
+struct OverlapStage {
+    static constexpr int LDK = KP + PF_PAD;
+    static constexpr int HALFS = 3 * PF_CHUNK * LDK + 2 * PF_CHUNK * PF_LDC;  // q, k, w; u, scores
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
+    unsigned char* base;
+    __device__ OverlapStage(unsigned char* at) : base(at) {}
+    __device__ ChunkGates* gates() const { return (ChunkGates*)base; }
+    __device__ unsigned short* q() const { return (unsigned short*)(base + PF_GATES_BYTES); }
+    __device__ unsigned short* k() const { return q() + PF_CHUNK * LDK; }
+    __device__ unsigned short* w() const { return q() + 2 * PF_CHUNK * LDK; }
+    __device__ unsigned short* u() const { return q() + 3 * PF_CHUNK * LDK; }
+    __device__ unsigned short* scores() const { return u() + PF_CHUNK * PF_LDC; }
+};
+
+__device__ __forceinline__ void ov_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ov_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// One arrival on `bar` once every asynchronous copy this thread issued so far has landed.
+__device__ __forceinline__ void ov_arrive_copies(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void ov_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+            "0, p; }"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// A barrier among the state group's `THREADS` threads (barrier 1; 0 is the block's).
+template <int THREADS>
+__device__ __forceinline__ void ov_state_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
+
+// Queues chunk `chunk`'s inputs into `stage` (copies shared by the output group's `threads`
+// threads), then one arrival per thread on `full` when its copies land.
+template <int KP>
+__device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
+                                               int chunk, long long first_row, int len, int head,
+                                               int key_head, int col0, int thread, int threads,
+                                               unsigned long long* full) {
+    constexpr int LDK = KP + PF_PAD;
+    const long long key_row = (first_row * p.key_heads + key_head) * KP;
+    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    const long long chunk_head = (long long)chunk * p.value_heads + head;
+    copy_rows_async<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
+                        PF_CHUNK, thread, threads);
+    copy_rows_async<PF_TILE>(stage.u(), PF_LDC,
+                             (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                             p.value_pad, PF_CHUNK, thread, threads);
+    copy_rows_async<PF_CHUNK>(stage.scores(), PF_LDC,
+                              (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
+                              PF_CHUNK, PF_CHUNK, thread, threads);
+    const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
+    for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
+        cp_async16((unsigned char*)stage.gates() + 16 * i, gates + 16 * i, true);
+    }
+    ov_arrive_copies(full);
+}
+
+template <int KP>
+__device__ void overlap_impl(const PrefillParams& p) {
+    constexpr int WARPS = KP / 16;  // per group
+    constexpr int GROUP = 32 * WARPS;
+    constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
+    constexpr int LDK = KP + PF_PAD;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned short* state_s = (unsigned short*)(stage_base + 2 * OverlapStage<KP>::BYTES);  // [KP][LDC]
+    unsigned short* new_values = state_s + KP * PF_LDC;               // [64][LDC]
+    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // [64][LDC]
+    unsigned long long* bars = (unsigned long long*)(decayed_values + PF_CHUNK * PF_LDC);
+
+    const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
+    const bool state_group = threadIdx.x < GROUP;
+    const int thread = threadIdx.x % GROUP;
+    const int warp = thread >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int col0 = tile * PF_TILE;
+    const int row_tile = 16 * (warp & 3);
+    const int n_first = (warp >> 2) * NT;
+    const SegmentRows rows(p, first_chunk, chunks);
+
+    if (threadIdx.x == 0) {
+        ov_init(&bars[OV_FULL], GROUP);
+        ov_init(&bars[OV_FULL + 1], GROUP);
+        for (int b = OV_S_READY; b < OV_BARRIERS; ++b) ov_init(&bars[b], GROUP);
+    }
+    __syncthreads();
+
+    if (state_group) {
+        const long long state_row =
+            p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+        float state[8][4];
+        load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+        for (int ci = 0; ci < chunks; ++ci) {
+            const int s = ci & 1;
+            const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
+            ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+            if (ci > 0) ov_wait(&bars[OV_DONE], (ci - 1) & 1);
+
+            // S as bf16 for both groups.
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = 16 * warp + (lane >> 2) + 8 * h;
+                    int c = 8 * n + 2 * (lane & 3);
+                    *(unsigned*)(state_s + r * PF_LDC + c) =
+                        pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
+                }
+            }
+            // Every state warp has written S and is done with the previous chunk's stage and
+            // diag(e) V'.
+            ov_state_sync<GROUP>();
+            ov_arrive(&bars[OV_S_READY]);
+
+            // V' = U - W S and diag(e) V'.
+            const ChunkGates& gates = *stage.gates();
+            float x[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
+#pragma unroll 4
+            for (int k0 = 0; k0 < KP; k0 += 16) {
+                unsigned a[4];
+                frag_a_ldsm(a, stage.w(), LDK, row_tile, k0, lane);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                    mma_bf16_16816(x[n], a, b0);
+                    mma_bf16_16816(x[n + 1], a, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = row_tile + (lane >> 2) + 8 * h;
+                    int c = 8 * (n_first + n) + 2 * (lane & 3);
+                    unsigned bits = *(const unsigned*)(stage.u() + r * PF_LDC + c);
+                    float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
+                    float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
+                    *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
+                    float e = gates.end_decay[r];
+                    *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
+                }
+            }
+            ov_state_sync<GROUP>();
+            ov_arrive(&bars[OV_V_READY]);
+
+            // S <- exp(G_last) S + K^T diag(e) V'.
+            const float decay = gates.state_decay;
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) state[n][e] *= decay;
+            }
+#pragma unroll
+            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+                unsigned a[4];
+                frag_a_transposed(a, stage.k(), LDK, 16 * warp, k0, lane);
+#pragma unroll
+                for (int n = 0; n < 8; n += 2) {
+                    unsigned b0[2], b1[2];
+                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
+                    mma_bf16_16816(state[n], a, b0);
+                    mma_bf16_16816(state[n + 1], a, b1);
+                }
+            }
+        }
+        // The segment's place in its sequence, read here rather than held through the walk.
+        const int* last_seg = (const int*)p.segments + SEG_FIELDS * blockIdx.x;
+        if (p.final_state && last_seg[SEG_INDEX] == last_seg[SEG_COUNT] - 1) {
+            store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
+        }
+        return;
+    }
+
+    // The output group. Both stages are free at the start: chunks 0 and 1 are queued at once.
+    for (int ci = 0; ci < min(chunks, 2); ++ci) {
+        ov_issue_stage<KP>(OverlapStage<KP>(stage_base + ci * OverlapStage<KP>::BYTES), p,
+                           first_chunk + ci, rows.row(ci), rows.len(ci), head, key_head, col0,
+                           thread, GROUP, &bars[OV_FULL + ci]);
+    }
+    for (int ci = 0; ci < chunks; ++ci) {
+        const int s = ci & 1;
+        const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
+        ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+        ov_wait(&bars[OV_S_READY], ci & 1);
+        // S of chunk ci published: the state group is done with chunk ci - 1's stage, and so is
+        // this group, so chunk ci + 1 may land there.
+        if (ci >= 1 && ci + 1 < chunks) {
+            ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
+                               first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
+                               key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
+        }
+        const ChunkGates& gates = *stage.gates();
+
+        // diag(d) Q S, then + scores V' once V' is published.
+        float out[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+#pragma unroll 8
+        for (int k0 = 0; k0 < KP; k0 += 16) {
+            unsigned a[4];
+            frag_a_ldsm(a, stage.q(), LDK, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
+                mma_bf16_16816(out[n], a, b0);
+                mma_bf16_16816(out[n + 1], a, b1);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                out[n][2 * h] *= d;
+                out[n][2 * h + 1] *= d;
+            }
+        }
+        ov_wait(&bars[OV_V_READY], ci & 1);
+#pragma unroll
+        for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
+            unsigned a[4];
+            frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, k0, lane);
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
+                unsigned b0[2], b1[2];
+                frag_b2_rowmajor(b0, b1, new_values, PF_LDC, k0, 8 * (n_first + n), lane);
+                mma_bf16_16816(out[n], a, b0);
+                mma_bf16_16816(out[n + 1], a, b1);
+            }
+        }
+        ov_arrive(&bars[OV_DONE]);
+        store_output_rows<NT>(out, p, rows.row(ci), rows.len(ci), head, col0, row_tile, n_first, lane);
+    }
+}
+
+#define PF_OVERLAP_ENTRY_POINT(KP)                                                            \
+    extern "C" __global__ void __launch_bounds__(KP * 4, 1)                                  \
+        gdn_prefill_overlap_k##KP(PrefillParams p) {                                          \
+        overlap_impl<KP>(p);                                                                  \
+    }
+
+PF_OVERLAP_ENTRY_POINT(64)
+PF_OVERLAP_ENTRY_POINT(128)

@@ -1,15 +1,17 @@
 // ---------------------------------------------------------------------------------------
-// The state pass. Block = KP / 16 warps; warp w owns state rows 16w..16w+15 over the block's
-// 64 columns (8 mma tiles, 32 f32 per thread). Products over the chunk (64 x 64 outputs: X,
-// scores, O) are split as 4 row tiles x (32 / warps) column tiles per warp.
+// The state pass. Block = KP / 16 warps (KP / 64 warpgroups); warp w owns state rows
+// 16w..16w+15 over the block's 64 columns (8 n8 tiles, 32 f32 per thread). The products run
+// on wgmma (gdn_prefill_wgmma.cu): over the chunk (64 x 64 outputs: X = W S, O) warpgroup g
+// forms all 64 rows of columns 8 g NT.. (NT = 32 / warps n8 tiles), the update each
+// warpgroup's 64 rows of S; the scores Q K^T stay on mma.sync (4 row tiles x NT per warp).
 //
 // The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through
 // asynchronous copies while chunk c computes (two stages; one for KP = 256, where two do not
 // fit). Shared memory: per stage the chunk's gates (computed by the prepare kernel), q, k, W
-// [64][KP + PAD], U [64][64 + PAD];
-// then the state [KP][64 + PAD], V', diag(e) V' and the scores [64][64 + PAD], all bf16
-// row-major (the transposed operands are read with ldmatrix .trans). The host mirrors this in
-// `state_smem`.
+// [64][KP + PAD], U [64][64 + PAD] (bf16 row-major, the A operands read into registers, with
+// ldmatrix .trans where transposed); then the state S, V' and diag(e) V' in wgmma's B layout
+// (in spaces of [KP][64 + PAD] and [64][64 + PAD] bf16), and the scores [64][64 + PAD]. The
+// host mirrors this in `state_smem`.
 
 // The rows of a segment's chunks: consecutive 64-row chunks of one sequence (the last maybe
 // shorter), so each chunk's first row and length follow from the segment's two ends, read
@@ -94,19 +96,19 @@ __device__ __forceinline__ int state_col_of(int col0, int n, int lane, int e) {
     return col0 + 8 * n + 2 * (lane & 3) + (e & 1);
 }
 
-// A warp's 16 state rows (from its register tiles) as bf16 into state_s [KP][PF_LDC], the B
-// operand of the next chunk's products.
-__device__ __forceinline__ void store_state_bf16(const float (&state)[8][4], unsigned short* state_s,
-                                                 int warp, int lane) {
+// A warp's 16 state rows (from its register tiles) as bf16 into state_s, the B operand (K = KP
+// rows, 64 columns; `wg_desc_b`'s layout) of the next chunk's products, made visible to them.
+template <int KP>
+__device__ __forceinline__ void store_state_b(const float (&state)[8][4], unsigned short* state_s,
+                                              int warp, int lane) {
+    unsigned pairs[8][2];
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = 16 * warp + (lane >> 2) + 8 * h;
-            const int c = 8 * n + 2 * (lane & 3);
-            *(unsigned*)(state_s + r * PF_LDC + c) = pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
-        }
+        pairs[n][0] = pack_bf16(state[n][0], state[n][1]);
+        pairs[n][1] = pack_bf16(state[n][2], state[n][3]);
     }
+    store_b_fragments<KP, 8>(pairs, state_s, 0, 2 * warp, lane);
+    fence_proxy_async();
 }
 
 // A segment's entry state into the registers: the combined state of the two-level scan when
@@ -194,10 +196,9 @@ __device__ void state_impl(const PrefillParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
-    const int seg_index = seg[SEG_INDEX], seg_count = seg[SEG_COUNT];
     const int key_head = head / (p.value_heads / p.key_heads);
     const int tiles_v = p.value_pad / PF_TILE;
-    if (MODE == MODE_TRANSITION && seg_index == seg_count - 1) return;  // nothing needs it
+    if (MODE == MODE_TRANSITION && seg[SEG_INDEX] == seg[SEG_COUNT] - 1) return;  // nothing needs it
     // Columns of this block: value columns, or (transition mode, tile >= tiles_v) columns of
     // the K x K map M.
     const bool m_cols = MODE == MODE_TRANSITION && tile >= tiles_v;
@@ -228,7 +229,7 @@ __device__ void state_impl(const PrefillParams& p) {
         issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
                               head, key_head, col0, m_cols);
     }
-    store_state_bf16(state, state_s, warp, lane);
+    store_state_b<KP>(state, state_s, warp, lane);
     for (int ci = 0; ci < chunks; ++ci) {
         const int chunk = first_chunk + ci;
         const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
@@ -249,27 +250,23 @@ __device__ void state_impl(const PrefillParams& p) {
         const int len = rows.len(ci);
 
         // The state as bf16 is in state_s: each warp wrote its rows after the last chunk's
-        // update (or before the loop), and the barrier above published them.
+        // update (or before the loop), and the barrier above published them to every
+        // warpgroup's wgmma.
         const ChunkGates& gates = *stage.gates;
 
         // Stage 2: V' = U - W S (and its end-decayed copy), the scores, O = diag(d) Q S.
+        // Each warpgroup forms all 64 rows of its NT n8 tiles of columns (wgmma, B = S).
+        constexpr int KSTEPS = KP / 16;
+        constexpr int BATCH = KSTEPS > 8 ? 4 : KSTEPS;  // A fragments held per wgmma group
         float out[NT][4];
         {
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-#pragma unroll 8
-            for (int k0 = 0; k0 < KP; k0 += 16) {
-                unsigned a[4];
-                frag_a(a, stage.w, LDK, row_tile, k0, lane);
-#pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
-                    mma_bf16_16816(x[n], a, b0);
-                    mma_bf16_16816(x[n + 1], a, b1);
-                }
-            }
+            wg_product<NT, KSTEPS, BATCH>(
+                x, [&](unsigned (&a)[4], int step) { frag_a(a, stage.w, LDK, row_tile, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+            unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -283,67 +280,69 @@ __device__ void state_impl(const PrefillParams& p) {
                         u1 = bf16_to_f32((unsigned short)(bits >> 16));
                     }
                     float v0 = u0 - x[n][2 * h], v1 = u1 - x[n][2 * h + 1];
-                    if (MODE == MODE_OUTPUT) {
-                        *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
-                    }
+                    fresh[n][h] = pack_bf16(v0, v1);
                     float e = gates.end_decay[r];
-                    *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
+                    decayed[n][h] = pack_bf16(v0 * e, v1 * e);
                 }
             }
+            // V' and diag(e) V' as B operands (K = the chunk's 64 rows).
+            if (MODE == MODE_OUTPUT) store_b_fragments<PF_CHUNK, NT>(fresh, new_values, n_first, row_tile / 8, lane);
+            store_b_fragments<PF_CHUNK, NT>(decayed, decayed_values, n_first, row_tile / 8, lane);
+            fence_proxy_async();
         }
         if (MODE == MODE_OUTPUT) {
-            float sc[NT][4];
+            // The scores Q K^T o D (mma.sync: K is not in wgmma's B layout), stored before O's
+            // product so their registers are free for it.
+            {
+                float sc[NT][4];
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-                out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
-            }
+                for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll 8
-            for (int k0 = 0; k0 < KP; k0 += 16) {
-                unsigned a[4];
-                frag_a(a, stage.q, LDK, row_tile, k0, lane);
+                for (int k0 = 0; k0 < KP; k0 += 16) {
+                    unsigned a[4];
+                    frag_a(a, stage.q, LDK, row_tile, k0, lane);
 #pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned b[2], b0[2], b1[2];
-                    frag_b(b, stage.k, LDK, k0, 8 * (n_first + n), lane);
-                    mma_bf16_16816(sc[n], a, b);
-                    frag_b(b, stage.k, LDK, k0, 8 * (n_first + n + 1), lane);
-                    mma_bf16_16816(sc[n + 1], a, b);
-                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
-                    mma_bf16_16816(out[n], a, b0);
-                    mma_bf16_16816(out[n + 1], a, b1);
+                    for (int n = 0; n < NT; ++n) {
+                        unsigned b[2];
+                        frag_b(b, stage.k, LDK, k0, 8 * (n_first + n), lane);
+                        mma_bf16_16816(sc[n], a, b);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        int i = row_tile + (lane >> 2) + 8 * h;
+                        int j = 8 * (n_first + n) + 2 * (lane & 3);
+                        *(unsigned*)(scores + i * PF_LDC + j) =
+                            pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
+                                      sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
+                    }
                 }
             }
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
+            for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+            wg_product<NT, KSTEPS, BATCH>(
+                out, [&](unsigned (&a)[4], int step) { frag_a(a, stage.q, LDK, row_tile, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int i = row_tile + (lane >> 2) + 8 * h;
-                    int j = 8 * (n_first + n) + 2 * (lane & 3);
-                    *(unsigned*)(scores + i * PF_LDC + j) =
-                        pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
-                                  sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
-                    out[n][2 * h] *= gates.start_decay[i];
-                    out[n][2 * h + 1] *= gates.start_decay[i];
+            for (int h = 0; h < 2; ++h) {
+                const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    out[n][2 * h] *= d;
+                    out[n][2 * h + 1] *= d;
                 }
             }
         }
         __syncthreads();
 
-        // Stage 3: O += scores V' (then stored), S <- exp(G_last) S + K^T diag(e) V'.
+        // Stage 3: O += scores V' (then stored), S <- exp(G_last) S + K^T diag(e) V' (each
+        // warpgroup its 64 rows of S, wgmma, B = diag(e) V').
         if (MODE == MODE_OUTPUT) {
-#pragma unroll
-            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
-                unsigned a[4];
-                frag_a(a, scores, PF_LDC, row_tile, k0, lane);
-#pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, new_values, PF_LDC, k0, 8 * (n_first + n), lane);
-                    mma_bf16_16816(out[n], a, b0);
-                    mma_bf16_16816(out[n + 1], a, b1);
-                }
-            }
+            wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16>(
+                out, [&](unsigned (&a)[4], int step) { frag_a(a, scores, PF_LDC, row_tile, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<PF_CHUNK>(new_values, 16 * step, 8 * n_first); });
             store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
         }
         {
@@ -353,23 +352,15 @@ __device__ void state_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state[n][e] *= decay;
             }
-#pragma unroll
-            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
-                unsigned a[4];
-                frag_a_transposed(a, stage.k, LDK, 16 * warp, k0, lane);
-#pragma unroll
-                for (int n = 0; n < 8; n += 2) {
-                    unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
-                    mma_bf16_16816(state[n], a, b0);
-                    mma_bf16_16816(state[n + 1], a, b1);
-                }
-            }
+            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16>(
+                state,
+                [&](unsigned (&a)[4], int step) { frag_a_transposed(a, stage.k, LDK, 16 * warp, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<PF_CHUNK>(decayed_values, 16 * step, 0); });
         }
         // The next chunk's entry state as bf16: state_s is only read before the barrier that
         // precedes the update, so every warp may write its rows now; the barrier at the top of
         // the next chunk publishes them.
-        store_state_bf16(state, state_s, warp, lane);
+        store_state_b<KP>(state, state_s, warp, lane);
         // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's table).
         if (MODE == MODE_OUTPUT && p.checkpoints) {
             const int checkpoint = ((const int*)p.chunk_checkpoint)[chunk];
@@ -405,7 +396,9 @@ __device__ void state_impl(const PrefillParams& p) {
                     [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
             }
         }
-    } else if (p.final_state && seg_index == seg_count - 1) {
+    } else if (p.final_state && ((const int*)p.segments)[SEG_FIELDS * blockIdx.x + SEG_INDEX] ==
+                                        ((const int*)p.segments)[SEG_FIELDS * blockIdx.x + SEG_COUNT] - 1) {
+        // (The segment's place in its sequence read here rather than held through the walk.)
         store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
     }
 }

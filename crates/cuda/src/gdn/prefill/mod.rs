@@ -50,6 +50,7 @@ pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
         include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),

@@ -8,7 +8,9 @@
 //     state group publishes, a chunk behind it, with the scores Q K^T o D the prepare kernel
 //     computed beside A.
 // So the products that do not feed the next state (Q S, scores V') leave the sequential chain,
-// and the scores leave the pass. The groups meet through mbarriers:
+// and the scores leave the pass. Every product runs on wgmma (gdn_prefill_wgmma.cu), each
+// warpgroup of a group forming all 64 chunk rows of its columns (the update: its 64 rows of
+// S); S, V' and diag(e) V' are the B operands, in wgmma's layout. The groups meet through mbarriers:
 //   full[s]     stage s holds its chunk's inputs (the state group's asynchronous copies arrive)
 //   s_ready     S of chunk c is in shared memory               (state group arrives)
 //   v_ready     V' of chunk c is in shared memory              (state group arrives)
@@ -22,6 +24,7 @@
 #define OV_V_READY 3
 #define OV_DONE 4
 #define OV_BARRIERS 5
+#define OV_BATCH 8  // k16 steps of A fragments held per wgmma group (the pass is at 128 registers)
 
 // One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread). Only the
 // base is kept: each part's address is formed where it is used, which keeps registers free in
@@ -118,13 +121,13 @@ __device__ void overlap_impl(const PrefillParams& p) {
     unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // [64][LDC]
     unsigned long long* bars = (unsigned long long*)(decayed_values + PF_CHUNK * PF_LDC);
 
-    const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
+    // Grid (tile, head, segment), as in state_impl (the tiles of a head share inputs in L2).
+    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
     const bool state_group = threadIdx.x < GROUP;
     const int thread = threadIdx.x % GROUP;
     const int warp = thread >> 5, lane = threadIdx.x & 31;
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
-    const int seg_index = seg[SEG_INDEX], seg_count = seg[SEG_COUNT];
     const int key_head = head / (p.value_heads / p.key_heads);
     const int col0 = tile * PF_TILE;
     const int row_tile = 16 * (warp & 3);
@@ -153,17 +156,8 @@ __device__ void overlap_impl(const PrefillParams& p) {
             ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
             if (ci > 0) ov_wait(&bars[OV_DONE], (ci - 1) & 1);
 
-            // S as bf16 for both groups.
-#pragma unroll
-            for (int n = 0; n < 8; ++n) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int r = 16 * warp + (lane >> 2) + 8 * h;
-                    int c = 8 * n + 2 * (lane & 3);
-                    *(unsigned*)(state_s + r * PF_LDC + c) =
-                        pack_bf16(state[n][2 * h], state[n][2 * h + 1]);
-                }
-            }
+            // S as bf16 for both groups (wgmma's B layout).
+            store_state_b<KP>(state, state_s, warp, lane);
             // Every state warp has written S and is done with the previous chunk's stage and
             // diag(e) V'.
             ov_state_sync<GROUP>();
@@ -174,61 +168,50 @@ __device__ void overlap_impl(const PrefillParams& p) {
                                    key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
             }
 
-            // V' = U - W S and diag(e) V'.
+            // V' = U - W S and diag(e) V' (each warpgroup all 64 rows of its NT n8 tiles).
             const ChunkGates& gates = *stage.gates();
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-#pragma unroll 4
-            for (int k0 = 0; k0 < KP; k0 += 16) {
-                unsigned a[4];
-                frag_a_ldsm(a, stage.w(), LDK, row_tile, k0, lane);
+            wg_product<NT, KP / 16, (KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH)>(
+                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w(), LDK, row_tile, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+            {
+                unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
-                    mma_bf16_16816(x[n], a, b0);
-                    mma_bf16_16816(x[n + 1], a, b1);
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        int r = row_tile + (lane >> 2) + 8 * h;
+                        int c = 8 * (n_first + n) + 2 * (lane & 3);
+                        unsigned bits = *(const unsigned*)(stage.u() + r * PF_LDC + c);
+                        float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
+                        float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
+                        fresh[n][h] = pack_bf16(v0, v1);
+                        float e = gates.end_decay[r];
+                        decayed[n][h] = pack_bf16(v0 * e, v1 * e);
+                    }
                 }
-            }
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int r = row_tile + (lane >> 2) + 8 * h;
-                    int c = 8 * (n_first + n) + 2 * (lane & 3);
-                    unsigned bits = *(const unsigned*)(stage.u() + r * PF_LDC + c);
-                    float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
-                    float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
-                    *(unsigned*)(new_values + r * PF_LDC + c) = pack_bf16(v0, v1);
-                    float e = gates.end_decay[r];
-                    *(unsigned*)(decayed_values + r * PF_LDC + c) = pack_bf16(v0 * e, v1 * e);
-                }
+                store_b_fragments<PF_CHUNK, NT>(fresh, new_values, n_first, row_tile / 8, lane);
+                store_b_fragments<PF_CHUNK, NT>(decayed, decayed_values, n_first, row_tile / 8, lane);
+                fence_proxy_async();
             }
             ov_state_sync<GROUP>();
             ov_arrive(&bars[OV_V_READY]);
 
-            // S <- exp(G_last) S + K^T diag(e) V'.
+            // S <- exp(G_last) S + K^T diag(e) V' (each warpgroup its 64 rows of S).
             const float decay = gates.state_decay;
 #pragma unroll
             for (int n = 0; n < 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state[n][e] *= decay;
             }
-#pragma unroll
-            for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
-                unsigned a[4];
-                frag_a_transposed(a, stage.k(), LDK, 16 * warp, k0, lane);
-#pragma unroll
-                for (int n = 0; n < 8; n += 2) {
-                    unsigned b0[2], b1[2];
-                    frag_b2_rowmajor(b0, b1, decayed_values, PF_LDC, k0, 8 * n, lane);
-                    mma_bf16_16816(state[n], a, b0);
-                    mma_bf16_16816(state[n + 1], a, b1);
-                }
-            }
+            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16>(
+                state,
+                [&](unsigned (&a)[4], int step) { frag_a_transposed(a, stage.k(), LDK, 16 * warp, 16 * step, lane); },
+                [&](int step) { return wg_desc_b<PF_CHUNK>(decayed_values, 16 * step, 0); });
         }
-        if (p.final_state && seg_index == seg_count - 1) {
+        if (p.final_state && segment_is_last(p, blockIdx.z)) {
             store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
         }
         return;
@@ -248,18 +231,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
         ov_wait(&bars[OV_S_READY], ci & 1);
-#pragma unroll 8
-        for (int k0 = 0; k0 < KP; k0 += 16) {
-            unsigned a[4];
-            frag_a_ldsm(a, stage.q(), LDK, row_tile, k0, lane);
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned b0[2], b1[2];
-                frag_b2_rowmajor(b0, b1, state_s, PF_LDC, k0, 8 * (n_first + n), lane);
-                mma_bf16_16816(out[n], a, b0);
-                mma_bf16_16816(out[n + 1], a, b1);
-            }
-        }
+        wg_product<NT, KP / 16, (KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH)>(
+            out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.q(), LDK, row_tile, 16 * step, lane); },
+            [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
@@ -270,18 +244,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
         }
         ov_wait(&bars[OV_V_READY], ci & 1);
-#pragma unroll
-        for (int k0 = 0; k0 < PF_CHUNK; k0 += 16) {
-            unsigned a[4];
-            frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, k0, lane);
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned b0[2], b1[2];
-                frag_b2_rowmajor(b0, b1, new_values, PF_LDC, k0, 8 * (n_first + n), lane);
-                mma_bf16_16816(out[n], a, b0);
-                mma_bf16_16816(out[n + 1], a, b1);
-            }
-        }
+        wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16>(
+            out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, 16 * step, lane); },
+            [&](int step) { return wg_desc_b<PF_CHUNK>(new_values, 16 * step, 8 * n_first); });
         ov_arrive(&bars[OV_DONE]);
         store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
     }

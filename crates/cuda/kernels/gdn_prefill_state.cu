@@ -30,6 +30,13 @@ struct SegmentRows {
     }
 };
 
+// Whether `segment` ends its sequence, read from the table where needed rather than held in a
+// register through the walk.
+__device__ __forceinline__ bool segment_is_last(const PrefillParams& p, int segment) {
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    return seg[SEG_INDEX] == seg[SEG_COUNT] - 1;
+}
+
 // Where a block's entry state comes from and where its end state goes.
 #define MODE_OUTPUT 0      // outputs and (last segment) the final state
 #define MODE_TRANSITION 1  // no outputs; D (zero entry, U) or M (identity entry, no U)
@@ -192,7 +199,9 @@ __device__ void state_impl(const PrefillParams& p) {
     unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // [64][LDC]
     unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;        // [64][LDC]
 
-    const int segment = blockIdx.x, head = blockIdx.y, tile = blockIdx.z;
+    // Grid (tile, head, segment): the column tiles of one (segment, head), which read the same
+    // chunk inputs, are adjacent in launch order, so they run together and share them in L2.
+    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
@@ -297,7 +306,7 @@ __device__ void state_impl(const PrefillParams& p) {
                 float sc[NT][4];
 #pragma unroll
                 for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll 8
+#pragma unroll 4
                 for (int k0 = 0; k0 < KP; k0 += 16) {
                     unsigned a[4];
                     frag_a(a, stage.q, LDK, row_tile, k0, lane);
@@ -396,9 +405,7 @@ __device__ void state_impl(const PrefillParams& p) {
                     [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
             }
         }
-    } else if (p.final_state && ((const int*)p.segments)[SEG_FIELDS * blockIdx.x + SEG_INDEX] ==
-                                        ((const int*)p.segments)[SEG_FIELDS * blockIdx.x + SEG_COUNT] - 1) {
-        // (The segment's place in its sequence read here rather than held through the walk.)
+    } else if (p.final_state && segment_is_last(p, segment)) {
         store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
     }
 }

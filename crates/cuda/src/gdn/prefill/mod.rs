@@ -43,7 +43,7 @@ use deltakv_contract::{DType, Error, HostTensor, Result};
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PrefillPlan, RELAY_LEAD_SHARE, SEGMENT_FIELDS, TILE, padded_dim};
-use relay::{FinalStaging, Kernel, RelayLaunch};
+use relay::{FinalStaging, Kernel, MAX_WALK_SEGMENTS, RelayLaunch, walk_grid};
 
 /// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -519,6 +519,13 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
+        if plan.segment_count() > MAX_WALK_SEGMENTS {
+            return Err(Error::Unsupported(format!(
+                "CUDA prefill walks at most {MAX_WALK_SEGMENTS} segments per call (sequences, \
+                 plus the splits of long ones), got {}: split the batch",
+                plan.segment_count()
+            )));
+        }
         let prepare_kernel = prepare_kernel_from_env();
         let prepare = match prepare_kernel {
             PrepareKernel::Scalar => &SOURCE,
@@ -656,7 +663,7 @@ impl PrefillLaunch {
         }
         if self.plan.segmented {
             let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
-            let grid = (segments, heads, tiles_v + tiles_k);
+            let grid = walk_grid(segments, heads, tiles_v + tiles_k);
             kernel(
                 transition,
                 grid,
@@ -671,7 +678,7 @@ impl PrefillLaunch {
         let (state, state_bytes, state_threads) = (&self.state.0, self.state.1, self.state.2);
         kernel(
             state,
-            (segments, heads, tiles_v),
+            walk_grid(segments, heads, tiles_v),
             state_threads,
             state_bytes,
             "gdn_prefill_state",

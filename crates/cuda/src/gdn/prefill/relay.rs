@@ -16,6 +16,16 @@ use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
 
+/// The grid of a state-walking kernel (state, overlapped, lead, transition) over `records`
+/// segment records (at most `MAX_WALK_SEGMENTS`): (tile, head, record), so the column tiles of
+/// one (segment, head), which read the same chunk inputs, are adjacent in launch order.
+pub fn walk_grid(records: u32, heads: u32, tiles: u32) -> (u32, u32, u32) {
+    (tiles, heads, records)
+}
+
+/// Most segment records one state walk takes (the grid's third dimension).
+pub const MAX_WALK_SEGMENTS: usize = 65535;
+
 /// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
 pub(super) struct Kernel<'a> {
     pub function: &'a CudaFunction,
@@ -141,15 +151,17 @@ impl RelayLaunch {
         let lead = Kernel {
             function: &self.lead.0,
             params: &self.first,
-            grid: (relayed, heads, tiles),
+            grid: walk_grid(relayed, heads, tiles),
             threads: 2 * self.first.key_pad as u32,
             shared_bytes: self.lead.1,
             name: "gdn_prefill_lead",
         };
-        let queued = pass(&self.first, (sequences, heads, tiles))
+        let queued = pass(&self.first, walk_grid(sequences, heads, tiles))
             .launch(&side)
             .and_then(|()| lead.launch(cuda.stream()))
-            .and_then(|()| pass(&self.second, (relayed, heads, tiles)).launch(cuda.stream()));
+            .and_then(|()| {
+                pass(&self.second, walk_grid(relayed, heads, tiles)).launch(cuda.stream())
+            });
         // Joined whatever failed: the call's buffers are freed on its stream, after the work
         // queued there, so the side stream's work must be part of that work.
         let joined = cuda.join_side(&side);

@@ -273,7 +273,7 @@ __device__ void state_impl(const PrefillParams& p) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
             wg_product<NT, KSTEPS, BATCH>(
-                x, [&](unsigned (&a)[4], int step) { frag_a(a, stage.w, LDK, row_tile, 16 * step, lane); },
+                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w, LDK, row_tile, 16 * step, lane); },
                 [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
             unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll

@@ -11,7 +11,8 @@
 //! rows after the join: a final state that shares memory with an initial state (a state pool,
 //! whose slots are both) must not be written while the side stream may still be reading it.
 
-use super::{PrefillParams, SEGMENT_FIELDS};
+use super::SEGMENT_FIELDS;
+use super::kernels::PrefillParams;
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;

@@ -1,0 +1,310 @@
+//! Which kernels a prefill call runs and what they need: the kernel names for the padded K
+//! and V, the prepare kernel's form and grouping of value heads, the state pass (overlapped or
+//! lockstep), the shared memory of each (mirroring the kernels' carve-ups), and the `DELTAKV_*`
+//! variables that pick among them for experiments.
+
+use super::plan::{CHUNK, RELAY_LEAD_SHARE};
+use cudarc::driver::DeviceRepr;
+use deltakv_contract::{Error, Result};
+
+/// Mirrors `struct PrefillParams` in the kernel, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PrefillParams {
+    pub(super) q: u64,
+    pub(super) k: u64,
+    pub(super) v: u64,
+    pub(super) g: u64,
+    pub(super) beta: u64,
+    pub(super) o: u64,
+    pub(super) w: u64,
+    pub(super) u: u64,
+    pub(super) chunk_first_row: u64,
+    pub(super) chunk_len: u64,
+    pub(super) segments: u64,
+    pub(super) seq_first_segment: u64,
+    pub(super) initial_state: u64,
+    pub(super) final_state: u64,
+    pub(super) state_rows: u64,
+    pub(super) segment_states: u64,
+    pub(super) transition_d: u64,
+    pub(super) transition_m: u64,
+    pub(super) gates: u64,
+    pub(super) scores: u64,
+    pub(super) checkpoints: u64,
+    pub(super) chunk_checkpoint: u64,
+    pub(super) q_src: u64,
+    pub(super) k_src: u64,
+    pub(super) key_heads: i32,
+    pub(super) value_heads: i32,
+    pub(super) key_dim: i32,
+    pub(super) value_dim: i32,
+    pub(super) key_pad: i32,
+    pub(super) value_pad: i32,
+    pub(super) out_dtype: i32,
+    pub(super) beta_dtype: i32,
+    pub(super) use_segment_states: i32,
+    pub(super) heads_per_block: i32,
+    pub(super) head_groups: i32,
+    pub(super) fused_qk_norm: i32,
+    pub(super) scale: f32,
+    pub(super) reset_gate: f32,
+    pub(super) prefetch_ahead: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for PrefillParams {}
+
+/// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`): one gates
+/// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32).
+/// q takes the space after A until T is formed; T's bf16 halves reuse A's space and the 816
+/// floats. At K = V = 128: 73,280 bytes for one head, 75,200 for two, 79,040 for four (the
+/// tensor-core inverse's rows of 68 floats: 76,736 for two); 3 blocks per SM at two heads,
+/// and room for 2 at any K and V.
+pub(super) fn prepare_smem(
+    kp: usize,
+    vp: usize,
+    heads_per_block: usize,
+    kind: PrepareKernel,
+) -> usize {
+    let ldc = CHUNK + 8;
+    // f32 elements per row of A and T (the kernels' PF_LDF).
+    let ldf = match kind {
+        PrepareKernel::Scalar => CHUNK + 1,
+        PrepareKernel::Mma | PrepareKernel::MmaPrefetch => CHUNK + 4,
+    };
+    debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * ldf + 3 * 16 * 17));
+    debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
+    heads_per_block * gates_bytes()
+        + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
+        + 4 * (2 * CHUNK * ldf + 3 * 16 * 17)
+}
+
+/// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
+const MAX_PREPARE_GROUP: usize = 4;
+
+/// How the prepare kernel splits the `ratio` value heads of each key head: blocks per key head
+/// and value heads per block (near-equal groups of at most `limit`, itself at most
+/// `MAX_PREPARE_GROUP`, none empty).
+pub(super) fn prepare_groups(ratio: usize, limit: usize) -> (usize, usize) {
+    let ratio = ratio.max(1);
+    let limit = limit.clamp(1, MAX_PREPARE_GROUP);
+    let per_block = ratio.div_ceil(ratio.div_ceil(limit));
+    (ratio.div_ceil(per_block), per_block)
+}
+
+/// `DELTAKV_PREFILL_PREPARE_GROUP`: the most value heads per prepare block, 1 to
+/// `MAX_PREPARE_GROUP` (for experiments: fewer heads per block make more, shorter blocks);
+/// unset: `MAX_PREPARE_GROUP`.
+pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
+    let Ok(text) = std::env::var("DELTAKV_PREFILL_PREPARE_GROUP") else {
+        return Ok(MAX_PREPARE_GROUP);
+    };
+    match text.parse::<usize>() {
+        Ok(limit) if (1..=MAX_PREPARE_GROUP).contains(&limit) => Ok(limit),
+        _ => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_PREPARE_GROUP={text}: expected 1 to {MAX_PREPARE_GROUP} value heads \
+             per prepare block"
+        ))),
+    }
+}
+
+/// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
+/// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
+/// operands.
+pub(super) fn state_smem(kp: usize) -> usize {
+    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
+    let stages = if kp == 256 { 1 } else { 2 };
+    stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
+}
+
+/// Shared memory of the overlapped state pass (mirrors `OverlapStage` and `overlap_impl`): two
+/// stages (the chunk's gates, q, k, W, the U tile, the scores), then S, V', diag(e) V' and five
+/// mbarriers.
+pub(super) fn overlap_smem(kp: usize) -> usize {
+    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + 2 * CHUNK * ldc);
+    2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
+}
+
+/// Which kernel walks the chunks and writes the outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StatePass {
+    /// `gdn_prefill_overlap_*`: the outputs on their own warps, a chunk behind the state
+    /// (K <= 128).
+    Overlap,
+    /// `gdn_prefill_state_*`: every warp walks every product in turn (any K; the only one for
+    /// K = 256, whose two groups would not fit a block's registers).
+    Lockstep,
+}
+
+/// The overlapped pass where it exists, unless the call stores checkpoints (only the lockstep
+/// pass has the registers for that store) or `DELTAKV_PREFILL_STATE=lockstep` asks for the
+/// other (for comparisons).
+pub(super) fn state_pass_kind(kp: usize, storing_checkpoints: bool) -> StatePass {
+    let lockstep = std::env::var("DELTAKV_PREFILL_STATE").is_ok_and(|v| v == "lockstep");
+    if kp <= 128 && !lockstep && !storing_checkpoints {
+        StatePass::Overlap
+    } else {
+        StatePass::Lockstep
+    }
+}
+
+pub(super) fn overlap_name(kp: usize) -> &'static str {
+    if kp == 64 {
+        "gdn_prefill_overlap_k64"
+    } else {
+        "gdn_prefill_overlap_k128"
+    }
+}
+
+/// `ChunkGates` rounded up to 128 bytes: seven `[64]` arrays of 4 bytes and two scalars.
+pub(super) fn gates_bytes() -> usize {
+    (7 * CHUNK * 4 + 8).next_multiple_of(128)
+}
+
+/// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1) (for
+/// experiments); unset: [`RELAY_LEAD_SHARE`].
+pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
+    let Ok(text) = std::env::var("DELTAKV_PREFILL_RELAY") else {
+        return Ok(Some(RELAY_LEAD_SHARE));
+    };
+    if text == "off" {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(share) if share > 0.0 && share < 1.0 => Ok(Some(share)),
+        _ => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
+        ))),
+    }
+}
+
+pub(super) fn lead_name(kp: usize) -> &'static str {
+    match kp {
+        64 => "gdn_prefill_lead_k64",
+        128 => "gdn_prefill_lead_k128",
+        _ => "gdn_prefill_lead_k256",
+    }
+}
+
+/// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
+pub(super) fn segment_chunks_from_env() -> Option<usize> {
+    std::env::var("DELTAKV_PREFILL_SEGMENT_CHUNKS")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&n: &usize| n > 0)
+}
+
+/// Which prepare kernel runs (the same math): the default, or the second module's
+/// (`PF_PREPARE_MMA`), which forms T's blocks below its diagonal blocks on tensor cores
+/// (`kernels/gdn_prefill_inverse.cu`), keeps rows of 68 floats for A and T and splits T four
+/// columns per thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PrepareKernel {
+    /// `gdn_prefill_prepare_*`: f32 FMAs on the CUDA cores.
+    Scalar,
+    /// `gdn_prefill_prepare_mma_*`: tf32 tensor cores, each operand split hi + lo (~22 bits)
+    /// (the default: 540 us against the scalar 598 us at T 16384 on the H100, kernel log row 19).
+    Mma,
+    /// `Mma`, each block also prefetching into L2 the inputs of the block one wave of
+    /// resident blocks after it.
+    MmaPrefetch,
+}
+
+/// The tensor-core inverse by default; `DELTAKV_PREFILL_PREPARE=scalar` or `mma-prefetch` asks
+/// for the scalar inverse or the L2 prefetch (for comparisons).
+pub(super) fn prepare_kernel_from_env() -> PrepareKernel {
+    match std::env::var("DELTAKV_PREFILL_PREPARE").as_deref() {
+        Ok("scalar") => PrepareKernel::Scalar,
+        Ok("mma-prefetch") => PrepareKernel::MmaPrefetch,
+        _ => PrepareKernel::Mma,
+    }
+}
+
+pub(super) fn prepare_name(kp: usize, vp: usize, kind: PrepareKernel) -> &'static str {
+    let mma = kind != PrepareKernel::Scalar;
+    match (mma, kp, vp) {
+        (false, 64, 64) => "gdn_prefill_prepare_k64_v64",
+        (false, 64, 128) => "gdn_prefill_prepare_k64_v128",
+        (false, 64, _) => "gdn_prefill_prepare_k64_v256",
+        (false, 128, 64) => "gdn_prefill_prepare_k128_v64",
+        (false, 128, 128) => "gdn_prefill_prepare_k128_v128",
+        (false, 128, _) => "gdn_prefill_prepare_k128_v256",
+        (false, _, 64) => "gdn_prefill_prepare_k256_v64",
+        (false, _, 128) => "gdn_prefill_prepare_k256_v128",
+        (false, _, _) => "gdn_prefill_prepare_k256_v256",
+        (true, 64, 64) => "gdn_prefill_prepare_mma_k64_v64",
+        (true, 64, 128) => "gdn_prefill_prepare_mma_k64_v128",
+        (true, 64, _) => "gdn_prefill_prepare_mma_k64_v256",
+        (true, 128, 64) => "gdn_prefill_prepare_mma_k128_v64",
+        (true, 128, 128) => "gdn_prefill_prepare_mma_k128_v128",
+        (true, 128, _) => "gdn_prefill_prepare_mma_k128_v256",
+        (true, _, 64) => "gdn_prefill_prepare_mma_k256_v64",
+        (true, _, 128) => "gdn_prefill_prepare_mma_k256_v128",
+        (true, _, _) => "gdn_prefill_prepare_mma_k256_v256",
+    }
+}
+
+pub(super) fn state_names(kp: usize) -> (&'static str, &'static str, &'static str) {
+    match kp {
+        64 => (
+            "gdn_prefill_state_k64",
+            "gdn_prefill_transition_k64",
+            "gdn_prefill_combine_k64",
+        ),
+        128 => (
+            "gdn_prefill_state_k128",
+            "gdn_prefill_transition_k128",
+            "gdn_prefill_combine_k128",
+        ),
+        _ => (
+            "gdn_prefill_state_k256",
+            "gdn_prefill_transition_k256",
+            "gdn_prefill_combine_k256",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_groups_cover_every_value_head_without_empty_blocks() {
+        for limit in 1..=MAX_PREPARE_GROUP {
+            for ratio in 1..=40 {
+                let (groups, per_block) = prepare_groups(ratio, limit);
+                assert!(
+                    (1..=limit).contains(&per_block),
+                    "r = {ratio}, limit {limit}"
+                );
+                assert!(groups * per_block >= ratio && (groups - 1) * per_block < ratio);
+            }
+        }
+        let default = MAX_PREPARE_GROUP;
+        assert_eq!(prepare_groups(1, default), (1, 1));
+        assert_eq!(prepare_groups(2, default), (1, 2));
+        assert_eq!(prepare_groups(4, default), (1, 4));
+        assert_eq!(prepare_groups(6, default), (2, 3));
+        assert_eq!(prepare_groups(8, default), (2, 4));
+        assert_eq!(prepare_groups(2, 1), (2, 1));
+        assert_eq!(prepare_groups(8, 3), (3, 3));
+    }
+
+    #[test]
+    fn prepare_blocks_fit_the_sm_at_k128() {
+        // H100: 228 KB of shared memory per SM, 1 KB reserved per block.
+        let per_sm = |bytes: usize| 233_472 / (bytes + 1024);
+        for kind in [PrepareKernel::Scalar, PrepareKernel::Mma] {
+            assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP, kind)) >= 2);
+            assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP, kind)) >= 2);
+            // Qwen3-Next (two value heads per key head): 3 blocks per SM, as the registers.
+            assert_eq!(per_sm(prepare_smem(128, 128, 2, kind)), 3);
+        }
+        assert_eq!(prepare_smem(128, 128, 1, PrepareKernel::Scalar), 73_280);
+        assert_eq!(prepare_smem(128, 128, 2, PrepareKernel::Mma), 76_736);
+    }
+}

@@ -114,11 +114,13 @@ __device__ void overlap_impl(const PrefillParams& p) {
     constexpr int GROUP = 32 * WARPS;
     constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
     constexpr int LDK = KP + PF_PAD;
+    constexpr int BATCH = KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* state_s = (unsigned short*)(stage_base + 2 * OverlapStage<KP>::BYTES);  // [KP][LDC]
-    unsigned short* new_values = state_s + KP * PF_LDC;               // [64][LDC]
-    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // [64][LDC]
+    // S, V' and diag(e) V' in wgmma's B layout, each in the space of a [rows][LDC] array.
+    unsigned short* state_s = (unsigned short*)(stage_base + 2 * OverlapStage<KP>::BYTES);  // KP x 64
+    unsigned short* new_values = state_s + KP * PF_LDC;               // 64 x 64
+    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;  // 64 x 64
     unsigned long long* bars = (unsigned long long*)(decayed_values + PF_CHUNK * PF_LDC);
 
     // Grid (tile, head, segment), as in state_impl (the tiles of a head share inputs in L2).
@@ -173,9 +175,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-            wg_product<NT, KP / 16, (KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH)>(
+            wg_product<NT, KP / 16, BATCH, KP>(
                 x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w(), LDK, row_tile, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+                state_s, 8 * n_first);
             {
                 unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
@@ -206,12 +208,12 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state[n][e] *= decay;
             }
-            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16>(
+            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
                 state,
                 [&](unsigned (&a)[4], int step) { frag_a_transposed(a, stage.k(), LDK, 16 * warp, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<PF_CHUNK>(decayed_values, 16 * step, 0); });
+                decayed_values, 0);
         }
-        if (p.final_state && segment_is_last(p, blockIdx.z)) {
+        if (p.final_state && segment_is_last(p, segment)) {
             store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
         }
         return;
@@ -231,9 +233,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
         ov_wait(&bars[OV_S_READY], ci & 1);
-        wg_product<NT, KP / 16, (KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH)>(
+        wg_product<NT, KP / 16, BATCH, KP>(
             out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.q(), LDK, row_tile, 16 * step, lane); },
-            [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+            state_s, 8 * n_first);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
@@ -244,9 +246,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             }
         }
         ov_wait(&bars[OV_V_READY], ci & 1);
-        wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16>(
+        wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
             out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, 16 * step, lane); },
-            [&](int step) { return wg_desc_b<PF_CHUNK>(new_values, 16 * step, 8 * n_first); });
+            new_values, 8 * n_first);
         ov_arrive(&bars[OV_DONE]);
         store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
     }

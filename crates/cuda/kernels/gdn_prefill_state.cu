@@ -194,9 +194,10 @@ __device__ void state_impl(const PrefillParams& p) {
     constexpr int STAGES = KP == 256 ? 1 : 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* state_s = (unsigned short*)(stage_base + STAGES * StateStage<KP>::BYTES);  // [KP][LDC]
-    unsigned short* new_values = state_s + KP * PF_LDC;                 // [64][LDC]
-    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // [64][LDC]
+    // S, V' and diag(e) V' in wgmma's B layout, each in the space of a [rows][LDC] array.
+    unsigned short* state_s = (unsigned short*)(stage_base + STAGES * StateStage<KP>::BYTES);  // KP x 64
+    unsigned short* new_values = state_s + KP * PF_LDC;                 // 64 x 64
+    unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // 64 x 64
     unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;        // [64][LDC]
 
     // Grid (tile, head, segment): the column tiles of one (segment, head), which read the same
@@ -207,7 +208,7 @@ __device__ void state_impl(const PrefillParams& p) {
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
     const int key_head = head / (p.value_heads / p.key_heads);
     const int tiles_v = p.value_pad / PF_TILE;
-    if (MODE == MODE_TRANSITION && seg[SEG_INDEX] == seg[SEG_COUNT] - 1) return;  // nothing needs it
+    if (MODE == MODE_TRANSITION && segment_is_last(p, segment)) return;  // nothing needs it
     // Columns of this block: value columns, or (transition mode, tile >= tiles_v) columns of
     // the K x K map M.
     const bool m_cols = MODE == MODE_TRANSITION && tile >= tiles_v;
@@ -272,9 +273,9 @@ __device__ void state_impl(const PrefillParams& p) {
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-            wg_product<NT, KSTEPS, BATCH>(
+            wg_product<NT, KSTEPS, BATCH, KP>(
                 x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w, LDK, row_tile, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+                state_s, 8 * n_first);
             unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
@@ -331,9 +332,9 @@ __device__ void state_impl(const PrefillParams& p) {
             }
 #pragma unroll
             for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
-            wg_product<NT, KSTEPS, BATCH>(
+            wg_product<NT, KSTEPS, BATCH, KP>(
                 out, [&](unsigned (&a)[4], int step) { frag_a(a, stage.q, LDK, row_tile, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<KP>(state_s, 16 * step, 8 * n_first); });
+                state_s, 8 * n_first);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float d = gates.start_decay[row_tile + (lane >> 2) + 8 * h];
@@ -349,9 +350,9 @@ __device__ void state_impl(const PrefillParams& p) {
         // Stage 3: O += scores V' (then stored), S <- exp(G_last) S + K^T diag(e) V' (each
         // warpgroup its 64 rows of S, wgmma, B = diag(e) V').
         if (MODE == MODE_OUTPUT) {
-            wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16>(
+            wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
                 out, [&](unsigned (&a)[4], int step) { frag_a(a, scores, PF_LDC, row_tile, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<PF_CHUNK>(new_values, 16 * step, 8 * n_first); });
+                new_values, 8 * n_first);
             store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
         }
         {
@@ -361,10 +362,10 @@ __device__ void state_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state[n][e] *= decay;
             }
-            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16>(
+            wg_product<8, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
                 state,
                 [&](unsigned (&a)[4], int step) { frag_a_transposed(a, stage.k, LDK, 16 * warp, 16 * step, lane); },
-                [&](int step) { return wg_desc_b<PF_CHUNK>(decayed_values, 16 * step, 0); });
+                decayed_values, 0);
         }
         // The next chunk's entry state as bf16: state_s is only read before the barrier that
         // precedes the update, so every warp may write its rows now; the barrier at the top of

@@ -13,6 +13,10 @@
 // The producers write B from m16n8 fragments with `stmatrix .trans` (a fragment's column is
 // a core matrix's row), 128 bytes per 8 x 8 block: no bank conflicts.
 //
+// wgmma exists on sm_90a only: elsewhere (sm_100a and later, or a plain sm_90 build)
+// `wg_product` runs the same product on mma.sync, each warp its 16 rows, reading B's core
+// matrices with ldmatrix (a core matrix's rows are the B fragment's columns).
+//
 // Ordering: a wgmma reads its A registers and B bytes asynchronously until the group that holds
 // it is waited for, and its accumulators are not valid before then. `wg_fence` ties registers to
 // the program order (an empty asm reading and writing them) so the compiler neither reuses A's
@@ -21,6 +25,7 @@
 
 // The wgmma descriptor of the 16 x N slab of B at rows k0.., columns n0.. (both multiples of
 // 8; 16-byte aligned base).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int K_DIM>
 __device__ __forceinline__ unsigned long long wg_desc_b(const unsigned short* base, int k0, int n0) {
     const unsigned address = shared_address(base) + (unsigned)(((n0 >> 3) * (K_DIM / 8) + (k0 >> 3)) * 128);
@@ -123,6 +128,8 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 // Shared memory written by this thread's ordinary stores, made visible to later wgmma reads
 // (after a barrier).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -144,12 +151,15 @@ __device__ __forceinline__ void wg_fence(unsigned (&a)[N][4]) {
     }
 }
 
-// d += A B over KSTEPS k16 steps, issued BATCH steps per wgmma group (A's fragments of a batch
-// are held until the group is waited for): load_a(a, step) fills this warp's A fragment of k
-// step `step`, desc_b(step) gives B's descriptor there. Every warp of the warpgroup calls it.
-template <int NT, int KSTEPS, int BATCH, typename LoadA, typename DescB>
-__device__ __forceinline__ void wg_product(float (&d)[NT][4], LoadA load_a, DescB desc_b) {
-    static_assert(KSTEPS % BATCH == 0, "whole batches");
+// d += A B over KSTEPS k16 steps, B (K_DIM x N, `wg_desc_b`'s layout at `b`) from column n0:
+// load_a(a, step) fills this warp's A fragment of k step `step`. On sm_90a every warp of the
+// warpgroup calls it and the steps run as wgmma groups of BATCH (A's fragments of a batch are
+// held until the group is waited for); elsewhere each warp runs its rows on mma.sync.
+template <int NT, int KSTEPS, int BATCH, int K_DIM, typename LoadA>
+__device__ __forceinline__ void wg_product(float (&d)[NT][4], LoadA load_a, const unsigned short* b,
+                                           int n0) {
+    static_assert(KSTEPS % BATCH == 0 && NT % 2 == 0, "whole batches, pairs of n8 tiles");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
     for (int s0 = 0; s0 < KSTEPS; s0 += BATCH) {
         unsigned a[BATCH][4];
@@ -158,12 +168,29 @@ __device__ __forceinline__ void wg_product(float (&d)[NT][4], LoadA load_a, Desc
         wg_fence(d);
         wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < BATCH; ++i) wgmma_bf16<NT>(d, a[i], desc_b(s0 + i));
+        for (int i = 0; i < BATCH; ++i) wgmma_bf16<NT>(d, a[i], wg_desc_b<K_DIM>(b, 16 * (s0 + i), n0));
         wgmma_commit();
         wgmma_wait_all();
         wg_fence(d);
         wg_fence(a);
     }
+#else
+    const int lane = threadIdx.x & 31, m = lane >> 3, row = lane & 7;
+#pragma unroll
+    for (int step = 0; step < KSTEPS; ++step) {
+        unsigned a[4];
+        load_a(a, step);
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            // Core matrices (n tile, k block): (j, 2 step), (j, 2 step + 1), (j + 1, ..), ...
+            unsigned r[4];
+            ldsm_x4(r, b + (((n0 >> 3) + j + (m >> 1)) * (K_DIM / 8) + 2 * step + (m & 1)) * 64 + 8 * row);
+            const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma_bf16_16816(d[j], a, b0);
+            mma_bf16_16816(d[j + 1], a, b1);
+        }
+    }
+#endif
 }
 
 __device__ __forceinline__ void stsm_x4_trans(unsigned short* at, unsigned r0, unsigned r1, unsigned r2,

@@ -109,13 +109,28 @@ fn keep_pool_memory(context: &CudaContext, ordinal: usize) -> Result<()> {
 }
 
 /// The `--gpu-architecture` NVRTC is asked for on a device of compute capability
-/// `major.minor`: the arch-specific target on Hopper and later (`sm_90a`), so the kernels may
-/// use wgmma and setmaxnreg.
+/// `major.minor`: the arch-specific target on Hopper and later (`sm_90a`, `sm_100a`), where
+/// the kernels use what that target has (the prefill's state walks take wgmma on `sm_90a` only,
+/// mma.sync elsewhere).
 pub fn arch_for(major: i32, minor: i32) -> String {
     if major >= 9 {
         format!("sm_{major}{minor}a")
     } else {
         format!("sm_{major}{minor}")
+    }
+}
+
+/// `DELTAKV_CUDA_ARCH` (for tests and comparisons): the target to compile for instead of
+/// [`arch_for`]'s, e.g. `sm_90` on an H100 to run the kernels' portable forms. It must be the
+/// device's own compute capability, with or without the `a`.
+fn arch_from_env(major: i32, minor: i32) -> Result<String> {
+    let own = format!("sm_{major}{minor}");
+    match std::env::var("DELTAKV_CUDA_ARCH") {
+        Err(_) => Ok(arch_for(major, minor)),
+        Ok(arch) if arch == own || arch == format!("{own}a") => Ok(arch),
+        Ok(arch) => Err(Error::InvalidValue(format!(
+            "DELTAKV_CUDA_ARCH={arch}: expected {own} or {own}a for this device"
+        ))),
     }
 }
 
@@ -191,7 +206,7 @@ impl Cuda {
             context,
             stream,
             name,
-            arch: arch_for(major, minor),
+            arch: arch_from_env(major, minor)?,
             multiprocessors,
             side: Arc::default(),
             modules: Arc::default(),

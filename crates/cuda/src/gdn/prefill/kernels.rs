@@ -55,6 +55,16 @@ pub(super) struct PrefillParams {
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for PrefillParams {}
 
+/// The grid of a state-walking kernel (state, overlapped, lead, transition) over `records`
+/// segment records (at most `MAX_WALK_SEGMENTS`): (tile, head, record), so the column tiles of
+/// one (segment, head), which read the same chunk inputs, are adjacent in launch order.
+pub(super) fn walk_grid(records: u32, heads: u32, tiles: u32) -> (u32, u32, u32) {
+    (tiles, heads, records)
+}
+
+/// Most segment records one state walk takes (the grid's third dimension).
+pub(super) const MAX_WALK_SEGMENTS: usize = 65535;
+
 /// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`): one gates
 /// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32).
 /// q takes the space after A until T is formed; T's bf16 halves reuse A's space and the 816

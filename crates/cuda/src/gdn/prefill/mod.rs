@@ -42,15 +42,15 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_name, overlap_name, overlap_smem,
-    prepare_group_limit_from_env, prepare_groups, prepare_kernel_from_env, prepare_name,
-    prepare_smem, relay_share_from_env, segment_chunks_from_env, state_names, state_pass_kind,
-    state_smem,
+    MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_name,
+    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups,
+    prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
+    segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
-use relay::{FinalStaging, Kernel, MAX_WALK_SEGMENTS, RelayLaunch, walk_grid};
+use relay::{FinalStaging, Kernel, RelayLaunch};
 
 /// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -187,6 +187,14 @@ impl PrefillLaunch {
                 _ => None,
             },
         );
+        if plan.segment_count() > MAX_WALK_SEGMENTS {
+            return Err(Error::Unsupported(format!(
+                "CUDA prefill walks at most {MAX_WALK_SEGMENTS} segments per call (its sequences \
+                 plus the splits of long ones), got {}: fewer sequences per call, or a longer \
+                 segment for a forced scan",
+                plan.segment_count()
+            )));
+        }
         let heads = dims.value_heads;
         let (initial, final_address, state_rows_buffer, slots) = match states {
             PrefillStates::Separate { .. } => {
@@ -391,13 +399,6 @@ impl PrefillLaunch {
             return Err(Error::Unsupported(format!(
                 "CUDA prefill takes at most 65535 value heads and 2^31 chunks, got H = {heads}, \
                  {chunks} chunks"
-            )));
-        }
-        if plan.segment_count() > MAX_WALK_SEGMENTS {
-            return Err(Error::Unsupported(format!(
-                "CUDA prefill walks at most {MAX_WALK_SEGMENTS} segments per call (sequences, \
-                 plus the splits of long ones), got {}: split the batch",
-                plan.segment_count()
             )));
         }
         let prepare_kernel = prepare_kernel_from_env();

@@ -60,8 +60,8 @@ pub(crate) struct PrefillPlan {
     /// sequence, the sequence's segment count. Scan and no split: sequence by sequence, each
     /// sequence's segments in order. Relay: the first segments of the relayed sequences, then
     /// the other sequences (whole), then the relayed sequences' second segments, in the same
-    /// order as their first ones (so the lead's block `j` hands its state to block `j` of the
-    /// second segments' launch).
+    /// order as their first ones (so the lead's segment record `j` hands its state to record `j`
+    /// of the second segments' launch).
     pub segments: Vec<i32>,
     /// `[N + 1]`: the first segment of each sequence, then the table's length (the scan's
     /// combine reads a sequence's segments as consecutive records; not used by the relay).

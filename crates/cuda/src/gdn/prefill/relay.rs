@@ -12,20 +12,10 @@
 //! whose slots are both) must not be written while the side stream may still be reading it.
 
 use super::SEGMENT_FIELDS;
-use super::kernels::PrefillParams;
+use super::kernels::{PrefillParams, walk_grid};
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
-
-/// The grid of a state-walking kernel (state, overlapped, lead, transition) over `records`
-/// segment records (at most `MAX_WALK_SEGMENTS`): (tile, head, record), so the column tiles of
-/// one (segment, head), which read the same chunk inputs, are adjacent in launch order.
-pub fn walk_grid(records: u32, heads: u32, tiles: u32) -> (u32, u32, u32) {
-    (tiles, heads, records)
-}
-
-/// Most segment records one state walk takes (the grid's third dimension).
-pub const MAX_WALK_SEGMENTS: usize = 65535;
 
 /// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
 pub(super) struct Kernel<'a> {
@@ -68,9 +58,9 @@ pub(super) struct RelayLaunch {
     pub second: PrefillParams,
     /// (destination, source, bytes) of each relayed sequence's final state, when asked.
     pub final_copies: Vec<(u64, u64, usize)>,
-    /// N: the first segments' launch has a block row per sequence.
+    /// N: the first segments' launch walks a segment record per sequence (grid z).
     pub sequences: u32,
-    /// R: the lead's and the second segments' launches have a block row per relayed sequence.
+    /// R: the lead's and the second segments' launches walk one per relayed sequence.
     pub relayed: u32,
 }
 
@@ -131,7 +121,8 @@ impl RelayLaunch {
     }
 
     /// Queues the state pass of a relayed call after its prepare: `state` is the pass that
-    /// writes the outputs (function, shared memory, threads), the grid `(., heads, tiles)`.
+    /// writes the outputs (function, shared memory, threads), over `heads` and `tiles` column
+    /// tiles (`walk_grid`).
     pub fn launch(
         &self,
         cuda: &Cuda,

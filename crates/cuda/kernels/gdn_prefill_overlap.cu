@@ -24,7 +24,6 @@
 #define OV_V_READY 3
 #define OV_DONE 4
 #define OV_BARRIERS 5
-#define OV_BATCH 8  // k16 steps of A fragments held per wgmma group (the pass is at 128 registers)
 
 // One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread). Only the
 // base is kept: each part's address is formed where it is used, which keeps registers free in
@@ -114,7 +113,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
     constexpr int GROUP = 32 * WARPS;
     constexpr int NT = 32 / WARPS;  // n8 tiles per warp in the 64 x 64 products
     constexpr int LDK = KP + PF_PAD;
-    constexpr int BATCH = KP / 16 < OV_BATCH ? KP / 16 : OV_BATCH;
+    constexpr int BATCH = wg_batch(KP / 16);
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
     // S, V' and diag(e) V' in wgmma's B layout, each in the space of a [rows][LDC] array.

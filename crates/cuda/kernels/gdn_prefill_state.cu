@@ -267,7 +267,7 @@ __device__ void state_impl(const PrefillParams& p) {
         // Stage 2: V' = U - W S (and its end-decayed copy), the scores, O = diag(d) Q S.
         // Each warpgroup forms all 64 rows of its NT n8 tiles of columns (wgmma, B = S).
         constexpr int KSTEPS = KP / 16;
-        constexpr int BATCH = KSTEPS > 8 ? 4 : KSTEPS;  // A fragments held per wgmma group
+        constexpr int BATCH = wg_batch(KSTEPS);
         float out[NT][4];
         {
             float x[NT][4];

@@ -151,6 +151,10 @@ __device__ __forceinline__ void wg_fence(unsigned (&a)[N][4]) {
     }
 }
 
+// The k16 steps of A fragments a state pass holds per wgmma group: all of them up to 8 (K <=
+// 128), 4 of K = 256's 16 (its 512-thread blocks have 128 registers a thread).
+__host__ __device__ constexpr int wg_batch(int ksteps) { return ksteps > 8 ? 4 : ksteps; }
+
 // d += A B over KSTEPS k16 steps, B (K_DIM x N, `wg_desc_b`'s layout at `b`) from column n0:
 // load_a(a, step) fills this warp's A fragment of k step `step`. On sm_90a every warp of the
 // warpgroup calls it and the steps run as wgmma groups of BATCH (A's fragments of a batch are

@@ -20,9 +20,10 @@ pub(crate) const TILE: usize = 64;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// The first segment's share of a relayed sequence when the call does not say: on the H100 a
-/// chunk of the lead takes ~1.85 us and a chunk with outputs ~2.85 us, so both streams end
-/// together near 2.85 / (2.85 + 1.0) = 0.74; of the shares timed (0.7, 0.75, 0.8; kernel log,
-/// gdn_prefill row 23) 0.75 was the fastest at T 16384.
+/// chunk of the lead takes ~1.6 us and a chunk with outputs ~2.6 us (the wgmma walks), so both
+/// streams end together near 2.6 / (2.6 + 1.0) = 0.72; of the shares timed at T 16384 (0.7,
+/// 0.75, 0.8; kernel log, gdn_prefill row 27) 0.7 and 0.75 were within the calls' spread and
+/// 0.8 slower.
 pub(crate) const RELAY_LEAD_SHARE: f64 = 0.75;
 
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.

@@ -11,7 +11,8 @@
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -o prefill_lab tools/prefill-lab/prefill_lab.cu
 //        (add -DPF_PREPARE_BLOCKS_PER_SM=2 for the prepare at 128 registers, 2 blocks per SM;
-//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab2)
+//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab2; -DPF_CM_MN_SWAP=1
+//        gives the wgmma variant's MN-major operands the K-major descriptor strides)
 // Run:   prefill_lab [T]
 #include <cuda_runtime.h>
 
@@ -33,9 +34,17 @@ __device__ long long* lab_phase_clock;
     if (threadIdx.x == 0 && lab_phase_clock)                                                  \
         lab_phase_clock[((long long)blockIdx.y * gridDim.x + blockIdx.x) * LAB_MARKS + (phase)] = clock64();
 
+// The library's tensor-core prepare module (the default prepare), its entry points built as
+// prepare_impl (the inverse on tf32 mma.sync, operands by ldmatrix): the reference here. The
+// wgmma form (gdn_prefill_prepare_wgmma.cu, the library's kernel on sm_90a) runs as a variant.
+#define PF_PREPARE_MMA 1
+#define PF_PREPARE_WGMMA 0
 #include "../../crates/cuda/kernels/gdn_prefill.cu"
+#include "../../crates/cuda/kernels/gdn_prefill_wgmma.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_inverse.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_prepare.cu"
+#include "../../crates/cuda/kernels/gdn_prefill_prepare_wgmma.cu"
+#define LAB_REFERENCE gdn_prefill_prepare_mma_k128_v128
 
 #define CHECK(x)                                                                              \
     do {                                                                                      \
@@ -146,7 +155,7 @@ int main(int argc, char** argv) {
     // The launcher's prepare_smem: a gates record per value head of the block, then the rest.
     auto smem_for = [&](int heads_per_block) {
         return (int)(heads_per_block * PF_GATES_BYTES + 2 * (64 * (D + 8) + 64 * (D + 8)) +
-                     4 * (2 * 64 * 65 + 3 * 16 * 17));
+                     4 * (2 * 64 * PF_LDF + 3 * 16 * 17));
     };
     const int smem = smem_for(1);
     std::vector<unsigned short> w_host(wu), u_host(wu), w_var(wu), u_var(wu);
@@ -239,12 +248,12 @@ int main(int argc, char** argv) {
                times[0], blocks, check.c_str());
     };
 
-    run("library, one value head per block", gdn_prefill_prepare_k128_v128, p, 256, smem, true);
+    run("library, one value head per block", LAB_REFERENCE, p, 256, smem, true);
     // Both value heads of a key head per block (the launcher's layout at r = 2).
     PrefillParams grouped = p;
     grouped.heads_per_block = H / HG;
     grouped.head_groups = 1;
-    run("library, a key head's 2 value heads per block", gdn_prefill_prepare_k128_v128, grouped, 256,
+    run("library, a key head's 2 value heads per block", LAB_REFERENCE, grouped, 256,
         smem_for(H / HG), false);
     // The same with the l2 norm fused: raw q and k in, the normalised copies out (checked
     // against the host's below).
@@ -258,7 +267,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMemset(q_copy, 0xff, q.size() * 2));
     CHECK(cudaMemset(k_copy, 0xff, k.size() * 2));
     fused.q = (u64)q_copy, fused.k = (u64)k_copy;
-    run("library, 2 value heads per block, l2 fused", gdn_prefill_prepare_k128_v128, fused, 256,
+    run("library, 2 value heads per block, l2 fused", LAB_REFERENCE, fused, 256,
         smem_for(H / HG), false);
     {
         std::vector<unsigned short> got(q.size());
@@ -275,9 +284,10 @@ int main(int argc, char** argv) {
         printf("fused l2 norm: %zu of %zu normalised q/k elements differ from the host's (largest %.2e) %s\n",
                differ, 2 * got.size(), worst, worst < 1e-2 ? "ok" : "FAIL");
     }
-    run_variants(run, p, smem);
-    report_phases("library, one value head per block", p, chunks, smem);
-    report_phases("library, 2 value heads per block", grouped, chunks, smem_for(H / HG));
-    report_phases("library, 2 value heads per block, l2 fused", fused, chunks, smem_for(H / HG));
+    run_variants(run, grouped, fused, smem_for(H / HG));
+    report_phases("library, 2 value heads per block", LAB_REFERENCE, grouped, chunks, smem_for(H / HG));
+    report_phases("library, 2 value heads per block, l2 fused", LAB_REFERENCE, fused, chunks,
+                  smem_for(H / HG));
+    report_variant_phases(grouped, fused, chunks, smem_for(H / HG));
     return 0;
 }

@@ -104,8 +104,9 @@ __device__ __forceinline__ void build_scaled_halves_x4(const float* t_mat, const
 }
 
 // One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
-// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
-// when `dst`; skipped when `src` is null.
+// into x in shared memory when `x` (x[64][ld], or the core-matrix layout `cm_index` with
+// CORE_MATRIX; zeros from row `len`) and to dst + r * row_stride when `dst`; skipped when `src`
+// is null.
 struct NormRows {
     const unsigned short* src;
     unsigned short* x;
@@ -115,7 +116,7 @@ struct NormRows {
 // l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
 // with the convert kernel's arithmetic. Warp w takes rows w, w + 8, ...; each batch of rows
 // of both sets is loaded before any is normalised, so their loads are in flight together.
-template <int KP>
+template <int KP, bool CORE_MATRIX = false>
 __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
                                                int len, int warp, int lane) {
     constexpr int PER = KP / 32, WORDS = PER / 2;
@@ -147,7 +148,13 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
                     normalize_bf16_words<PER>(bits[s][i]);
                     if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits[s][i]);
                 }
-                if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
+                if (sets[s].x) {
+                    if constexpr (CORE_MATRIX) {
+                        store_bf16_words<PER>(sets[s].x + cm_index(r, PER * lane), 0, bits[s][i]);
+                    } else {
+                        store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
+                    }
+                }
             }
         }
     }
@@ -402,13 +409,28 @@ __device__ void prepare_impl(const PrefillParams& p) {
 }
 
 // `gdn_prefill_prepare_*` (the inverse's levels on f32 FMAs) or, where the source defines
-// PF_PREPARE_MMA (the library's second prefill source, loaded only for
-// DELTAKV_PREFILL_PREPARE=mma), `gdn_prefill_prepare_mma_*` (on tf32 tensor cores).
+// PF_PREPARE_MMA (the library's second prefill source, the default prepare),
+// `gdn_prefill_prepare_mma_*` (on tensor cores): on sm_90a its wgmma form
+// (gdn_prefill_prepare_wgmma.cu, which this source then includes after this file) unless
+// PF_PREPARE_WGMMA is 0, elsewhere prepare_impl with the inverse on tf32 mma.sync.
 #ifdef PF_PREPARE_MMA
+#ifndef PF_PREPARE_WGMMA
+#define PF_PREPARE_WGMMA 1
+#endif
+template <int KP, int VP>
+__device__ void prepare_wgmma_impl(const PrefillParams& p);
+template <int KP, int VP>
+__device__ __forceinline__ void prepare_mma_entry(const PrefillParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && PF_PREPARE_WGMMA
+    prepare_wgmma_impl<KP, VP>(p);
+#else
+    prepare_impl<KP, VP, true>(p);
+#endif
+}
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
     extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
         gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
-        prepare_impl<KP, VP, true>(p);                                                        \
+        prepare_mma_entry<KP, VP>(p);                                                         \
     }
 #else
 #define PF_ENTRY_POINTS(KP, VP)                                                               \

@@ -74,8 +74,10 @@ pub const SOURCE_PREPARE_MMA: KernelSource = KernelSource {
     text: concat!(
         "#define PF_PREPARE_MMA 1\n",
         include_str!("../../../kernels/gdn_prefill.cu"),
+        include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare.cu")
+        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
+        include_str!("../../../kernels/gdn_prefill_prepare_wgmma.cu")
     ),
 };
 

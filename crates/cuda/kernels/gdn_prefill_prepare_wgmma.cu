@@ -41,12 +41,23 @@ __device__ __forceinline__ unsigned long long cm_desc(const unsigned short* base
     return (unsigned long long)((address & 0x3ffffu) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32);
 }
 
-// d += A (64 x 16) B (16 x 64), both from shared memory: TRANS_B 0 for a K-major B, 1 for an
+// d += A (64 x 16) B (16 x 8 NT), both from shared memory: TRANS_B 0 for a K-major B, 1 for an
 // MN-major one. Issued by the four warps of a warpgroup together; d is valid only after the
 // group holding it is waited for.
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], unsigned long long desc_a,
-                                             unsigned long long desc_b) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[4][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %19, 0; "
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %18; }"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "n"(TRANS_B), "r"(1)
+        : "memory");
+}
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long desc_a, unsigned long long desc_b) {
     asm volatile(
         "{ .reg .pred p; setp.ne.b32 p, %35, 0; "
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -62,50 +73,54 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], unsigned long lon
         : "memory");
 }
 
-// X X^T of the chunk's rows (X = k or q, KP columns) against k, over all 64 x 64 entries, by
-// the calling warpgroup: warp w of it holds rows 16 w .. 16 w + 15 (d[n] the n8 tile n).
+// K K^T and (with_scores) Q K^T of the chunk's rows against k, columns 32 half .. 32 half + 31
+// of both (the calling warpgroup's half), as one wgmma group: warp w of the warpgroup holds rows
+// 16 w .. 16 w + 15 (d[n] the n8 tile n of the half).
 template <int KP>
-__device__ __forceinline__ void wg_gram(float (&d)[8][4], const unsigned short* x, const unsigned short* keys) {
+__device__ __forceinline__ void wg_grams(float (&kk)[4][4], float (&qk)[4][4], const unsigned short* keys,
+                                         const unsigned short* queries, bool with_scores, int half) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
-    wg_fence(d);
+    for (int n = 0; n < 4; ++n) {
+        kk[n][0] = kk[n][1] = kk[n][2] = kk[n][3] = 0.0f;
+        qk[n][0] = qk[n][1] = qk[n][2] = qk[n][3] = 0.0f;
+    }
+    wg_fence(kk);
+    wg_fence(qk);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < KP / 16; ++s) wgmma_ss_n64<0>(d, cm_desc<true>(x, 0, 16 * s), cm_desc<true>(keys, 0, 16 * s));
+    for (int s = 0; s < KP / 16; ++s) wgmma_ss<0>(kk, cm_desc<true>(keys, 0, 16 * s), cm_desc<true>(keys, 32 * half, 16 * s));
+    if (with_scores) {
+#pragma unroll
+        for (int s = 0; s < KP / 16; ++s) {
+            wgmma_ss<0>(qk, cm_desc<true>(queries, 0, 16 * s), cm_desc<true>(keys, 32 * half, 16 * s));
+        }
+    }
     wgmma_commit();
     wgmma_wait_all();
-    wg_fence(d);
+    wg_fence(kk);
+    wg_fence(qk);
 }
 
-// A = strictly_lower(diag(beta) K K^T o D) of one head into a_mat (f32 [64][PF_LDF]) from a
-// warpgroup's K K^T (rows row_tile + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1)).
-__device__ __forceinline__ void store_a_from_gram(const float (&kk)[8][4], const ChunkGates& gates,
-                                                  float* a_mat, int row_tile, int lane) {
+// A = strictly_lower(diag(beta) K K^T o D) of one head into a_mat (f32 [64][PF_LDF]) and, when
+// `scores`, the head's scores Q K^T o D (bf16 [64][64]), from a warpgroup's half of the
+// products (rows row_tile + lane / 4 (+ 8), columns 32 half + 8 n + 2 (lane % 4) (+ 1)).
+__device__ __forceinline__ void store_masked_halves(const float (&kk)[4][4], const float (&qk)[4][4],
+                                                    const ChunkGates& gates, float* a_mat,
+                                                    unsigned short* scores, int row_tile, int half,
+                                                    int lane) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = row_tile + (lane >> 2) + 8 * h;
         const float beta = gates.beta[i];
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const int j = 8 * n + 2 * (lane & 3);
-            const float x0 = j < i ? beta * kk[n][2 * h] * pair_decay(gates, i, j) : 0.0f;
-            const float x1 = j + 1 < i ? beta * kk[n][2 * h + 1] * pair_decay(gates, i, j + 1) : 0.0f;
-            *(float2*)(a_mat + i * PF_LDF + j) = make_float2(x0, x1);
-        }
-    }
-}
-
-// One head's scores Q K^T o D (bf16 [64][64]) from a warpgroup's Q K^T.
-__device__ __forceinline__ void store_scores_from_gram(const float (&qk)[8][4], const ChunkGates& gates,
-                                                       unsigned short* scores, int row_tile, int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row_tile + (lane >> 2) + 8 * h;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const int j = 8 * n + 2 * (lane & 3);
-            *(unsigned*)(scores + i * PF_CHUNK + j) =
-                pack_bf16(qk[n][2 * h] * pair_decay(gates, i, j), qk[n][2 * h + 1] * pair_decay(gates, i, j + 1));
+        for (int n = 0; n < 4; ++n) {
+            const int j = 32 * half + 8 * n + 2 * (lane & 3);
+            const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
+            if (a_mat) {
+                *(float2*)(a_mat + i * PF_LDF + j) = make_float2(j < i ? beta * kk[n][2 * h] * d0 : 0.0f,
+                                                                 j + 1 < i ? beta * kk[n][2 * h + 1] * d1 : 0.0f);
+            }
+            if (scores) *(unsigned*)(scores + i * PF_CHUNK + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
         }
     }
 }
@@ -173,9 +188,9 @@ __device__ __forceinline__ void wg_scaled_product(const unsigned short* t_hi, co
     wg_fence(acc);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_ss_n64<1>(acc, cm_desc<true>(t_hi, 0, 16 * s), cm_desc<false>(x, 16 * s, n0));
+    for (int s = 0; s < 4; ++s) wgmma_ss<1>(acc, cm_desc<true>(t_hi, 0, 16 * s), cm_desc<false>(x, 16 * s, n0));
 #pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_ss_n64<1>(acc, cm_desc<true>(t_lo, 0, 16 * s), cm_desc<false>(x, 16 * s, n0));
+    for (int s = 0; s < 4; ++s) wgmma_ss<1>(acc, cm_desc<true>(t_lo, 0, 16 * s), cm_desc<false>(x, 16 * s, n0));
     wgmma_commit();
     wgmma_wait_all();
     wg_fence(acc);
@@ -268,23 +283,26 @@ __device__ void prepare_wgmma_impl(const PrefillParams& p) {
         for (int i = threadIdx.x; i < count * (int)(PF_GATES_BYTES / 4); i += blockDim.x) to[i] = from[i];
     }
 
+    // K K^T (kept for every head's A) and Q K^T, each warpgroup over half of their columns; each
+    // head's scores go to device memory now.
+    float kk[4][4];
+    {
+        float qk[4][4];
+        wg_grams<KP>(kk, qk, keys, queries, with_scores, warpgroup);
+        for (int j = 0; j < count; ++j) {
+            unsigned short* scores =
+                with_scores ? (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_CHUNK * PF_CHUNK
+                            : nullptr;
+            store_masked_halves(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile, warpgroup, lane);
+        }
+    }
+
     constexpr int W_TILES = KP / 64, TILES = (KP + VP) / 64;
     for (int j = 0; j < count; ++j) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
-        if (warpgroup == 0) {
-            float kk[8][4];
-            wg_gram<KP>(kk, keys, keys);
-            store_a_from_gram(kk, gates, a_mat, row_tile, lane);
-        } else if (j == 0 && with_scores) {
-            float qk[8][4];
-            wg_gram<KP>(qk, queries, keys);
-            for (int jj = 0; jj < count; ++jj) {
-                unsigned short* scores =
-                    (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + jj) * PF_CHUNK * PF_CHUNK;
-                store_scores_from_gram(qk, gates_of(jj), scores, row_tile, lane);
-            }
-        }
+        // A of this head (the first head's was stored with the products).
+        if (j > 0) store_masked_halves(kk, kk, gates, a_mat, nullptr, row_tile, warpgroup, lane);
         __syncthreads();
         PF_MARK(2 + 5 * j);
         invert_unit_lower<true>(a_mat, t_mat, 3 + 5 * j);

@@ -36,6 +36,39 @@ __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, in
     }
 }
 
+// pair_decay at one thread's fragment entries of a 64 x 64 product (rows row_tile + lane / 4 +
+// 8 h, columns col0 + 8 n + 2 (lane % 4) (+ 1)). Where the chunk's decays factor (the common
+// case) every row and column pair costs one shared load, all made when this is built, before
+// the caller's stores (after a store the compiler must assume the gates changed and reload
+// them per entry); the products up_i down_j are pair_decay's own.
+template <int NT>
+struct FragmentDecays {
+    const ChunkGates& gates;
+    bool factored;
+    float up[2];  // 0 for rows past the chunk's end
+    float2 down[NT];
+    int row_tile, col0, lane;
+
+    __device__ __forceinline__ FragmentDecays(const ChunkGates& g, int row_tile_, int col0_, int lane_)
+        : gates(g), factored(g.factored != 0), row_tile(row_tile_), col0(col0_), lane(lane_) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row_tile + (lane >> 2) + 8 * h;
+            up[h] = factored && gates.seg[i] >= 0 ? gates.up[i] : 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            down[n] = factored ? *(const float2*)(gates.down + col0 + 8 * n + 2 * (lane & 3)) : make_float2(0.0f, 0.0f);
+        }
+    }
+    // D at row h, column pair n, element e of the pair.
+    __device__ __forceinline__ float at(int h, int n, int e) const {
+        const int i = row_tile + (lane >> 2) + 8 * h, j = col0 + 8 * n + 2 * (lane & 3) + e;
+        if (!factored) return pair_decay(gates, i, j);
+        return j <= i ? up[h] * (e ? down[n].y : down[n].x) : 0.0f;
+    }
+};
+
 // One value head's share of the chunk products (each warp's 16 x 32 fragments at rows
 // row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
 // when given, and the scores Q K^T o D (bf16) to `scores` when given.
@@ -43,22 +76,28 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                                                       const ChunkGates& gates, float* a_mat,
                                                       unsigned short* scores, int row_tile,
                                                       int half, int lane) {
-    constexpr int LDF = PF_LDF;
+    const FragmentDecays<4> decay(gates, row_tile, 32 * half, lane);
+    float beta[2];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int h = 0; h < 2; ++h) beta[h] = a_mat ? gates.beta[row_tile + (lane >> 2) + 8 * h] : 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = row_tile + (lane >> 2) + 8 * h;
-            const int j = 8 * (4 * half + n) + 2 * (lane & 3);
-            const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
+    for (int h = 0; h < 2; ++h) {
+        const int i = row_tile + (lane >> 2) + 8 * h;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            const int j = 32 * half + 8 * n + 2 * (lane & 3);
+            const float d0 = decay.at(h, n, 0), d1 = decay.at(h, n, 1);
             if (a_mat) {
-                a_mat[i * LDF + j] = j < i ? gates.beta[i] * kk[n][2 * h] * d0 : 0.0f;
-                a_mat[i * LDF + j + 1] = j + 1 < i ? gates.beta[i] * kk[n][2 * h + 1] * d1 : 0.0f;
+                const float a0 = j < i ? beta[h] * kk[n][2 * h] * d0 : 0.0f;
+                const float a1 = j + 1 < i ? beta[h] * kk[n][2 * h + 1] * d1 : 0.0f;
+                if constexpr (PF_LDF % 2 == 0) {
+                    *(float2*)(a_mat + i * PF_LDF + j) = make_float2(a0, a1);
+                } else {
+                    a_mat[i * PF_LDF + j] = a0;
+                    a_mat[i * PF_LDF + j + 1] = a1;
+                }
             }
-            if (scores) {
-                *(unsigned*)(scores + i * PF_CHUNK + j) =
-                    pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
-            }
+            if (scores) *(unsigned*)(scores + i * PF_CHUNK + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
         }
     }
 }

@@ -101,30 +101,6 @@ __device__ __forceinline__ void wg_grams(float (&kk)[4][4], float (&qk)[4][4], c
     wg_fence(qk);
 }
 
-// A = strictly_lower(diag(beta) K K^T o D) of one head into a_mat (f32 [64][PF_LDF]) and, when
-// `scores`, the head's scores Q K^T o D (bf16 [64][64]), from a warpgroup's half of the
-// products (rows row_tile + lane / 4 (+ 8), columns 32 half + 8 n + 2 (lane % 4) (+ 1)).
-__device__ __forceinline__ void store_masked_halves(const float (&kk)[4][4], const float (&qk)[4][4],
-                                                    const ChunkGates& gates, float* a_mat,
-                                                    unsigned short* scores, int row_tile, int half,
-                                                    int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row_tile + (lane >> 2) + 8 * h;
-        const float beta = gates.beta[i];
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            const int j = 32 * half + 8 * n + 2 * (lane & 3);
-            const float d0 = pair_decay(gates, i, j), d1 = pair_decay(gates, i, j + 1);
-            if (a_mat) {
-                *(float2*)(a_mat + i * PF_LDF + j) = make_float2(j < i ? beta * kk[n][2 * h] * d0 : 0.0f,
-                                                                 j + 1 < i ? beta * kk[n][2 * h + 1] * d1 : 0.0f);
-            }
-            if (scores) *(unsigned*)(scores + i * PF_CHUNK + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
-        }
-    }
-}
-
 // 64 rows of COLS bf16 (row r at src + r * row_stride; zeros from row `len`) into x in the
 // core-matrix layout, by 16-byte asynchronous copies shared by the whole block.
 template <int COLS>
@@ -293,7 +269,7 @@ __device__ void prepare_wgmma_impl(const PrefillParams& p) {
             unsigned short* scores =
                 with_scores ? (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_CHUNK * PF_CHUNK
                             : nullptr;
-            store_masked_halves(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile, warpgroup, lane);
+            store_masked_products(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile, warpgroup, lane);
         }
     }
 
@@ -302,7 +278,7 @@ __device__ void prepare_wgmma_impl(const PrefillParams& p) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
         // A of this head (the first head's was stored with the products).
-        if (j > 0) store_masked_halves(kk, kk, gates, a_mat, nullptr, row_tile, warpgroup, lane);
+        if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, warpgroup, lane);
         __syncthreads();
         PF_MARK(2 + 5 * j);
         invert_unit_lower<true>(a_mat, t_mat, 3 + 5 * j);

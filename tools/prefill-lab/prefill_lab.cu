@@ -11,8 +11,7 @@
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -o prefill_lab tools/prefill-lab/prefill_lab.cu
 //        (add -DPF_PREPARE_BLOCKS_PER_SM=2 for the prepare at 128 registers, 2 blocks per SM;
-//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab2; -DPF_CM_MN_SWAP=1
-//        gives the wgmma variant's MN-major operands the K-major descriptor strides)
+//        `tools/gpu-check.sh build` makes both, prefill_lab and prefill_lab2)
 // Run:   prefill_lab [T]
 #include <cuda_runtime.h>
 
@@ -34,16 +33,11 @@ __device__ long long* lab_phase_clock;
     if (threadIdx.x == 0 && lab_phase_clock)                                                  \
         lab_phase_clock[((long long)blockIdx.y * gridDim.x + blockIdx.x) * LAB_MARKS + (phase)] = clock64();
 
-// The library's tensor-core prepare module (the default prepare), its entry points built as
-// prepare_impl (the inverse on tf32 mma.sync, operands by ldmatrix): the reference here. The
-// wgmma form (gdn_prefill_prepare_wgmma.cu, the library's kernel on sm_90a) runs as a variant.
+// The library's tensor-core prepare module (the default prepare): the reference here.
 #define PF_PREPARE_MMA 1
-#define PF_PREPARE_WGMMA 0
 #include "../../crates/cuda/kernels/gdn_prefill.cu"
-#include "../../crates/cuda/kernels/gdn_prefill_wgmma.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_inverse.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_prepare.cu"
-#include "../../crates/cuda/kernels/gdn_prefill_prepare_wgmma.cu"
 #define LAB_REFERENCE gdn_prefill_prepare_mma_k128_v128
 
 #define CHECK(x)                                                                              \
@@ -284,10 +278,9 @@ int main(int argc, char** argv) {
         printf("fused l2 norm: %zu of %zu normalised q/k elements differ from the host's (largest %.2e) %s\n",
                differ, 2 * got.size(), worst, worst < 1e-2 ? "ok" : "FAIL");
     }
-    run_variants(run, grouped, fused, smem_for(H / HG));
-    report_phases("library, 2 value heads per block", LAB_REFERENCE, grouped, chunks, smem_for(H / HG));
-    report_phases("library, 2 value heads per block, l2 fused", LAB_REFERENCE, fused, chunks,
-                  smem_for(H / HG));
-    report_variant_phases(grouped, fused, chunks, smem_for(H / HG));
+    run_variants(run, p, smem);
+    report_phases("library, one value head per block", p, chunks, smem);
+    report_phases("library, 2 value heads per block", grouped, chunks, smem_for(H / HG));
+    report_phases("library, 2 value heads per block, l2 fused", fused, chunks, smem_for(H / HG));
     return 0;
 }

@@ -2,24 +2,16 @@
 // each (keeping the library's PF_MARK phase points), added to `run_variants` and
 // `report_phases`. Variants measured so far and their outcomes are in docs/cuda-kernel-log.md.
 
-// The wgmma form of the library's tensor-core prepare (gdn_prefill_prepare_wgmma.cu), which
-// the library runs on sm_90a; the lab's reference builds the same entry point as prepare_impl.
-extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)
-    lab_prepare_wgmma_k128_v128(PrefillParams p) {
-    prepare_wgmma_impl<128, 128>(p);
-}
-
-typedef void (*LabKernel)(PrefillParams);
-
 template <typename Run>
-void run_variants(Run& run, const PrefillParams& grouped, const PrefillParams& fused, int smem) {
-    run("wgmma, 2 value heads per block", lab_prepare_wgmma_k128_v128, grouped, 256, smem, false);
-    run("wgmma, 2 value heads per block, l2 fused", lab_prepare_wgmma_k128_v128, fused, 256, smem, false);
+void run_variants(Run& run, const PrefillParams& p, int smem) {
+    (void)run;
+    (void)p;
+    (void)smem;
 }
 
 // Mean cycles per block of each phase (the library's PF_MARK points; see gdn_prefill.cu), the
 // per-head phases summed over the block's value heads.
-static void report_phases(const char* name, LabKernel kernel, const PrefillParams& p, int chunks, int smem) {
+static void report_phases(const char* name, const PrefillParams& p, int chunks, int smem) {
     const int rows = p.key_heads * p.head_groups;
     const size_t blocks = (size_t)chunks * rows;
     const int heads = p.value_heads;
@@ -35,12 +27,11 @@ static void report_phases(const char* name, LabKernel kernel, const PrefillParam
     CHECK(cudaMalloc(&gates, (size_t)chunks * heads * PF_GATES_BYTES));
     CHECK(cudaMalloc(&scores, (size_t)chunks * heads * 64 * 64 * 2));
     q.w = (u64)w, q.u = (u64)u, q.gates = (u64)gates, q.scores = (u64)scores;
-    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<dim3(chunks, rows), 256, smem>>>(q);
+    LAB_REFERENCE<<<dim3(chunks, rows), 256, smem>>>(q);
     CHECK(cudaDeviceSynchronize());
     std::vector<long long> host(blocks * LAB_MARKS);
     CHECK(cudaMemcpy(host.data(), clocks, host.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-    const char* names[7] = {"load+gates", "products+A", "diag inverse", "off-diagonal", "W (wgmma: halves)", "U (wgmma: W and U)", "total"};
+    const char* names[7] = {"load+gates", "products+A", "diag inverse", "off-diagonal", "W", "U", "total"};
     double sum[7] = {0};
     const int per_block = p.heads_per_block;  // every block of this lab shape has all its heads
     for (size_t b = 0; b < blocks; ++b) {
@@ -66,9 +57,4 @@ static void report_phases(const char* name, LabKernel kernel, const PrefillParam
     CHECK(cudaFree(u));
     CHECK(cudaFree(gates));
     CHECK(cudaFree(scores));
-}
-
-static void report_variant_phases(const PrefillParams& grouped, const PrefillParams& fused, int chunks, int smem) {
-    report_phases("wgmma, 2 value heads per block", lab_prepare_wgmma_k128_v128, grouped, chunks, smem);
-    report_phases("wgmma, 2 value heads per block, l2 fused", lab_prepare_wgmma_k128_v128, fused, chunks, smem);
 }

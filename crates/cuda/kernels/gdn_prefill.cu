@@ -330,6 +330,39 @@ __device__ __forceinline__ float pair_decay(const ChunkGates& s, int i, int j) {
     return s.seg[i] == s.seg[j] ? expf(s.g_cum[i] - s.g_cum[j]) : 0.0f;
 }
 
+// pair_decay at one thread's fragment entries of a 64 x 64 product (rows row_tile + lane / 4 +
+// 8 h, columns col0 + 8 n + 2 (lane % 4) (+ 1)). Where the chunk's decays factor (the common
+// case) every row and column pair costs one shared load, all made when this is built, before
+// the caller's stores (after a store the compiler must assume the gates changed and reload
+// them per entry); the products up_i down_j are pair_decay's own.
+template <int NT>
+struct FragmentDecays {
+    const ChunkGates& gates;
+    bool factored;
+    float up[2];  // 0 for rows past the chunk's end
+    float2 down[NT];
+    int row_tile, col0, lane;
+
+    __device__ __forceinline__ FragmentDecays(const ChunkGates& g, int row_tile_, int col0_, int lane_)
+        : gates(g), factored(g.factored != 0), row_tile(row_tile_), col0(col0_), lane(lane_) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row_tile + (lane >> 2) + 8 * h;
+            up[h] = factored && gates.seg[i] >= 0 ? gates.up[i] : 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            down[n] = factored ? *(const float2*)(gates.down + col0 + 8 * n + 2 * (lane & 3)) : make_float2(0.0f, 0.0f);
+        }
+    }
+    // D at row h, column pair n, element e of the pair.
+    __device__ __forceinline__ float at(int h, int n, int e) const {
+        const int i = row_tile + (lane >> 2) + 8 * h, j = col0 + 8 * n + 2 * (lane & 3) + e;
+        if (!factored) return pair_decay(gates, i, j);
+        return j <= i ? up[h] * (e ? down[n].y : down[n].x) : 0.0f;
+    }
+};
+
 // ---------------------------------------------------------------------------------------
 // Convert: rows of `dim` floats of any dtype into rows of `pad` bf16 (or f32), zero-padded,
 // l2-normalised when asked (row / sqrt(|row|^2 + 1e-6), the contract's rule, in f32 from the

@@ -36,39 +36,6 @@ __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, in
     }
 }
 
-// pair_decay at one thread's fragment entries of a 64 x 64 product (rows row_tile + lane / 4 +
-// 8 h, columns col0 + 8 n + 2 (lane % 4) (+ 1)). Where the chunk's decays factor (the common
-// case) every row and column pair costs one shared load, all made when this is built, before
-// the caller's stores (after a store the compiler must assume the gates changed and reload
-// them per entry); the products up_i down_j are pair_decay's own.
-template <int NT>
-struct FragmentDecays {
-    const ChunkGates& gates;
-    bool factored;
-    float up[2];  // 0 for rows past the chunk's end
-    float2 down[NT];
-    int row_tile, col0, lane;
-
-    __device__ __forceinline__ FragmentDecays(const ChunkGates& g, int row_tile_, int col0_, int lane_)
-        : gates(g), factored(g.factored != 0), row_tile(row_tile_), col0(col0_), lane(lane_) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = row_tile + (lane >> 2) + 8 * h;
-            up[h] = factored && gates.seg[i] >= 0 ? gates.up[i] : 0.0f;
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            down[n] = factored ? *(const float2*)(gates.down + col0 + 8 * n + 2 * (lane & 3)) : make_float2(0.0f, 0.0f);
-        }
-    }
-    // D at row h, column pair n, element e of the pair.
-    __device__ __forceinline__ float at(int h, int n, int e) const {
-        const int i = row_tile + (lane >> 2) + 8 * h, j = col0 + 8 * n + 2 * (lane & 3) + e;
-        if (!factored) return pair_decay(gates, i, j);
-        return j <= i ? up[h] * (e ? down[n].y : down[n].x) : 0.0f;
-    }
-};
-
 // One value head's share of the chunk products (each warp's 16 x 32 fragments at rows
 // row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
 // when given, and the scores Q K^T o D (bf16) to `scores` when given.
@@ -143,9 +110,8 @@ __device__ __forceinline__ void build_scaled_halves_x4(const float* t_mat, const
 }
 
 // One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
-// into x in shared memory when `x` (x[64][ld], or the core-matrix layout `cm_index` with
-// CORE_MATRIX; zeros from row `len`) and to dst + r * row_stride when `dst`; skipped when `src`
-// is null.
+// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
+// when `dst`; skipped when `src` is null.
 struct NormRows {
     const unsigned short* src;
     unsigned short* x;
@@ -155,7 +121,7 @@ struct NormRows {
 // l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
 // with the convert kernel's arithmetic. Warp w takes rows w, w + 8, ...; each batch of rows
 // of both sets is loaded before any is normalised, so their loads are in flight together.
-template <int KP, bool CORE_MATRIX = false>
+template <int KP>
 __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
                                                int len, int warp, int lane) {
     constexpr int PER = KP / 32, WORDS = PER / 2;
@@ -187,13 +153,7 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
                     normalize_bf16_words<PER>(bits[s][i]);
                     if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits[s][i]);
                 }
-                if (sets[s].x) {
-                    if constexpr (CORE_MATRIX) {
-                        store_bf16_words<PER>(sets[s].x + cm_index(r, PER * lane), 0, bits[s][i]);
-                    } else {
-                        store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
-                    }
-                }
+                if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
             }
         }
     }
@@ -449,27 +409,12 @@ __device__ void prepare_impl(const PrefillParams& p) {
 
 // `gdn_prefill_prepare_*` (the inverse's levels on f32 FMAs) or, where the source defines
 // PF_PREPARE_MMA (the library's second prefill source, the default prepare),
-// `gdn_prefill_prepare_mma_*` (on tensor cores): on sm_90a its wgmma form
-// (gdn_prefill_prepare_wgmma.cu, which this source then includes after this file) unless
-// PF_PREPARE_WGMMA is 0, elsewhere prepare_impl with the inverse on tf32 mma.sync.
+// `gdn_prefill_prepare_mma_*` (the inverse's levels on tf32 tensor cores).
 #ifdef PF_PREPARE_MMA
-#ifndef PF_PREPARE_WGMMA
-#define PF_PREPARE_WGMMA 1
-#endif
-template <int KP, int VP>
-__device__ void prepare_wgmma_impl(const PrefillParams& p);
-template <int KP, int VP>
-__device__ __forceinline__ void prepare_mma_entry(const PrefillParams& p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && PF_PREPARE_WGMMA
-    prepare_wgmma_impl<KP, VP>(p);
-#else
-    prepare_impl<KP, VP, true>(p);
-#endif
-}
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
     extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
         gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
-        prepare_mma_entry<KP, VP>(p);                                                         \
+        prepare_impl<KP, VP, true>(p);                                                        \
     }
 #else
 #define PF_ENTRY_POINTS(KP, VP)                                                               \

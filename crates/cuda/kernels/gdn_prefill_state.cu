@@ -318,6 +318,7 @@ __device__ void state_impl(const PrefillParams& p) {
                         mma_bf16_16816(sc[n], a, b);
                     }
                 }
+                const FragmentDecays<NT> decay(gates, row_tile, 8 * n_first, lane);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -325,8 +326,7 @@ __device__ void state_impl(const PrefillParams& p) {
                         int i = row_tile + (lane >> 2) + 8 * h;
                         int j = 8 * (n_first + n) + 2 * (lane & 3);
                         *(unsigned*)(scores + i * PF_LDC + j) =
-                            pack_bf16(sc[n][2 * h] * pair_decay(gates, i, j),
-                                      sc[n][2 * h + 1] * pair_decay(gates, i, j + 1));
+                            pack_bf16(sc[n][2 * h] * decay.at(h, n, 0), sc[n][2 * h + 1] * decay.at(h, n, 1));
                     }
                 }
             }

@@ -23,18 +23,6 @@
 // registers nor reads D early; shared memory written by ordinary stores is made visible to the
 // wgmma's (async) proxy by `fence.proxy.async` before the barrier that precedes the product.
 
-// The core-matrix layout of a 64-row bf16 matrix (the prepare kernel's operands): 8 x 8 core
-// matrices of 128 contiguous bytes (16 bytes of a row each), the eight of a column block one
-// after another, column blocks PF_CM_BLOCK elements apart. The 16 bytes past each column
-// block's 1024 put the pieces of one row in different banks, so a warp storing a row (or 8-byte
-// pieces of eight rows) reaches the fewest wavefronts. Unlike a padded row-major matrix this
-// layout is a wgmma operand both with its k index along the columns and along the rows.
-#define PF_CM_BLOCK (PF_CHUNK * 8 + 8)
-__host__ __device__ constexpr int cm_elements(int cols) { return cols / 8 * PF_CM_BLOCK; }
-__device__ __forceinline__ int cm_index(int r, int c) {
-    return (c >> 3) * PF_CM_BLOCK + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
-}
-
 // The wgmma descriptor of the 16 x N slab of B at rows k0.., columns n0.. (both multiples of
 // 8; 16-byte aligned base).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -22,7 +22,6 @@ pub const SOURCES: &[KernelSource] = &[
     crate::gdn::decode::SOURCE,
     crate::gdn::prefill::SOURCE,
     crate::gdn::prefill::SOURCE_PREPARE_MMA,
-    crate::gdn::prefill::SOURCE_PREPARE_MMA_SYNC,
     crate::kv::SOURCE_ENCODE,
     crate::kv::SOURCE_ATTEND,
     crate::kv::SOURCES_ATTEND_MMA[0],

@@ -81,7 +81,7 @@ pub(super) fn prepare_smem(
     // f32 elements per row of A and T (the kernels' PF_LDF).
     let ldf = match kind {
         PrepareKernel::Scalar => CHUNK + 1,
-        PrepareKernel::Mma | PrepareKernel::MmaPrefetch | PrepareKernel::MmaSync => CHUNK + 4,
+        PrepareKernel::Mma | PrepareKernel::MmaPrefetch => CHUNK + 4,
     };
     debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * ldf + 3 * 16 * 17));
     debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
@@ -222,19 +222,14 @@ pub(super) enum PrepareKernel {
     /// `Mma`, each block also prefetching into L2 the inputs of the block one wave of
     /// resident blocks after it.
     MmaPrefetch,
-    /// `Mma` with the bf16 products on mma.sync everywhere (on sm_90a `Mma` runs them on
-    /// wgmma, `kernels/gdn_prefill_prepare_wgmma.cu`).
-    MmaSync,
 }
 
-/// The tensor-core inverse by default; `DELTAKV_PREFILL_PREPARE=scalar`, `mma-prefetch` or
-/// `mma-sync` asks for the scalar inverse, the L2 prefetch or the mma.sync products (for
-/// comparisons).
+/// The tensor-core inverse by default; `DELTAKV_PREFILL_PREPARE=scalar` or `mma-prefetch` asks
+/// for the scalar inverse or the L2 prefetch (for comparisons).
 pub(super) fn prepare_kernel_from_env() -> PrepareKernel {
     match std::env::var("DELTAKV_PREFILL_PREPARE").as_deref() {
         Ok("scalar") => PrepareKernel::Scalar,
         Ok("mma-prefetch") => PrepareKernel::MmaPrefetch,
-        Ok("mma-sync") => PrepareKernel::MmaSync,
         _ => PrepareKernel::Mma,
     }
 }

@@ -74,24 +74,8 @@ pub const SOURCE_PREPARE_MMA: KernelSource = KernelSource {
     text: concat!(
         "#define PF_PREPARE_MMA 1\n",
         include_str!("../../../kernels/gdn_prefill.cu"),
-        include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare_wgmma.cu")
-    ),
-};
-
-/// `SOURCE_PREPARE_MMA` with its entry points built as the mma.sync form on sm_90a too
-/// (`DELTAKV_PREFILL_PREPARE=mma-sync`, for comparisons).
-pub const SOURCE_PREPARE_MMA_SYNC: KernelSource = KernelSource {
-    name: "gdn_prefill_prepare_mma_sync",
-    text: concat!(
-        "#define PF_PREPARE_MMA 1\n#define PF_PREPARE_WGMMA 0\n",
-        include_str!("../../../kernels/gdn_prefill.cu"),
-        include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
-        include_str!("../../../kernels/gdn_prefill_inverse.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare_wgmma.cu")
+        include_str!("../../../kernels/gdn_prefill_prepare.cu")
     ),
 };
 
@@ -421,7 +405,6 @@ impl PrefillLaunch {
         let prepare = match prepare_kernel {
             PrepareKernel::Scalar => &SOURCE,
             PrepareKernel::Mma | PrepareKernel::MmaPrefetch => &SOURCE_PREPARE_MMA,
-            PrepareKernel::MmaSync => &SOURCE_PREPARE_MMA_SYNC,
         };
         let prepare = cuda.function(prepare, prepare_name(kp, vp, prepare_kernel))?;
         let prepare_bytes = prepare_smem(kp, vp, heads_per_block, prepare_kernel);

@@ -1,0 +1,22 @@
+#!/bin/bash
+# Session 20, call 6 (a, b, c on one warm machine): FlashInfer 0.7.2 beside FLA 0.6 and
+# 9c9d4f9's binary. The payload (../shared/tools/flashinfer-payload.sh, ~90 MB) comes in three
+# parts: `call6.sh 1` and `call6.sh 2` copy parts 1 and 2 to /tmp/fi; `call6.sh 3` adds part 3,
+# unpacks it, runs `deltakv bench gdn` at the four shapes and tools/compare_fla_prefill.py
+# --flashinfer (speed) beside it.
+out=${OUT:?}; cd "$(dirname "$0")/../.." || exit 1
+part=${1:?part 1, 2 or 3}
+mkdir -p /tmp/fi && cp .carry/fi/$part/* /tmp/fi/ && ls -la /tmp/fi > "$out/summary.txt"
+[ "$part" = 3 ] || exit 0
+logs=$(mktemp -d); sum=$out/summary.txt
+say() { echo "$*" >> "$sum"; }
+mkdir -p /tmp/site && cat /tmp/fi/part.* | xz -d -T8 | tar -C /tmp/site -xf -
+say "unpacked: $?"
+timeout 90 .carry/deltakv bench gdn --device cuda --seq-lens 1024 --decode-batches 1 --json "$logs/dk.json" > "$logs/bench.txt" 2>&1
+say "bench: $(grep -h 'B=' "$logs/bench.txt" | grep -v pool | awk '{print $1,$2,$3,$6}' | tr '\n' ';')"
+python3 -m pip install -q --no-index --no-deps --target /tmp/fla-site .whl/*.whl > "$logs/pip.txt" 2>&1
+PYTHONPATH=/tmp/fla-site:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages timeout 420 python3 -u tools/compare_fla_prefill.py \
+  --skip-accuracy --flashinfer --deltakv-json "$logs/dk.json" --deltakv-bin .carry/deltakv \
+  --csv "$out/prefill-vs-fla-fi.csv" > "$logs/fla-fi.txt" 2>&1
+say "FLA + FlashInfer exit $? ($SECONDS s):"; tail -12 "$logs/fla-fi.txt" >> "$sum"
+tar -czf "$out/logs.tar.gz" -C "$logs" .

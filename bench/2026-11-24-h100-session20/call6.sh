@@ -1,13 +1,14 @@
 #!/bin/bash
 # Session 20, call 6 (a, b, c on one warm machine): FlashInfer 0.7.2 beside FLA 0.6 and
-# 9c9d4f9's binary. The payload (../shared/tools/flashinfer-payload.sh, ~90 MB) comes in three
-# parts: `call6.sh 1` and `call6.sh 2` copy parts 1 and 2 to /tmp/fi; `call6.sh 3` adds part 3,
-# unpacks it, runs `deltakv bench gdn` at the four shapes and tools/compare_fla_prefill.py
-# --flashinfer (speed) beside it.
+# 9c9d4f9's binary. The payload (../shared/tools/flashinfer-payload.sh split in three parts, the
+# third under 1 MB) comes in two calls: `call6.sh 1` copies part 1 to /tmp/fi; `call6.sh 2`
+# adds parts 2 and 3, unpacks them, runs `deltakv bench gdn` at the standard shapes and
+# tools/compare_fla_prefill.py --flashinfer (speed) beside it.
 out=${OUT:?}; cd "$(dirname "$0")/../.." || exit 1
-part=${1:?part 1, 2 or 3}
+part=${1:?part 1 or 2}
 mkdir -p /tmp/fi && cp .carry/fi/$part/* /tmp/fi/ && ls -la /tmp/fi > "$out/summary.txt"
-[ "$part" = 3 ] || exit 0
+[ "$part" = 2 ] || exit 0
+cp .carry/fi/3/* /tmp/fi/
 logs=$(mktemp -d); sum=$out/summary.txt
 say() { echo "$*" >> "$sum"; }
 mkdir -p /tmp/site && cat /tmp/fi/part.* | xz -d -T8 | tar -C /tmp/site -xf -

@@ -185,7 +185,7 @@ __device__ void scan_chunk_gates(ChunkGates& s, float g_even, float g_odd, int l
     }
     if (lane == 0) s.state_decay = last_seg == 0 ? expf(last) : 0.0f;
     // Within +-40 the pairwise decays factor without overflow (exp(40) ~ 2e17) and without the
-    // cancellation of large cumsums; otherwise pair_decay takes each difference exactly.
+    // cancellation of large cumsums; otherwise pair_decay_exact takes each difference.
     const bool in_range = (t0 >= len || fabsf(cum0) < 40.0f) && (t1 >= len || fabsf(cum1) < 40.0f);
     const int factored = __all_sync(0xffffffffu, in_range) && last_seg == 0;
     s.up[t0] = expf(cum0);
@@ -323,28 +323,27 @@ __device__ __forceinline__ void copy_rows_async_team(unsigned short* x, int ld,
     }
 }
 
-// D_ij of the chunk (0 outside j <= i within one reset segment).
-__device__ __forceinline__ float pair_decay(const ChunkGates& s, int i, int j) {
+// D_ij of the chunk (0 outside j <= i within one reset segment) from each difference of the
+// cumulative gates: exact for any chunk (FragmentDecays takes the factored form where it holds).
+__device__ __forceinline__ float pair_decay_exact(const ChunkGates& s, int i, int j) {
     if (j > i || s.seg[i] < 0) return 0.0f;
-    if (s.factored) return s.up[i] * s.down[j];
     return s.seg[i] == s.seg[j] ? expf(s.g_cum[i] - s.g_cum[j]) : 0.0f;
 }
 
-// pair_decay at one thread's fragment entries of a 64 x 64 product (rows row_tile + lane / 4 +
-// 8 h, columns col0 + 8 n + 2 (lane % 4) (+ 1)). Where the chunk's decays factor (the common
-// case) every row and column pair costs one shared load, all made when this is built, before
-// the caller's stores (after a store the compiler must assume the gates changed and reload
-// them per entry); the products up_i down_j are pair_decay's own.
+// D_ij at one thread's fragment entries of a 64 x 64 product: rows i = row_tile + lane / 4 +
+// 8 h, columns j = col0 + 8 n + 2 (lane % 4) (+ 1). Where the chunk's decays factor (no reset,
+// |G| < 40: D_ij = exp(G_i) exp(-G_j)) every row and column pair costs one shared load, all made
+// when this is built, before the caller's stores (after a store the compiler must assume the
+// gates changed and reload them per entry); otherwise each entry comes from pair_decay_exact.
 template <int NT>
 struct FragmentDecays {
     const ChunkGates& gates;
     bool factored;
     float up[2];  // 0 for rows past the chunk's end
     float2 down[NT];
-    int row_tile, col0, lane;
 
-    __device__ __forceinline__ FragmentDecays(const ChunkGates& g, int row_tile_, int col0_, int lane_)
-        : gates(g), factored(g.factored != 0), row_tile(row_tile_), col0(col0_), lane(lane_) {
+    __device__ __forceinline__ FragmentDecays(const ChunkGates& g, int row_tile, int col0, int lane)
+        : gates(g), factored(g.factored != 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int i = row_tile + (lane >> 2) + 8 * h;
@@ -355,11 +354,10 @@ struct FragmentDecays {
             down[n] = factored ? *(const float2*)(gates.down + col0 + 8 * n + 2 * (lane & 3)) : make_float2(0.0f, 0.0f);
         }
     }
-    // D at row h, column pair n, element e of the pair.
-    __device__ __forceinline__ float at(int h, int n, int e) const {
-        const int i = row_tile + (lane >> 2) + 8 * h, j = col0 + 8 * n + 2 * (lane & 3) + e;
-        if (!factored) return pair_decay(gates, i, j);
-        return j <= i ? up[h] * (e ? down[n].y : down[n].x) : 0.0f;
+    // D_ij for the entry at row h (index i) and column pair n (index j, its even or odd column).
+    __device__ __forceinline__ float at(int h, int n, int i, int j) const {
+        if (!factored) return pair_decay_exact(gates, i, j);
+        return j <= i ? up[h] * ((j & 1) ? down[n].y : down[n].x) : 0.0f;
     }
 };
 

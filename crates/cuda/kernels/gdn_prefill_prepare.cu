@@ -53,7 +53,7 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
             const int j = 32 * half + 8 * n + 2 * (lane & 3);
-            const float d0 = decay.at(h, n, 0), d1 = decay.at(h, n, 1);
+            const float d0 = decay.at(h, n, i, j), d1 = decay.at(h, n, i, j + 1);
             if (a_mat) {
                 const float a0 = j < i ? beta[h] * kk[n][2 * h] * d0 : 0.0f;
                 const float a1 = j + 1 < i ? beta[h] * kk[n][2 * h + 1] * d1 : 0.0f;

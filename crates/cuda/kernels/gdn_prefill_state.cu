@@ -326,7 +326,7 @@ __device__ void state_impl(const PrefillParams& p) {
                         int i = row_tile + (lane >> 2) + 8 * h;
                         int j = 8 * (n_first + n) + 2 * (lane & 3);
                         *(unsigned*)(scores + i * PF_LDC + j) =
-                            pack_bf16(sc[n][2 * h] * decay.at(h, n, 0), sc[n][2 * h + 1] * decay.at(h, n, 1));
+                            pack_bf16(sc[n][2 * h] * decay.at(h, n, i, j), sc[n][2 * h + 1] * decay.at(h, n, i, j + 1));
                     }
                 }
             }

@@ -101,3 +101,49 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
     return address;
 }
+
+// Bulk copies through the copy engine (sm_90): one thread moves a contiguous range (16-byte
+// aligned, a multiple of 16 bytes) from global into shared memory, and the copy's bytes count
+// down the transaction count of an mbarrier, whose phase completes once its arrivals and its
+// expected bytes are all in.
+__device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar, unsigned arrivals = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals)
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One arrival on `bar` that also expects `bytes` more of bulk copies in this phase.
+__device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
+                 ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+
+// Expects `bytes` more of bulk copies in `bar`'s phase without arriving (the arrival comes
+// later, once the thread's other writes for the phase are done).
+__device__ __forceinline__ void bulk_expect_only(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)),
+                 "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
+}
+
+// Waits until the phase of `bar` with parity `phase` has completed.
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned phase) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(shared_address(bar)), "r"(phase) : "memory");
+    }
+}
+
+// One arrival on `bar` (release: the thread's earlier writes are visible to whoever sees the
+// phase complete).
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(shared_address(bar))
+                 : "memory");
+}

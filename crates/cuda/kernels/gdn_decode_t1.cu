@@ -18,34 +18,6 @@
 //   2c, 2c + 1 straight into registers, together with every input at entry (the slot first),
 //   so a block's critical path is one dependent load (slot, then state) and two barriers.
 
-// Bulk copies through the copy engine (sm_90), for the bands kernel: one thread moves a
-// contiguous range between global and shared memory, completion tracked by an mbarrier (loads)
-// or a bulk group (stores).
-__device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
-                 ::"r"(shared_address(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
-                                          unsigned long long* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
-}
-
-__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned phase) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(shared_address(bar)), "r"(phase) : "memory");
-    }
-}
-
 // Stores `bytes` of shared memory to global memory and waits until the shared side has been
 // read (the block may then exit). Writers must have run `fence.proxy.async.shared::cta` and
 // a barrier first.

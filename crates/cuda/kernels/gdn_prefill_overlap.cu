@@ -11,7 +11,8 @@
 // and the scores leave the pass. Every product runs on wgmma (gdn_prefill_wgmma.cu), each
 // warpgroup of a group forming all 64 chunk rows of its columns (the update: its 64 rows of
 // S); S, V' and diag(e) V' are the B operands, in wgmma's layout. The groups meet through mbarriers:
-//   full[s]     stage s holds its chunk's inputs (the state group's asynchronous copies arrive)
+//   full[s]     stage s holds its chunk's inputs (bulk copies issued by the state group's
+//               warp 0 once S of the chunk before is published)
 //   s_ready     S of chunk c is in shared memory               (state group arrives)
 //   v_ready     V' of chunk c is in shared memory              (state group arrives)
 //   done        the output group is done with S, V' and the stage of chunk c
@@ -43,68 +44,46 @@ struct OverlapStage {
     __device__ unsigned short* scores() const { return u() + PF_CHUNK * PF_LDC; }
 };
 
-__device__ __forceinline__ void ov_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ov_arrive(unsigned long long* bar) {
-    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(
-                     shared_address(bar))
-                 : "memory");
-}
-
-// One arrival on `bar` once every asynchronous copy this thread issued so far has landed.
-__device__ __forceinline__ void ov_arrive_copies(unsigned long long* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ void ov_wait(unsigned long long* bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
-            "0, p; }"
-            : "=r"(done)
-            : "r"(shared_address(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
 // A barrier among the state group's `THREADS` threads (barrier 1; 0 is the block's).
 template <int THREADS>
 __device__ __forceinline__ void ov_state_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
 }
 
-// Queues chunk `chunk`'s inputs into `stage` (copies shared by the state group's `threads`
-// threads), then one arrival per thread on `full` when its copies land.
+// Queues chunk `chunk`'s inputs into `stage` through the copy engine, issued by the calling
+// warp (`bulk_rows`), completing on `full` (one arrival, after the lanes' zero rows).
 template <int KP>
 __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
                                                int chunk, long long first_row, int len, int head,
-                                               int key_head, int col0, int thread, int threads,
+                                               int key_head, int col0, int lane,
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
-                        (long long)p.key_heads * KP, len, thread, threads);
-    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
-                        (long long)p.key_heads * KP, len, thread, threads);
+    const unsigned bytes = 2 * (2 * len * KP + PF_CHUNK * KP + PF_CHUNK * PF_TILE + PF_CHUNK * PF_CHUNK) +
+                           PF_GATES_BYTES;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    copy_rows_async<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP,
-                        PF_CHUNK, thread, threads);
-    copy_rows_async<PF_TILE>(stage.u(), PF_LDC,
-                             (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-                             p.value_pad, PF_CHUNK, thread, threads);
-    copy_rows_async<PF_CHUNK>(stage.scores(), PF_LDC,
-                              (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK,
-                              PF_CHUNK, PF_CHUNK, thread, threads);
-    const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
-    for (int i = thread; i < (int)(PF_GATES_BYTES / 16); i += threads) {
-        cp_async16((unsigned char*)stage.gates() + 16 * i, gates + 16 * i, true);
+    if (lane == 0) {
+        // Both groups' reads of the stage's last chunk (ordered before by the done barrier)
+        // come before the copies' writes.
+        fence_proxy_async();
+        bulk_expect_only(full, bytes);
+        bulk_load(stage.gates(), (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
+                  PF_GATES_BYTES, full);
     }
-    ov_arrive_copies(full);
+    __syncwarp();
+    const long long key_row = (first_row * p.key_heads + key_head) * KP;
+    const long long key_stride = (long long)p.key_heads * KP;
+    bulk_rows<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row, key_stride, len, lane, full);
+    bulk_rows<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row, key_stride, len, lane, full);
+    bulk_rows<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK,
+                  lane, full);
+    bulk_rows<PF_TILE>(stage.u(), PF_LDC,
+                       (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                       p.value_pad, PF_CHUNK, lane, full);
+    bulk_rows<PF_CHUNK>(stage.scores(), PF_LDC,
+                        (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK, PF_CHUNK,
+                        PF_CHUNK, lane, full);
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(full);
 }
 
 template <int KP>
@@ -136,9 +115,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
     const SegmentRows rows(p, first_chunk, chunks);
 
     if (threadIdx.x == 0) {
-        ov_init(&bars[OV_FULL], GROUP);
-        ov_init(&bars[OV_FULL + 1], GROUP);
-        for (int b = OV_S_READY; b < OV_BARRIERS; ++b) ov_init(&bars[b], GROUP);
+        bulk_barrier_init(&bars[OV_FULL]);
+        bulk_barrier_init(&bars[OV_FULL + 1]);
+        for (int b = OV_S_READY; b < OV_BARRIERS; ++b) bulk_barrier_init(&bars[b], GROUP);
     }
     __syncthreads();
 
@@ -147,26 +126,29 @@ __device__ void overlap_impl(const PrefillParams& p) {
             p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
         float state[8][4];
         load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
-        if (chunks > 0) {
+        // The state group's warp 0 issues every stage's copies.
+        if (chunks > 0 && warp == 0) {
             ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
-                               head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
+                               head, key_head, col0, lane, &bars[OV_FULL]);
         }
         for (int ci = 0; ci < chunks; ++ci) {
             const int s = ci & 1;
             const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
-            ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
-            if (ci > 0) ov_wait(&bars[OV_DONE], (ci - 1) & 1);
+            bulk_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+            if (ci > 0) bulk_wait(&bars[OV_DONE], (ci - 1) & 1);
 
             // S as bf16 for both groups (wgmma's B layout).
             store_state_b<KP>(state, state_s, warp, lane);
             // Every state warp has written S and is done with the previous chunk's stage and
             // diag(e) V'.
             ov_state_sync<GROUP>();
-            ov_arrive(&bars[OV_S_READY]);
-            if (ci + 1 < chunks) {
+            mbarrier_arrive(&bars[OV_S_READY]);
+            // The next chunk's copies into the other stage (both groups are done with it: the
+            // done barrier above).
+            if (warp == 0 && ci + 1 < chunks) {
                 ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
                                    first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
-                                   key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
+                                   key_head, col0, lane, &bars[OV_FULL + (s ^ 1)]);
             }
 
             // V' = U - W S and diag(e) V' (each warpgroup all 64 rows of its NT n8 tiles).
@@ -198,7 +180,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 fence_proxy_async();
             }
             ov_state_sync<GROUP>();
-            ov_arrive(&bars[OV_V_READY]);
+            mbarrier_arrive(&bars[OV_V_READY]);
 
             // S <- exp(G_last) S + K^T diag(e) V' (each warpgroup its 64 rows of S).
             const float decay = gates.state_decay;
@@ -224,14 +206,14 @@ __device__ void overlap_impl(const PrefillParams& p) {
         const OverlapStage<KP> stage(stage_base + s * OverlapStage<KP>::BYTES);
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
-        ov_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
+        bulk_wait(&bars[OV_FULL + s], (ci >> 1) & 1);
         const ChunkGates& gates = *stage.gates();
 
         // diag(d) Q S once S is published, then + scores V' once V' is.
         float out[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
-        ov_wait(&bars[OV_S_READY], ci & 1);
+        bulk_wait(&bars[OV_S_READY], ci & 1);
         wg_product<NT, KP / 16, BATCH, KP>(
             out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.q(), LDK, row_tile, 16 * step, lane); },
             state_s, 8 * n_first);
@@ -244,11 +226,11 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 out[n][2 * h + 1] *= d;
             }
         }
-        ov_wait(&bars[OV_V_READY], ci & 1);
+        bulk_wait(&bars[OV_V_READY], ci & 1);
         wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
             out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, 16 * step, lane); },
             new_values, 8 * n_first);
-        ov_arrive(&bars[OV_DONE]);
+        mbarrier_arrive(&bars[OV_DONE]);
         store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);
     }
 }

@@ -5,13 +5,14 @@
 // forms all 64 rows of columns 8 g NT.. (NT = 32 / warps n8 tiles), the update each
 // warpgroup's 64 rows of S; the scores Q K^T stay on mma.sync (4 row tiles x NT per warp).
 //
-// The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through
-// asynchronous copies while chunk c computes (two stages; one for KP = 256, where two do not
-// fit). Shared memory: per stage the chunk's gates (computed by the prepare kernel), q, k, W
-// [64][KP + PAD], U [64][64 + PAD] (bf16 row-major, the A operands read into registers, with
-// ldmatrix .trans where transposed); then the state S, V' and diag(e) V' in wgmma's B layout
-// (in spaces of [KP][64 + PAD] and [64][64 + PAD] bf16), and the scores [64][64 + PAD]. The
-// host mirrors this in `state_smem`.
+// The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through the copy
+// engine (bulk copies of whole rows, issued by warp 0 while chunk c's W S is on the tensor
+// cores, completing on the stage's mbarrier) while chunk c computes (two stages; one for KP =
+// 256, where two do not fit). Shared memory: per stage the chunk's gates (computed by the
+// prepare kernel), q, k, W [64][KP + PAD], U [64][64 + PAD] (bf16 row-major, the A operands
+// read into registers, with ldmatrix .trans where transposed); then the state S, V' and
+// diag(e) V' in wgmma's B layout (in spaces of [KP][64 + PAD] and [64][64 + PAD] bf16), the
+// scores [64][64 + PAD] and one mbarrier per stage. The host mirrors this in `state_smem`.
 
 // The rows of a segment's chunks: consecutive 64-row chunks of one sequence (the last maybe
 // shorter), so each chunk's first row and length follow from the segment's two ends, read
@@ -62,35 +63,44 @@ struct StateStage {
     }
 };
 
-// Queues the copies of chunk `chunk`'s inputs into `stage`.
+// Queues chunk `chunk`'s inputs into `stage` through the copy engine, issued by the calling
+// warp (`bulk_rows`), completing on `full`: the block must be done with the stage's previous
+// chunk. The arrival on `full` comes after the lanes' zero rows, so a completed phase has both.
 template <int KP, int MODE>
 __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
                                             int chunk, long long first_row, int len, int head,
-                                            int key_head, int col0, bool m_cols) {
+                                            int key_head, int col0, bool m_cols,
+                                            unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    constexpr int THREADS = 2 * KP;  // the block
-    const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    if (MODE == MODE_OUTPUT) {
-        copy_rows_async_team<KP, THREADS>(stage.q, LDK, (const unsigned short*)p.q + key_row,
-                                          (long long)p.key_heads * KP, len);
-    }
-    copy_rows_async_team<KP, THREADS>(stage.k, LDK, (const unsigned short*)p.k + key_row,
-                                      (long long)p.key_heads * KP, len);
+    const int lane = threadIdx.x & 31;
+    const unsigned key_rows = (MODE == MODE_OUTPUT ? 2 : 1) * len;  // q (outputs only) and k
+    const unsigned bytes = 2 * (key_rows * KP + PF_CHUNK * KP + (m_cols ? 0 : PF_CHUNK * PF_TILE)) +
+                           PF_GATES_BYTES;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    copy_rows_async_team<KP, THREADS>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP,
-                                      KP, PF_CHUNK);
+    if (lane == 0) {
+        // The block's reads of the stage's last chunk (ordered before by a barrier) come
+        // before the copies' writes.
+        fence_proxy_async();
+        bulk_expect_only(full, bytes);
+        bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
+                  PF_GATES_BYTES, full);
+    }
+    __syncwarp();
+    const long long key_row = (first_row * p.key_heads + key_head) * KP;
+    const long long key_stride = (long long)p.key_heads * KP;
+    if (MODE == MODE_OUTPUT) {
+        bulk_rows<KP>(stage.q, LDK, (const unsigned short*)p.q + key_row, key_stride, len, lane, full);
+    }
+    bulk_rows<KP>(stage.k, LDK, (const unsigned short*)p.k + key_row, key_stride, len, lane, full);
+    bulk_rows<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK,
+                  lane, full);
     if (!m_cols) {
-        copy_rows_async_team<PF_TILE, THREADS>(
-            stage.u, PF_LDC, (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-            p.value_pad, PF_CHUNK);
+        bulk_rows<PF_TILE>(stage.u,
+                           PF_LDC, (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
+                           p.value_pad, PF_CHUNK, lane, full);
     }
-    {
-        const unsigned char* gates = (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES;
-        for (int i = threadIdx.x; i < (int)(PF_GATES_BYTES / 16); i += blockDim.x) {
-            cp_async16((unsigned char*)stage.gates + 16 * i, gates + 16 * i, true);
-        }
-    }
-    cp_async_commit();
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(full);
 }
 
 // A block's state lives in registers as the accumulators of m16n8 tiles: warp w holds rows
@@ -199,6 +209,7 @@ __device__ void state_impl(const PrefillParams& p) {
     unsigned short* new_values = state_s + KP * PF_LDC;                 // 64 x 64
     unsigned short* decayed_values = new_values + PF_CHUNK * PF_LDC;    // 64 x 64
     unsigned short* scores = decayed_values + PF_CHUNK * PF_LDC;        // [64][LDC]
+    unsigned long long* full = (unsigned long long*)(scores + PF_CHUNK * PF_LDC);  // per stage
 
     // Grid (tile, head, segment): the column tiles of one (segment, head), which read the same
     // chunk inputs, are adjacent in launch order, so they run together and share them in L2.
@@ -235,27 +246,33 @@ __device__ void state_impl(const PrefillParams& p) {
     const int row_tile = 16 * (warp & 3);
     const int n_first = (warp >> 2) * NT;
     const SegmentRows rows(p, first_chunk, chunks);
-    if (STAGES == 2) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) bulk_barrier_init(&full[s]);
+    }
+    __syncthreads();
+    // Warp 0 issues every stage's copies: with two stages, chunk c + 1's while chunk c's
+    // W S is on the tensor cores.
+    if (STAGES == 2 && warp == 0 && chunks > 0) {
         issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
-                              head, key_head, col0, m_cols);
+                              head, key_head, col0, m_cols, &full[0]);
     }
     store_state_b<KP>(state, state_s, warp, lane);
     for (int ci = 0; ci < chunks; ++ci) {
         const int chunk = first_chunk + ci;
-        const StateStage<KP> stage(stage_base + (STAGES == 2 ? (ci & 1) : 0) * StateStage<KP>::BYTES);
+        const int slot = STAGES == 2 ? (ci & 1) : 0;
+        const StateStage<KP> stage(stage_base + slot * StateStage<KP>::BYTES);
         if (STAGES == 1) {
             // One stage: every warp must be done with the previous chunk's inputs first.
             __syncthreads();
-            issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head, col0,
-                                  m_cols);
+            if (warp == 0) {
+                issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head,
+                                      col0, m_cols, &full[0]);
+            }
         }
-        cp_async_wait_all();
+        bulk_wait(&full[slot], (STAGES == 2 ? ci >> 1 : ci) & 1);
+        // Every warp is done with the last chunk (so the other stage is free) and its rows of
+        // S are in state_s.
         __syncthreads();
-        if (STAGES == 2 && ci + 1 < chunks) {
-            issue_stage<KP, MODE>(StateStage<KP>(stage_base + ((ci + 1) & 1) * StateStage<KP>::BYTES), p,
-                                  chunk + 1, rows.row(ci + 1), rows.len(ci + 1), head, key_head,
-                                  col0, m_cols);
-        }
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
 
@@ -275,7 +292,13 @@ __device__ void state_impl(const PrefillParams& p) {
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
             wg_product<NT, KSTEPS, BATCH, KP>(
                 x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w, LDK, row_tile, 16 * step, lane); },
-                state_s, 8 * n_first);
+                state_s, 8 * n_first, [&]() {
+                    if (STAGES == 2 && warp == 0 && ci + 1 < chunks) {
+                        issue_stage<KP, MODE>(StateStage<KP>(stage_base + (slot ^ 1) * StateStage<KP>::BYTES),
+                                              p, chunk + 1, rows.row(ci + 1), rows.len(ci + 1), head,
+                                              key_head, col0, m_cols, &full[slot ^ 1]);
+                    }
+                });
             unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {

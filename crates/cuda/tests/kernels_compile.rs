@@ -155,6 +155,12 @@ fn every_kernel_compiles_for_sm100a_and_plain_sm90() {
                 source.name,
                 compiled.spill_bytes()
             );
+            for kernel in compiled.kernels().iter().filter(|k| k.spill_bytes > 0) {
+                println!(
+                    "{arch}:   {}: {} registers, {} bytes spilled",
+                    kernel.name, kernel.registers, kernel.spill_bytes
+                );
+            }
         }
     }
 }

@@ -121,12 +121,12 @@ pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
 /// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
-/// operands.
+/// operands, then an mbarrier per stage.
 pub(super) fn state_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + 8, CHUNK + 8);
     let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
     let stages = if kp == 256 { 1 } else { 2 };
-    stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc)
+    stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc) + 8 * stages
 }
 
 /// Shared memory of the overlapped state pass (mirrors `OverlapStage` and `overlap_impl`): two

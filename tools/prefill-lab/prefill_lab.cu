@@ -138,12 +138,15 @@ int main(int argc, char** argv) {
     p.reset_gate = -1e4f;
     p.heads_per_block = 1;  // the reference: one value head per block
     p.head_groups = H / HG;
-    const size_t wu = (size_t)chunks * H * 64 * D;
+    // The state passes' stage layouts (PF_W_ELEMS): W rows of D + PF_PAD, U and the scores
+    // rows of PF_LDC (U by 64-column tiles); the padding is never written, nor compared.
+    const size_t w_count = (size_t)chunks * H * PF_W_ELEMS(D);
+    const size_t u_count = (size_t)chunks * H * (D / PF_TILE) * PF_U_TILE_ELEMS;
     const size_t gates_bytes = (size_t)chunks * H * PF_GATES_BYTES;
-    const size_t scores_count = (size_t)chunks * H * 64 * 64;
+    const size_t scores_count = (size_t)chunks * H * PF_SCORES_ELEMS;
     void *w_ref, *u_ref, *gates_ref, *scores_ref;
-    CHECK(cudaMalloc(&w_ref, wu * 2));
-    CHECK(cudaMalloc(&u_ref, wu * 2));
+    CHECK(cudaMalloc(&w_ref, w_count * 2));
+    CHECK(cudaMalloc(&u_ref, u_count * 2));
     CHECK(cudaMalloc(&gates_ref, gates_bytes));
     CHECK(cudaMalloc(&scores_ref, scores_count * 2));
     // The launcher's prepare_smem: a gates record per value head of the block, then the rest.
@@ -152,7 +155,7 @@ int main(int argc, char** argv) {
                      4 * (2 * 64 * PF_LDF + 3 * 16 * 17));
     };
     const int smem = smem_for(1);
-    std::vector<unsigned short> w_host(wu), u_host(wu), w_var(wu), u_var(wu);
+    std::vector<unsigned short> w_host(w_count), u_host(u_count), w_var(w_count), u_var(u_count);
     std::vector<unsigned short> s_host(scores_count), s_var(scores_count);
     cudaEvent_t start, stop;
     CHECK(cudaEventCreate(&start));
@@ -167,13 +170,13 @@ int main(int argc, char** argv) {
         if (reference) {
             w = w_ref, u = u_ref, gates = gates_ref, scores = scores_ref;
         } else {
-            CHECK(cudaMalloc(&w, wu * 2));
-            CHECK(cudaMalloc(&u, wu * 2));
+            CHECK(cudaMalloc(&w, w_count * 2));
+            CHECK(cudaMalloc(&u, u_count * 2));
             CHECK(cudaMalloc(&gates, gates_bytes));
             CHECK(cudaMalloc(&scores, scores_count * 2));
         }
-        CHECK(cudaMemset(w, 0xff, wu * 2));  // poison: NaN bf16
-        CHECK(cudaMemset(u, 0xff, wu * 2));
+        CHECK(cudaMemset(w, 0xff, w_count * 2));  // poison: NaN bf16
+        CHECK(cudaMemset(u, 0xff, u_count * 2));
         CHECK(cudaMemset(scores, 0xff, scores_count * 2));
         q.w = (u64)w, q.u = (u64)u, q.gates = (u64)gates, q.scores = (u64)scores;
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernel_smem));
@@ -196,19 +199,25 @@ int main(int argc, char** argv) {
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, kernel_smem));
         std::string check = "reference";
         if (!reference) {
-            CHECK(cudaMemcpy(w_var.data(), w, wu * 2, cudaMemcpyDeviceToHost));
-            CHECK(cudaMemcpy(u_var.data(), u, wu * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(w_var.data(), w, w_count * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(u_var.data(), u, u_count * 2, cudaMemcpyDeviceToHost));
             CHECK(cudaMemcpy(s_var.data(), scores, scores_count * 2, cudaMemcpyDeviceToHost));
             double dw = 0, nw = 0, du = 0, nu = 0, ds = 0, ns = 0;
             bool finite = true;
-            for (size_t i = 0; i < wu; ++i) {
+            for (size_t i = 0; i < w_count; ++i) {
+                if (i % (D + PF_PAD) >= (size_t)D) continue;
                 float a = from_bf16(w_var[i]), b = from_bf16(w_host[i]);
-                float c = from_bf16(u_var[i]), d = from_bf16(u_host[i]);
-                finite &= std::isfinite(a) && std::isfinite(c);
+                finite &= std::isfinite(a);
                 dw += (double)(a - b) * (a - b), nw += (double)b * b;
+            }
+            for (size_t i = 0; i < u_count; ++i) {
+                if (i % PF_LDC >= PF_CHUNK) continue;
+                float c = from_bf16(u_var[i]), d = from_bf16(u_host[i]);
+                finite &= std::isfinite(c);
                 du += (double)(c - d) * (c - d), nu += (double)d * d;
             }
             for (size_t i = 0; i < scores_count; ++i) {
+                if (i % PF_LDC >= PF_CHUNK) continue;
                 float a = from_bf16(s_var[i]), b = from_bf16(s_host[i]);
                 finite &= std::isfinite(a);
                 ds += (double)(a - b) * (a - b), ns += (double)b * b;
@@ -234,8 +243,8 @@ int main(int argc, char** argv) {
             CHECK(cudaFree(gates));
             CHECK(cudaFree(scores));
         } else {
-            CHECK(cudaMemcpy(w_host.data(), w, wu * 2, cudaMemcpyDeviceToHost));
-            CHECK(cudaMemcpy(u_host.data(), u, wu * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(w_host.data(), w, w_count * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(u_host.data(), u, u_count * 2, cudaMemcpyDeviceToHost));
             CHECK(cudaMemcpy(s_host.data(), scores, scores_count * 2, cudaMemcpyDeviceToHost));
         }
         printf("%-44s %9.2f us  (min %8.2f)  %d blocks/SM  %s\n", name, times[times.size() / 2],

@@ -21,11 +21,11 @@ static void report_phases(const char* name, const PrefillParams& p, int chunks, 
     CHECK(cudaMemcpyToSymbol(lab_phase_clock, &clocks, sizeof clocks));
     PrefillParams q = p;
     void *w, *u, *gates, *scores;
-    const size_t wu = (size_t)chunks * heads * 64 * 128;
-    CHECK(cudaMalloc(&w, wu * 2));
-    CHECK(cudaMalloc(&u, wu * 2));
+    // K = V = 128 in the state passes' stage layouts (PF_W_ELEMS).
+    CHECK(cudaMalloc(&w, (size_t)chunks * heads * PF_W_ELEMS(128) * 2));
+    CHECK(cudaMalloc(&u, (size_t)chunks * heads * 2 * PF_U_TILE_ELEMS * 2));
     CHECK(cudaMalloc(&gates, (size_t)chunks * heads * PF_GATES_BYTES));
-    CHECK(cudaMalloc(&scores, (size_t)chunks * heads * 64 * 64 * 2));
+    CHECK(cudaMalloc(&scores, (size_t)chunks * heads * PF_SCORES_ELEMS * 2));
     q.w = (u64)w, q.u = (u64)u, q.gates = (u64)gates, q.scores = (u64)scores;
     LAB_REFERENCE<<<dim3(chunks, rows), 256, smem>>>(q);
     CHECK(cudaDeviceSynchronize());

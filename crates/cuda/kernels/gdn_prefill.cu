@@ -286,26 +286,48 @@ __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const
     }
 }
 
-// A chunk's rows into a stage through the copy engine, for the state passes: row r < len of
-// COLS bf16 at src + r * row_stride into x[r * ld], one bulk copy per row issued by the lanes
-// of one warp and completing on `bar`; rows len..63 zero-filled by the lanes' own stores
-// (which the caller publishes with its arrival on `bar`, after expecting len * COLS * 2 bytes).
-// The copies cost the issuing warp a few instructions a row and the other warps nothing, and
-// leave the load/store pipe to the products' fragment loads.
-template <int COLS>
-__device__ __forceinline__ void bulk_rows(unsigned short* x, int ld, const unsigned short* src,
-                                              long long row_stride, int len, int lane,
-                                              unsigned long long* bar) {
+// The prepare kernel's outputs for the state passes, per (chunk, value head), each laid out
+// as the state passes' shared-memory stages hold it, so one bulk copy (the copy engine) moves
+// it: W [64][KP + PF_PAD], U by 64-column tiles [VP / 64][64][PF_LDC], the scores [64][PF_LDC]
+// (bf16; the padding columns are never read). The host sizes its buffers to match.
+#define PF_W_ELEMS(KP) (PF_CHUNK * ((KP) + PF_PAD))
+#define PF_U_TILE_ELEMS (PF_CHUNK * PF_LDC)
+#define PF_SCORES_ELEMS (PF_CHUNK * PF_LDC)
+
+// The thread's index in the block, read afresh: values derived from it are then formed where
+// they are used instead of being hoisted out of the state passes' chunk loops into registers
+// held across the whole walk.
+__device__ __forceinline__ unsigned fresh_thread_index() {
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return tid;
+}
+
+// copy_rows_async for a team of THREADS consecutive threads (thread threadIdx.x % THREADS of
+// it): each thread copies the same 16-byte piece of rows r0, r0 + THREADS / PIECES, .., so its
+// row and piece are formed once per call and each copy is an address step and a compare. The
+// lockstep state kernels issue these copies on their sequential path every chunk (the
+// overlapped pass keeps copy_rows_async: there the burst of unrolled copies measured slower,
+// kernel log row 23).
+template <int COLS, int THREADS>
+__device__ __forceinline__ void copy_rows_async_team(unsigned short* x, int ld,
+                                                     const unsigned short* src,
+                                                     long long row_stride, int len) {
+    constexpr int PIECES = COLS / 8;
+    static_assert(THREADS % PIECES == 0 && (PF_CHUNK * PIECES) % THREADS == 0,
+                  "the team covers whole rows, and the chunk's rows in whole rounds");
+    constexpr int ROW_STEP = THREADS / PIECES;
+    constexpr int COPIES = PF_CHUNK * PIECES / THREADS;
+    const unsigned thread = fresh_thread_index() % THREADS;
+    const int r0 = (int)(thread / PIECES), piece = (int)(thread % PIECES);
+    unsigned short* dst = x + r0 * ld + 8 * piece;
+    const unsigned short* from = src + r0 * row_stride + 8 * piece;
+    const long long step = ROW_STEP * row_stride;
 #pragma unroll
-    for (int i = 0; i < PF_CHUNK / 32; ++i) {
-        const int r = lane + 32 * i;
-        if (r < len) {
-            bulk_load(x + r * ld, src + r * row_stride, COLS * 2, bar);
-        } else {
-            uint4* row = (uint4*)(x + r * ld);
-#pragma unroll
-            for (int piece = 0; piece < COLS / 8; ++piece) row[piece] = make_uint4(0u, 0u, 0u, 0u);
-        }
+    for (int c = 0; c < COPIES; ++c) {
+        const bool valid = r0 + c * ROW_STEP < len;
+        // A row past the chunk's end reads nothing (and is zero-filled) from a valid address.
+        cp_async16(dst + c * ROW_STEP * ld, valid ? from + c * step : src, valid);
     }
 }
 

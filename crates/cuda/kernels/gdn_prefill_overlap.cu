@@ -11,8 +11,8 @@
 // and the scores leave the pass. Every product runs on wgmma (gdn_prefill_wgmma.cu), each
 // warpgroup of a group forming all 64 chunk rows of its columns (the update: its 64 rows of
 // S); S, V' and diag(e) V' are the B operands, in wgmma's layout. The groups meet through mbarriers:
-//   full[s]     stage s holds its chunk's inputs (bulk copies issued by the state group's
-//               warp 0 once S of the chunk before is published)
+//   full[s]     stage s holds its chunk's inputs (the state group's copies arrive, thread 0's
+//               bulk copies complete)
 //   s_ready     S of chunk c is in shared memory               (state group arrives)
 //   v_ready     V' of chunk c is in shared memory              (state group arrives)
 //   done        the output group is done with S, V' and the stage of chunk c
@@ -50,40 +50,40 @@ __device__ __forceinline__ void ov_state_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
 }
 
-// Queues chunk `chunk`'s inputs into `stage` through the copy engine, issued by the calling
-// warp (`bulk_rows`), completing on `full` (one arrival, after the lanes' zero rows).
+// Queues chunk `chunk`'s inputs into `stage`: q and k rows by the state group's asynchronous
+// copies (each thread arrives on `full` when its copies land), the gates record, W, the U tile
+// and the scores (each contiguous in the prepare's layout, PF_W_ELEMS) by four bulk copies from
+// the group's thread 0, whose arrival also expects their bytes.
 template <int KP>
 __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
                                                int chunk, long long first_row, int len, int head,
-                                               int key_head, int col0, int lane,
+                                               int key_head, int col0, int thread, int threads,
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    const unsigned bytes = 2 * (2 * len * KP + PF_CHUNK * KP + PF_CHUNK * PF_TILE + PF_CHUNK * PF_CHUNK) +
-                           PF_GATES_BYTES;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    if (lane == 0) {
+    if (thread == 0) {
         // Both groups' reads of the stage's last chunk (ordered before by the done barrier)
         // come before the copies' writes.
         fence_proxy_async();
-        bulk_expect_only(full, bytes);
+        bulk_expect(full, PF_GATES_BYTES + 2u * (PF_W_ELEMS(KP) + PF_U_TILE_ELEMS + PF_SCORES_ELEMS));
         bulk_load(stage.gates(), (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
                   PF_GATES_BYTES, full);
+        bulk_load(stage.w(), (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
+                  2u * PF_W_ELEMS(KP), full);
+        bulk_load(stage.u(),
+                  (const unsigned short*)p.u +
+                      (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
+                  2u * PF_U_TILE_ELEMS, full);
+        bulk_load(stage.scores(), (const unsigned short*)p.scores + chunk_head * PF_SCORES_ELEMS,
+                  2u * PF_SCORES_ELEMS, full);
     }
-    __syncwarp();
     const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    const long long key_stride = (long long)p.key_heads * KP;
-    bulk_rows<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row, key_stride, len, lane, full);
-    bulk_rows<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row, key_stride, len, lane, full);
-    bulk_rows<KP>(stage.w(), LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK,
-                  lane, full);
-    bulk_rows<PF_TILE>(stage.u(), PF_LDC,
-                       (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-                       p.value_pad, PF_CHUNK, lane, full);
-    bulk_rows<PF_CHUNK>(stage.scores(), PF_LDC,
-                        (const unsigned short*)p.scores + chunk_head * PF_CHUNK * PF_CHUNK, PF_CHUNK,
-                        PF_CHUNK, lane, full);
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(full);
+    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
+                        (long long)p.key_heads * KP, len, thread, threads);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(full))
+                 : "memory");
 }
 
 template <int KP>
@@ -115,8 +115,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
     const SegmentRows rows(p, first_chunk, chunks);
 
     if (threadIdx.x == 0) {
-        bulk_barrier_init(&bars[OV_FULL]);
-        bulk_barrier_init(&bars[OV_FULL + 1]);
+        // The state group's copies arrive, and its thread 0 once more with the bulk bytes.
+        bulk_barrier_init(&bars[OV_FULL], GROUP + 1);
+        bulk_barrier_init(&bars[OV_FULL + 1], GROUP + 1);
         for (int b = OV_S_READY; b < OV_BARRIERS; ++b) bulk_barrier_init(&bars[b], GROUP);
     }
     __syncthreads();
@@ -126,10 +127,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
         float state[8][4];
         load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
-        // The state group's warp 0 issues every stage's copies.
-        if (chunks > 0 && warp == 0) {
+        if (chunks > 0) {
             ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
-                               head, key_head, col0, lane, &bars[OV_FULL]);
+                               head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
         }
         for (int ci = 0; ci < chunks; ++ci) {
             const int s = ci & 1;
@@ -145,10 +145,10 @@ __device__ void overlap_impl(const PrefillParams& p) {
             mbarrier_arrive(&bars[OV_S_READY]);
             // The next chunk's copies into the other stage (both groups are done with it: the
             // done barrier above).
-            if (warp == 0 && ci + 1 < chunks) {
+            if (ci + 1 < chunks) {
                 ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
                                    first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
-                                   key_head, col0, lane, &bars[OV_FULL + (s ^ 1)]);
+                                   key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
             }
 
             // V' = U - W S and diag(e) V' (each warpgroup all 64 rows of its NT n8 tiles).

@@ -64,7 +64,7 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                     a_mat[i * PF_LDF + j + 1] = a1;
                 }
             }
-            if (scores) *(unsigned*)(scores + i * PF_CHUNK + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            if (scores) *(unsigned*)(scores + i * PF_LDC + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
         }
     }
 }
@@ -330,7 +330,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         for (int j = 0; j < count; ++j) {
             unsigned short* scores =
                 with_scores ? (unsigned short*)p.scores +
-                                  ((long long)chunk * p.value_heads + head0 + j) * PF_CHUNK * PF_CHUNK
+                                  ((long long)chunk * p.value_heads + head0 + j) * PF_SCORES_ELEMS
                             : nullptr;
             store_masked_products(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile,
                                   half, lane);
@@ -361,8 +361,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
             const unsigned short* operand = pass == 0 ? keys : values;
             const int ld = pass == 0 ? LDK : LDV;
             const int cols = pass == 0 ? KP : VP;
-            unsigned short* out = (unsigned short*)(pass == 0 ? p.w : p.u);
-            const long long out_base = ((long long)chunk * p.value_heads + head) * PF_CHUNK * cols;
+            // W as [64][LDK], U as 64-column tiles [VP / 64][64][PF_LDC] (the state passes'
+            // stage layouts, see PF_W_ELEMS).
+            const int ld_out = pass == 0 ? LDK : PF_LDC;
+            unsigned short* out =
+                pass == 0 ? (unsigned short*)p.w + ((long long)chunk * p.value_heads + head) * PF_W_ELEMS(KP)
+                          : (unsigned short*)p.u +
+                                ((long long)chunk * p.value_heads + head) * (VP / PF_TILE) * PF_U_TILE_ELEMS;
             // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the
             // lo fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving
             // registers to K K^T, which every head of the group reuses.
@@ -388,9 +393,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
                     mma_bf16_16816(acc1, hi, b1);
                     mma_bf16_16816(acc1, lo, b1);
                 }
-                const int r = row_tile + (lane >> 2), c = n0 + 2 * (lane & 3);
-                unsigned short* row0 = out + out_base + (long long)r * cols;
-                unsigned short* row8 = row0 + 8LL * cols;
+                // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
+                const int tile = pass == 0 ? 0 : n0 / PF_TILE;
+                const int r = row_tile + (lane >> 2), c = n0 - PF_TILE * tile + 2 * (lane & 3);
+                unsigned short* row0 = out + tile * PF_U_TILE_ELEMS + r * ld_out;
+                unsigned short* row8 = row0 + 8 * ld_out;
                 *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
                 *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
                 *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);

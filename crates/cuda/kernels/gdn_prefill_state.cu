@@ -5,10 +5,9 @@
 // forms all 64 rows of columns 8 g NT.. (NT = 32 / warps n8 tiles), the update each
 // warpgroup's 64 rows of S; the scores Q K^T stay on mma.sync (4 row tiles x NT per warp).
 //
-// The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory through the copy
-// engine (bulk copies of whole rows, issued by warp 0 while chunk c's W S is on the tensor
-// cores, completing on the stage's mbarrier) while chunk c computes (two stages; one for KP =
-// 256, where two do not fit). Shared memory: per stage the chunk's gates (computed by the
+// The inputs of chunk c + 1 (q, k, W, the U tile, g) land in shared memory while chunk c
+// computes (two stages; one for KP = 256, where two do not fit): q and k rows by asynchronous
+// copies, W, U and g by bulk copies (the copy engine) completing on the stage's mbarrier. Shared memory: per stage the chunk's gates (computed by the
 // prepare kernel), q, k, W [64][KP + PAD], U [64][64 + PAD] (bf16 row-major, the A operands
 // read into registers, with ldmatrix .trans where transposed); then the state S, V' and
 // diag(e) V' in wgmma's B layout (in spaces of [KP][64 + PAD] and [64][64 + PAD] bf16), the
@@ -63,44 +62,43 @@ struct StateStage {
     }
 };
 
-// Queues chunk `chunk`'s inputs into `stage` through the copy engine, issued by the calling
-// warp (`bulk_rows`), completing on `full`: the block must be done with the stage's previous
-// chunk. The arrival on `full` comes after the lanes' zero rows, so a completed phase has both.
+// Queues chunk `chunk`'s inputs into `stage`: q (outputs only) and k rows by the block's
+// asynchronous copies (a team, `copy_rows_async_team`; the caller waits for its group), the
+// gates record, W and the U tile (each contiguous in the prepare's layout, PF_W_ELEMS) by three
+// bulk copies from thread 0 completing on `full`. The block must be done with the stage.
 template <int KP, int MODE>
 __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
                                             int chunk, long long first_row, int len, int head,
                                             int key_head, int col0, bool m_cols,
                                             unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    const int lane = threadIdx.x & 31;
-    const unsigned key_rows = (MODE == MODE_OUTPUT ? 2 : 1) * len;  // q (outputs only) and k
-    const unsigned bytes = 2 * (key_rows * KP + PF_CHUNK * KP + (m_cols ? 0 : PF_CHUNK * PF_TILE)) +
-                           PF_GATES_BYTES;
+    constexpr int THREADS = 2 * KP;  // the block
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    if (lane == 0) {
+    if (threadIdx.x == 0) {
+        const unsigned u_bytes = m_cols ? 0u : 2u * PF_U_TILE_ELEMS;
         // The block's reads of the stage's last chunk (ordered before by a barrier) come
         // before the copies' writes.
         fence_proxy_async();
-        bulk_expect_only(full, bytes);
+        bulk_expect(full, PF_GATES_BYTES + 2u * PF_W_ELEMS(KP) + u_bytes);
         bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
                   PF_GATES_BYTES, full);
+        bulk_load(stage.w, (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
+                  2u * PF_W_ELEMS(KP), full);
+        if (!m_cols) {
+            bulk_load(stage.u,
+                      (const unsigned short*)p.u +
+                          (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
+                      u_bytes, full);
+        }
     }
-    __syncwarp();
     const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    const long long key_stride = (long long)p.key_heads * KP;
     if (MODE == MODE_OUTPUT) {
-        bulk_rows<KP>(stage.q, LDK, (const unsigned short*)p.q + key_row, key_stride, len, lane, full);
+        copy_rows_async_team<KP, THREADS>(stage.q, LDK, (const unsigned short*)p.q + key_row,
+                                          (long long)p.key_heads * KP, len);
     }
-    bulk_rows<KP>(stage.k, LDK, (const unsigned short*)p.k + key_row, key_stride, len, lane, full);
-    bulk_rows<KP>(stage.w, LDK, (const unsigned short*)p.w + chunk_head * PF_CHUNK * KP, KP, PF_CHUNK,
-                  lane, full);
-    if (!m_cols) {
-        bulk_rows<PF_TILE>(stage.u,
-                           PF_LDC, (const unsigned short*)p.u + chunk_head * PF_CHUNK * p.value_pad + col0,
-                           p.value_pad, PF_CHUNK, lane, full);
-    }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(full);
+    copy_rows_async_team<KP, THREADS>(stage.k, LDK, (const unsigned short*)p.k + key_row,
+                                      (long long)p.key_heads * KP, len);
+    cp_async_commit();
 }
 
 // A block's state lives in registers as the accumulators of m16n8 tiles: warp w holds rows
@@ -250,9 +248,7 @@ __device__ void state_impl(const PrefillParams& p) {
         for (int s = 0; s < STAGES; ++s) bulk_barrier_init(&full[s]);
     }
     __syncthreads();
-    // Warp 0 issues every stage's copies: with two stages, chunk c + 1's while chunk c's
-    // W S is on the tensor cores.
-    if (STAGES == 2 && warp == 0 && chunks > 0) {
+    if (STAGES == 2 && chunks > 0) {
         issue_stage<KP, MODE>(StateStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
                               head, key_head, col0, m_cols, &full[0]);
     }
@@ -264,15 +260,19 @@ __device__ void state_impl(const PrefillParams& p) {
         if (STAGES == 1) {
             // One stage: every warp must be done with the previous chunk's inputs first.
             __syncthreads();
-            if (warp == 0) {
-                issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head,
-                                      col0, m_cols, &full[0]);
-            }
+            issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head, col0,
+                                  m_cols, &full[0]);
         }
+        cp_async_wait_all();
         bulk_wait(&full[slot], (STAGES == 2 ? ci >> 1 : ci) & 1);
-        // Every warp is done with the last chunk (so the other stage is free) and its rows of
-        // S are in state_s.
+        // Every warp is done with the last chunk (so the other stage is free), its copies have
+        // landed, and its rows of S are in state_s.
         __syncthreads();
+        if (STAGES == 2 && ci + 1 < chunks) {
+            issue_stage<KP, MODE>(StateStage<KP>(stage_base + (slot ^ 1) * StateStage<KP>::BYTES), p,
+                                  chunk + 1, rows.row(ci + 1), rows.len(ci + 1), head, key_head,
+                                  col0, m_cols, &full[slot ^ 1]);
+        }
         const long long first_row = rows.row(ci);
         const int len = rows.len(ci);
 
@@ -292,13 +292,7 @@ __device__ void state_impl(const PrefillParams& p) {
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
             wg_product<NT, KSTEPS, BATCH, KP>(
                 x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w, LDK, row_tile, 16 * step, lane); },
-                state_s, 8 * n_first, [&]() {
-                    if (STAGES == 2 && warp == 0 && ci + 1 < chunks) {
-                        issue_stage<KP, MODE>(StateStage<KP>(stage_base + (slot ^ 1) * StateStage<KP>::BYTES),
-                                              p, chunk + 1, rows.row(ci + 1), rows.len(ci + 1), head,
-                                              key_head, col0, m_cols, &full[slot ^ 1]);
-                    }
-                });
+                state_s, 8 * n_first);
             unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {

@@ -159,15 +159,9 @@ __host__ __device__ constexpr int wg_batch(int ksteps) { return ksteps > 8 ? 4 :
 // load_a(a, step) fills this warp's A fragment of k step `step`. On sm_90a every warp of the
 // warpgroup calls it and the steps run as wgmma groups of BATCH (A's fragments of a batch are
 // held until the group is waited for); elsewhere each warp runs its rows on mma.sync.
-// `during()` runs once while the last group is on the tensor cores (before the products
-// elsewhere): work that touches neither d nor the fragments.
-struct NoWork {
-    __device__ void operator()() const {}
-};
-
-template <int NT, int KSTEPS, int BATCH, int K_DIM, typename LoadA, typename During = NoWork>
+template <int NT, int KSTEPS, int BATCH, int K_DIM, typename LoadA>
 __device__ __forceinline__ void wg_product(float (&d)[NT][4], LoadA load_a, const unsigned short* b,
-                                           int n0, During during = NoWork()) {
+                                           int n0) {
     static_assert(KSTEPS % BATCH == 0 && NT % 2 == 0, "whole batches, pairs of n8 tiles");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
@@ -180,13 +174,11 @@ __device__ __forceinline__ void wg_product(float (&d)[NT][4], LoadA load_a, cons
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) wgmma_bf16<NT>(d, a[i], wg_desc_b<K_DIM>(b, 16 * (s0 + i), n0));
         wgmma_commit();
-        if (s0 + BATCH >= KSTEPS) during();
         wgmma_wait_all();
         wg_fence(d);
         wg_fence(a);
     }
 #else
-    during();
     const int lane = threadIdx.x & 31, m = lane >> 3, row = lane & 7;
 #pragma unroll
     for (int step = 0; step < KSTEPS; ++step) {

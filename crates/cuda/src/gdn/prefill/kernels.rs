@@ -3,7 +3,7 @@
 //! lockstep), the shared memory of each (mirroring the kernels' carve-ups), and the `DELTAKV_*`
 //! variables that pick among them for experiments.
 
-use super::plan::{CHUNK, RELAY_LEAD_SHARE};
+use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE};
 use cudarc::driver::DeviceRepr;
 use deltakv_contract::{Error, Result};
 
@@ -77,16 +77,16 @@ pub(super) fn prepare_smem(
     heads_per_block: usize,
     kind: PrepareKernel,
 ) -> usize {
-    let ldc = CHUNK + 8;
+    let ldc = CHUNK + PAD;
     // f32 elements per row of A and T (the kernels' PF_LDF).
     let ldf = match kind {
         PrepareKernel::Scalar => CHUNK + 1,
         PrepareKernel::Mma | PrepareKernel::MmaPrefetch => CHUNK + 4,
     };
     debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * ldf + 3 * 16 * 17));
-    debug_assert!(2 * CHUNK * (kp + 8) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
+    debug_assert!(2 * CHUNK * (kp + PAD) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
     heads_per_block * gates_bytes()
-        + 2 * (CHUNK * (kp + 8) + CHUNK * (vp + 8))
+        + 2 * (CHUNK * (kp + PAD) + CHUNK * (vp + PAD))
         + 4 * (2 * CHUNK * ldf + 3 * 16 * 17)
 }
 
@@ -123,7 +123,7 @@ pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
 /// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
 /// operands, then an mbarrier per stage.
 pub(super) fn state_smem(kp: usize) -> usize {
-    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
     let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
     let stages = if kp == 256 { 1 } else { 2 };
     stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc) + 8 * stages
@@ -133,7 +133,7 @@ pub(super) fn state_smem(kp: usize) -> usize {
 /// stages (the chunk's gates, q, k, W, the U tile, the scores), then S, V', diag(e) V' and five
 /// mbarriers.
 pub(super) fn overlap_smem(kp: usize) -> usize {
-    let (ldk, ldc) = (kp + 8, CHUNK + 8);
+    let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
     let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + 2 * CHUNK * ldc);
     2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
 }

@@ -233,6 +233,19 @@ __device__ __forceinline__ void frag_a_ldsm(unsigned (&a)[4], const unsigned sho
     ldsm_x4(a, x + (row0 + i + 8 * (m & 1)) * ld + col0 + 8 * (m >> 1));
 }
 
+// Index of element (r, c) in a swizzled [rows][ld] bf16 array (ld a multiple of 64): piece
+// c / 8 of row r stored at piece (c / 8) ^ (r % 8).
+__device__ __forceinline__ int swizzled(int r, int c, int ld) {
+    return r * ld + ((((c >> 3) ^ r) & 7) << 3) + (c & ~63) + (c & 7);
+}
+
+// `frag_a_ldsm` of a `swizzled` x (row0 a multiple of 8, col0 of 16).
+__device__ __forceinline__ void frag_a_ldsm_swizzled(unsigned (&a)[4], const unsigned short* x, int ld,
+                                                     int row0, int col0, int lane) {
+    const int m = lane >> 3, i = lane & 7;
+    ldsm_x4(a, x + swizzled(row0 + i + 8 * (m & 1), col0 + 8 * (m >> 1), ld));
+}
+
 // `frag_b` for the two n8 tiles at n0 and n0 + 8 in one ldmatrix: B[k][n] = z[n][k] with z
 // row-major.
 __device__ __forceinline__ void frag_b2_ldsm(unsigned (&b0)[2], unsigned (&b1)[2],
@@ -288,11 +301,15 @@ __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const
 
 // The prepare kernel's outputs for the state passes, per (chunk, value head), each laid out
 // as the state passes' shared-memory stages hold it, so one bulk copy (the copy engine) moves
-// it: W [64][KP + PF_PAD], U by 64-column tiles [VP / 64][64][PF_LDC], the scores [64][PF_LDC]
-// (bf16; the padding columns are never read). The host sizes its buffers to match.
-#define PF_W_ELEMS(KP) (PF_CHUNK * ((KP) + PF_PAD))
-#define PF_U_TILE_ELEMS (PF_CHUNK * PF_LDC)
-#define PF_SCORES_ELEMS (PF_CHUNK * PF_LDC)
+// it: W [64][KP], U by 64-column tiles [VP / 64][64][64], the scores [64][64] (bf16), dense
+// rows with their 16-byte pieces permuted by the row (`swizzled`), so the eight rows that one
+// ldmatrix reads fall on eight different bank groups without padding (padded rows would leave
+// each row's last 32-byte sector partly written, which costs the memory a read-modify-write
+// when it leaves L2). The host sizes its buffers to match.
+#define PF_W_ELEMS(KP) (PF_CHUNK * (KP))
+#define PF_U_TILE_ELEMS (PF_CHUNK * PF_TILE)
+#define PF_SCORES_ELEMS (PF_CHUNK * PF_CHUNK)
+
 
 // The thread's index in the block, read afresh: values derived from it are then formed where
 // they are used instead of being hoisted out of the state passes' chunk loops into registers

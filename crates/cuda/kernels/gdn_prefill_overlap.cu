@@ -26,13 +26,14 @@
 #define OV_DONE 4
 #define OV_BARRIERS 5
 
-// One stage of a chunk's inputs in shared memory (bf16 rows padded for bank spread). Only the
-// base is kept: each part's address is formed where it is used, which keeps registers free in
+// One stage of a chunk's inputs in shared memory: q and k rows padded for bank spread, W, the
+// U tile and the scores in the prepare's `swizzled` layout (PF_W_ELEMS). Only the base is kept: each part's address is formed where it is used, which keeps registers free in
 // a kernel at its 128-register bound.
 template <int KP>
 struct OverlapStage {
     static constexpr int LDK = KP + PF_PAD;
-    static constexpr int HALFS = 3 * PF_CHUNK * LDK + 2 * PF_CHUNK * PF_LDC;  // q, k, w; u, scores
+    // q, k; w; u, scores
+    static constexpr int HALFS = 2 * PF_CHUNK * LDK + PF_W_ELEMS(KP) + PF_U_TILE_ELEMS + PF_SCORES_ELEMS;
     static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
     unsigned char* base;
     __device__ OverlapStage(unsigned char* at) : base(at) {}
@@ -40,8 +41,8 @@ struct OverlapStage {
     __device__ unsigned short* q() const { return (unsigned short*)(base + PF_GATES_BYTES); }
     __device__ unsigned short* k() const { return q() + PF_CHUNK * LDK; }
     __device__ unsigned short* w() const { return q() + 2 * PF_CHUNK * LDK; }
-    __device__ unsigned short* u() const { return q() + 3 * PF_CHUNK * LDK; }
-    __device__ unsigned short* scores() const { return u() + PF_CHUNK * PF_LDC; }
+    __device__ unsigned short* u() const { return w() + PF_W_ELEMS(KP); }
+    __device__ unsigned short* scores() const { return u() + PF_U_TILE_ELEMS; }
 };
 
 // A barrier among the state group's `THREADS` threads (barrier 1; 0 is the block's).
@@ -157,7 +158,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
             wg_product<NT, KP / 16, BATCH, KP>(
-                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w(), LDK, row_tile, 16 * step, lane); },
+                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm_swizzled(a, stage.w(), KP, row_tile, 16 * step, lane); },
                 state_s, 8 * n_first);
             {
                 unsigned fresh[NT][2], decayed[NT][2];
@@ -167,7 +168,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
                     for (int h = 0; h < 2; ++h) {
                         int r = row_tile + (lane >> 2) + 8 * h;
                         int c = 8 * (n_first + n) + 2 * (lane & 3);
-                        unsigned bits = *(const unsigned*)(stage.u() + r * PF_LDC + c);
+                        unsigned bits = *(const unsigned*)(stage.u() + swizzled(r, c, PF_TILE));
                         float v0 = bf16_to_f32((unsigned short)(bits & 0xffffu)) - x[n][2 * h];
                         float v1 = bf16_to_f32((unsigned short)(bits >> 16)) - x[n][2 * h + 1];
                         fresh[n][h] = pack_bf16(v0, v1);
@@ -228,7 +229,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
         }
         bulk_wait(&bars[OV_V_READY], ci & 1);
         wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
-            out, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.scores(), PF_LDC, row_tile, 16 * step, lane); },
+            out, [&](unsigned (&a)[4], int step) { frag_a_ldsm_swizzled(a, stage.scores(), PF_CHUNK, row_tile, 16 * step, lane); },
             new_values, 8 * n_first);
         mbarrier_arrive(&bars[OV_DONE]);
         store_output_rows<NT>(out, p, first_row, len, head, col0, row_tile, n_first, lane);

@@ -64,7 +64,7 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                     a_mat[i * PF_LDF + j + 1] = a1;
                 }
             }
-            if (scores) *(unsigned*)(scores + i * PF_LDC + j) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            if (scores) *(unsigned*)(scores + swizzled(i, j, PF_CHUNK)) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
         }
     }
 }
@@ -361,9 +361,9 @@ __device__ void prepare_impl(const PrefillParams& p) {
             const unsigned short* operand = pass == 0 ? keys : values;
             const int ld = pass == 0 ? LDK : LDV;
             const int cols = pass == 0 ? KP : VP;
-            // W as [64][LDK], U as 64-column tiles [VP / 64][64][PF_LDC] (the state passes'
-            // stage layouts, see PF_W_ELEMS).
-            const int ld_out = pass == 0 ? LDK : PF_LDC;
+            // W as [64][KP], U as 64-column tiles [VP / 64][64][64], both `swizzled` (the
+            // state passes' stage layouts, see PF_W_ELEMS).
+            const int ld_out = pass == 0 ? KP : PF_TILE;
             unsigned short* out =
                 pass == 0 ? (unsigned short*)p.w + ((long long)chunk * p.value_heads + head) * PF_W_ELEMS(KP)
                           : (unsigned short*)p.u +
@@ -396,12 +396,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
                 const int tile = pass == 0 ? 0 : n0 / PF_TILE;
                 const int r = row_tile + (lane >> 2), c = n0 - PF_TILE * tile + 2 * (lane & 3);
-                unsigned short* row0 = out + tile * PF_U_TILE_ELEMS + r * ld_out;
-                unsigned short* row8 = row0 + 8 * ld_out;
-                *(unsigned*)(row0 + c) = pack_bf16(acc0[0], acc0[1]);
-                *(unsigned*)(row8 + c) = pack_bf16(acc0[2], acc0[3]);
-                *(unsigned*)(row0 + c + 8) = pack_bf16(acc1[0], acc1[1]);
-                *(unsigned*)(row8 + c + 8) = pack_bf16(acc1[2], acc1[3]);
+                unsigned short* block = out + tile * PF_U_TILE_ELEMS;
+                *(unsigned*)(block + swizzled(r, c, ld_out)) = pack_bf16(acc0[0], acc0[1]);
+                *(unsigned*)(block + swizzled(r + 8, c, ld_out)) = pack_bf16(acc0[2], acc0[3]);
+                *(unsigned*)(block + swizzled(r, c + 8, ld_out)) = pack_bf16(acc1[0], acc1[1]);
+                *(unsigned*)(block + swizzled(r + 8, c + 8, ld_out)) = pack_bf16(acc1[2], acc1[3]);
             }
             __syncthreads();
             PF_MARK(5 + 5 * j + pass);

@@ -46,7 +46,7 @@ __device__ __forceinline__ bool segment_is_last(const PrefillParams& p, int segm
 template <int KP>
 struct StateStage {
     static constexpr int LDK = KP + PF_PAD;
-    static constexpr int HALFS = 3 * PF_CHUNK * LDK + PF_CHUNK * PF_LDC;  // q, k, w, u
+    static constexpr int HALFS = 2 * PF_CHUNK * LDK + PF_W_ELEMS(KP) + PF_U_TILE_ELEMS;  // q, k, w, u
     static constexpr int BYTES = PF_GATES_BYTES + 2 * HALFS;
     ChunkGates* gates;
     unsigned short* q;
@@ -58,7 +58,7 @@ struct StateStage {
         q = (unsigned short*)(base + PF_GATES_BYTES);
         k = q + PF_CHUNK * LDK;
         w = k + PF_CHUNK * LDK;
-        u = w + PF_CHUNK * LDK;
+        u = w + PF_W_ELEMS(KP);
     }
 };
 
@@ -291,7 +291,7 @@ __device__ void state_impl(const PrefillParams& p) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
             wg_product<NT, KSTEPS, BATCH, KP>(
-                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm(a, stage.w, LDK, row_tile, 16 * step, lane); },
+                x, [&](unsigned (&a)[4], int step) { frag_a_ldsm_swizzled(a, stage.w, KP, row_tile, 16 * step, lane); },
                 state_s, 8 * n_first);
             unsigned fresh[NT][2], decayed[NT][2];
 #pragma unroll
@@ -302,7 +302,7 @@ __device__ void state_impl(const PrefillParams& p) {
                     int c = 8 * (n_first + n) + 2 * (lane & 3);
                     float u0 = 0.0f, u1 = 0.0f;
                     if (!m_cols) {
-                        unsigned bits = *(const unsigned*)(stage.u + r * PF_LDC + c);
+                        unsigned bits = *(const unsigned*)(stage.u + swizzled(r, c, PF_TILE));
                         u0 = bf16_to_f32((unsigned short)(bits & 0xffffu));
                         u1 = bf16_to_f32((unsigned short)(bits >> 16));
                     }

@@ -3,7 +3,7 @@
 //! lockstep), the shared memory of each (mirroring the kernels' carve-ups), and the `DELTAKV_*`
 //! variables that pick among them for experiments.
 
-use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE};
+use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, TILE};
 use cudarc::driver::DeviceRepr;
 use deltakv_contract::{Error, Result};
 
@@ -120,21 +120,21 @@ pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
 }
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
-/// stages of inputs (the chunk's gates, q, k, W, U), then the state and three chunk-sized
-/// operands, then an mbarrier per stage.
+/// stages of inputs (the chunk's gates, q, k with padded rows, W, the U tile), then the state
+/// and three chunk-sized operands, then an mbarrier per stage.
 pub(super) fn state_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
-    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + CHUNK * ldc);
+    let stage = gates_bytes() + 2 * (2 * CHUNK * ldk + CHUNK * kp + CHUNK * TILE);
     let stages = if kp == 256 { 1 } else { 2 };
     stages * stage + 2 * (kp * ldc + 3 * CHUNK * ldc) + 8 * stages
 }
 
 /// Shared memory of the overlapped state pass (mirrors `OverlapStage` and `overlap_impl`): two
-/// stages (the chunk's gates, q, k, W, the U tile, the scores), then S, V', diag(e) V' and five
-/// mbarriers.
+/// stages (the chunk's gates, q, k with padded rows, W, the U tile, the scores), then S, V',
+/// diag(e) V' and five mbarriers.
 pub(super) fn overlap_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
-    let stage = gates_bytes() + 2 * (3 * CHUNK * ldk + 2 * CHUNK * ldc);
+    let stage = gates_bytes() + 2 * (2 * CHUNK * ldk + CHUNK * kp + CHUNK * TILE + CHUNK * CHUNK);
     2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
 }
 

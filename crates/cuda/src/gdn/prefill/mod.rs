@@ -49,7 +49,7 @@ use kernels::{
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
-use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
+use plan::{CHUNK, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
 use relay::{FinalStaging, Kernel, RelayLaunch};
 
 /// The prefill kernels' source.
@@ -240,13 +240,10 @@ impl PrefillLaunch {
         // Written in full by the prepare kernel before the state kernels read them.
         let written = |shape: Vec<usize>, dtype| CudaTensor::scratch(cuda, shape, dtype);
         let scratch = |shape: Vec<usize>, dtype| CudaTensor::zeros(cuda, shape, dtype);
-        // W and U in the state passes' stage layouts (`PF_W_ELEMS` in the kernels: rows padded
-        // by PAD, U by 64-column tiles), so each is one bulk copy per chunk there.
-        let w = written(vec![chunks, heads, CHUNK, kp + PAD], DType::BF16)?;
-        let u = written(
-            vec![chunks, heads, vp / TILE, CHUNK, CHUNK + PAD],
-            DType::BF16,
-        )?;
+        // W and U in the state passes' stage layouts (`PF_W_ELEMS` in the kernels: U by
+        // 64-column tiles, rows swizzled), so each is one bulk copy per chunk there.
+        let w = written(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
+        let u = written(vec![chunks, heads, vp / TILE, CHUNK, TILE], DType::BF16)?;
         let gates = written(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
         let checkpoint_plan = checkpoint_every
             .map(|every| CheckpointPlan::new(every, &seqs))
@@ -255,7 +252,7 @@ impl PrefillLaunch {
         let pass = state_pass_kind(kp, storing_checkpoints);
         // The scores Q K^T o D, which the prepare kernel computes for the overlapped pass.
         let scores = match pass {
-            StatePass::Overlap => written(vec![chunks, heads, CHUNK, CHUNK + PAD], DType::BF16)?,
+            StatePass::Overlap => written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
             StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
         };
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;

@@ -17,8 +17,7 @@ use deltakv_contract::gdn::prefill::validate::SeqSpan;
 pub(crate) const CHUNK: usize = 64;
 /// Value columns per state block (the kernels' `PF_TILE`).
 pub(crate) const TILE: usize = 64;
-/// bf16 elements of padding per shared-memory row and per row of the prepare's W, U and
-/// scores (the kernels' `PF_PAD`).
+/// bf16 elements of padding per padded shared-memory row (the kernels' `PF_PAD`).
 pub(crate) const PAD: usize = 8;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;

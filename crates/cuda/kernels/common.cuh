@@ -118,13 +118,6 @@ __device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned by
                  ::"r"(shared_address(bar)), "r"(bytes) : "memory");
 }
 
-// Expects `bytes` more of bulk copies in `bar`'s phase without arriving (the arrival comes
-// later, once the thread's other writes for the phase are done).
-__device__ __forceinline__ void bulk_expect_only(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)),
-                 "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
                                           unsigned long long* bar) {
     asm volatile(

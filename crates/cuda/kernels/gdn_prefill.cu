@@ -210,6 +210,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
+// One arrival on `bar` once every asynchronous copy this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
+                 : "memory");
+}
+
 // Four 8 x 8 bf16 matrices from shared memory, transposed (ldmatrix .trans): lane l gives the
 // row address of matrix l / 8.
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const unsigned short* p) {
@@ -309,7 +315,6 @@ __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const
 #define PF_W_ELEMS(KP) (PF_CHUNK * (KP))
 #define PF_U_TILE_ELEMS (PF_CHUNK * PF_TILE)
 #define PF_SCORES_ELEMS (PF_CHUNK * PF_CHUNK)
-
 
 // The thread's index in the block, read afresh: values derived from it are then formed where
 // they are used instead of being hoisted out of the state passes' chunk loops into registers

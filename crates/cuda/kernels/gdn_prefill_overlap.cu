@@ -27,7 +27,8 @@
 #define OV_BARRIERS 5
 
 // One stage of a chunk's inputs in shared memory: q and k rows padded for bank spread, W, the
-// U tile and the scores in the prepare's `swizzled` layout (PF_W_ELEMS). Only the base is kept: each part's address is formed where it is used, which keeps registers free in
+// U tile and the scores in the prepare's `swizzled` layout (PF_W_ELEMS). Only the base is
+// kept: each part's address is formed where it is used, which keeps registers free in
 // a kernel at its 128-register bound.
 template <int KP>
 struct OverlapStage {
@@ -83,8 +84,7 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
                         (long long)p.key_heads * KP, len, thread, threads);
     copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
                         (long long)p.key_heads * KP, len, thread, threads);
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(full))
-                 : "memory");
+    cp_async_arrive(full);
 }
 
 template <int KP>

@@ -22,11 +22,10 @@ pub(crate) const PAD: usize = 8;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// The first segment's share of a relayed sequence when the call does not say: on the H100 a
-/// chunk of the lead takes ~1.6 us and a chunk with outputs ~2.6 us (the wgmma walks), so both
-/// streams end together near 2.6 / (2.6 + 1.0) = 0.72; of the shares timed at T 16384 (0.7,
-/// 0.75, 0.8; kernel log, gdn_prefill row 27) 0.7 and 0.75 were within the calls' spread and
-/// 0.8 slower.
-pub(crate) const RELAY_LEAD_SHARE: f64 = 0.75;
+/// chunk of the lead takes ~1.4 us and a chunk with outputs ~2.45 us, so both streams end
+/// together near 2.45 / (2.45 + 1.05) = 0.70; of the shares timed at T 16384 (0.65, 0.7, 0.75;
+/// kernel log, gdn_prefill row 35) 0.7 was fastest.
+pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
@@ -288,7 +287,7 @@ mod tests {
         );
         assert!(!plan.segmented);
         assert_eq!(plan.relayed, 1);
-        assert_eq!(plan.segments, vec![0, 0, 192, 0, 2, 0, 192, 64, 1, 2]);
+        assert_eq!(plan.segments, vec![0, 0, 180, 0, 2, 0, 180, 76, 1, 2]);
         // Relayed first segments, then whole sequences, then second segments in the first
         // segments' order.
         let plan = PrefillPlan::new(

@@ -50,7 +50,8 @@ struct PrefillParams {
     u64 g;                // f32 [rows, H]
     u64 beta;             // [rows, H] in beta_dtype
     u64 o;                // [rows, H, V] in out_dtype
-    u64 w, u;             // bf16 [chunks, H, 64, KP] and [chunks, H, 64, VP]
+    u64 w, u;             // bf16 [chunks, H, 64, KP] and [chunks, H, VP / 64, 64, 64] (swizzled,
+                          // PF_W_ELEMS)
     u64 chunk_first_row;  // i64 [chunks]
     u64 chunk_len;        // i32 [chunks]
     u64 segments;         // i32 [segments, SEG_FIELDS]
@@ -62,11 +63,16 @@ struct PrefillParams {
     u64 transition_d;     // f32 [segments, H, KP, VP]
     u64 transition_m;     // f32 [segments, H, KP, KP]
     u64 gates;            // [chunks, H] ChunkGates records (PF_GATES_BYTES each), from prepare
-    u64 scores;           // bf16 [chunks, H, 64, 64]: Q K^T o D per chunk, from prepare; or 0
+    u64 scores;           // bf16 [chunks, H, 64, 64] (swizzled): Q K^T o D per chunk, from
+                          // prepare; or 0
     u64 checkpoints;      // f32 [C, H, K, V] state checkpoints, or 0 (none asked)
     u64 chunk_checkpoint; // i32 [chunks]: the checkpoint row taken after each chunk, or -1
     u64 q_src, k_src;     // bf16 [rows, Hg, K] raw q and k when the prepare normalises them
                           // (fused_qk_norm), else 0
+    u64 q_chunks, k_chunks;  // bf16 [chunks, Hg, 64, KP + PF_PAD]: each chunk's (normalised) q
+                             // and k rows as the walks' stages hold them, padding included,
+                             // stored by the prepare; q_chunks 0 where the walks do not take
+                             // q from it (the lockstep pass), both 0 in the lab
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
@@ -210,10 +216,22 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// One arrival on `bar` once every asynchronous copy this thread issued so far has landed.
-__device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
-                 : "memory");
+// Shared memory written by this thread's ordinary stores, made visible to later reads by the
+// async proxy (wgmma operands, bulk copies) after a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// One bulk copy (the copy engine) of `bytes` of shared memory to global memory, in this
+// thread's bulk group; the writers of the shared side must have run fence_proxy_async and a
+// barrier first, and nothing may overwrite it before bulk_store_wait_read.
+__device__ __forceinline__ void bulk_store_async(void* dst, const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+                 "r"(shared_address(src)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until this thread's bulk stores have read their shared memory.
+__device__ __forceinline__ void bulk_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 // Four 8 x 8 bf16 matrices from shared memory, transposed (ldmatrix .trans): lane l gives the
@@ -328,9 +346,8 @@ __device__ __forceinline__ unsigned fresh_thread_index() {
 // copy_rows_async for a team of THREADS consecutive threads (thread threadIdx.x % THREADS of
 // it): each thread copies the same 16-byte piece of rows r0, r0 + THREADS / PIECES, .., so its
 // row and piece are formed once per call and each copy is an address step and a compare. The
-// lockstep state kernels issue these copies on their sequential path every chunk (the
-// overlapped pass keeps copy_rows_async: there the burst of unrolled copies measured slower,
-// kernel log row 23).
+// lockstep state kernel with outputs copies its q rows so on its sequential path every chunk
+// (the other stage inputs come by bulk copies).
 template <int COLS, int THREADS>
 __device__ __forceinline__ void copy_rows_async_team(unsigned short* x, int ld,
                                                      const unsigned short* src,

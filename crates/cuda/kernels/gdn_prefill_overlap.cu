@@ -11,8 +11,7 @@
 // and the scores leave the pass. Every product runs on wgmma (gdn_prefill_wgmma.cu), each
 // warpgroup of a group forming all 64 chunk rows of its columns (the update: its 64 rows of
 // S); S, V' and diag(e) V' are the B operands, in wgmma's layout. The groups meet through mbarriers:
-//   full[s]     stage s holds its chunk's inputs (the state group's copies arrive, thread 0's
-//               bulk copies complete)
+//   full[s]     stage s holds its chunk's inputs (thread 0's bulk copies complete)
 //   s_ready     S of chunk c is in shared memory               (state group arrives)
 //   v_ready     V' of chunk c is in shared memory              (state group arrives)
 //   done        the output group is done with S, V' and the stage of chunk c
@@ -52,39 +51,34 @@ __device__ __forceinline__ void ov_state_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
 }
 
-// Queues chunk `chunk`'s inputs into `stage`: q and k rows by the state group's asynchronous
-// copies (each thread arrives on `full` when its copies land), the gates record, W, the U tile
-// and the scores (each contiguous in the prepare's layout, PF_W_ELEMS) by four bulk copies from
-// the group's thread 0, whose arrival also expects their bytes.
+// Queues chunk `chunk`'s inputs into `stage` by six bulk copies (the caller: the state
+// group's thread 0), whose one arrival on `full` expects their bytes: the gates record, q and k (the prepare's chunk
+// copies, p.q_chunks and p.k_chunks), W, the U tile and the scores (each contiguous in the
+// prepare's layout, PF_W_ELEMS).
 template <int KP>
 __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
-                                               int chunk, long long first_row, int len, int head,
-                                               int key_head, int col0, int thread, int threads,
+                                               int chunk, int head, int key_head, int col0,
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    if (thread == 0) {
-        // Both groups' reads of the stage's last chunk (ordered before by the done barrier)
-        // come before the copies' writes.
-        fence_proxy_async();
-        bulk_expect(full, PF_GATES_BYTES + 2u * (PF_W_ELEMS(KP) + PF_U_TILE_ELEMS + PF_SCORES_ELEMS));
-        bulk_load(stage.gates(), (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
-                  PF_GATES_BYTES, full);
-        bulk_load(stage.w(), (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
-                  2u * PF_W_ELEMS(KP), full);
-        bulk_load(stage.u(),
-                  (const unsigned short*)p.u +
-                      (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
-                  2u * PF_U_TILE_ELEMS, full);
-        bulk_load(stage.scores(), (const unsigned short*)p.scores + chunk_head * PF_SCORES_ELEMS,
-                  2u * PF_SCORES_ELEMS, full);
-    }
-    const long long key_row = (first_row * p.key_heads + key_head) * KP;
-    copy_rows_async<KP>(stage.q(), LDK, (const unsigned short*)p.q + key_row,
-                        (long long)p.key_heads * KP, len, thread, threads);
-    copy_rows_async<KP>(stage.k(), LDK, (const unsigned short*)p.k + key_row,
-                        (long long)p.key_heads * KP, len, thread, threads);
-    cp_async_arrive(full);
+    const long long chunk_key = ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK;
+    // Both groups' reads of the stage's last chunk (ordered before by the done barrier) come
+    // before the copies' writes.
+    fence_proxy_async();
+    bulk_expect(full, PF_GATES_BYTES +
+                          2u * (2 * PF_CHUNK * LDK + PF_W_ELEMS(KP) + PF_U_TILE_ELEMS + PF_SCORES_ELEMS));
+    bulk_load(stage.gates(), (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES,
+              full);
+    bulk_load(stage.q(), (const unsigned short*)p.q_chunks + chunk_key, 2u * PF_CHUNK * LDK, full);
+    bulk_load(stage.k(), (const unsigned short*)p.k_chunks + chunk_key, 2u * PF_CHUNK * LDK, full);
+    bulk_load(stage.w(), (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), 2u * PF_W_ELEMS(KP),
+              full);
+    bulk_load(stage.u(),
+              (const unsigned short*)p.u +
+                  (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
+              2u * PF_U_TILE_ELEMS, full);
+    bulk_load(stage.scores(), (const unsigned short*)p.scores + chunk_head * PF_SCORES_ELEMS,
+              2u * PF_SCORES_ELEMS, full);
 }
 
 template <int KP>
@@ -116,9 +110,8 @@ __device__ void overlap_impl(const PrefillParams& p) {
     const SegmentRows rows(p, first_chunk, chunks);
 
     if (threadIdx.x == 0) {
-        // The state group's copies arrive, and its thread 0 once more with the bulk bytes.
-        bulk_barrier_init(&bars[OV_FULL], GROUP + 1);
-        bulk_barrier_init(&bars[OV_FULL + 1], GROUP + 1);
+        bulk_barrier_init(&bars[OV_FULL]);
+        bulk_barrier_init(&bars[OV_FULL + 1]);
         for (int b = OV_S_READY; b < OV_BARRIERS; ++b) bulk_barrier_init(&bars[b], GROUP);
     }
     __syncthreads();
@@ -128,9 +121,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
         float state[8][4];
         load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
-        if (chunks > 0) {
-            ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, rows.row(0), rows.len(0),
-                               head, key_head, col0, thread, GROUP, &bars[OV_FULL]);
+        if (chunks > 0 && thread == 0) {
+            ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, head, key_head, col0,
+                               &bars[OV_FULL]);
         }
         for (int ci = 0; ci < chunks; ++ci) {
             const int s = ci & 1;
@@ -146,10 +139,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             mbarrier_arrive(&bars[OV_S_READY]);
             // The next chunk's copies into the other stage (both groups are done with it: the
             // done barrier above).
-            if (ci + 1 < chunks) {
+            if (ci + 1 < chunks && thread == 0) {
                 ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
-                                   first_chunk + ci + 1, rows.row(ci + 1), rows.len(ci + 1), head,
-                                   key_head, col0, thread, GROUP, &bars[OV_FULL + (s ^ 1)]);
+                                   first_chunk + ci + 1, head, key_head, col0, &bars[OV_FULL + (s ^ 1)]);
             }
 
             // V' = U - W S and diag(e) V' (each warpgroup all 64 rows of its NT n8 tiles).

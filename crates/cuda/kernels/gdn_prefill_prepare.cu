@@ -272,20 +272,30 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     if (p.fused_qk_norm) {
-        // The first group of the key head writes the normalised copies; q is needed here only
-        // for the scores.
+        // The first group of the key head writes the normalised copies the walks read by rows
+        // (p.q and p.k where set; q is needed here only for the scores).
         const bool write = group == 0;
+        unsigned short* q_rows = write && p.q ? (unsigned short*)p.q + key_offset : nullptr;
         const NormRows sets[2] = {
             {(const unsigned short*)p.k_src + key_offset, keys,
-             write ? (unsigned short*)p.k + key_offset : nullptr},
-            {with_scores || write ? (const unsigned short*)p.q_src + key_offset : nullptr,
-             with_scores ? queries : nullptr, write ? (unsigned short*)p.q + key_offset : nullptr},
+             write && p.k ? (unsigned short*)p.k + key_offset : nullptr},
+            {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr,
+             with_scores ? queries : nullptr, q_rows},
         };
         normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
     }
     cp_async_wait_all();
+    // The rows in keys and queries, for the bulk copies below.
+    fence_proxy_async();
     __syncthreads();
     PF_MARK(1);
+    if (group == 0 && threadIdx.x == 0 && p.k_chunks) {
+        // The chunk's k (and q) rows as the walks' stages hold them, one bulk copy each: q's
+        // space is T's later (the copy has read it by then: bulk_store_wait_read below).
+        const long long at = ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK;
+        bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
+        if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
+    }
 #ifdef PF_PREPARE_MMA
     // Here, before K K^T holds registers for the rest of the block (later it would spill).
     if (p.prefetch_ahead > 0) {
@@ -342,6 +352,8 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const ChunkGates& gates = gates_of(j);
         // A of this head (the first head's was stored with the products).
         if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        // The bulk copies of k and q have read them (T takes q's space).
+        if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();
         PF_MARK(2 + 5 * j);
         invert_unit_lower<MMA_INVERSE>(a_mat, t_mat, 3 + 5 * j);

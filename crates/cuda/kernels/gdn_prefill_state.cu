@@ -62,10 +62,11 @@ struct StateStage {
     }
 };
 
-// Queues chunk `chunk`'s inputs into `stage`: q (outputs only) and k rows by the block's
+// Queues chunk `chunk`'s inputs into `stage`: q rows (outputs only) by the block's
 // asynchronous copies (a team, `copy_rows_async_team`; the caller waits for its group), the
-// gates record, W and the U tile (each contiguous in the prepare's layout, PF_W_ELEMS) by three
-// bulk copies from thread 0 completing on `full`. The block must be done with the stage.
+// gates record, k (the prepare's chunk copy, p.k_chunks), W and the U tile (each contiguous in
+// the prepare's layout, PF_W_ELEMS) by four bulk copies from thread 0 completing on `full`. The
+// block must be done with the stage.
 template <int KP, int MODE>
 __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
                                             int chunk, long long first_row, int len, int head,
@@ -79,9 +80,12 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
         // The block's reads of the stage's last chunk (ordered before by a barrier) come
         // before the copies' writes.
         fence_proxy_async();
-        bulk_expect(full, PF_GATES_BYTES + 2u * PF_W_ELEMS(KP) + u_bytes);
+        bulk_expect(full, PF_GATES_BYTES + 2u * (PF_CHUNK * LDK + PF_W_ELEMS(KP)) + u_bytes);
         bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
                   PF_GATES_BYTES, full);
+        bulk_load(stage.k,
+                  (const unsigned short*)p.k_chunks + ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK,
+                  2u * PF_CHUNK * LDK, full);
         bulk_load(stage.w, (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
                   2u * PF_W_ELEMS(KP), full);
         if (!m_cols) {
@@ -91,14 +95,12 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
                       u_bytes, full);
         }
     }
-    const long long key_row = (first_row * p.key_heads + key_head) * KP;
     if (MODE == MODE_OUTPUT) {
+        const long long key_row = (first_row * p.key_heads + key_head) * KP;
         copy_rows_async_team<KP, THREADS>(stage.q, LDK, (const unsigned short*)p.q + key_row,
                                           (long long)p.key_heads * KP, len);
+        cp_async_commit();
     }
-    copy_rows_async_team<KP, THREADS>(stage.k, LDK, (const unsigned short*)p.k + key_row,
-                                      (long long)p.key_heads * KP, len);
-    cp_async_commit();
 }
 
 // A block's state lives in registers as the accumulators of m16n8 tiles: warp w holds rows

@@ -130,9 +130,6 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Shared memory written by this thread's ordinary stores, made visible to later wgmma reads
-// (after a barrier).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 template <int N>
 __device__ __forceinline__ void wg_fence(float (&d)[N][4]) {

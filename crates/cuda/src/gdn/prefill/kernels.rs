@@ -35,6 +35,8 @@ pub(super) struct PrefillParams {
     pub(super) chunk_checkpoint: u64,
     pub(super) q_src: u64,
     pub(super) k_src: u64,
+    pub(super) q_chunks: u64,
+    pub(super) k_chunks: u64,
     pub(super) key_heads: i32,
     pub(super) value_heads: i32,
     pub(super) key_dim: i32,

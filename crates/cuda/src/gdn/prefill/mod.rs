@@ -49,7 +49,7 @@ use kernels::{
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
-use plan::{CHUNK, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
+use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
 use relay::{FinalStaging, Kernel, RelayLaunch};
 
 /// The prefill kernels' source.
@@ -245,6 +245,10 @@ impl PrefillLaunch {
         let w = written(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
         let u = written(vec![chunks, heads, vp / TILE, CHUNK, TILE], DType::BF16)?;
         let gates = written(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
+        // Each chunk's k rows (and q's, for the overlapped pass) as the walks' stages hold them
+        // (rows of kp + PAD, padding included), stored by the prepare.
+        let key_chunks = || written(vec![chunks, dims.key_heads, CHUNK, kp + PAD], DType::BF16);
+        let k_chunks = key_chunks()?;
         let checkpoint_plan = checkpoint_every
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
@@ -253,6 +257,10 @@ impl PrefillLaunch {
         // The scores Q K^T o D, which the prepare kernel computes for the overlapped pass.
         let scores = match pass {
             StatePass::Overlap => written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
+            StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
+        };
+        let q_chunks = match pass {
+            StatePass::Overlap => key_chunks()?,
             StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
         };
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
@@ -313,10 +321,13 @@ impl PrefillLaunch {
             && inputs.k.dtype() == DType::BF16
             && dims.key_dim == kp;
         let ((q_src, q), (k_src, k)) = if fused_qk_norm {
-            (
-                normalized_copy(cuda, inputs.q, kp, &mut operands)?,
-                normalized_copy(cuda, inputs.k, kp, &mut operands)?,
-            )
+            // The walks read k from the prepare's chunk copies (below), and q too on the
+            // overlapped pass; the lockstep pass reads q's rows from a normalised copy.
+            let q = match pass {
+                StatePass::Lockstep => normalized_copy(cuda, inputs.q, kp, &mut operands)?,
+                StatePass::Overlap => (inputs.q.device_address(cuda), 0),
+            };
+            (q, (inputs.k.device_address(cuda), 0))
         } else {
             let mut operand = |t: &CudaTensor, form| {
                 kernel_operand(cuda, t, form, &mut conversions, &mut operands)
@@ -381,6 +392,11 @@ impl PrefillLaunch {
                 .map_or(0, |t| t.device_address(cuda)),
             q_src,
             k_src,
+            q_chunks: match pass {
+                StatePass::Overlap => q_chunks.device_address(cuda),
+                StatePass::Lockstep => 0,
+            },
+            k_chunks: k_chunks.device_address(cuda),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -466,6 +482,8 @@ impl PrefillLaunch {
             u,
             gates,
             scores,
+            q_chunks,
+            k_chunks,
             chunk_first_row,
             chunk_len,
             segment_table,

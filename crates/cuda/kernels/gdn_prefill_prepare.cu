@@ -202,7 +202,9 @@ __device__ __forceinline__ void prefetch_block_inputs(const PrefillParams& p, lo
 // once, forms both products once (K K^T stays in registers), writes every head's scores,
 // then per value head masks A with its beta and decays, inverts, and forms W and U from its v
 // (the next head's v lands while the current one is inverted). With fused_qk_norm the block
-// l2-normalises k and q itself and the first group writes the copies the state pass reads.
+// l2-normalises k and q itself. The first group of each key head stores the chunk's k (and q)
+// rows as the walks' stages hold them (k_chunks, q_chunks), and with fused_qk_norm the
+// normalised rows of q the lockstep pass reads (p.q, where set).
 // 8 warps: warp w computes rows 16 (w % 4) .. + 15 of each product, over half of its columns
 // (w / 4 picks which).
 //

@@ -334,6 +334,18 @@ __device__ __forceinline__ void copy_rows_async(unsigned short* x, int ld, const
 #define PF_U_TILE_ELEMS (PF_CHUNK * PF_TILE)
 #define PF_SCORES_ELEMS (PF_CHUNK * PF_CHUNK)
 
+// Element offset in p.u of U's tile `tile` of (chunk, value head) `chunk_head`, with `tiles`
+// 64-column tiles a row (PF_W_ELEMS's layout).
+__device__ __forceinline__ long long u_tile_offset(long long chunk_head, int tiles, int tile) {
+    return (chunk_head * tiles + tile) * PF_U_TILE_ELEMS;
+}
+
+// Element offset in p.k_chunks / p.q_chunks of chunk `chunk`'s rows of key head `key_head`
+// (rows of `ld` = KP + PF_PAD).
+__device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, int chunk, int key_head, int ld) {
+    return ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * ld;
+}
+
 // The thread's index in the block, read afresh: values derived from it are then formed where
 // they are used instead of being hoisted out of the state passes' chunk loops into registers
 // held across the whole walk.

@@ -61,7 +61,7 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    const long long chunk_key = ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK;
+    const long long chunk_key = key_chunk_offset(p, chunk, key_head, LDK);
     // Both groups' reads of the stage's last chunk (ordered before by the done barrier) come
     // before the copies' writes.
     fence_proxy_async();
@@ -74,8 +74,7 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
     bulk_load(stage.w(), (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), 2u * PF_W_ELEMS(KP),
               full);
     bulk_load(stage.u(),
-              (const unsigned short*)p.u +
-                  (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
+              (const unsigned short*)p.u + u_tile_offset(chunk_head, p.value_pad / PF_TILE, col0 / PF_TILE),
               2u * PF_U_TILE_ELEMS, full);
     bulk_load(stage.scores(), (const unsigned short*)p.scores + chunk_head * PF_SCORES_ELEMS,
               2u * PF_SCORES_ELEMS, full);

@@ -294,7 +294,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     if (group == 0 && threadIdx.x == 0 && p.k_chunks) {
         // The chunk's k (and q) rows as the walks' stages hold them, one bulk copy each: q's
         // space is T's later (the copy has read it by then: bulk_store_wait_read below).
-        const long long at = ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK;
+        const long long at = key_chunk_offset(p, chunk, key_head, LDK);
         bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }
@@ -381,7 +381,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
             unsigned short* out =
                 pass == 0 ? (unsigned short*)p.w + ((long long)chunk * p.value_heads + head) * PF_W_ELEMS(KP)
                           : (unsigned short*)p.u +
-                                ((long long)chunk * p.value_heads + head) * (VP / PF_TILE) * PF_U_TILE_ELEMS;
+                                u_tile_offset((long long)chunk * p.value_heads + head, VP / PF_TILE, 0);
             // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the
             // lo fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving
             // registers to K K^T, which every head of the group reuses.

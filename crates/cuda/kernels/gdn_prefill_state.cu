@@ -84,14 +84,13 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
         bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
                   PF_GATES_BYTES, full);
         bulk_load(stage.k,
-                  (const unsigned short*)p.k_chunks + ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * LDK,
+                  (const unsigned short*)p.k_chunks + key_chunk_offset(p, chunk, key_head, LDK),
                   2u * PF_CHUNK * LDK, full);
         bulk_load(stage.w, (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
                   2u * PF_W_ELEMS(KP), full);
         if (!m_cols) {
             bulk_load(stage.u,
-                      (const unsigned short*)p.u +
-                          (chunk_head * (p.value_pad / PF_TILE) + col0 / PF_TILE) * PF_U_TILE_ELEMS,
+                      (const unsigned short*)p.u + u_tile_offset(chunk_head, p.value_pad / PF_TILE, col0 / PF_TILE),
                       u_bytes, full);
         }
     }

@@ -254,15 +254,13 @@ impl PrefillLaunch {
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
         let pass = state_pass_kind(kp, storing_checkpoints);
-        // The scores Q K^T o D, which the prepare kernel computes for the overlapped pass.
-        let scores = match pass {
-            StatePass::Overlap => written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?,
-            StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
-        };
-        let q_chunks = match pass {
-            StatePass::Overlap => key_chunks()?,
-            StatePass::Lockstep => scratch(vec![0], DType::BF16)?,
-        };
+        // The scores Q K^T o D and q's chunk copies, which the prepare kernel writes for the
+        // overlapped pass only.
+        let overlapped = pass == StatePass::Overlap;
+        let scores = overlapped
+            .then(|| written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16))
+            .transpose()?;
+        let q_chunks = overlapped.then(key_chunks).transpose()?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -379,10 +377,7 @@ impl PrefillLaunch {
             transition_d: transition_d.device_address(cuda),
             transition_m: transition_m.device_address(cuda),
             gates: gates.device_address(cuda),
-            scores: match pass {
-                StatePass::Overlap => scores.device_address(cuda),
-                StatePass::Lockstep => 0,
-            },
+            scores: scores.as_ref().map_or(0, |t| t.device_address(cuda)),
             checkpoints: checkpoints
                 .as_mut()
                 .filter(|_| storing_checkpoints)
@@ -392,10 +387,7 @@ impl PrefillLaunch {
                 .map_or(0, |t| t.device_address(cuda)),
             q_src,
             k_src,
-            q_chunks: match pass {
-                StatePass::Overlap => q_chunks.device_address(cuda),
-                StatePass::Lockstep => 0,
-            },
+            q_chunks: q_chunks.as_ref().map_or(0, |t| t.device_address(cuda)),
             k_chunks: k_chunks.device_address(cuda),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
@@ -481,8 +473,6 @@ impl PrefillLaunch {
             w,
             u,
             gates,
-            scores,
-            q_chunks,
             k_chunks,
             chunk_first_row,
             chunk_len,
@@ -492,6 +482,8 @@ impl PrefillLaunch {
             transition_d,
             transition_m,
         ];
+        buffers.extend(scores);
+        buffers.extend(q_chunks);
         buffers.extend(state_rows_buffer);
         buffers.extend(relay_final);
         buffers.extend(checkpoint_table);

@@ -37,6 +37,7 @@ pub(super) struct PrefillParams {
     pub(super) k_src: u64,
     pub(super) q_chunks: u64,
     pub(super) k_chunks: u64,
+    pub(super) ready: u64,
     pub(super) key_heads: i32,
     pub(super) value_heads: i32,
     pub(super) key_dim: i32,
@@ -52,6 +53,7 @@ pub(super) struct PrefillParams {
     pub(super) scale: f32,
     pub(super) reset_gate: f32,
     pub(super) prefetch_ahead: i32,
+    pub(super) chunks: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -189,6 +191,19 @@ pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
         Ok(share) if share > 0.0 && share < 1.0 => Ok(Some(share)),
         _ => Err(Error::InvalidValue(format!(
             "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
+        ))),
+    }
+}
+
+/// `DELTAKV_PREFILL_EARLY`: `off` launches the walks after the prepare has finished (for
+/// comparisons); unset or `on`: as its programmatic dependents, starting on the SMs its last
+/// blocks leave free.
+pub(super) fn early_walks_from_env() -> Result<bool> {
+    match std::env::var("DELTAKV_PREFILL_EARLY").as_deref() {
+        Err(_) | Ok("on") => Ok(true),
+        Ok("off") => Ok(false),
+        Ok(text) => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_EARLY={text}: expected `on` or `off`"
         ))),
     }
 }

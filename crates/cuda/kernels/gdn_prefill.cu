@@ -225,13 +225,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 
 // The prepare publishes each (chunk, key head) by `ready`, so the walks may start while its
 // last blocks run (they are launched as its programmatic dependents): a prepare block's
-// threads fence their stores, meet, and its thread 0 waits for its bulk stores, then adds 1
-// with release semantics; a walk's copying thread acquires the flags of the chunks it is about
-// to copy. The bulk copies read through the async proxy, hence the proxy fences on both sides.
+// threads meet, then its thread 0 waits for its bulk stores and adds 1 with release semantics
+// at GPU scope (cumulative: it covers the stores the barrier ordered before it); a walk's
+// copying thread acquires the flags of the chunks it is about to copy. The bulk copies read
+// through the async proxy, hence the proxy fences on both sides.
 __device__ __forceinline__ void publish_prepared(const PrefillParams& p, int chunk, int key_head) {
-    __threadfence();
+    if (!p.ready) return;
     __syncthreads();
-    if (threadIdx.x == 0 && p.ready) {
+    if (threadIdx.x == 0) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
         asm volatile("fence.proxy.async.global;" ::: "memory");
         unsigned* flag = (unsigned*)p.ready + (long long)chunk * p.key_heads + key_head;

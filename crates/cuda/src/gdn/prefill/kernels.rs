@@ -195,15 +195,25 @@ pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
     }
 }
 
-/// `DELTAKV_PREFILL_EARLY`: `off` launches the walks after the prepare has finished (for
-/// comparisons); unset or `on`: as its programmatic dependents, starting on the SMs its last
-/// blocks leave free.
-pub(super) fn early_walks_from_env() -> Result<bool> {
+/// When the walks start against the prepare (`DELTAKV_PREFILL_EARLY`, for comparisons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EarlyWalks {
+    /// `on` (the default): as the prepare's programmatic dependents, on the SMs its last
+    /// blocks leave free, each chunk copied once the prepare has published it.
+    On,
+    /// `flags`: after the prepare has finished, still checking its flags.
+    Flags,
+    /// `off`: after the prepare has finished, no flags.
+    Off,
+}
+
+pub(super) fn early_walks_from_env() -> Result<EarlyWalks> {
     match std::env::var("DELTAKV_PREFILL_EARLY").as_deref() {
-        Err(_) | Ok("on") => Ok(true),
-        Ok("off") => Ok(false),
+        Err(_) | Ok("on") => Ok(EarlyWalks::On),
+        Ok("flags") => Ok(EarlyWalks::Flags),
+        Ok("off") => Ok(EarlyWalks::Off),
         Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_EARLY={text}: expected `on` or `off`"
+            "DELTAKV_PREFILL_EARLY={text}: expected `on`, `flags` or `off`"
         ))),
     }
 }

@@ -42,9 +42,9 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, early_walks_from_env, gates_bytes,
-    lead_name, overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups,
-    prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
+    EarlyWalks, MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, early_walks_from_env,
+    gates_bytes, lead_name, overlap_name, overlap_smem, prepare_group_limit_from_env,
+    prepare_groups, prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
     segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
@@ -121,7 +121,7 @@ pub struct PrefillLaunch {
     relay: Option<RelayLaunch>,
     /// Whether the walks start while the prepare's last blocks run (`Early`), and the event
     /// the prepare records for the relay's side stream then.
-    early: bool,
+    early: EarlyWalks,
     prepare_started: Option<cudarc::driver::CudaEvent>,
     /// The prepare's `ready` flags (address, bytes), zeroed before each prepare.
     ready: (u64, usize),
@@ -413,7 +413,11 @@ impl PrefillLaunch {
             scale,
             reset_gate: RESET_GATE,
             prefetch_ahead: 0,
-            ready: ready.device_address(cuda),
+            ready: if early == EarlyWalks::Off {
+                0
+            } else {
+                ready.device_address(cuda)
+            },
             chunks: chunks as i32,
         };
         if heads > 65535 || chunks > i32::MAX as usize {
@@ -481,7 +485,7 @@ impl PrefillLaunch {
             None
         };
         let prepare_started = match (&relay, early) {
-            (Some(_), true) => Some(
+            (Some(_), EarlyWalks::On) => Some(
                 cuda.context()
                     .new_event(Some(
                         cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
@@ -490,7 +494,7 @@ impl PrefillLaunch {
             ),
             _ => None,
         };
-        let ready_flags = (ready.device_address(cuda), ready.byte_len());
+        let ready_flags = (params.ready, ready.byte_len());
         let mut buffers = vec![
             ready,
             w,
@@ -561,17 +565,15 @@ impl PrefillLaunch {
             name,
         };
         let (ready, ready_bytes) = self.ready;
-        // SAFETY: `ready` is a live buffer of `ready_bytes` bytes owned by this launch, and the
-        // fill is ordered on deltakv's stream before the prepare that counts into it.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                ready,
-                0,
-                ready_bytes,
-                cuda.stream().cu_stream(),
-            )
+        if ready != 0 {
+            // SAFETY: `ready` is a live buffer of `ready_bytes` bytes owned by this launch, and
+            // the fill is ordered on deltakv's stream before the prepare that counts into it.
+            unsafe {
+                let stream = cuda.stream().cu_stream();
+                cudarc::driver::result::memset_d8_async(ready, 0, ready_bytes, stream)
+            }
+            .map_err(|e| driver_error("clearing the prepare's flags", e))?;
         }
-        .map_err(|e| driver_error("clearing the prepare's flags", e))?;
         // One prepare block per (chunk, key head, group of its value heads).
         let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
         let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
@@ -592,7 +594,7 @@ impl PrefillLaunch {
             return relay.launch(cuda, &self.state, (heads, tiles_v), started);
         }
         // The walk after the prepare starts on the SMs its last blocks leave free.
-        let walk_early = if self.early {
+        let walk_early = if self.early == EarlyWalks::On {
             Early::Dependent
         } else {
             Early::No

@@ -73,8 +73,6 @@ struct PrefillParams {
                              // and k rows as the walks' stages hold them, padding included,
                              // stored by the prepare; q_chunks 0 where the walks do not take
                              // q from it (the lockstep pass), both 0 in the lab
-    u64 ready;            // u32 [chunks, Hg]: prepare blocks finished per (chunk, key head),
-                          // zeroed before the prepare; or 0 (the walks do not wait)
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
@@ -88,7 +86,6 @@ struct PrefillParams {
     int prefetch_ahead;      // prepare (tensor-core module): prefetch into L2 the inputs of the
                              // block this many launch positions ahead (the blocks resident
                              // at once), or 0
-    int chunks;              // chunks of the call (the rows of `ready`)
 };
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
@@ -222,62 +219,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // Shared memory written by this thread's ordinary stores, made visible to later reads by the
 // async proxy (wgmma operands, bulk copies) after a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// The prepare publishes each (chunk, key head) by `ready`, so the walks may start while its
-// last blocks run (they are launched as its programmatic dependents): a prepare block's
-// threads meet, then its thread 0 waits for its bulk stores and adds 1 with release semantics
-// at GPU scope (cumulative: it covers the stores the barrier ordered before it); a walk's
-// copying thread acquires the flags of the chunks it is about to copy. The bulk copies read
-// through the async proxy, hence the proxy fences on both sides.
-__device__ __forceinline__ void publish_prepared(const PrefillParams& p, int chunk, int key_head) {
-    if (!p.ready) return;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        unsigned* flag = (unsigned*)p.ready + (long long)chunk * p.key_heads + key_head;
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
-    }
-}
-
-// How many chunks ahead one look at `ready` reads.
-#define PF_READY_BATCH 8
-
-// Waits until the prepare has published chunk `chunk` of `key_head` (every block of its
-// groups), unless `chunk` < `ready_until`, the chunks this thread has already seen published;
-// each look reads the flags of PF_READY_BATCH chunks (one latency) and advances `ready_until`
-// past those found complete. For the thread that then copies the chunk's inputs.
-__device__ __forceinline__ void await_prepared(const PrefillParams& p, int chunk, int key_head,
-                                               int& ready_until) {
-    if (!p.ready || chunk < ready_until) return;
-    const unsigned* flags = (const unsigned*)p.ready;
-    const unsigned need = (unsigned)p.head_groups;
-    for (;;) {
-        unsigned seen[PF_READY_BATCH];
-#pragma unroll
-        for (int i = 0; i < PF_READY_BATCH; ++i) {
-            seen[i] = need;
-            if (chunk + i < p.chunks) {
-                const unsigned* flag = flags + (long long)(chunk + i) * p.key_heads + key_head;
-                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen[i]) : "l"(flag) : "memory");
-            }
-        }
-        // With the relaxed reads above, an acquire of what they saw.
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        int complete = 0;
-#pragma unroll
-        for (int i = 0; i < PF_READY_BATCH; ++i) {
-            if (complete == i && seen[i] >= need) complete = i + 1;
-        }
-        if (complete > 0) {
-            ready_until = chunk + complete;
-            break;
-        }
-        __nanosleep(256);
-    }
-    // The bulk copies that follow read what the acquire made visible.
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
 
 // One bulk copy (the copy engine) of `bytes` of shared memory to global memory, in this
 // thread's bulk group; the writers of the shared side must have run fence_proxy_async and a

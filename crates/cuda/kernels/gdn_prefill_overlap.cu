@@ -52,16 +52,14 @@ __device__ __forceinline__ void ov_state_sync() {
 }
 
 // Queues chunk `chunk`'s inputs into `stage` by six bulk copies (the caller: the state
-// group's thread 0, once the prepare has published the chunk: `await_prepared`), whose one
-// arrival on `full` expects their bytes: the gates record, q and k (the prepare's chunk
+// group's thread 0), whose one arrival on `full` expects their bytes: the gates record, q and k (the prepare's chunk
 // copies, p.q_chunks and p.k_chunks), W, the U tile and the scores (each contiguous in the
 // prepare's layout, PF_W_ELEMS).
 template <int KP>
 __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, const PrefillParams& p,
                                                int chunk, int head, int key_head, int col0,
-                                               unsigned long long* full, int& ready_until) {
+                                               unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
-    await_prepared(p, chunk, key_head, ready_until);
     const long long chunk_head = (long long)chunk * p.value_heads + head;
     const long long chunk_key = key_chunk_offset(p, chunk, key_head, LDK);
     // Both groups' reads of the stage's last chunk (ordered before by the done barrier) come
@@ -122,10 +120,9 @@ __device__ void overlap_impl(const PrefillParams& p) {
             p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
         float state[8][4];
         load_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
-        int ready_until = 0;  // thread 0's: chunks seen published by the prepare
         if (chunks > 0 && thread == 0) {
             ov_issue_stage<KP>(OverlapStage<KP>(stage_base), p, first_chunk, head, key_head, col0,
-                               &bars[OV_FULL], ready_until);
+                               &bars[OV_FULL]);
         }
         for (int ci = 0; ci < chunks; ++ci) {
             const int s = ci & 1;
@@ -143,8 +140,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
             // done barrier above).
             if (ci + 1 < chunks && thread == 0) {
                 ov_issue_stage<KP>(OverlapStage<KP>(stage_base + (s ^ 1) * OverlapStage<KP>::BYTES), p,
-                                   first_chunk + ci + 1, head, key_head, col0, &bars[OV_FULL + (s ^ 1)],
-                                   ready_until);
+                                   first_chunk + ci + 1, head, key_head, col0, &bars[OV_FULL + (s ^ 1)]);
             }
 
             // V' = U - W S and diag(e) V' (each warpgroup all 64 rows of its NT n8 tiles).

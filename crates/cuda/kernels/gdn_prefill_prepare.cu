@@ -241,9 +241,6 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row_tile = 16 * (warp & 3), half = warp >> 2;
     const bool with_scores = p.scores != 0;
-    // Every block started: the walks launched as this kernel's dependents may start on the SMs
-    // its last blocks leave free (they wait for each chunk's flag in `ready`).
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     PF_MARK(0);
     const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
     const int len = ((const int*)p.chunk_len)[chunk];
@@ -428,7 +425,6 @@ __device__ void prepare_impl(const PrefillParams& p) {
             cp_async_commit();
         }
     }
-    publish_prepared(p, chunk, key_head);
 }
 
 // `gdn_prefill_prepare_*` (the inverse's levels on f32 FMAs) or, where the source defines

@@ -245,12 +245,8 @@ __device__ void state_impl(const PrefillParams& p) {
     const int row_tile = 16 * (warp & 3);
     const int n_first = (warp >> 2) * NT;
     const SegmentRows rows(p, first_chunk, chunks);
-    // Thread 0 acquires each chunk's prepare outputs before the barrier ahead of its copies, so
-    // the whole block (the team's q rows too) reads them after the acquire.
-    int ready_until = 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) bulk_barrier_init(&full[s]);
-        if (STAGES == 2 && chunks > 0) await_prepared(p, first_chunk, key_head, ready_until);
     }
     __syncthreads();
     if (STAGES == 2 && chunks > 0) {
@@ -264,16 +260,12 @@ __device__ void state_impl(const PrefillParams& p) {
         const StateStage<KP> stage(stage_base + slot * StateStage<KP>::BYTES);
         if (STAGES == 1) {
             // One stage: every warp must be done with the previous chunk's inputs first.
-            if (threadIdx.x == 0) await_prepared(p, chunk, key_head, ready_until);
             __syncthreads();
             issue_stage<KP, MODE>(stage, p, chunk, rows.row(ci), rows.len(ci), head, key_head, col0,
                                   m_cols, &full[0]);
         }
         cp_async_wait_all();
         bulk_wait(&full[slot], (STAGES == 2 ? ci >> 1 : ci) & 1);
-        if (STAGES == 2 && ci + 1 < chunks && threadIdx.x == 0) {
-            await_prepared(p, chunk + 1, key_head, ready_until);
-        }
         // Every warp is done with the last chunk (so the other stage is free), its copies have
         // landed, and its rows of S are in state_s.
         __syncthreads();

@@ -10,7 +10,7 @@
 
 use crate::compile::{self, Compiled, KernelSource};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -279,17 +279,6 @@ impl Cuda {
     /// driver), so capture on one thread at a time. The stream is made at the first fork: make
     /// one call that forks (a relayed prefill) before capturing, as a warm-up launch does.
     pub fn fork_side(&self) -> Result<Arc<CudaStream>> {
-        let event = self
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .map_err(|e| driver_error("recording an event", e))?;
-        self.fork_side_at(&event)
-    }
-
-    /// [`Cuda::fork_side`] at `event` instead of at the end of the work queued so far: the side
-    /// stream's next work waits for `event` only (one recorded by a kernel launch's
-    /// programmatic-event attribute, say, which fires once that kernel's blocks have started).
-    pub fn fork_side_at(&self, event: &CudaEvent) -> Result<Arc<CudaStream>> {
         let side = match self.side.get() {
             Some(side) => side.clone(),
             None => {
@@ -300,7 +289,11 @@ impl Cuda {
                 self.side.get_or_init(|| made).clone()
             }
         };
-        side.wait(event)
+        let event = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| driver_error("recording an event", e))?;
+        side.wait(&event)
             .map_err(|e| driver_error("ordering the second stream", e))?;
         Ok(side)
     }

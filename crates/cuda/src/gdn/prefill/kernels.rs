@@ -37,7 +37,6 @@ pub(super) struct PrefillParams {
     pub(super) k_src: u64,
     pub(super) q_chunks: u64,
     pub(super) k_chunks: u64,
-    pub(super) ready: u64,
     pub(super) key_heads: i32,
     pub(super) value_heads: i32,
     pub(super) key_dim: i32,
@@ -53,7 +52,6 @@ pub(super) struct PrefillParams {
     pub(super) scale: f32,
     pub(super) reset_gate: f32,
     pub(super) prefetch_ahead: i32,
-    pub(super) chunks: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -191,29 +189,6 @@ pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
         Ok(share) if share > 0.0 && share < 1.0 => Ok(Some(share)),
         _ => Err(Error::InvalidValue(format!(
             "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
-        ))),
-    }
-}
-
-/// When the walks start against the prepare (`DELTAKV_PREFILL_EARLY`, for comparisons).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum EarlyWalks {
-    /// `on` (the default): as the prepare's programmatic dependents, on the SMs its last
-    /// blocks leave free, each chunk copied once the prepare has published it.
-    On,
-    /// `flags`: after the prepare has finished, still checking its flags.
-    Flags,
-    /// `off`: after the prepare has finished, no flags.
-    Off,
-}
-
-pub(super) fn early_walks_from_env() -> Result<EarlyWalks> {
-    match std::env::var("DELTAKV_PREFILL_EARLY").as_deref() {
-        Err(_) | Ok("on") => Ok(EarlyWalks::On),
-        Ok("flags") => Ok(EarlyWalks::Flags),
-        Ok("off") => Ok(EarlyWalks::Off),
-        Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_EARLY={text}: expected `on`, `flags` or `off`"
         ))),
     }
 }

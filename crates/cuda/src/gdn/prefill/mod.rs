@@ -42,15 +42,15 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    EarlyWalks, MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, early_walks_from_env,
-    gates_bytes, lead_name, overlap_name, overlap_smem, prepare_group_limit_from_env,
-    prepare_groups, prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
+    MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_name,
+    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups,
+    prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
     segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
-use relay::{Early, FinalStaging, Kernel, RelayLaunch};
+use relay::{FinalStaging, Kernel, RelayLaunch};
 
 /// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
@@ -119,12 +119,6 @@ pub struct PrefillLaunch {
     combine: cudarc::driver::CudaFunction,
     /// The relay's launches, when the plan relays some sequence.
     relay: Option<RelayLaunch>,
-    /// Whether the walks start while the prepare's last blocks run (`Early`), and the event
-    /// the prepare records for the relay's side stream then.
-    early: EarlyWalks,
-    prepare_started: Option<cudarc::driver::CudaEvent>,
-    /// The prepare's `ready` flags (address, bytes), zeroed before each prepare.
-    ready: (u64, usize),
     convert: cudarc::driver::CudaFunction,
     conversions: Vec<Conversion>,
     _buffers: Vec<CudaTensor>,
@@ -255,9 +249,6 @@ impl PrefillLaunch {
         // (rows of kp + PAD, padding included), stored by the prepare.
         let key_chunks = || written(vec![chunks, dims.key_heads, CHUNK, kp + PAD], DType::BF16);
         let k_chunks = key_chunks()?;
-        // Prepare blocks finished per (chunk, key head), zeroed before each prepare.
-        let ready = scratch(vec![chunks * dims.key_heads], DType::I32)?;
-        let early = early_walks_from_env()?;
         let checkpoint_plan = checkpoint_every
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
@@ -413,12 +404,6 @@ impl PrefillLaunch {
             scale,
             reset_gate: RESET_GATE,
             prefetch_ahead: 0,
-            ready: if early == EarlyWalks::Off {
-                0
-            } else {
-                ready.device_address(cuda)
-            },
-            chunks: chunks as i32,
         };
         if heads > 65535 || chunks > i32::MAX as usize {
             return Err(Error::Unsupported(format!(
@@ -484,19 +469,7 @@ impl PrefillLaunch {
         } else {
             None
         };
-        let prepare_started = match (&relay, early) {
-            (Some(_), EarlyWalks::On) => Some(
-                cuda.context()
-                    .new_event(Some(
-                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-                    ))
-                    .map_err(|e| driver_error("creating an event", e))?,
-            ),
-            _ => None,
-        };
-        let ready_flags = (params.ready, ready.byte_len());
         let mut buffers = vec![
-            ready,
             w,
             u,
             gates,
@@ -526,9 +499,6 @@ impl PrefillLaunch {
             transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
             combine: cuda.function(&SOURCE, combine)?,
             relay,
-            early,
-            prepare_started,
-            ready: ready_flags,
             plan,
             checkpoints,
             _buffers: buffers,
@@ -564,23 +534,9 @@ impl PrefillLaunch {
             shared_bytes,
             name,
         };
-        let (ready, ready_bytes) = self.ready;
-        if ready != 0 {
-            // SAFETY: `ready` is a live buffer of `ready_bytes` bytes owned by this launch, and
-            // the fill is ordered on deltakv's stream before the prepare that counts into it.
-            unsafe {
-                let stream = cuda.stream().cu_stream();
-                cudarc::driver::result::memset_d8_async(ready, 0, ready_bytes, stream)
-            }
-            .map_err(|e| driver_error("clearing the prepare's flags", e))?;
-        }
         // One prepare block per (chunk, key head, group of its value heads).
         let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
         let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
-        let prepare_early = self
-            .prepare_started
-            .as_ref()
-            .map_or(Early::No, Early::RecordsEvent);
         kernel(
             &self.prepare.0,
             prepare_grid,
@@ -588,17 +544,10 @@ impl PrefillLaunch {
             self.prepare.1,
             "gdn_prefill_prepare",
         )
-        .launch_early(cuda, cuda.stream(), prepare_early)?;
+        .launch(cuda.stream())?;
         if let Some(relay) = &self.relay {
-            let started = self.prepare_started.as_ref();
-            return relay.launch(cuda, &self.state, (heads, tiles_v), started);
+            return relay.launch(cuda, &self.state, heads, tiles_v);
         }
-        // The walk after the prepare starts on the SMs its last blocks leave free.
-        let walk_early = if self.early == EarlyWalks::On {
-            Early::Dependent
-        } else {
-            Early::No
-        };
         if self.plan.segmented {
             let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
             let grid = walk_grid(segments, heads, tiles_v + tiles_k);
@@ -609,7 +558,7 @@ impl PrefillLaunch {
                 transition_bytes,
                 "gdn_prefill_transition",
             )
-            .launch_early(cuda, cuda.stream(), walk_early)?;
+            .launch(cuda.stream())?;
             let grid = (self.sequences, heads, value_pad / 16);
             kernel(&self.combine, grid, 256, 0, "gdn_prefill_combine").launch(cuda.stream())?;
         }
@@ -621,7 +570,7 @@ impl PrefillLaunch {
             state_bytes,
             "gdn_prefill_state",
         )
-        .launch_early(cuda, cuda.stream(), walk_early)
+        .launch(cuda.stream())
     }
 
     /// The checkpoints the launches wrote, when `checkpoint_every` asked for them (the launch

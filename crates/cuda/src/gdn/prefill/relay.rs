@@ -14,7 +14,7 @@
 use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
 use crate::runtime::{Cuda, driver_error};
-use cudarc::driver::{CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
 
 /// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
@@ -25,21 +25,6 @@ pub(super) struct Kernel<'a> {
     pub threads: u32,
     pub shared_bytes: u32,
     pub name: &'static str,
-}
-
-/// How a kernel's launch relates to the prepare's (programmatic dependent launch): the walks
-/// start on the SMs the prepare's last blocks leave free, and wait for each chunk's flag in
-/// the call's `ready` table before copying its inputs.
-#[derive(Clone, Copy)]
-pub(super) enum Early<'a> {
-    /// An ordinary launch: the kernel starts when the stream's previous work is done.
-    No,
-    /// The prepare, recording `event` once each of its blocks has started
-    /// (`griddepcontrol.launch_dependents`), for a walk on the side stream to wait on.
-    RecordsEvent(&'a CudaEvent),
-    /// A walk that may start once every block of the stream's previous kernel (the prepare)
-    /// has started.
-    Dependent,
 }
 
 impl Kernel<'_> {
@@ -58,58 +43,6 @@ impl Kernel<'_> {
         unsafe { builder.launch(config) }
             .map(|_| ())
             .map_err(|e| driver_error(&format!("launching {}", self.name), e))
-    }
-
-    /// Queues the kernel on `stream` with `early`'s launch attribute (`cuLaunchKernelEx`; an
-    /// ordinary launch for [`Early::No`]).
-    pub fn launch_early(&self, cuda: &Cuda, stream: &CudaStream, early: Early<'_>) -> Result<()> {
-        use cudarc::driver::sys;
-        let mut attribute: sys::CUlaunchAttribute = match early {
-            Early::No => return self.launch(stream),
-            // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id
-            // and the union field that id reads are set below.
-            _ => unsafe { std::mem::zeroed() },
-        };
-        match early {
-            Early::No => {}
-            Early::RecordsEvent(event) => {
-                attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT;
-                attribute.value.programmaticEvent.event = event.cu_event();
-            }
-            Early::Dependent => {
-                attribute.id =
-                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attribute.value.programmaticStreamSerializationAllowed = 1;
-            }
-        }
-        let failed = |e| driver_error(&format!("launching {}", self.name), e);
-        cuda.context().bind_to_thread().map_err(failed)?;
-        let config = sys::CUlaunchConfig {
-            gridDimX: self.grid.0,
-            gridDimY: self.grid.1,
-            gridDimZ: self.grid.2,
-            blockDimX: self.threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: self.shared_bytes,
-            hStream: stream.cu_stream(),
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
-        let mut params = *self.params;
-        let mut args = [(&mut params as *mut PrefillParams).cast::<std::ffi::c_void>()];
-        // SAFETY: the configuration, its attribute and the parameter struct live through the
-        // call, which copies them; the parameters point at live buffers as for `launch`.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                self.function.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(failed)
     }
 }
 
@@ -189,15 +122,13 @@ impl RelayLaunch {
 
     /// Queues the state pass of a relayed call after its prepare: `state` is the pass that
     /// writes the outputs (function, shared memory, threads), over `heads` and `tiles` column
-    /// tiles (`walk_grid`). With `prepare_started` (the event the prepare's launch records
-    /// once its blocks have all started) the first segments start on the side stream at that
-    /// event and the lead as the prepare's dependent (`Early`); else after the prepare.
+    /// tiles (`walk_grid`).
     pub fn launch(
         &self,
         cuda: &Cuda,
         state: &(CudaFunction, u32, u32),
-        (heads, tiles): (u32, u32),
-        prepare_started: Option<&CudaEvent>,
+        heads: u32,
+        tiles: u32,
     ) -> Result<()> {
         let (sequences, relayed) = (self.sequences, self.relayed);
         let pass = |params, grid| Kernel {
@@ -208,10 +139,7 @@ impl RelayLaunch {
             shared_bytes: state.1,
             name: "gdn_prefill_state (relay)",
         };
-        let (side, lead_early) = match prepare_started {
-            Some(event) => (cuda.fork_side_at(event)?, Early::Dependent),
-            None => (cuda.fork_side()?, Early::No),
-        };
+        let side = cuda.fork_side()?;
         let lead = Kernel {
             function: &self.lead.0,
             params: &self.first,
@@ -222,7 +150,7 @@ impl RelayLaunch {
         };
         let queued = pass(&self.first, walk_grid(sequences, heads, tiles))
             .launch(&side)
-            .and_then(|()| lead.launch_early(cuda, cuda.stream(), lead_early))
+            .and_then(|()| lead.launch(cuda.stream()))
             .and_then(|()| {
                 pass(&self.second, walk_grid(relayed, heads, tiles)).launch(cuda.stream())
             });

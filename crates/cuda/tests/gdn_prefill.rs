@@ -43,8 +43,9 @@ fn options(l2: bool) -> GdnOptions {
     }
 }
 
-/// Runs `case` whole, with forced scan segments of 1 and 3 chunks and relayed after 1 and 2
-/// chunks; returns the worst errors.
+/// Runs `case` whole, with forced scan segments of 1 and 3 chunks and relayed after 1, 2 and 9
+/// chunks (the lead walking several chunks through both of its stages); returns the worst
+/// errors.
 fn check(cuda: &Cuda, name: &str, case: &GdnCase, options: &GdnOptions) -> (f64, f64) {
     let reference = gdn_reference(&case.inputs(), options).unwrap();
     let mut worst = (0.0f64, 0.0f64);
@@ -54,6 +55,7 @@ fn check(cuda: &Cuda, name: &str, case: &GdnCase, options: &GdnOptions) -> (f64,
         Split::Scan(3),
         Split::Relay(1),
         Split::Relay(2),
+        Split::Relay(9),
     ];
     for split in splits {
         let out = gdn_prefill_host(cuda, &case.inputs(), options, split)

@@ -81,16 +81,45 @@ __device__ __forceinline__ int lead_key(int h, int j, int lane, int e) {
     return 64 * h + 8 * j + 2 * (lane & 3) + (e & 1);
 }
 
+// Copies W of `stage` (`swizzled` rows) into `w_cm` (core-matrix layout), 16 bytes a move
+// over the warpgroup; the caller fences and meets before a product reads it.
+template <int KP, int THREADS>
+__device__ __forceinline__ void lead_pack_w(const StateStage<KP>& stage, unsigned short* w_cm) {
+#pragma unroll
+    for (int q = 0; q < PF_CHUNK * KP / 8 / THREADS; ++q) {
+        const int piece = threadIdx.x + THREADS * q;
+        const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
+        *(uint4*)(w_cm + lead_cm(i, c)) = *(const uint4*)(stage.w + swizzled(i, c, KP));
+    }
+}
+
+// The same for k (padded rows).
+template <int KP, int THREADS>
+__device__ __forceinline__ void lead_pack_k(const StateStage<KP>& stage, unsigned short* k_cm) {
+    constexpr int LDK = KP + PF_PAD;
+#pragma unroll
+    for (int q = 0; q < PF_CHUNK * KP / 8 / THREADS; ++q) {
+        const int piece = threadIdx.x + THREADS * q;
+        const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
+        *(uint4*)(k_cm + lead_cm(i, c)) = *(const uint4*)(stage.k + i * LDK + c);
+    }
+}
+
+// Per chunk c (stage c's W already in w_cm[c % 2]): X^T = S^T W^T issued; k copied into k_cm
+// and U^T read (ldmatrix .trans) while it runs; P formed; S^T's update issued; then, while it
+// runs, chunk c + 1's W copied into the other w_cm once its stage has landed. Two barriers a
+// chunk: at the top (the other stage, k_cm and the other w_cm free) and before the update
+// (k_cm complete).
 template <int KP>
 __device__ void lead_regs_impl(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
-    constexpr int LDK = KP + PF_PAD;
     constexpr int THREADS = 128;
+    constexpr int CM_ELEMS = (KP / 8) * LEAD_CM_BLOCK;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* w_cm = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // [64][KP]
-    unsigned short* k_cm = w_cm + (KP / 8) * LEAD_CM_BLOCK;                            // [64][KP]
-    unsigned long long* full = (unsigned long long*)(k_cm + (KP / 8) * LEAD_CM_BLOCK);  // per stage
+    unsigned short* w_cm = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // 2 x [64][KP]
+    unsigned short* k_cm = w_cm + 2 * CM_ELEMS;                                        // [64][KP]
+    unsigned long long* full = (unsigned long long*)(k_cm + CM_ELEMS);                 // per stage
 
     // Grid (tile, head, segment), as the other walks.
     const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
@@ -100,6 +129,7 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     const int key_head = head / (p.value_heads / p.key_heads);
     const int col0 = tile * PF_TILE;
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+    auto stage_of = [&](int ci) { return StateStage<KP>(stage_base + (ci & 1) * StateStage<KP>::BYTES); };
 
     // S^T: keys 0..63 in state[0], 64..127 in state[1]; the entry state as load_entry_state.
     float state[2][8][4];
@@ -129,54 +159,52 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     }
     __syncthreads();
     if (chunks > 0) {
-        issue_stage<KP, MODE_LEAD>(StateStage<KP>(stage_base), p, first_chunk, 0, 0, head, key_head,
-                                   col0, false, &full[0]);
+        issue_stage<KP, MODE_LEAD>(stage_of(0), p, first_chunk, 0, 0, head, key_head, col0, false, &full[0]);
+        bulk_wait(&full[0], 0);
+        lead_pack_w<KP, THREADS>(stage_of(0), w_cm);
+        fence_proxy_async();
     }
     for (int ci = 0; ci < chunks; ++ci) {
-        const int slot = ci & 1;
-        const StateStage<KP> stage(stage_base + slot * StateStage<KP>::BYTES);
-        bulk_wait(&full[slot], (ci >> 1) & 1);
-        // Every warp is done with the last chunk: the other stage and w_cm, k_cm are free.
+        const StateStage<KP> stage = stage_of(ci);
+        const unsigned short* w_now = w_cm + (ci & 1) * CM_ELEMS;
+        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        // Every warp is done with the last chunk (the other stage, k_cm and the other w_cm are
+        // free) and has copied this chunk's W.
         __syncthreads();
         if (ci + 1 < chunks) {
-            issue_stage<KP, MODE_LEAD>(StateStage<KP>(stage_base + (slot ^ 1) * StateStage<KP>::BYTES), p,
-                                       first_chunk + ci + 1, 0, 0, head, key_head, col0, false,
-                                       &full[slot ^ 1]);
+            issue_stage<KP, MODE_LEAD>(stage_of(ci + 1), p, first_chunk + ci + 1, 0, 0, head, key_head,
+                                       col0, false, &full[(ci + 1) & 1]);
         }
-        // W (`swizzled` rows) and k (padded rows) into the core-matrix layout, 16 bytes a move.
-#pragma unroll
-        for (int q = 0; q < PF_CHUNK * KP / 8 / THREADS; ++q) {
-            const int piece = threadIdx.x + THREADS * q;
-            const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
-            const uint4 w = *(const uint4*)(stage.w + swizzled(i, c, KP));
-            const uint4 k = *(const uint4*)(stage.k + i * LDK + c);
-            *(uint4*)(w_cm + lead_cm(i, c)) = w;
-            *(uint4*)(k_cm + lead_cm(i, c)) = k;
-        }
-        fence_proxy_async();
-        __syncthreads();
 
         // X^T = S^T W^T (K = the 128 keys, N = the chunk's 64 rows).
         float x[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-        {
-            unsigned a[8][4];
+        unsigned a[8][4];
 #pragma unroll
-            for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
-            wg_fence(x);
-            wg_fence(a);
-            wgmma_fence();
+        for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
+        wg_fence(x);
+        wg_fence(a);
+        wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < 8; ++s) lead_wgmma<0>(x, a[s], lead_desc<true>(w_cm, 0, 16 * s));
-            wgmma_commit();
-            wgmma_wait_all();
-            wg_fence(x);
-            wg_fence(a);
-        }
+        for (int s = 0; s < 8; ++s) lead_wgmma<0>(x, a[s], lead_desc<true>(w_now, 0, 16 * s));
+        wgmma_commit();
 
-        // P = (U^T - X^T) diag(e), as the next product's A fragments (k-step s: chunk rows
-        // 16 s ..).
+        // While it runs: k into k_cm, and U^T's fragments (chunk rows 16 s .., the warp's 16
+        // value columns) by ldmatrix .trans.
+        lead_pack_k<KP, THREADS>(stage, k_cm);
+        fence_proxy_async();
+        unsigned ut[4][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const int m = lane >> 3;
+            ldsm_x4_trans(ut[s], stage.u + swizzled(16 * s + 8 * (m >> 1) + (lane & 7), 16 * warp + 8 * (m & 1), PF_TILE));
+        }
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(a);
+
+        // P = (U^T - X^T) diag(e), as the update's A fragments (k-step s: chunk rows 16 s ..).
         const ChunkGates& gates = *stage.gates;
         unsigned pa[4][4];
 #pragma unroll
@@ -185,14 +213,12 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
             const float e0 = gates.end_decay[i], e1 = gates.end_decay[i + 1];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int c = lead_value_col(warp, lane, 2 * h);
-                const float u0 = bf16_to_f32(stage.u[swizzled(i, c, PF_TILE)]);
-                const float u1 = bf16_to_f32(stage.u[swizzled(i + 1, c, PF_TILE)]);
+                const unsigned bits = ut[j >> 1][2 * (j & 1) + h];
+                const float u0 = bf16_to_f32((unsigned short)(bits & 0xffffu));
+                const float u1 = bf16_to_f32((unsigned short)(bits >> 16));
                 pa[j >> 1][2 * (j & 1) + h] = pack_bf16((u0 - x[j][2 * h]) * e0, (u1 - x[j][2 * h + 1]) * e1);
             }
         }
-
-        // S^T <- exp(G_last) S^T + P K (K = the chunk's 64 rows, N = the keys by halves).
         const float decay = gates.state_decay;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -202,6 +228,10 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
                 for (int e = 0; e < 4; ++e) state[h][j][e] *= decay;
             }
         }
+        // Every thread's part of k_cm is in place.
+        __syncthreads();
+
+        // S^T <- exp(G_last) S^T + P K (K = the chunk's 64 rows, N = the keys by halves).
         wg_fence(state[0]);
         wg_fence(state[1]);
         wg_fence(pa);
@@ -212,6 +242,13 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
             lead_wgmma<1>(state[1], pa[s], lead_desc<false>(k_cm, 16 * s, 64));
         }
         wgmma_commit();
+        // While it runs: the next chunk's W into the other w_cm (its last reader, the previous
+        // chunk's X^T, is complete).
+        if (ci + 1 < chunks) {
+            bulk_wait(&full[(ci + 1) & 1], ((ci + 1) >> 1) & 1);
+            lead_pack_w<KP, THREADS>(stage_of(ci + 1), w_cm + ((ci + 1) & 1) * CM_ELEMS);
+            fence_proxy_async();
+        }
         wgmma_wait_all();
         wg_fence(state[0]);
         wg_fence(state[1]);

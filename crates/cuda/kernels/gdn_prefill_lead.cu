@@ -81,10 +81,30 @@ __device__ __forceinline__ int lead_key(int h, int j, int lane, int e) {
     return 64 * h + 8 * j + 2 * (lane & 3) + (e & 1);
 }
 
+// Stages of lead_regs_impl: StateStage's without q (the lead writes no outputs), so four fit
+// beside the core-matrix copies and the copies run three chunks ahead of the products (one
+// chunk ahead left the walk waiting on its copies' latency).
+#define LEAD_STAGES 4
+template <int KP>
+struct LeadStage {
+    static constexpr int LDK = KP + PF_PAD;
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * (PF_CHUNK * LDK + PF_W_ELEMS(KP) + PF_U_TILE_ELEMS);
+    ChunkGates* gates;
+    unsigned short* k;
+    unsigned short* w;
+    unsigned short* u;
+    __device__ LeadStage(unsigned char* base) {
+        gates = (ChunkGates*)base;
+        k = (unsigned short*)(base + PF_GATES_BYTES);
+        w = k + PF_CHUNK * LDK;
+        u = w + PF_W_ELEMS(KP);
+    }
+};
+
 // Copies W of `stage` (`swizzled` rows) into `w_cm` (core-matrix layout), 16 bytes a move
 // over the warpgroup; the caller fences and meets before a product reads it.
 template <int KP, int THREADS>
-__device__ __forceinline__ void lead_pack_w(const StateStage<KP>& stage, unsigned short* w_cm) {
+__device__ __forceinline__ void lead_pack_w(const LeadStage<KP>& stage, unsigned short* w_cm) {
 #pragma unroll
     for (int q = 0; q < PF_CHUNK * KP / 8 / THREADS; ++q) {
         const int piece = threadIdx.x + THREADS * q;
@@ -95,7 +115,7 @@ __device__ __forceinline__ void lead_pack_w(const StateStage<KP>& stage, unsigne
 
 // The same for k (padded rows).
 template <int KP, int THREADS>
-__device__ __forceinline__ void lead_pack_k(const StateStage<KP>& stage, unsigned short* k_cm) {
+__device__ __forceinline__ void lead_pack_k(const LeadStage<KP>& stage, unsigned short* k_cm) {
     constexpr int LDK = KP + PF_PAD;
 #pragma unroll
     for (int q = 0; q < PF_CHUNK * KP / 8 / THREADS; ++q) {
@@ -105,11 +125,11 @@ __device__ __forceinline__ void lead_pack_k(const StateStage<KP>& stage, unsigne
     }
 }
 
-// Per chunk c (stage c's W already in w_cm[c % 2]): X^T = S^T W^T issued; k copied into k_cm
-// and U^T read (ldmatrix .trans) while it runs; P formed; S^T's update issued; then, while it
-// runs, chunk c + 1's W copied into the other w_cm once its stage has landed. Two barriers a
-// chunk: at the top (the other stage, k_cm and the other w_cm free) and before the update
-// (k_cm complete).
+// Per chunk c (stage c's W already in w_cm[c % 2]; chunk c + 3's copies issued at the top):
+// X^T = S^T W^T issued; k copied into k_cm and U^T read (ldmatrix .trans) while it runs; P
+// formed; S^T's update issued; then, while it runs, chunk c + 1's W copied into the other
+// w_cm once its stage has landed. Two barriers a chunk: at the top (the stage of chunk c - 1,
+// k_cm and the other w_cm free) and before the update (k_cm complete).
 template <int KP>
 __device__ void lead_regs_impl(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
@@ -117,7 +137,7 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     constexpr int CM_ELEMS = (KP / 8) * LEAD_CM_BLOCK;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* w_cm = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // 2 x [64][KP]
+    unsigned short* w_cm = (unsigned short*)(stage_base + LEAD_STAGES * LeadStage<KP>::BYTES);  // 2 x [64][KP]
     unsigned short* k_cm = w_cm + 2 * CM_ELEMS;                                        // [64][KP]
     unsigned long long* full = (unsigned long long*)(k_cm + CM_ELEMS);                 // per stage
 
@@ -129,7 +149,9 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     const int key_head = head / (p.value_heads / p.key_heads);
     const int col0 = tile * PF_TILE;
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
-    auto stage_of = [&](int ci) { return StateStage<KP>(stage_base + (ci & 1) * StateStage<KP>::BYTES); };
+    auto stage_of = [&](int ci) { return LeadStage<KP>(stage_base + (ci % LEAD_STAGES) * LeadStage<KP>::BYTES); };
+    // The phase parity of chunk ci's stage barrier.
+    auto parity = [](int ci) { return (unsigned)(ci / LEAD_STAGES) & 1u; };
 
     // S^T: keys 0..63 in state[0], 64..127 in state[1]; the entry state as load_entry_state.
     float state[2][8][4];
@@ -154,26 +176,29 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     }
 
     if (threadIdx.x == 0) {
-        bulk_barrier_init(&full[0]);
-        bulk_barrier_init(&full[1]);
+        for (int s = 0; s < LEAD_STAGES; ++s) bulk_barrier_init(&full[s]);
     }
     __syncthreads();
+    for (int ci = 0; ci < LEAD_STAGES - 1 && ci < chunks; ++ci) {
+        issue_stage<KP, MODE_LEAD>(stage_of(ci), p, first_chunk + ci, 0, 0, head, key_head, col0, false,
+                                   &full[ci]);
+    }
     if (chunks > 0) {
-        issue_stage<KP, MODE_LEAD>(stage_of(0), p, first_chunk, 0, 0, head, key_head, col0, false, &full[0]);
         bulk_wait(&full[0], 0);
         lead_pack_w<KP, THREADS>(stage_of(0), w_cm);
         fence_proxy_async();
     }
     for (int ci = 0; ci < chunks; ++ci) {
-        const StateStage<KP> stage = stage_of(ci);
+        const LeadStage<KP> stage = stage_of(ci);
         const unsigned short* w_now = w_cm + (ci & 1) * CM_ELEMS;
-        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
-        // Every warp is done with the last chunk (the other stage, k_cm and the other w_cm are
-        // free) and has copied this chunk's W.
+        bulk_wait(&full[ci % LEAD_STAGES], parity(ci));
+        // Every warp is done with the last chunk (its stage, k_cm and the other w_cm are free)
+        // and has copied this chunk's W.
         __syncthreads();
-        if (ci + 1 < chunks) {
-            issue_stage<KP, MODE_LEAD>(stage_of(ci + 1), p, first_chunk + ci + 1, 0, 0, head, key_head,
-                                       col0, false, &full[(ci + 1) & 1]);
+        const int ahead = ci + LEAD_STAGES - 1;
+        if (ahead < chunks) {
+            issue_stage<KP, MODE_LEAD>(stage_of(ahead), p, first_chunk + ahead, 0, 0, head, key_head,
+                                       col0, false, &full[ahead % LEAD_STAGES]);
         }
 
         // X^T = S^T W^T (K = the 128 keys, N = the chunk's 64 rows).
@@ -245,7 +270,7 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
         // While it runs: the next chunk's W into the other w_cm (its last reader, the previous
         // chunk's X^T, is complete).
         if (ci + 1 < chunks) {
-            bulk_wait(&full[(ci + 1) & 1], ((ci + 1) >> 1) & 1);
+            bulk_wait(&full[(ci + 1) % LEAD_STAGES], parity(ci + 1));
             lead_pack_w<KP, THREADS>(stage_of(ci + 1), w_cm + ((ci + 1) & 1) * CM_ELEMS);
             fence_proxy_async();
         }

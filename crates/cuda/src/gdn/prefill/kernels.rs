@@ -214,14 +214,15 @@ pub(super) fn lead_kind(kp: usize, arch: &str) -> LeadKind {
     }
 }
 
-/// Shared memory of `gdn_prefill_lead_regs_k128` (mirrors `lead_regs_impl`): two of the state
-/// kernels' stages, two copies of W and one of k in the core-matrix layout (8-column blocks of
-/// 64 rows plus 8 elements), two mbarriers.
+/// Shared memory of `gdn_prefill_lead_regs_k128` (mirrors `lead_regs_impl`): four stages (the
+/// gates, k with padded rows, W, the U tile), two copies of W and one of k in the core-matrix
+/// layout (8-column blocks of 64 rows plus 8 elements), four mbarriers.
 pub(super) fn lead_regs_smem(kp: usize) -> usize {
+    const STAGES: usize = 4;
     let ldk = kp + PAD;
-    let stage = gates_bytes() + 2 * (2 * CHUNK * ldk + CHUNK * kp + CHUNK * TILE);
+    let stage = gates_bytes() + 2 * (CHUNK * ldk + CHUNK * kp + CHUNK * TILE);
     let core_matrix_block = CHUNK * 8 + 8;
-    2 * stage + 3 * 2 * (kp / 8) * core_matrix_block + 2 * 8
+    STAGES * stage + 3 * 2 * (kp / 8) * core_matrix_block + STAGES * 8
 }
 
 pub(super) fn lead_name(kp: usize) -> &'static str {

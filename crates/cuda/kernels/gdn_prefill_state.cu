@@ -66,10 +66,9 @@ struct StateStage {
 // asynchronous copies (a team, `copy_rows_async_team`; the caller waits for its group), the
 // gates record, k (the prepare's chunk copy, p.k_chunks), W and the U tile (each contiguous in
 // the prepare's layout, PF_W_ELEMS) by four bulk copies from thread 0 completing on `full`. The
-// block must be done with the stage (a StateStage, or any stage with gates, k, w and u, and q
-// in MODE_OUTPUT).
-template <int KP, int MODE, typename Stage>
-__device__ __forceinline__ void issue_stage(const Stage& stage, const PrefillParams& p,
+// block must be done with the stage.
+template <int KP, int MODE>
+__device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const PrefillParams& p,
                                             int chunk, long long first_row, int len, int head,
                                             int key_head, int col0, bool m_cols,
                                             unsigned long long* full) {
@@ -95,7 +94,7 @@ __device__ __forceinline__ void issue_stage(const Stage& stage, const PrefillPar
                       u_bytes, full);
         }
     }
-    if constexpr (MODE == MODE_OUTPUT) {
+    if (MODE == MODE_OUTPUT) {
         const long long key_row = (first_row * p.key_heads + key_head) * KP;
         copy_rows_async_team<KP, THREADS>(stage.q, LDK, (const unsigned short*)p.q + key_row,
                                           (long long)p.key_heads * KP, len);

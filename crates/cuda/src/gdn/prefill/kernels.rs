@@ -193,38 +193,6 @@ pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
     }
 }
 
-/// Which kernel walks the relay's lead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum LeadKind {
-    /// `gdn_prefill_lead_regs_k128`: one warpgroup, the state in registers (sm_90a, K = 128).
-    Registers,
-    /// `gdn_prefill_lead_k*` (`lead_name`): two warpgroups, the state through shared memory.
-    Warpgroups,
-}
-
-/// The lead for padded key size `kp` on `arch`: the register-state kernel where it exists
-/// (K = 128 on sm_90a), unless `DELTAKV_PREFILL_LEAD=warpgroups` asks for the other (for
-/// comparisons).
-pub(super) fn lead_kind(kp: usize, arch: &str) -> LeadKind {
-    let asked_warpgroups = std::env::var("DELTAKV_PREFILL_LEAD").is_ok_and(|v| v == "warpgroups");
-    if kp == 128 && arch == "sm_90a" && !asked_warpgroups {
-        LeadKind::Registers
-    } else {
-        LeadKind::Warpgroups
-    }
-}
-
-/// Shared memory of `gdn_prefill_lead_regs_k128` (mirrors `lead_regs_impl`): four stages (the
-/// gates, k with padded rows, W, the U tile), two copies of W and one of k in the core-matrix
-/// layout (8-column blocks of 64 rows plus 8 elements), four mbarriers.
-pub(super) fn lead_regs_smem(kp: usize) -> usize {
-    const STAGES: usize = 4;
-    let ldk = kp + PAD;
-    let stage = gates_bytes() + 2 * (CHUNK * ldk + CHUNK * kp + CHUNK * TILE);
-    let core_matrix_block = CHUNK * 8 + 8;
-    STAGES * stage + 3 * 2 * (kp / 8) * core_matrix_block + STAGES * 8
-}
-
 pub(super) fn lead_name(kp: usize) -> &'static str {
     match kp {
         64 => "gdn_prefill_lead_k64",

@@ -42,9 +42,9 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    LeadKind, MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_kind,
-    lead_name, lead_regs_smem, overlap_name, overlap_smem, prepare_group_limit_from_env,
-    prepare_groups, prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
+    MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_name,
+    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups,
+    prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
     segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
@@ -61,8 +61,7 @@ pub const SOURCE: KernelSource = KernelSource {
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
         include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
-        include_str!("../../../kernels/gdn_prefill_overlap.cu"),
-        include_str!("../../../kernels/gdn_prefill_lead.cu")
+        include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),
 };
 
@@ -455,18 +454,10 @@ impl PrefillLaunch {
                 rows: relayed_rows,
                 state_bytes: 4 * heads * dims.key_dim * dims.value_dim,
             });
-            let lead = match lead_kind(kp, cuda.arch()) {
-                LeadKind::Registers => (
-                    cuda.function(&SOURCE, "gdn_prefill_lead_regs_k128")?,
-                    lead_regs_smem(kp) as u32,
-                    128,
-                ),
-                LeadKind::Warpgroups => (
-                    cuda.function(&SOURCE, lead_name(kp))?,
-                    state_smem(kp) as u32,
-                    2 * kp as u32,
-                ),
-            };
+            let lead = (
+                cuda.function(&SOURCE, lead_name(kp))?,
+                state_smem(kp) as u32,
+            );
             Some(RelayLaunch::new(
                 lead,
                 &params,

@@ -80,7 +80,8 @@ struct PrefillParams {
                              // has several segments)
     int heads_per_block;     // value heads of one key head that a prepare block handles (<= 4)
     int head_groups;         // prepare blocks per (chunk, key head)
-    int fused_qk_norm;       // the prepare l2-normalises q_src/k_src into q/k (bf16, K == KP)
+    int fused_qk_norm;       // the prepare l2-normalises q_src/k_src (into q where set, and the
+                             // chunk copies; bf16, K == KP)
     float scale;
     float reset_gate;
     int prefetch_ahead;      // prepare (tensor-core module): prefetch into L2 the inputs of the

@@ -274,13 +274,14 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     if (p.fused_qk_norm) {
-        // The first group of the key head writes the normalised copies the walks read by rows
-        // (p.q and p.k where set; q is needed here only for the scores).
+        // The first group of the key head writes the normalised copy of q the lockstep pass
+        // reads by rows (p.q, where set; the walks take k from k_chunks, stored below); q is
+        // needed here only for the scores.
         const bool write = group == 0;
         unsigned short* q_rows = write && p.q ? (unsigned short*)p.q + key_offset : nullptr;
         const NormRows sets[2] = {
             {(const unsigned short*)p.k_src + key_offset, keys,
-             write && p.k ? (unsigned short*)p.k + key_offset : nullptr},
+             nullptr},
             {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr,
              with_scores ? queries : nullptr, q_rows},
         };

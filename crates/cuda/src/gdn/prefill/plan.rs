@@ -27,6 +27,13 @@ pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// kernel log, gdn_prefill row 35) 0.7 was fastest.
 pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 
+/// Where two waves of state blocks fit (the relay's regime), a sequence of at most this many
+/// chunks is walked whole: the relay's fork, hand-over and join cost more than its shorter
+/// walks save below ~40 chunks. On the H100 at Qwen3-Next's heads (kernel log, after row 40):
+/// whole against relayed 0.080 / 0.087 ms at T 1024, 0.108 / 0.112 at 1536, 0.143 / 0.147 at
+/// 2048, 0.169 / 0.169-0.170 at 2560, 0.199-0.200 / 0.194 at 3072, 0.260 / 0.250 at 4096.
+pub(crate) const RELAY_MIN_CHUNKS: usize = 40;
+
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
     match dim {
@@ -40,7 +47,8 @@ pub(crate) fn padded_dim(dim: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
     /// Chosen from the GPU's size: none when the sequences' state blocks fill the GPU or one
-    /// wave of them leaves no room for a second; the relay when exactly two waves fit; the
+    /// wave of them leaves no room for a second; the relay when exactly two waves fit (for
+    /// sequences of more than `RELAY_MIN_CHUNKS` chunks; shorter ones are walked whole); the
     /// two-level scan when more do.
     #[default]
     Auto,
@@ -117,7 +125,7 @@ impl PrefillPlan {
         let relay_lead = |chunks: usize| -> Option<usize> {
             match split {
                 Split::Relay(lead) => (chunks > lead.max(1)).then_some(lead.max(1)),
-                Split::Auto if waves == 2 && !busy && chunks > auto_len() => {
+                Split::Auto if waves == 2 && !busy && chunks > auto_len().max(RELAY_MIN_CHUNKS) => {
                     let share = relay_share?;
                     Some(((chunks as f64 * share).ceil() as usize).clamp(1, chunks - 1))
                 }
@@ -136,6 +144,8 @@ impl PrefillPlan {
         }
         let segment_len = match split {
             Split::Scan(len) => len.max(1),
+            // The relay's regime: a sequence too short to relay is walked whole.
+            Split::Auto if waves == 2 && relay_share.is_some() => usize::MAX,
             Split::Auto => auto_len(),
             // No sequence is longer than the relay's first segment: each is walked whole.
             Split::Relay(_) => usize::MAX,
@@ -325,5 +335,25 @@ mod tests {
         assert_eq!((plan.relayed, plan.segment_count()), (0, 1));
         let plan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Auto, None);
         assert_eq!((plan.relayed, plan.segmented), (0, true));
+    }
+
+    #[test]
+    fn short_prompts_are_walked_whole_where_the_relay_would_run() {
+        let share = Some(RELAY_LEAD_SHARE);
+        // 16 and 40 chunks at Qwen3-Next's heads: one segment each, no scan either.
+        for tokens in [1024, RELAY_MIN_CHUNKS * CHUNK] {
+            let plan = PrefillPlan::new(&spans(&[tokens]), 64, 132, Split::Auto, share);
+            assert_eq!(
+                (plan.relayed, plan.segmented, plan.segment_count()),
+                (0, false, 1)
+            );
+        }
+        // One chunk more: relayed.
+        let tokens = (RELAY_MIN_CHUNKS + 1) * CHUNK;
+        let plan = PrefillPlan::new(&spans(&[tokens]), 64, 132, Split::Auto, share);
+        assert_eq!(plan.relayed, 1);
+        // A short and a long sequence in one call: only the long one is relayed.
+        let plan = PrefillPlan::new(&spans(&[1024, 8192]), 64, 132, Split::Auto, share);
+        assert_eq!((plan.relayed, plan.segment_count()), (1, 3));
     }
 }

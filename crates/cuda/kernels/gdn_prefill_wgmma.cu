@@ -130,7 +130,6 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-
 template <int N>
 __device__ __forceinline__ void wg_fence(float (&d)[N][4]) {
 #pragma unroll

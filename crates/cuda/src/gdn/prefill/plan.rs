@@ -21,10 +21,11 @@ pub(crate) const TILE: usize = 64;
 pub(crate) const PAD: usize = 8;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
-/// The first segment's share of a relayed sequence when the call does not say: on the H100 a
-/// chunk of the lead takes ~1.4 us and a chunk with outputs ~2.45 us, so both streams end
-/// together near 2.45 / (2.45 + 1.05) = 0.70; of the shares timed at T 16384 (0.65, 0.7, 0.75;
-/// kernel log, gdn_prefill row 35) 0.7 was fastest.
+/// The first segment's share of a relayed sequence when the call does not say: where both
+/// streams end together. At T 16384 on the H100 (ncu, 2026-11-25) the lead takes 201 us and the
+/// first segment's outputs walk 337 us over the first 180 chunks, the second segment's walk
+/// 148 us over the other 76; of the shares timed (0.65, 0.7, 0.75; kernel log, gdn_prefill row
+/// 35) 0.7 was fastest.
 pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 
 /// Where two waves of state blocks fit (the relay's regime), a sequence of at most this many

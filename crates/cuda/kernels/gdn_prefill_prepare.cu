@@ -124,13 +124,20 @@ __device__ __forceinline__ void build_scaled_halves_x4(const float* t_mat, const
 }
 
 // One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
-// into x[64][ld] in shared memory (zeros from row `len`) and to dst + r * row_stride when
-// `dst`; skipped when `src` is null.
+// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
+// when `dst` (at least one of the two); skipped when `src` is null.
 struct NormRows {
     const unsigned short* src;
     unsigned short* x;
     unsigned short* dst;
 };
+
+// Where normalize_rows keeps row r of a set before it is scaled: in x where the set has one,
+// else at its destination in device memory (rows r < len only; each lane reads back what it
+// wrote).
+__device__ __forceinline__ unsigned short* staged_row(const NormRows& set, int r, int ld, long long row_stride) {
+    return set.x ? set.x + r * ld : set.dst + r * row_stride;
+}
 
 // Sums each of v's N values (N a power of two, at most 32) over the warp's lanes with
 // warp_sum's additions: at offsets 16, 8, .. 1 every lane adds its partner's partial sum to its
@@ -165,9 +172,10 @@ __device__ __forceinline__ float warp_reduce_scatter(const float (&v)[N], int la
 // l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
 // with the convert kernel's arithmetic, bit for bit. Warp w takes rows w, w + 8, ...; each
 // batch of rows of both sets is loaded before any is used, so their loads are in flight
-// together, and stored raw into x while this lane's share of each row's |row|^2 is taken;
-// the batch's sums are then reduced together (warp_reduce_scatter), so each lane takes one
-// square root and division per batch instead of one per row, and each row is scaled in x.
+// together, and stored raw (staged_row) while this lane's share of each row's |row|^2 is
+// taken; the batch's sums are then reduced together (warp_reduce_scatter), so each lane takes
+// one square root and division per batch instead of one per row, and each row is read back,
+// scaled and stored.
 template <int KP>
 __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
                                                int len, int warp, int lane) {
@@ -199,8 +207,11 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
             for (int s = 0; s < 2; ++s) {
 #pragma unroll
                 for (int i = 0; i < BATCH; ++i) {
+                    const int r = warp + 8 * (b + i);
                     sums[s * BATCH + i] = bf16_words_sum_sq<PER>(bits[s][i]);
-                    if (sets[s].src) store_bf16_words<PER>(sets[s].x + (warp + 8 * (b + i)) * ld, lane, bits[s][i]);
+                    if (sets[s].src && (sets[s].x || r < len)) {
+                        store_bf16_words<PER>(staged_row(sets[s], r, ld, row_stride), lane, bits[s][i]);
+                    }
                 }
             }
         }
@@ -214,9 +225,9 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
                 const float row_factor = __shfl_sync(0xffffffffu, factor, (s * BATCH + i) << SHIFT);
                 if (r < len) {
                     unsigned bits[WORDS];
-                    load_bf16_words<PER>(sets[s].x + r * ld, lane, bits);
+                    load_bf16_words<PER>(staged_row(sets[s], r, ld, row_stride), lane, bits);
                     scale_bf16_words<PER>(bits, row_factor);
-                    store_bf16_words<PER>(sets[s].x + r * ld, lane, bits);
+                    if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits);
                     if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits);
                 }
             }
@@ -345,7 +356,8 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const NormRows sets[2] = {
             {(const unsigned short*)p.k_src + key_offset, keys,
              nullptr},
-            {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr, queries, q_rows},
+            {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr,
+             with_scores ? queries : nullptr, q_rows},
         };
         normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
     }

@@ -483,7 +483,7 @@ for line in sys.stdin:
     du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
     ;;
 prefill-variants)
-    # Each variant (PREFILL_VARIANTS, default "mma mma-prefetch": a word sets
+    # Each variant (PREFILL_VARIANTS, default "scalar mma mma-prefetch": a word sets
     # DELTAKV_PREFILL_PREPARE=word (mma is the library default), `default` the library's
     # defaults, `NAME=VALUE` that variable, e.g. DELTAKV_PREFILL_RELAY=off; with
     # PREFILL_SUITES=first only the first variant runs the suites) through the prefill suites, then
@@ -500,7 +500,7 @@ prefill-variants)
     summary=()
     budget=${PREFILL_VARIANTS_BUDGET:-470}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-    variants=${PREFILL_VARIANTS:-mma mma-prefetch}
+    variants=${PREFILL_VARIANTS:-scalar mma mma-prefetch}
     use() {
         unset DELTAKV_PREFILL_PREPARE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
         case "$1" in

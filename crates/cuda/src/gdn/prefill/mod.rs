@@ -52,23 +52,27 @@ pub use plan::Split;
 use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
 use relay::{FinalStaging, Kernel, RelayLaunch};
 
-/// The prefill kernels' source: the state walks (lockstep, overlapped, lead), the transition,
-/// the combine and the convert kernel.
+/// The prefill kernels' source.
 pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
         include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
+        include_str!("../../../kernels/gdn_prefill_inverse.cu"),
+        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),
 };
 
-/// The prepare kernels (`gdn_prefill_prepare_mma_*`: A, T = (I + A)^-1 with T's blocks below
-/// its diagonal on tensor cores, W and U), a module of their own.
+/// The prepare kernels with T's blocks below its diagonal on tensor cores
+/// (`gdn_prefill_prepare_mma_*`, see `PrepareKernel`), a module of their own so the default
+/// scalar source does not grow: the default prepare (`DELTAKV_PREFILL_PREPARE=scalar` loads the
+/// scalar one instead).
 pub const SOURCE_PREPARE_MMA: KernelSource = KernelSource {
     name: "gdn_prefill_prepare_mma",
     text: concat!(
+        "#define PF_PREPARE_MMA 1\n",
         include_str!("../../../kernels/gdn_prefill.cu"),
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
         include_str!("../../../kernels/gdn_prefill_prepare.cu")
@@ -408,8 +412,12 @@ impl PrefillLaunch {
             )));
         }
         let prepare_kernel = prepare_kernel_from_env();
-        let prepare = cuda.function(&SOURCE_PREPARE_MMA, prepare_name(kp, vp))?;
-        let prepare_bytes = prepare_smem(kp, vp, heads_per_block);
+        let prepare = match prepare_kernel {
+            PrepareKernel::Scalar => &SOURCE,
+            PrepareKernel::Mma | PrepareKernel::MmaPrefetch => &SOURCE_PREPARE_MMA,
+        };
+        let prepare = cuda.function(prepare, prepare_name(kp, vp, prepare_kernel))?;
+        let prepare_bytes = prepare_smem(kp, vp, heads_per_block, prepare_kernel);
         if prepare_kernel == PrepareKernel::MmaPrefetch {
             let per_sm = prepare
                 .occupancy_max_active_blocks_per_multiprocessor(256, prepare_bytes, None)

@@ -483,9 +483,9 @@ for line in sys.stdin:
     du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
     ;;
 prefill-variants)
-    # Each variant (PREFILL_VARIANTS, default "scalar mma mma-prefetch": a word sets
-    # DELTAKV_PREFILL_PREPARE=word (mma is the library default), `default` the library's
-    # defaults, `NAME=VALUE` that variable, e.g. DELTAKV_PREFILL_RELAY=off; with
+    # Each variant (PREFILL_VARIANTS, default "default DELTAKV_PREFILL_STATE=lockstep":
+    # `default` the library's defaults, `NAME=VALUE` that variable, e.g.
+    # DELTAKV_PREFILL_RELAY=off; with
     # PREFILL_SUITES=first only the first variant runs the suites) through the prefill suites, then
     # `bench gdn` at T 4096 and 16384 and ncu's per-kernel times at T 16384; then, while the
     # call has time (PREFILL_VARIANTS_BUDGET seconds, default 470), compute-sanitizer memcheck
@@ -500,13 +500,13 @@ prefill-variants)
     summary=()
     budget=${PREFILL_VARIANTS_BUDGET:-470}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-    variants=${PREFILL_VARIANTS:-scalar mma mma-prefetch}
+    variants=${PREFILL_VARIANTS:-default DELTAKV_PREFILL_STATE=lockstep}
     use() {
-        unset DELTAKV_PREFILL_PREPARE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
+        unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
         case "$1" in
         default) ;;
         *=*) export "${1?}" ;;
-        *) export DELTAKV_PREFILL_PREPARE=$1 ;;
+        *) echo "prefill-variants: a variant is \`default\` or NAME=VALUE, not \`$1\`" >&2; exit 2 ;;
         esac
     }
     first_variant=${variants%% *}

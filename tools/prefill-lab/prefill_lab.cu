@@ -33,8 +33,7 @@ __device__ long long* lab_phase_clock;
     if (threadIdx.x == 0 && lab_phase_clock)                                                  \
         lab_phase_clock[((long long)blockIdx.y * gridDim.x + blockIdx.x) * LAB_MARKS + (phase)] = clock64();
 
-// The library's tensor-core prepare module (the default prepare): the reference here.
-#define PF_PREPARE_MMA 1
+// The library's prepare module: the reference here.
 #include "../../crates/cuda/kernels/gdn_prefill.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_inverse.cu"
 #include "../../crates/cuda/kernels/gdn_prefill_prepare.cu"

@@ -84,9 +84,6 @@ struct PrefillParams {
                              // chunk copies; bf16, K == KP)
     float scale;
     float reset_gate;
-    int prefetch_ahead;      // prepare (tensor-core module): prefetch into L2 the inputs of the
-                             // block this many launch positions ahead (the blocks resident
-                             // at once), or 0
 };
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
@@ -417,6 +414,10 @@ struct FragmentDecays {
     // D_ij for the entry at row h (index i) and column pair n (index j, its even or odd column).
     __device__ __forceinline__ float at(int h, int n, int i, int j) const {
         if (!factored) return pair_decay_exact(gates, i, j);
+        return factored_at(h, n, i, j);
+    }
+    // `at` where the caller has checked `factored` (no branch per entry).
+    __device__ __forceinline__ float factored_at(int h, int n, int i, int j) const {
         return j <= i ? up[h] * ((j & 1) ? down[n].y : down[n].x) : 0.0f;
     }
 };
@@ -465,21 +466,38 @@ __device__ __forceinline__ void store_bf16_words(unsigned short* row, int lane,
     }
 }
 
+// This lane's share of a row's |row|^2 (its PER elements as bf16 pairs), in the order every
+// l2 norm of the prefill uses, so their results agree bit for bit.
+template <int PER>
+__device__ __forceinline__ float bf16_words_sum_sq(const unsigned (&bits)[PER / 2]) {
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER / 2; ++j) {
+        const float lo = bf16_to_f32((unsigned short)(bits[j] & 0xffffu));
+        const float hi = bf16_to_f32((unsigned short)(bits[j] >> 16));
+        sum_sq += lo * lo + hi * hi;
+    }
+    return sum_sq;
+}
+
+// The words scaled by `factor` (1 / sqrt(|row|^2 + 1e-6)) and rounded to bf16.
+template <int PER>
+__device__ __forceinline__ void scale_bf16_words(unsigned (&bits)[PER / 2], float factor) {
+#pragma unroll
+    for (int j = 0; j < PER / 2; ++j) {
+        bits[j] = pack_bf16(bf16_to_f32((unsigned short)(bits[j] & 0xffffu)) * factor,
+                            bf16_to_f32((unsigned short)(bits[j] >> 16)) * factor);
+    }
+}
+
+__device__ __forceinline__ float l2_factor(float sum_sq) { return 1.0f / sqrtf(sum_sq + 1e-6f); }
+
 // row / sqrt(|row|^2 + 1e-6) in f32, rounded to bf16; the row spread over the warp's lanes
-// (PER elements each). Every lane of the warp must take part.
+// (PER elements each), its squares summed across them by warp_sum. Every lane of the warp must
+// take part.
 template <int PER>
 __device__ __forceinline__ void normalize_bf16_words(unsigned (&bits)[PER / 2]) {
-    constexpr int WORDS = PER / 2;
-    float lo[WORDS], hi[WORDS], sum_sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < WORDS; ++j) {
-        lo[j] = bf16_to_f32((unsigned short)(bits[j] & 0xffffu));
-        hi[j] = bf16_to_f32((unsigned short)(bits[j] >> 16));
-        sum_sq += lo[j] * lo[j] + hi[j] * hi[j];
-    }
-    const float factor = 1.0f / sqrtf(warp_sum(sum_sq) + 1e-6f);
-#pragma unroll
-    for (int j = 0; j < WORDS; ++j) bits[j] = pack_bf16(lo[j] * factor, hi[j] * factor);
+    scale_bf16_words<PER>(bits, l2_factor(warp_sum(bf16_words_sum_sq<PER>(bits))));
 }
 
 template <int PER>

@@ -1,23 +1,17 @@
 // GDN chunked prefill: T = (I + A)^-1 of a chunk's strictly lower A (f32 [64][PF_LDF] in
 // shared memory) for the prepare kernel (gdn_prefill_prepare.cu). The library compiles the
-// files as one source, in the order gdn_prefill.cu, this file, the prepare, the state passes.
+// prepare's module as one source, in the order gdn_prefill.cu, this file, the prepare.
 //
 // Blockwise: the 16 x 16 diagonal blocks T_II by forward substitution, then the blocks below
 // them in two levels. Level 1, in both 32 x 32 diagonal blocks (at 0 and 32): T_21 = -T_22
 // (A_21 T_11) on 16 x 16 blocks. Level 2: T_BA = -T_BB (A_BA T_AA) on the 32 x 32 blocks.
-// Two forms of the levels: `invert_below_scalar` (f32 FMAs, 2 x 2 micro-tiles per thread)
-// and `invert_below_mma` (tensor cores, tf32 m16n8k8 with each operand split hi + lo, three
-// products per step, ~22 bits: each warp keeps its product A T in registers and feeds it to
-// the second product through shuffles, so a level needs no barrier inside).
+// The levels run on tensor cores (`invert_below_mma`: tf32 m16n8k8 with each operand split hi
+// + lo, three products per step, ~22 bits): each warp keeps its product A T in registers and
+// feeds it to the second product through shuffles, so a level needs no barrier inside.
 
-// f32 elements per row of A and T: 65 (every column access of the f32 FMA forms lands in
-// distinct banks) or, in the tensor-core module, 68 (each tf32 A-fragment load reads 32
-// distinct banks, B-fragment loads and accumulator stores two ways).
-#ifdef PF_PREPARE_MMA
+// f32 elements per row of A and T: 68, so each tf32 A-fragment load reads 32 distinct banks
+// (B-fragment loads and accumulator stores two ways).
 #define PF_LDF (PF_CHUNK + 4)
-#else
-#define PF_LDF (PF_CHUNK + 1)
-#endif
 
 // The diagonal blocks of T (and zeros above them). Column j by the four lanes of a quad:
 // lane part p sums the terms m = p (mod 4) of T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps
@@ -44,107 +38,6 @@ __device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float
     // The blocks above the diagonal blocks are zero (T is lower triangular); those below are
     // written by the levels.
     for (int r = part; r < base; r += 4) t_mat[r * PF_LDF + j] = 0.0f;
-}
-
-// The levels on f32 FMAs. Each product A T lands in A's own place (A is not read again),
-// computed into registers first; each thread owns a 2 x 2 micro-tile (rows i, i + h; columns
-// j, j + w), so every value it loads feeds two multiply-adds. Ends with a barrier.
-__device__ __forceinline__ void invert_below_scalar(float* a_mat, float* t_mat) {
-    constexpr int LDF = PF_LDF;
-    // Level 1: 2 blocks x 16 x 16 outputs = 128 micro-tiles (rows i, i + 8; columns j, j + 8)
-    // over threads 0..127.
-    const int level1 = threadIdx.x < 128;
-    const int blk = (threadIdx.x >> 6) & 1, ii = (threadIdx.x >> 3) & 7, jj = threadIdx.x & 7;
-    const int row = 32 * blk + 16 + ii, col = 32 * blk + jj;  // in A_21 / T_21
-    float x00 = 0.0f, x08 = 0.0f, x80 = 0.0f, x88 = 0.0f;
-    if (level1) {
-        const float* a0 = a_mat + row * LDF + 32 * blk;
-        const float* a8 = a0 + 8 * LDF;
-        const float* t = t_mat + (32 * blk) * LDF + col;  // T_11 column col, rows from 0
-#pragma unroll
-        for (int m = 0; m < 16; ++m) {
-            const float p0 = a0[m], p8 = a8[m], q0 = t[m * LDF], q8 = t[m * LDF + 8];
-            x00 += p0 * q0;
-            x08 += p0 * q8;
-            x80 += p8 * q0;
-            x88 += p8 * q8;
-        }
-    }
-    __syncthreads();
-    if (level1) {
-        float* x = a_mat + row * LDF + col;
-        x[0] = x00;
-        x[8] = x08;
-        x[8 * LDF] = x80;
-        x[8 * LDF + 8] = x88;
-    }
-    __syncthreads();
-    if (level1) {
-        // T_21 = -T_22 X: T_22 rows row, row + 8 (lower triangular: m <= ii + 8).
-        const float* t0 = t_mat + row * LDF + 32 * blk + 16;
-        const float* t8 = t0 + 8 * LDF;
-        const float* x = a_mat + (32 * blk + 16) * LDF + col;
-        float y00 = 0.0f, y08 = 0.0f, y80 = 0.0f, y88 = 0.0f;
-        for (int m = 0; m <= ii + 8; ++m) {
-            const float p0 = t0[m], p8 = t8[m], q0 = x[m * LDF], q8 = x[m * LDF + 8];
-            y00 -= p0 * q0;
-            y08 -= p0 * q8;
-            y80 -= p8 * q0;
-            y88 -= p8 * q8;
-        }
-        float* out = t_mat + row * LDF + col;
-        out[0] = y00;
-        out[8] = y08;
-        out[8 * LDF] = y80;
-        out[8 * LDF + 8] = y88;
-    }
-    __syncthreads();
-    // Level 2: 32 x 32 outputs = 256 micro-tiles (rows i, i + 16; columns j, j + 16).
-    const int i2 = threadIdx.x >> 4, j2 = threadIdx.x & 15;
-    const int row2 = 32 + i2;
-    float z00 = 0.0f, z0h = 0.0f, zh0 = 0.0f, zhh = 0.0f;
-    {
-        const float* a0 = a_mat + row2 * LDF;
-        const float* a16 = a0 + 16 * LDF;
-        const float* t = t_mat + j2;  // T_AA column j2, rows from 0
-#pragma unroll 8
-        for (int m = 0; m < 32; ++m) {
-            const float p0 = a0[m], p16 = a16[m], q0 = t[m * LDF], q16 = t[m * LDF + 16];
-            z00 += p0 * q0;
-            z0h += p0 * q16;
-            zh0 += p16 * q0;
-            zhh += p16 * q16;
-        }
-    }
-    __syncthreads();
-    {
-        float* x = a_mat + row2 * LDF + j2;
-        x[0] = z00;
-        x[16] = z0h;
-        x[16 * LDF] = zh0;
-        x[16 * LDF + 16] = zhh;
-    }
-    __syncthreads();
-    {
-        // T_BA = -T_BB X: T_BB rows row2, row2 + 16 (lower triangular: m <= i2 + 16).
-        const float* t0 = t_mat + row2 * LDF + 32;
-        const float* t16 = t0 + 16 * LDF;
-        const float* x = a_mat + 32 * LDF + j2;
-        float y00 = 0.0f, y0h = 0.0f, yh0 = 0.0f, yhh = 0.0f;
-        for (int m = 0; m <= i2 + 16; ++m) {
-            const float p0 = t0[m], p16 = t16[m], q0 = x[m * LDF], q16 = x[m * LDF + 16];
-            y00 -= p0 * q0;
-            y0h -= p0 * q16;
-            yh0 -= p16 * q0;
-            yhh -= p16 * q16;
-        }
-        float* out = t_mat + row2 * LDF + j2;
-        out[0] = y00;
-        out[16] = y0h;
-        out[16 * LDF] = yh0;
-        out[16 * LDF + 16] = yhh;
-    }
-    __syncthreads();
 }
 
 // ---------------------------------------------------------------------------------------

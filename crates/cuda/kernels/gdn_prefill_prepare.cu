@@ -1,11 +1,12 @@
 // GDN chunked prefill, the prepare kernel: A, T = (I + A)^-1, W and U of every chunk (the math
 // and the other kernels are in gdn_prefill.cu, whose helpers this file uses; the library
-// compiles the files as one source, in the order gdn_prefill.cu, this file, the state passes).
+// compiles the prepare's module as one source: gdn_prefill.cu, gdn_prefill_inverse.cu, this
+// file).
 
 // Phase marks for tools/prefill-lab (which defines PF_MARK to record clocks); none here.
 // The prepare kernel marks 0 at entry, 1 when its inputs are in shared memory, then for the
 // j-th value head of its group: 2 + 5j when A is in shared memory (for j = 0 after the
-// products and every head's scores), 3 + 5j after T's diagonal blocks, 4 + 5j after the
+// products, every head's scores and its A), 3 + 5j after T's diagonal blocks, 4 + 5j after the
 // blocks below them, 5 + 5j after W, 6 + 5j after U.
 #ifndef PF_MARK
 #define PF_MARK(phase)
@@ -21,29 +22,25 @@
 #endif
 
 // T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][PF_LDF] in shared memory) into
-// t_mat (gdn_prefill_inverse.cu): the blocks below the diagonal blocks on f32 FMAs (A
-// overwritten) or, with MMA_INVERSE, on tf32 tensor cores (A only read). Every thread of the
-// block (256) takes part; ends with a barrier. Marks `mark` after the diagonal blocks.
-template <bool MMA_INVERSE>
+// t_mat (gdn_prefill_inverse.cu): the blocks below the diagonal blocks on tf32 tensor cores
+// (A only read). Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
+// after the diagonal blocks.
 __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, int mark) {
     invert_diagonal_blocks(a_mat, t_mat);
     __syncthreads();
     PF_MARK(mark);
-    if constexpr (MMA_INVERSE) {
-        invert_below_mma(a_mat, t_mat);
-    } else {
-        invert_below_scalar(a_mat, t_mat);
-    }
+    invert_below_mma(a_mat, t_mat);
 }
 
 // One value head's share of the chunk products (each warp's 16 x 32 fragments at rows
 // row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
-// when given, and the scores Q K^T o D (bf16) to `scores` when given.
-__device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
-                                                      const ChunkGates& gates, float* a_mat,
-                                                      unsigned short* scores, int row_tile,
-                                                      int half, int lane) {
-    const FragmentDecays<4> decay(gates, row_tile, 32 * half, lane);
+// when given, and the scores Q K^T o D (bf16) to `scores` when given. D_ij from `decay` when
+// FACTORED (the caller has checked that the chunk's decays factor), else the exact form.
+template <bool FACTORED>
+__device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], const float (&qk)[4][4],
+                                                     const ChunkGates& gates, float* a_mat,
+                                                     unsigned short* scores, int row_tile, int half,
+                                                     int lane, const FragmentDecays<4>& decay) {
     float beta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) beta[h] = a_mat ? gates.beta[row_tile + (lane >> 2) + 8 * h] : 0.0f;
@@ -53,7 +50,8 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
             const int j = 32 * half + 8 * n + 2 * (lane & 3);
-            const float d0 = decay.at(h, n, i, j), d1 = decay.at(h, n, i, j + 1);
+            const float d0 = FACTORED ? decay.factored_at(h, n, i, j) : pair_decay_exact(gates, i, j);
+            const float d1 = FACTORED ? decay.factored_at(h, n, i, j + 1) : pair_decay_exact(gates, i, j + 1);
             if (a_mat) {
                 const float a0 = j < i ? beta[h] * kk[n][2 * h] * d0 : 0.0f;
                 const float a1 = j + 1 < i ? beta[h] * kk[n][2 * h + 1] * d1 : 0.0f;
@@ -64,8 +62,24 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
                     a_mat[i * PF_LDF + j + 1] = a1;
                 }
             }
-            if (scores) *(unsigned*)(scores + swizzled(i, j, PF_CHUNK)) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            if (scores) {
+                *(unsigned*)(scores + swizzled(i, j, PF_CHUNK)) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+            }
         }
+    }
+}
+
+// store_masked_entries with the decays of `gates`: where they factor, every entry's D_ij is
+// up_i down_j from registers (one path without a branch per entry); otherwise the exact form.
+__device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
+                                                      const ChunkGates& gates, float* a_mat,
+                                                      unsigned short* scores, int row_tile,
+                                                      int half, int lane) {
+    const FragmentDecays<4> decay(gates, row_tile, 32 * half, lane);
+    if (decay.factored) {
+        store_masked_entries<true>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
+    } else {
+        store_masked_entries<false>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
     }
 }
 
@@ -110,90 +124,105 @@ __device__ __forceinline__ void build_scaled_halves_x4(const float* t_mat, const
 }
 
 // One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
-// into x[64][ld] in shared memory when `x` (zeros from row `len`) and to dst + r * row_stride
-// when `dst`; skipped when `src` is null.
+// into x[64][ld] in shared memory (zeros from row `len`) and to dst + r * row_stride when
+// `dst`; skipped when `src` is null.
 struct NormRows {
     const unsigned short* src;
     unsigned short* x;
     unsigned short* dst;
 };
 
+// Sums each of v's N values (N a power of two, at most 32) over the warp's lanes with
+// warp_sum's additions: at offsets 16, 8, .. 1 every lane adds its partner's partial sum to its
+// own, as warp_sum does, but while more than one value is left it keeps only half of them (the
+// upper half where its lane has the offset's bit) and sends the partner the other half. Lane l
+// ends with the total of value l >> (5 - log2 N), bit for bit warp_sum's total of that value.
+template <int N, int OFFSET = 16>
+__device__ __forceinline__ float warp_reduce_scatter(const float (&v)[N], int lane) {
+    if constexpr (N > 1) {
+        constexpr int HALF = N / 2;
+        const bool upper = (lane & OFFSET) != 0;
+        float kept[HALF];
+#pragma unroll
+        for (int k = 0; k < HALF; ++k) {
+            const float send = upper ? v[k] : v[k + HALF];
+            const float keep = upper ? v[k + HALF] : v[k];
+            kept[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+        }
+        if constexpr (OFFSET > 1) {
+            return warp_reduce_scatter<HALF, OFFSET / 2>(kept, lane);
+        } else {
+            return kept[0];
+        }
+    } else {
+        float x = v[0];
+#pragma unroll
+        for (int offset = OFFSET; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+        return x;
+    }
+}
+
 // l2-normalises the chunk's rows of one key head (KP = K elements per row) in both `sets`
-// with the convert kernel's arithmetic. Warp w takes rows w, w + 8, ...; each batch of rows
-// of both sets is loaded before any is normalised, so their loads are in flight together.
+// with the convert kernel's arithmetic, bit for bit. Warp w takes rows w, w + 8, ...; each
+// batch of rows of both sets is loaded before any is used, so their loads are in flight
+// together, and stored raw into x while this lane's share of each row's |row|^2 is taken;
+// the batch's sums are then reduced together (warp_reduce_scatter), so each lane takes one
+// square root and division per batch instead of one per row, and each row is scaled in x.
 template <int KP>
 __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld, long long row_stride,
                                                int len, int warp, int lane) {
     constexpr int PER = KP / 32, WORDS = PER / 2;
     constexpr int ROWS = PF_CHUNK / 8;                  // per warp
     constexpr int BATCH = WORDS <= 2 ? ROWS : ROWS / 2;  // 32 registers of loads in flight
+    constexpr int SUMS = 2 * BATCH;                     // rows of both sets in a batch
+    static_assert(SUMS == 8 || SUMS == 16, "warp_reduce_scatter's value count");
+    constexpr int SHIFT = SUMS == 16 ? 1 : 2;           // lane (k << SHIFT) holds row k's factor
 #pragma unroll
     for (int b = 0; b < ROWS; b += BATCH) {
-        unsigned bits[2][BATCH][WORDS];
+        float sums[SUMS];
+        {
+            unsigned bits[2][BATCH][WORDS];
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
+            for (int s = 0; s < 2; ++s) {
 #pragma unroll
-            for (int i = 0; i < BATCH; ++i) {
-                const int r = warp + 8 * (b + i);
-                if (sets[s].src && r < len) {
-                    load_bf16_words<PER>(sets[s].src + r * row_stride, lane, bits[s][i]);
-                } else {
+                for (int i = 0; i < BATCH; ++i) {
+                    const int r = warp + 8 * (b + i);
+                    if (sets[s].src && r < len) {
+                        load_bf16_words<PER>(sets[s].src + r * row_stride, lane, bits[s][i]);
+                    } else {
 #pragma unroll
-                    for (int w = 0; w < WORDS; ++w) bits[s][i][w] = 0u;
+                        for (int w = 0; w < WORDS; ++w) bits[s][i][w] = 0u;
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+#pragma unroll
+                for (int i = 0; i < BATCH; ++i) {
+                    sums[s * BATCH + i] = bf16_words_sum_sq<PER>(bits[s][i]);
+                    if (sets[s].src) store_bf16_words<PER>(sets[s].x + (warp + 8 * (b + i)) * ld, lane, bits[s][i]);
                 }
             }
         }
+        const float factor = l2_factor(warp_reduce_scatter<SUMS>(sums, lane));
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
             if (!sets[s].src) continue;
 #pragma unroll
             for (int i = 0; i < BATCH; ++i) {
                 const int r = warp + 8 * (b + i);  // the same for the whole warp
+                const float row_factor = __shfl_sync(0xffffffffu, factor, (s * BATCH + i) << SHIFT);
                 if (r < len) {
-                    normalize_bf16_words<PER>(bits[s][i]);
-                    if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits[s][i]);
+                    unsigned bits[WORDS];
+                    load_bf16_words<PER>(sets[s].x + r * ld, lane, bits);
+                    scale_bf16_words<PER>(bits, row_factor);
+                    store_bf16_words<PER>(sets[s].x + r * ld, lane, bits);
+                    if (sets[s].dst) store_bf16_words<PER>(sets[s].dst + r * row_stride, lane, bits);
                 }
-                if (sets[s].x) store_bf16_words<PER>(sets[s].x + r * ld, lane, bits[s][i]);
             }
         }
     }
 }
-
-#ifdef PF_PREPARE_MMA
-// Prefetches into L2 (evict-last) the k, q and v rows that the prepare block at launch
-// position `block` (x fastest) will read: with `prefetch_ahead` = the blocks resident at once,
-// that block starts about when this one ends, so its loads find L2 rather than every block of
-// a wave asking DRAM at once while DRAM idles through the waves' compute.
-template <int KP, int VP>
-__device__ __forceinline__ void prefetch_block_inputs(const PrefillParams& p, long long block) {
-    const long long chunks = gridDim.x;
-    if (block >= chunks * gridDim.y) return;
-    const int chunk = (int)(block % chunks), row = (int)(block / chunks);
-    const int key_head = row / p.head_groups, group = row - key_head * p.head_groups;
-    const int ratio = p.value_heads / p.key_heads;
-    const int head0 = key_head * ratio + group * p.heads_per_block;
-    const int count = min(p.heads_per_block, ratio - group * p.heads_per_block);
-    const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
-    const int len = ((const int*)p.chunk_len)[chunk];
-    const unsigned short* keys = (const unsigned short*)(p.fused_qk_norm ? p.k_src : p.k);
-    const unsigned short* queries = (const unsigned short*)(p.fused_qk_norm ? p.q_src : p.q);
-    const unsigned short* values = (const unsigned short*)p.v;
-    constexpr int KEY_LINES = KP * 2 / 128, VALUE_LINES = VP * 2 / 128;  // per row and head
-    const int lines = 2 * KEY_LINES + count * VALUE_LINES;
-    for (int idx = threadIdx.x; idx < len * lines; idx += blockDim.x) {
-        const int t = idx / lines, line = idx - t * lines;
-        const long long r = first_row + t;
-        const unsigned short* at;
-        if (line < 2 * KEY_LINES) {
-            const int part = line % KEY_LINES;
-            at = (line < KEY_LINES ? keys : queries) + (r * p.key_heads + key_head) * KP + 64 * part;
-        } else {
-            at = values + (r * p.value_heads + head0) * VP + 64 * (line - 2 * KEY_LINES);
-        }
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(at));
-    }
-}
-#endif
 
 // ---------------------------------------------------------------------------------------
 // Prepare: A, T, W, U for one chunk and a group of value heads of one key head (GVA: the
@@ -210,10 +239,11 @@ __device__ __forceinline__ void prefetch_block_inputs(const PrefillParams& p, lo
 //
 // Shared memory (the launcher's prepare_smem mirrors it): heads_per_block ChunkGates records
 // (PF_GATES_BYTES each), k [64][LDK], v [64][LDV] (bf16), A [64][LDF] (f32), 816 floats, T
-// [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed; T's bf16 halves
-// [64][LDC] take A's space and the 816 floats once T is complete.
+// [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed (at K > 128 A's
+// space, for the l2 norm only); T's bf16 halves [64][LDC] take A's space and the 816 floats
+// once T is complete.
 
-template <int KP, int VP, bool MMA_INVERSE>
+template <int KP, int VP>
 __device__ void prepare_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
     constexpr int LDF = PF_LDF;  // f32 rows of A and T
@@ -230,8 +260,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
     float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
     unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
     unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
-    // The queries (for the scores) in the space T takes later.
-    unsigned short* queries = (unsigned short*)(a_mat + PF_CHUNK * LDF);  // [64][LDK]
+    // q's rows: at K <= 128 in the space T takes later (the scores read them after A's
+    // space is written); at K > 128, which has no scores (the lockstep pass alone), only the
+    // l2 norm stages them, in A's and T's space (38 KB against the 33 KB of 64 rows of 264).
+    unsigned short* queries = (unsigned short*)(KP <= 128 ? a_mat + PF_CHUNK * LDF : a_mat);  // [64][LDK]
+    static_assert(KP <= 128 || 2 * PF_CHUNK * LDK <= 4 * (2 * PF_CHUNK * LDF + 3 * 16 * 17),
+                  "q's staging rows fit in A's and T's space");
+    static_assert(KP > 128 || 2 * PF_CHUNK * LDK <= 4 * PF_CHUNK * LDF, "q's rows fit in T's space");
 
     const int chunk = blockIdx.x;
     const int key_head = blockIdx.y / p.head_groups, group = blockIdx.y - key_head * p.head_groups;
@@ -240,7 +275,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const int count = min(group_heads, ratio - group * group_heads);  // >= 1 (the launcher's plan)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row_tile = 16 * (warp & 3), half = warp >> 2;
-    const bool with_scores = p.scores != 0;
+    const bool with_scores = KP <= 128 && p.scores != 0;  // the overlapped pass's, K <= 128
     PF_MARK(0);
     const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
     const int len = ((const int*)p.chunk_len)[chunk];
@@ -282,8 +317,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const NormRows sets[2] = {
             {(const unsigned short*)p.k_src + key_offset, keys,
              nullptr},
-            {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr,
-             with_scores ? queries : nullptr, q_rows},
+            {with_scores || q_rows ? (const unsigned short*)p.q_src + key_offset : nullptr, queries, q_rows},
         };
         normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
     }
@@ -299,12 +333,6 @@ __device__ void prepare_impl(const PrefillParams& p) {
         bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }
-#ifdef PF_PREPARE_MMA
-    // Here, before K K^T holds registers for the rest of the block (later it would spill).
-    if (p.prefetch_ahead > 0) {
-        prefetch_block_inputs<KP, VP>(p, blockIdx.x + (long long)gridDim.x * blockIdx.y + p.prefetch_ahead);
-    }
-#endif
     {
         // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
         const unsigned* from = (const unsigned*)smem_raw;
@@ -314,7 +342,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     }
 
     // K K^T and, for the overlapped state pass, Q K^T (both products share the K operands):
-    // K K^T is kept for every head's A; each head's scores Q K^T o D go to device memory now.
+    // K K^T is kept for every head's A; each head's scores Q K^T o D go to device memory first.
     float kk[4][4];
     {
         float qk[4][4];
@@ -340,26 +368,24 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 }
             }
         }
-        for (int j = 0; j < count; ++j) {
+        // Every head's scores now (Q K^T's registers are free after them); A later, per head.
+        for (int j = 0; with_scores && j < count; ++j) {
             unsigned short* scores =
-                with_scores ? (unsigned short*)p.scores +
-                                  ((long long)chunk * p.value_heads + head0 + j) * PF_SCORES_ELEMS
-                            : nullptr;
-            store_masked_products(kk, qk, gates_of(j), j == 0 ? a_mat : nullptr, scores, row_tile,
-                                  half, lane);
+                (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_SCORES_ELEMS;
+            store_masked_products(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
         }
     }
 
     for (int j = 0; j < count; ++j) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
-        // A of this head (the first head's was stored with the products).
-        if (j > 0) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        // A of this head.
+        store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
         // The bulk copies of k and q have read them (T takes q's space).
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();
         PF_MARK(2 + 5 * j);
-        invert_unit_lower<MMA_INVERSE>(a_mat, t_mat, 3 + 5 * j);
+        invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
@@ -422,28 +448,25 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
         // The next head's v into the buffer U has finished reading.
         if (j + 1 < count) {
-            copy_rows_async<VP>(values, LDV, chunk_values + (long long)(head + 1) * VP, value_stride, len);
+            // The chunk's first row read again rather than held in registers through the block
+            // (an opaque load, so the compiler cannot keep the first one's value instead).
+            long long row;
+            asm volatile("ld.global.nc.b64 %0, [%1];"
+                         : "=l"(row)
+                         : "l"((const long long*)p.chunk_first_row + chunk));
+            const unsigned short* next = (const unsigned short*)p.v + (row * p.value_heads + head + 1) * VP;
+            copy_rows_async<VP>(values, LDV, next, value_stride, len);
             cp_async_commit();
         }
     }
 }
 
-// `gdn_prefill_prepare_*` (the inverse's levels on f32 FMAs) or, where the source defines
-// PF_PREPARE_MMA (the library's second prefill source, the default prepare),
 // `gdn_prefill_prepare_mma_*` (the inverse's levels on tf32 tensor cores).
-#ifdef PF_PREPARE_MMA
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
     extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
         gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
-        prepare_impl<KP, VP, true>(p);                                                        \
+        prepare_impl<KP, VP>(p);                                                              \
     }
-#else
-#define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
-        gdn_prefill_prepare_k##KP##_v##VP(PrefillParams p) {                                  \
-        prepare_impl<KP, VP, false>(p);                                                       \
-    }
-#endif
 
 PF_ENTRY_POINTS(64, 64)
 PF_ENTRY_POINTS(64, 128)

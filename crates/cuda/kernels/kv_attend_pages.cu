@@ -15,30 +15,6 @@
 
 #define KVP_STAGES 2
 
-__device__ __forceinline__ void kvp_bar_init(unsigned long long* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// One bulk copy of `bytes` into shared memory, completing on `bar` (which expects them).
-__device__ __forceinline__ void kvp_bulk_load(void* dst, const void* src, unsigned bytes,
-                                              unsigned long long* bar) {
-    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
-                 ::"r"(shared_address(bar)), "r"(bytes) : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
-}
-
-__device__ __forceinline__ void kvp_bar_wait(unsigned long long* bar, unsigned phase) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done) : "r"(shared_address(bar)), "r"(phase) : "memory");
-    }
-}
-
 // One tile's codes and norms from a staged page section (rows `off` .. off + 15 of the page;
 // `first` is the tile's first token in the sequence).
 template <int BK, int BV, int DP>
@@ -93,8 +69,8 @@ __device__ __forceinline__ void kvp_refill(const KvAttnParams& p, const int* tab
         if (it + 1 < n_mine) next_page = table_row[first_mine + KVM_WARPS * (it + 1)];
         // The head's section offset formed here, not held in a register through the loop.
         const unsigned* head0 = p.pool + (long long)(blockIdx.y / p.row_chunks) * p.head_words;
-        kvp_bulk_load(ring + stage * p.head_words, head0 + page * p.page_words, 4u * p.head_words,
-                      bar);
+        bulk_expect(bar, 4u * p.head_words);
+        bulk_load(ring + stage * p.head_words, head0 + page * p.page_words, 4u * p.head_words, bar);
     }
 }
 
@@ -136,13 +112,13 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     int next_page = 0;  // lane 0: the table entry of the next copy
     if (lane == 0) {
 #pragma unroll
-        for (int s = 0; s < KVP_STAGES; ++s) kvp_bar_init(&full[warp][s]);
+        for (int s = 0; s < KVP_STAGES; ++s) bulk_barrier_init(&full[warp][s]);
         if (n_mine > 0) next_page = table_row[first_mine];
         for (int s = 0; s < KVP_STAGES && s < n_mine; ++s) {
             const long long page = next_page;
             if (s + 1 < n_mine) next_page = table_row[first_mine + KVM_WARPS * (s + 1)];
-            kvp_bulk_load(ring + s * section_words, head0 + page * p.page_words, section_bytes,
-                          &full[warp][s]);
+            bulk_expect(&full[warp][s], section_bytes);
+            bulk_load(ring + s * section_words, head0 + page * p.page_words, section_bytes, &full[warp][s]);
         }
     }
     kvm_prologue<BK, BV, DP>(p, st, early, q, qin, bq_s, b, h, chunk);  // barriers publish the mbarriers
@@ -155,7 +131,7 @@ __device__ __forceinline__ void kvp_pass1(const KvAttnParams& p) {
     kvm_run_init(p, st, len, chunk, run);
     for (int it = 0; it < n_mine; ++it) {
         const int stage = it % KVP_STAGES;
-        kvp_bar_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
+        bulk_wait(&full[warp][stage], (it / KVP_STAGES) & 1);
         const unsigned* sec = ring + stage * section_words;
         const int page_first = (first_mine + KVM_WARPS * it) * P;
         int off = 0;

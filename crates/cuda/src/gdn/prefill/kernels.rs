@@ -51,7 +51,6 @@ pub(super) struct PrefillParams {
     pub(super) fused_qk_norm: i32,
     pub(super) scale: f32,
     pub(super) reset_gate: f32,
-    pub(super) prefetch_ahead: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -68,23 +67,14 @@ pub(super) fn walk_grid(records: u32, heads: u32, tiles: u32) -> (u32, u32, u32)
 pub(super) const MAX_WALK_SEGMENTS: usize = 65535;
 
 /// Shared memory of the prepare kernel (mirrors the carve-up in `prepare_impl`): one gates
-/// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32).
-/// q takes the space after A until T is formed; T's bf16 halves reuse A's space and the 816
-/// floats. At K = V = 128: 73,280 bytes for one head, 75,200 for two, 79,040 for four (the
-/// tensor-core inverse's rows of 68 floats: 76,736 for two); 3 blocks per SM at two heads,
-/// and room for 2 at any K and V.
-pub(super) fn prepare_smem(
-    kp: usize,
-    vp: usize,
-    heads_per_block: usize,
-    kind: PrepareKernel,
-) -> usize {
+/// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32,
+/// rows of 68). q takes the space after A until T is formed; T's bf16 halves reuse A's space
+/// and the 816 floats. At K = V = 128: 76,736 bytes for two heads (3 blocks per SM), and room
+/// for 2 at any K and V with four.
+pub(super) fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usize {
     let ldc = CHUNK + PAD;
     // f32 elements per row of A and T (the kernels' PF_LDF).
-    let ldf = match kind {
-        PrepareKernel::Scalar => CHUNK + 1,
-        PrepareKernel::Mma | PrepareKernel::MmaPrefetch => CHUNK + 4,
-    };
+    let ldf = CHUNK + 4;
     debug_assert!(2 * 2 * CHUNK * ldc <= 4 * (CHUNK * ldf + 3 * 16 * 17));
     debug_assert!(2 * CHUNK * (kp + PAD) <= 4 * (CHUNK * ldf + 3 * 16 * 17) || kp == 256);
     heads_per_block * gates_bytes()
@@ -210,53 +200,17 @@ pub(super) fn segment_chunks_from_env() -> Option<usize> {
         .filter(|&n: &usize| n > 0)
 }
 
-/// Which prepare kernel runs (the same math): the default, or the second module's
-/// (`PF_PREPARE_MMA`), which forms T's blocks below its diagonal blocks on tensor cores
-/// (`kernels/gdn_prefill_inverse.cu`), keeps rows of 68 floats for A and T and splits T four
-/// columns per thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum PrepareKernel {
-    /// `gdn_prefill_prepare_*`: f32 FMAs on the CUDA cores.
-    Scalar,
-    /// `gdn_prefill_prepare_mma_*`: tf32 tensor cores, each operand split hi + lo (~22 bits)
-    /// (the default: 540 us against the scalar 598 us at T 16384 on the H100, kernel log row 19).
-    Mma,
-    /// `Mma`, each block also prefetching into L2 the inputs of the block one wave of
-    /// resident blocks after it.
-    MmaPrefetch,
-}
-
-/// The tensor-core inverse by default; `DELTAKV_PREFILL_PREPARE=scalar` or `mma-prefetch` asks
-/// for the scalar inverse or the L2 prefetch (for comparisons).
-pub(super) fn prepare_kernel_from_env() -> PrepareKernel {
-    match std::env::var("DELTAKV_PREFILL_PREPARE").as_deref() {
-        Ok("scalar") => PrepareKernel::Scalar,
-        Ok("mma-prefetch") => PrepareKernel::MmaPrefetch,
-        _ => PrepareKernel::Mma,
-    }
-}
-
-pub(super) fn prepare_name(kp: usize, vp: usize, kind: PrepareKernel) -> &'static str {
-    let mma = kind != PrepareKernel::Scalar;
-    match (mma, kp, vp) {
-        (false, 64, 64) => "gdn_prefill_prepare_k64_v64",
-        (false, 64, 128) => "gdn_prefill_prepare_k64_v128",
-        (false, 64, _) => "gdn_prefill_prepare_k64_v256",
-        (false, 128, 64) => "gdn_prefill_prepare_k128_v64",
-        (false, 128, 128) => "gdn_prefill_prepare_k128_v128",
-        (false, 128, _) => "gdn_prefill_prepare_k128_v256",
-        (false, _, 64) => "gdn_prefill_prepare_k256_v64",
-        (false, _, 128) => "gdn_prefill_prepare_k256_v128",
-        (false, _, _) => "gdn_prefill_prepare_k256_v256",
-        (true, 64, 64) => "gdn_prefill_prepare_mma_k64_v64",
-        (true, 64, 128) => "gdn_prefill_prepare_mma_k64_v128",
-        (true, 64, _) => "gdn_prefill_prepare_mma_k64_v256",
-        (true, 128, 64) => "gdn_prefill_prepare_mma_k128_v64",
-        (true, 128, 128) => "gdn_prefill_prepare_mma_k128_v128",
-        (true, 128, _) => "gdn_prefill_prepare_mma_k128_v256",
-        (true, _, 64) => "gdn_prefill_prepare_mma_k256_v64",
-        (true, _, 128) => "gdn_prefill_prepare_mma_k256_v128",
-        (true, _, _) => "gdn_prefill_prepare_mma_k256_v256",
+pub(super) fn prepare_name(kp: usize, vp: usize) -> &'static str {
+    match (kp, vp) {
+        (64, 64) => "gdn_prefill_prepare_mma_k64_v64",
+        (64, 128) => "gdn_prefill_prepare_mma_k64_v128",
+        (64, _) => "gdn_prefill_prepare_mma_k64_v256",
+        (128, 64) => "gdn_prefill_prepare_mma_k128_v64",
+        (128, 128) => "gdn_prefill_prepare_mma_k128_v128",
+        (128, _) => "gdn_prefill_prepare_mma_k128_v256",
+        (_, 64) => "gdn_prefill_prepare_mma_k256_v64",
+        (_, 128) => "gdn_prefill_prepare_mma_k256_v128",
+        (_, _) => "gdn_prefill_prepare_mma_k256_v256",
     }
 }
 
@@ -310,13 +264,10 @@ mod tests {
     fn prepare_blocks_fit_the_sm_at_k128() {
         // H100: 228 KB of shared memory per SM, 1 KB reserved per block.
         let per_sm = |bytes: usize| 233_472 / (bytes + 1024);
-        for kind in [PrepareKernel::Scalar, PrepareKernel::Mma] {
-            assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP, kind)) >= 2);
-            assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP, kind)) >= 2);
-            // Qwen3-Next (two value heads per key head): 3 blocks per SM, as the registers.
-            assert_eq!(per_sm(prepare_smem(128, 128, 2, kind)), 3);
-        }
-        assert_eq!(prepare_smem(128, 128, 1, PrepareKernel::Scalar), 73_280);
-        assert_eq!(prepare_smem(128, 128, 2, PrepareKernel::Mma), 76_736);
+        assert!(per_sm(prepare_smem(128, 128, MAX_PREPARE_GROUP)) >= 2);
+        assert!(per_sm(prepare_smem(256, 256, MAX_PREPARE_GROUP)) >= 2);
+        // Qwen3-Next (two value heads per key head): 3 blocks per SM, as the registers.
+        assert_eq!(per_sm(prepare_smem(128, 128, 2)), 3);
+        assert_eq!(prepare_smem(128, 128, 2), 76_736);
     }
 }

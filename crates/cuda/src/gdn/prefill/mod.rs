@@ -42,37 +42,33 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    MAX_WALK_SEGMENTS, PrefillParams, PrepareKernel, StatePass, gates_bytes, lead_name,
-    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups,
-    prepare_kernel_from_env, prepare_name, prepare_smem, relay_share_from_env,
-    segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
+    MAX_WALK_SEGMENTS, PrefillParams, StatePass, gates_bytes, lead_name, overlap_name,
+    overlap_smem, prepare_group_limit_from_env, prepare_groups, prepare_name, prepare_smem,
+    relay_share_from_env, segment_chunks_from_env, state_names, state_pass_kind, state_smem,
+    walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
 use relay::{FinalStaging, Kernel, RelayLaunch};
 
-/// The prefill kernels' source.
+/// The prefill kernels' source: the state walks (lockstep, overlapped, lead), the transition,
+/// the combine and the convert kernel.
 pub const SOURCE: KernelSource = KernelSource {
     name: "gdn_prefill",
     text: concat!(
         include_str!("../../../kernels/gdn_prefill.cu"),
         include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
-        include_str!("../../../kernels/gdn_prefill_inverse.cu"),
-        include_str!("../../../kernels/gdn_prefill_prepare.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu")
     ),
 };
 
-/// The prepare kernels with T's blocks below its diagonal on tensor cores
-/// (`gdn_prefill_prepare_mma_*`, see `PrepareKernel`), a module of their own so the default
-/// scalar source does not grow: the default prepare (`DELTAKV_PREFILL_PREPARE=scalar` loads the
-/// scalar one instead).
+/// The prepare kernels (`gdn_prefill_prepare_mma_*`: A, T = (I + A)^-1 with T's blocks below
+/// its diagonal on tensor cores, W and U), a module of their own.
 pub const SOURCE_PREPARE_MMA: KernelSource = KernelSource {
     name: "gdn_prefill_prepare_mma",
     text: concat!(
-        "#define PF_PREPARE_MMA 1\n",
         include_str!("../../../kernels/gdn_prefill.cu"),
         include_str!("../../../kernels/gdn_prefill_inverse.cu"),
         include_str!("../../../kernels/gdn_prefill_prepare.cu")
@@ -355,7 +351,7 @@ impl PrefillLaunch {
             }
             _ => None,
         };
-        let mut params = PrefillParams {
+        let params = PrefillParams {
             q,
             k,
             v,
@@ -403,7 +399,6 @@ impl PrefillLaunch {
             fused_qk_norm: i32::from(fused_qk_norm),
             scale,
             reset_gate: RESET_GATE,
-            prefetch_ahead: 0,
         };
         if heads > 65535 || chunks > i32::MAX as usize {
             return Err(Error::Unsupported(format!(
@@ -411,20 +406,8 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let prepare_kernel = prepare_kernel_from_env();
-        let prepare = match prepare_kernel {
-            PrepareKernel::Scalar => &SOURCE,
-            PrepareKernel::Mma | PrepareKernel::MmaPrefetch => &SOURCE_PREPARE_MMA,
-        };
-        let prepare = cuda.function(prepare, prepare_name(kp, vp, prepare_kernel))?;
-        let prepare_bytes = prepare_smem(kp, vp, heads_per_block, prepare_kernel);
-        if prepare_kernel == PrepareKernel::MmaPrefetch {
-            let per_sm = prepare
-                .occupancy_max_active_blocks_per_multiprocessor(256, prepare_bytes, None)
-                .map_err(|e| driver_error("occupancy of the prepare kernel", e))?;
-            params.prefetch_ahead =
-                (per_sm as usize * cuda.multiprocessors()).min(i32::MAX as usize) as i32;
-        }
+        let prepare = cuda.function(&SOURCE_PREPARE_MMA, prepare_name(kp, vp))?;
+        let prepare_bytes = prepare_smem(kp, vp, heads_per_block);
         let (state, transition, combine) = state_names(kp);
         let state_pass = match pass {
             StatePass::Overlap => (

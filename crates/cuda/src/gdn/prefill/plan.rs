@@ -123,14 +123,16 @@ impl PrefillPlan {
                 Some(first)
             })
             .collect();
+        // The relay's regime (under Split::Auto): exactly two waves of walks fit and the
+        // sequences alone do not fill the GPU; elsewhere there is no share to relay by.
+        let relay_share = relay_share.filter(|_| waves == 2 && !busy);
         let relay_lead = |chunks: usize| -> Option<usize> {
             match split {
                 Split::Relay(lead) => (chunks > lead.max(1)).then_some(lead.max(1)),
-                Split::Auto if waves == 2 && !busy && chunks > auto_len().max(RELAY_MIN_CHUNKS) => {
-                    let share = relay_share?;
-                    Some(((chunks as f64 * share).ceil() as usize).clamp(1, chunks - 1))
-                }
-                _ => None,
+                Split::Auto => relay_share
+                    .filter(|_| chunks > auto_len().max(RELAY_MIN_CHUNKS))
+                    .map(|share| ((chunks as f64 * share).ceil() as usize).clamp(1, chunks - 1)),
+                Split::Scan(_) => None,
             }
         };
         let leads: Vec<Option<usize>> = chunks_per_seq.iter().map(|&c| relay_lead(c)).collect();
@@ -146,7 +148,7 @@ impl PrefillPlan {
         let segment_len = match split {
             Split::Scan(len) => len.max(1),
             // The relay's regime: a sequence too short to relay is walked whole.
-            Split::Auto if waves == 2 && relay_share.is_some() => usize::MAX,
+            Split::Auto if relay_share.is_some() => usize::MAX,
             Split::Auto => auto_len(),
             // No sequence is longer than the relay's first segment: each is walked whole.
             Split::Relay(_) => usize::MAX,

@@ -233,19 +233,27 @@ __device__ __forceinline__ void bulk_store_wait_read() {
 }
 
 // Four 8 x 8 bf16 matrices from shared memory, transposed (ldmatrix .trans): lane l gives the
-// row address of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+// row address of matrix l / 8 (`address` in the shared window).
+__device__ __forceinline__ void ldsm_x4_trans_at(unsigned (&r)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(p)));
+                 : "r"(address));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    ldsm_x4_trans_at(r, shared_address(p));
 }
 
 // Four 8 x 8 bf16 matrices from shared memory as stored (ldmatrix): lane l gives the row
-// address of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const unsigned short* p) {
+// address of matrix l / 8 (`address` in the shared window).
+__device__ __forceinline__ void ldsm_x4_at(unsigned (&r)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(p)));
+                 : "r"(address));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const unsigned short* p) {
+    ldsm_x4_at(r, shared_address(p));
 }
 
 // `frag_a` in one ldmatrix: the A operand (16 x 16) at (row0, col0) of a row-major x.

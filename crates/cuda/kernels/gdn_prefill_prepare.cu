@@ -417,31 +417,50 @@ __device__ void prepare_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
             }
+            // This lane's ldmatrix row addresses in the shared window (32-bit, formed once): T's
+            // halves as frag_a_ldsm reads them, the operand's rows as frag_b2_rowmajor does.
+            const int m8 = lane >> 3, i8 = lane & 7;
+            const unsigned t_lane = 2u * ((row_tile + i8 + 8 * (m8 & 1)) * PF_LDC + 8 * (m8 >> 1));
+            const unsigned hi_at = shared_address(t_hi) + t_lane, lo_at = shared_address(t_lo) + t_lane;
+            const unsigned b_lane = shared_address(operand) + 2u * ((i8 + 8 * (m8 & 1)) * ld + 8 * (m8 >> 1));
+            const unsigned b_step = 2u * 16 * ld;  // 16 rows of the operand
+            // The lane's output rows r and r + 8, columns c and c + 8 of each 16-column step:
+            // with n0 a multiple of 16, piece (c + 8) / 8 of a swizzled row is piece c / 8 ^ 1.
+            const int out_row = row_tile + (lane >> 2), out_col = 2 * (lane & 3);
             for (int n0 = 16 * half; n0 < cols; n0 += 32) {
                 float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                // Each k step's fragments are read one step ahead of its products.
+                unsigned hi[2][4], lo[2][4], b[2][4];
+                const unsigned b_at = b_lane + 2u * n0;
+                if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[0], hi_at);
+                ldsm_x4_at(lo[0], lo_at);
+                ldsm_x4_trans_at(b[0], b_at);
 #pragma unroll
                 for (int kb = 0; kb < 4; ++kb) {
-                    unsigned hi[4], lo[4], b0[2], b1[2];
-                    if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
-                        hi[0] = a_hi[kb][0], hi[1] = a_hi[kb][1], hi[2] = a_hi[kb][2], hi[3] = a_hi[kb][3];
-                    } else {
-                        frag_a_ldsm(hi, t_hi, PF_LDC, row_tile, 16 * kb, lane);
+                    const int cur = kb & 1, next = cur ^ 1;
+                    if (kb + 1 < 4) {
+                        if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
+                        ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
+                        ldsm_x4_trans_at(b[next], b_at + b_step * (kb + 1));
                     }
-                    frag_a_ldsm(lo, t_lo, PF_LDC, row_tile, 16 * kb, lane);
-                    frag_b2_rowmajor(b0, b1, operand, ld, 16 * kb, n0, lane);
-                    mma_bf16_16816(acc0, hi, b0);
-                    mma_bf16_16816(acc0, lo, b0);
-                    mma_bf16_16816(acc1, hi, b1);
-                    mma_bf16_16816(acc1, lo, b1);
+                    unsigned a[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[e] = PF_PREPARE_BLOCKS_PER_SM < 3 ? a_hi[kb][e] : hi[cur][e];
+                    const unsigned b0[2] = {b[cur][0], b[cur][1]}, b1[2] = {b[cur][2], b[cur][3]};
+                    mma_bf16_16816(acc0, a, b0);
+                    mma_bf16_16816(acc0, lo[cur], b0);
+                    mma_bf16_16816(acc1, a, b1);
+                    mma_bf16_16816(acc1, lo[cur], b1);
                 }
                 // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
                 const int tile = pass == 0 ? 0 : n0 / PF_TILE;
-                const int r = row_tile + (lane >> 2), c = n0 - PF_TILE * tile + 2 * (lane & 3);
-                unsigned short* block = out + tile * PF_U_TILE_ELEMS;
-                *(unsigned*)(block + swizzled(r, c, ld_out)) = pack_bf16(acc0[0], acc0[1]);
-                *(unsigned*)(block + swizzled(r + 8, c, ld_out)) = pack_bf16(acc0[2], acc0[3]);
-                *(unsigned*)(block + swizzled(r, c + 8, ld_out)) = pack_bf16(acc1[0], acc1[1]);
-                *(unsigned*)(block + swizzled(r + 8, c + 8, ld_out)) = pack_bf16(acc1[2], acc1[3]);
+                const int c = n0 - PF_TILE * tile;
+                const int piece = ((c >> 3) ^ out_row) & 7;
+                unsigned short* row = out + tile * PF_U_TILE_ELEMS + out_row * ld_out + (c & ~63) + out_col;
+                *(unsigned*)(row + 8 * piece) = pack_bf16(acc0[0], acc0[1]);
+                *(unsigned*)(row + 8 * ld_out + 8 * piece) = pack_bf16(acc0[2], acc0[3]);
+                *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
+                *(unsigned*)(row + 8 * ld_out + 8 * (piece ^ 1)) = pack_bf16(acc1[2], acc1[3]);
             }
             __syncthreads();
             PF_MARK(5 + 5 * j + pass);

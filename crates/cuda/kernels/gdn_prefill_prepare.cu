@@ -83,18 +83,16 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
     }
 }
 
-// Rows row0 .. row0 + 15 of T diag(beta d) (with_decay) or T diag(beta), f32 [64][LDF], as
-// bf16 hi + lo halves into t_hi and t_lo ([64][PF_LDC]), by the 64 threads of one row pair
-// (`thread` < 64): four columns per thread and step (16-byte loads of T, beta and d, 8-byte
-// stores). No barrier.
+// T diag(beta d) (with_decay) or T diag(beta), f32 [64][LDF], as bf16 hi + lo halves into t_hi
+// and t_lo ([64][PF_LDC]): four columns per thread and step (16-byte loads of T, beta and d,
+// 8-byte stores). The whole block; no barrier.
 template <int LDF>
 __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const ChunkGates& gates,
                                                     bool with_decay, unsigned short* t_hi,
-                                                    unsigned short* t_lo, int row0, int thread) {
+                                                    unsigned short* t_lo) {
     static_assert(LDF % 4 == 0, "16-byte rows");
-#pragma unroll
-    for (int idx = thread; idx < 16 * PF_CHUNK / 4; idx += 64) {
-        const int i = row0 + idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
+    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 4; idx += blockDim.x) {
+        const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
         const float4 t = *(const float4*)(t_mat + i * LDF + m);
         const float4 b = *(const float4*)(gates.beta + m);
         const float4 d = with_decay ? *(const float4*)(gates.start_decay + m) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
@@ -107,12 +105,6 @@ __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const Ch
         *(uint2*)(t_hi + i * PF_LDC + m) = make_uint2(hi0, hi1);
         *(uint2*)(t_lo + i * PF_LDC + m) = make_uint2(lo0, lo1);
     }
-}
-
-// The two warps that own rows 16 (w % 4) .. + 15 of the W and U products (w and w + 4) meet
-// at their own named barrier (1 + w % 4; 0 is __syncthreads').
-__device__ __forceinline__ void row_pair_sync(int warp) {
-    asm volatile("bar.sync %0, 64;" ::"r"(1 + (warp & 3)) : "memory");
 }
 
 // One matrix of chunk rows for normalize_rows: bf16 rows at src + r * row_stride, normalised
@@ -382,17 +374,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
 
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
         // scaled T times the bf16 operand.
-        // Each row pair of warps builds the halves of the rows its products read, so W's pass
-        // needs only the pair's barriers; U's waits for the block (v, copied in by every
-        // thread during the previous head's work, is in place).
         for (int pass = 0; pass < 2; ++pass) {
-            build_scaled_halves<LDF>(t_mat, gates, pass == 0, t_hi, t_lo, row_tile, 32 * half + lane);
-            if (pass == 0) {
-                row_pair_sync(warp);
-            } else {
-                cp_async_wait_all();
-                __syncthreads();
-            }
+            build_scaled_halves<LDF>(t_mat, gates, pass == 0, t_hi, t_lo);
+            // This head's v (copied in during the previous head's work) is in place.
+            if (pass == 1) cp_async_wait_all();
+            __syncthreads();
             const unsigned short* operand = pass == 0 ? keys : values;
             const int ld = pass == 0 ? LDK : LDV;
             const int cols = pass == 0 ? KP : VP;
@@ -456,12 +442,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
                 *(unsigned*)(row + 8 * ld_out + 8 * (piece ^ 1)) = pack_bf16(acc1[2], acc1[3]);
             }
-            // W's pass: the pair's U halves overwrite only the rows its W products read.
-            if (pass == 0) {
-                row_pair_sync(warp);
-            } else {
-                __syncthreads();
-            }
+            __syncthreads();
             PF_MARK(5 + 5 * j + pass);
         }
         // The next head's v into the buffer U has finished reading.

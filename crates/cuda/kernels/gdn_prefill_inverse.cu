@@ -46,13 +46,6 @@ __device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float
 // b1 = (t + 4, g); C (16 x 8) c0 = (g, 2t), c1 = (g, 2t + 1), c2 = (g + 8, 2t), c3 = (g + 8,
 // 2t + 1).
 
-// x rounded to tf32 (nearest, ties away), as the 32-bit pattern the mma reads.
-__device__ __forceinline__ unsigned tf32_bits(float x) {
-    unsigned bits;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
-    return bits;
-}
-
 __device__ __forceinline__ void mma_tf32_1688(float (&d)[4], const unsigned (&a)[4],
                                               const unsigned (&b)[2]) {
     asm volatile(
@@ -62,20 +55,24 @@ __device__ __forceinline__ void mma_tf32_1688(float (&d)[4], const unsigned (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// x as tf32 hi + lo halves (x - hi exact in f32), each rounded to nearest (ties away) by its
+// bits: half a tf32 ulp added, then the 13 low bits cleared (a carry rounds up through the
+// exponent; inf stays inf). The same halves as cvt.rna.tf32.f32, which sm_90 emulates with a
+// compare and a select per value for non-finite inputs; T's entries are finite where the
+// product is used (non-finite inputs give non-finite halves either way).
+__device__ __forceinline__ void tf32_split(float x, unsigned& hi, unsigned& lo) {
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = (__float_as_uint(x - __uint_as_float(hi)) + 0x1000u) & 0xffffe000u;
+}
+
 // d += a b in ~f32 accuracy: each operand as hi + lo tf32 halves, the products lo hi, hi lo,
 // hi hi (small terms first; lo lo, ~2^-22 relative, is left out).
 __device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        a_hi[i] = tf32_bits(a[i]);
-        a_lo[i] = tf32_bits(a[i] - __uint_as_float(a_hi[i]));
-    }
+    for (int i = 0; i < 4; ++i) tf32_split(a[i], a_hi[i], a_lo[i]);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        b_hi[i] = tf32_bits(b[i]);
-        b_lo[i] = tf32_bits(b[i] - __uint_as_float(b_hi[i]));
-    }
+    for (int i = 0; i < 2; ++i) tf32_split(b[i], b_hi[i], b_lo[i]);
     mma_tf32_1688(d, a_lo, b_hi);
     mma_tf32_1688(d, a_hi, b_lo);
     mma_tf32_1688(d, a_hi, b_hi);

@@ -208,6 +208,69 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
     }
 }
 
+// One warp's part of W = (T diag(beta d)) K or U = (T diag(beta)) V: rows row_tile .. + 15,
+// columns 16 half + 32 i, from T's bf16 halves (t_hi, t_lo: [64][PF_LDC]) and the operand's
+// rows ([64][LD] bf16), stored bf16 into `out` `swizzled` with rows of LD_OUT (TILED: by
+// 64-column tiles of PF_U_TILE_ELEMS, as U's stage layout). Each k step's fragments are read one
+// step ahead of its four products, from 32-bit shared-window addresses formed once.
+template <int COLS, int LD, int LD_OUT, bool TILED>
+__device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, const unsigned short* t_lo,
+                                                 const unsigned short* operand, unsigned short* out,
+                                                 int row_tile, int half, int lane) {
+    // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the lo
+    // fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving registers
+    // to K K^T, which every head of the group reuses.
+    unsigned a_hi[4][4];
+    if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
+    }
+    // This lane's ldmatrix row addresses: T's halves as frag_a_ldsm reads them, the operand's
+    // rows as frag_b2_rowmajor does.
+    const int m8 = lane >> 3, i8 = lane & 7;
+    const unsigned t_lane = 2u * ((row_tile + i8 + 8 * (m8 & 1)) * PF_LDC + 8 * (m8 >> 1));
+    const unsigned hi_at = shared_address(t_hi) + t_lane, lo_at = shared_address(t_lo) + t_lane;
+    const unsigned b_lane = shared_address(operand) + 2u * ((i8 + 8 * (m8 & 1)) * LD + 8 * (m8 >> 1));
+    // The lane's output rows r and r + 8, columns c and c + 8 of each 16-column step: with n0 a
+    // multiple of 16, piece (c + 8) / 8 of a swizzled row is piece c / 8 ^ 1.
+    const int out_row = row_tile + (lane >> 2);
+    unsigned short* lane_out = out + out_row * LD_OUT + 2 * (lane & 3);
+    for (int n0 = 16 * half; n0 < COLS; n0 += 32) {
+        float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        unsigned hi[2][4], lo[2][4], b[2][4];
+        const unsigned b_at = b_lane + 2u * n0;
+        if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[0], hi_at);
+        ldsm_x4_at(lo[0], lo_at);
+        ldsm_x4_trans_at(b[0], b_at);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            const int cur = kb & 1, next = cur ^ 1;
+            if (kb + 1 < 4) {
+                if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
+                ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
+                ldsm_x4_trans_at(b[next], b_at + 2u * 16 * LD * (kb + 1));
+            }
+            unsigned a[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = PF_PREPARE_BLOCKS_PER_SM < 3 ? a_hi[kb][e] : hi[cur][e];
+            const unsigned b0[2] = {b[cur][0], b[cur][1]}, b1[2] = {b[cur][2], b[cur][3]};
+            mma_bf16_16816(acc0, a, b0);
+            mma_bf16_16816(acc0, lo[cur], b0);
+            mma_bf16_16816(acc1, a, b1);
+            mma_bf16_16816(acc1, lo[cur], b1);
+        }
+        // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
+        const int tile = TILED ? n0 / PF_TILE : 0;
+        const int c = n0 - PF_TILE * tile;
+        const int piece = ((c >> 3) ^ out_row) & 7;
+        unsigned short* row = lane_out + tile * PF_U_TILE_ELEMS + (c & ~63);
+        *(unsigned*)(row + 8 * piece) = pack_bf16(acc0[0], acc0[1]);
+        *(unsigned*)(row + 8 * LD_OUT + 8 * piece) = pack_bf16(acc0[2], acc0[3]);
+        *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
+        *(unsigned*)(row + 8 * LD_OUT + 8 * (piece ^ 1)) = pack_bf16(acc1[2], acc1[3]);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Prepare: A, T, W, U for one chunk and a group of value heads of one key head (GVA: the
 // heads_per_block consecutive value heads starting at group * heads_per_block of the key
@@ -379,68 +442,17 @@ __device__ void prepare_impl(const PrefillParams& p) {
             // This head's v (copied in during the previous head's work) is in place.
             if (pass == 1) cp_async_wait_all();
             __syncthreads();
-            const unsigned short* operand = pass == 0 ? keys : values;
-            const int ld = pass == 0 ? LDK : LDV;
-            const int cols = pass == 0 ? KP : VP;
             // W as [64][KP], U as 64-column tiles [VP / 64][64][64], both `swizzled` (the
             // state passes' stage layouts, see PF_W_ELEMS).
-            const int ld_out = pass == 0 ? KP : PF_TILE;
-            unsigned short* out =
-                pass == 0 ? (unsigned short*)p.w + ((long long)chunk * p.value_heads + head) * PF_W_ELEMS(KP)
-                          : (unsigned short*)p.u +
-                                u_tile_offset((long long)chunk * p.value_heads + head, VP / PF_TILE, 0);
-            // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the
-            // lo fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving
-            // registers to K K^T, which every head of the group reuses.
-            unsigned a_hi[4][4];
-            if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
-#pragma unroll
-                for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
-            }
-            // This lane's ldmatrix row addresses in the shared window (32-bit, formed once): T's
-            // halves as frag_a_ldsm reads them, the operand's rows as frag_b2_rowmajor does.
-            const int m8 = lane >> 3, i8 = lane & 7;
-            const unsigned t_lane = 2u * ((row_tile + i8 + 8 * (m8 & 1)) * PF_LDC + 8 * (m8 >> 1));
-            const unsigned hi_at = shared_address(t_hi) + t_lane, lo_at = shared_address(t_lo) + t_lane;
-            const unsigned b_lane = shared_address(operand) + 2u * ((i8 + 8 * (m8 & 1)) * ld + 8 * (m8 >> 1));
-            const unsigned b_step = 2u * 16 * ld;  // 16 rows of the operand
-            // The lane's output rows r and r + 8, columns c and c + 8 of each 16-column step:
-            // with n0 a multiple of 16, piece (c + 8) / 8 of a swizzled row is piece c / 8 ^ 1.
-            const int out_row = row_tile + (lane >> 2), out_col = 2 * (lane & 3);
-            for (int n0 = 16 * half; n0 < cols; n0 += 32) {
-                float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                // Each k step's fragments are read one step ahead of its products.
-                unsigned hi[2][4], lo[2][4], b[2][4];
-                const unsigned b_at = b_lane + 2u * n0;
-                if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[0], hi_at);
-                ldsm_x4_at(lo[0], lo_at);
-                ldsm_x4_trans_at(b[0], b_at);
-#pragma unroll
-                for (int kb = 0; kb < 4; ++kb) {
-                    const int cur = kb & 1, next = cur ^ 1;
-                    if (kb + 1 < 4) {
-                        if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
-                        ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
-                        ldsm_x4_trans_at(b[next], b_at + b_step * (kb + 1));
-                    }
-                    unsigned a[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) a[e] = PF_PREPARE_BLOCKS_PER_SM < 3 ? a_hi[kb][e] : hi[cur][e];
-                    const unsigned b0[2] = {b[cur][0], b[cur][1]}, b1[2] = {b[cur][2], b[cur][3]};
-                    mma_bf16_16816(acc0, a, b0);
-                    mma_bf16_16816(acc0, lo[cur], b0);
-                    mma_bf16_16816(acc1, a, b1);
-                    mma_bf16_16816(acc1, lo[cur], b1);
-                }
-                // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
-                const int tile = pass == 0 ? 0 : n0 / PF_TILE;
-                const int c = n0 - PF_TILE * tile;
-                const int piece = ((c >> 3) ^ out_row) & 7;
-                unsigned short* row = out + tile * PF_U_TILE_ELEMS + out_row * ld_out + (c & ~63) + out_col;
-                *(unsigned*)(row + 8 * piece) = pack_bf16(acc0[0], acc0[1]);
-                *(unsigned*)(row + 8 * ld_out + 8 * piece) = pack_bf16(acc0[2], acc0[3]);
-                *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
-                *(unsigned*)(row + 8 * ld_out + 8 * (piece ^ 1)) = pack_bf16(acc1[2], acc1[3]);
+            const long long chunk_head = (long long)chunk * p.value_heads + head;
+            if (pass == 0) {
+                scaled_t_product<KP, LDK, KP, false>(t_hi, t_lo, keys,
+                                                     (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
+                                                     row_tile, half, lane);
+            } else {
+                scaled_t_product<VP, LDV, PF_TILE, true>(
+                    t_hi, t_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0),
+                    row_tile, half, lane);
             }
             __syncthreads();
             PF_MARK(5 + 5 * j + pass);

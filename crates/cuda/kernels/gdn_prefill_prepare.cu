@@ -339,21 +339,21 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
     }
     cp_async_commit();
-    // The gates (warp j < count: head j's) and beta (thread 64 j + t: head j's token t) are
-    // loaded here but used after the rows' l2 norm below, so their trips to memory overlap the
-    // rows' instead of preceding them on these warps.
-    const int t0 = 2 * lane;
-    float g_even = 0.0f, g_odd = 0.0f;
     if (warp < count) {
         const float* g = (const float*)p.g + first_row * p.value_heads + head0 + warp;
-        if (t0 < len) g_even = g[(long long)t0 * p.value_heads];
-        if (t0 + 1 < len) g_odd = g[(long long)(t0 + 1) * p.value_heads];
+        const int t0 = 2 * lane;
+        float g_even = t0 < len ? g[(long long)t0 * p.value_heads] : 0.0f;
+        float g_odd = t0 + 1 < len ? g[(long long)(t0 + 1) * p.value_heads] : 0.0f;
+        scan_chunk_gates(gates_of(warp), g_even, g_odd, len, p.reset_gate);
     }
-    const int beta_head = threadIdx.x / PF_CHUNK, beta_token = threadIdx.x % PF_CHUNK;
-    unsigned beta_bits = 0u;  // 0.0f in every dtype
-    if (beta_head < count && beta_token < len) {
-        beta_bits = load_bits((const void*)p.beta, (first_row + beta_token) * p.value_heads + head0 + beta_head,
-                              p.beta_dtype);
+    {
+        const int j = threadIdx.x / PF_CHUNK, t = threadIdx.x % PF_CHUNK;
+        if (j < count) {
+            gates_of(j).beta[t] =
+                t < len ? load_float((const void*)p.beta, (first_row + t) * p.value_heads + head0 + j,
+                                     p.beta_dtype)
+                        : 0.0f;
+        }
     }
     if (p.fused_qk_norm) {
         // The first group of the key head writes the normalised copy of q the lockstep pass
@@ -368,8 +368,6 @@ __device__ void prepare_impl(const PrefillParams& p) {
         };
         normalize_rows<KP>(sets, LDK, key_stride, len, warp, lane);
     }
-    if (warp < count) scan_chunk_gates(gates_of(warp), g_even, g_odd, len, p.reset_gate);
-    if (beta_head < count) gates_of(beta_head).beta[beta_token] = bits_to_float(beta_bits, p.beta_dtype);
     cp_async_wait_all();
     // The rows in keys and queries, for the bulk copies below.
     fence_proxy_async();

@@ -18,8 +18,8 @@
 #                                   # `quick` skips the sanitizers.
 #   tools/gpu-check.sh build-prefill  # here: only .carry/deltakv and the four CUDA test
 #                                   # executables that prefill-variants runs (~14 MB)
-#   tools/gpu-check.sh prefill-variants  # there, carrying those: each prepare kernel
-#                                   # (DELTAKV_PREFILL_PREPARE) through the prefill suites,
+#   tools/gpu-check.sh prefill-variants  # there, carrying those: each variant (the defaults
+#                                   # or NAME=VALUE settings) through the prefill suites,
 #                                   # bench and ncu; see the mode
 #   tools/gpu-check.sh run-kv [quick|sanitize]  # there: compressed KV on CUDA: the KV tests (CUDA pool
 #                                   # against the CPU's word for word, attention against the
@@ -581,7 +581,7 @@ prefill-variants)
             summary+=("$variant accuracy (dk o, dk state, FLA o, FLA state): $(grep -h 'Hg16 H32' "$logs/$variant-accuracy.txt" | tr -s ' ')")
         done
     fi
-    unset DELTAKV_PREFILL_PREPARE
+    unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
     printf '%s\n' "${summary[@]}" >"$logs/summary.txt"
     tar czf "$out/prefill-variants.tar.gz" -C "$(dirname "$logs")" prefill-variants
     cp "$logs/summary.txt" "$out/summary.txt"

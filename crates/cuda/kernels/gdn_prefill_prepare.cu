@@ -83,27 +83,52 @@ __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], c
     }
 }
 
-// T diag(beta d) (with_decay) or T diag(beta), f32 [64][LDF], as bf16 hi + lo halves into t_hi
-// and t_lo ([64][PF_LDC]): four columns per thread and step (16-byte loads of T, beta and d,
-// 8-byte stores). The whole block; no barrier.
+// x as bf16 hi + lo halves (lo = x - hi rounded to bf16), two values per word.
+__device__ __forceinline__ void bf16_halves4(const float (&x)[4], uint2& hi, uint2& lo) {
+    hi = make_uint2(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]));
+    lo = make_uint2(pack_bf16(x[0] - bf16_to_f32((unsigned short)(hi.x & 0xffffu)),
+                              x[1] - bf16_to_f32((unsigned short)(hi.x >> 16))),
+                    pack_bf16(x[2] - bf16_to_f32((unsigned short)(hi.y & 0xffffu)),
+                              x[3] - bf16_to_f32((unsigned short)(hi.y >> 16))));
+}
+
+// Both scaled forms of T (f32 [64][LDF]) as bf16 hi + lo halves ([64][PF_LDC] each): T diag(beta
+// d) for W into w_hi / w_lo, T diag(beta) for U into u_hi / u_lo, four columns per thread and
+// step (16-byte loads of T, beta and d, 8-byte stores). U's halves may overlap T's rows (the
+// prepare puts them there), so every thread holds its T values in registers and the block meets
+// before they are stored; W's halves must not overlap T. The whole block (256 threads); ends
+// without a barrier after U's stores.
 template <int LDF>
 __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const ChunkGates& gates,
-                                                    bool with_decay, unsigned short* t_hi,
-                                                    unsigned short* t_lo) {
+                                                    unsigned short* w_hi, unsigned short* w_lo,
+                                                    unsigned short* u_hi, unsigned short* u_lo) {
     static_assert(LDF % 4 == 0, "16-byte rows");
-    for (int idx = threadIdx.x; idx < PF_CHUNK * PF_CHUNK / 4; idx += blockDim.x) {
+    constexpr int THREADS = 256, STEPS = PF_CHUNK * PF_CHUNK / 4 / THREADS;
+    float tb[STEPS][4];  // T diag(beta), the products U takes
+#pragma unroll
+    for (int step = 0; step < STEPS; ++step) {
+        const int idx = threadIdx.x + THREADS * step;
         const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
         const float4 t = *(const float4*)(t_mat + i * LDF + m);
         const float4 b = *(const float4*)(gates.beta + m);
-        const float4 d = with_decay ? *(const float4*)(gates.start_decay + m) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        const float x[4] = {t.x * b.x * d.x, t.y * b.y * d.y, t.z * b.z * d.z, t.w * b.w * d.w};
-        const unsigned hi0 = pack_bf16(x[0], x[1]), hi1 = pack_bf16(x[2], x[3]);
-        const unsigned lo0 = pack_bf16(x[0] - bf16_to_f32((unsigned short)(hi0 & 0xffffu)),
-                                       x[1] - bf16_to_f32((unsigned short)(hi0 >> 16)));
-        const unsigned lo1 = pack_bf16(x[2] - bf16_to_f32((unsigned short)(hi1 & 0xffffu)),
-                                       x[3] - bf16_to_f32((unsigned short)(hi1 >> 16)));
-        *(uint2*)(t_hi + i * PF_LDC + m) = make_uint2(hi0, hi1);
-        *(uint2*)(t_lo + i * PF_LDC + m) = make_uint2(lo0, lo1);
+        const float4 d = *(const float4*)(gates.start_decay + m);
+        tb[step][0] = t.x * b.x, tb[step][1] = t.y * b.y, tb[step][2] = t.z * b.z, tb[step][3] = t.w * b.w;
+        const float x[4] = {tb[step][0] * d.x, tb[step][1] * d.y, tb[step][2] * d.z, tb[step][3] * d.w};
+        uint2 hi, lo;
+        bf16_halves4(x, hi, lo);
+        *(uint2*)(w_hi + i * PF_LDC + m) = hi;
+        *(uint2*)(w_lo + i * PF_LDC + m) = lo;
+    }
+    // Every thread's T values are in registers before U's halves overwrite T's rows.
+    __syncthreads();
+#pragma unroll
+    for (int step = 0; step < STEPS; ++step) {
+        const int idx = threadIdx.x + THREADS * step;
+        const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
+        uint2 hi, lo;
+        bf16_halves4(tb[step], hi, lo);
+        *(uint2*)(u_hi + i * PF_LDC + m) = hi;
+        *(uint2*)(u_lo + i * PF_LDC + m) = lo;
     }
 }
 
@@ -287,8 +312,8 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
 // Shared memory (the launcher's prepare_smem mirrors it): heads_per_block ChunkGates records
 // (PF_GATES_BYTES each), k [64][LDK], v [64][LDV] (bf16), A [64][LDF] (f32), 816 floats, T
 // [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed (at K > 128 A's
-// space, for the l2 norm only); T's bf16 halves [64][LDC] take A's space and the 816 floats
-// once T is complete.
+// space, for the l2 norm only); once T is complete, its bf16 halves for W ([64][LDC] twice)
+// take A's space and the 816 floats, and those for U the space after them, into T's rows.
 
 template <int KP, int VP>
 __device__ void prepare_impl(const PrefillParams& p) {
@@ -302,11 +327,17 @@ __device__ void prepare_impl(const PrefillParams& p) {
     unsigned short* keys = (unsigned short*)(smem_raw + group_heads * PF_GATES_BYTES);  // [64][LDK]
     unsigned short* values = keys + PF_CHUNK * LDK;                                    // [64][LDV]
     float* a_mat = (float*)(values + PF_CHUNK * LDV);                                 // [64][LDF]
-    // T's bf16 halves reuse A's space once T is complete; they need 1.8 KB more than A, kept
-    // free before T.
     float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
-    unsigned short* t_hi = (unsigned short*)a_mat;                      // [64][LDC]
-    unsigned short* t_lo = t_hi + PF_CHUNK * PF_LDC;                    // [64][LDC]
+    // T's bf16 halves for W and then U's, [64][LDC] each, from A's start once T is complete:
+    // W's in A's space and the 816 floats (1.8 KB more than A), U's from there into T's rows.
+    unsigned short* w_hi = (unsigned short*)a_mat;
+    unsigned short* w_lo = w_hi + PF_CHUNK * PF_LDC;
+    unsigned short* u_hi = w_lo + PF_CHUNK * PF_LDC;
+    unsigned short* u_lo = u_hi + PF_CHUNK * PF_LDC;
+    static_assert(2 * 2 * PF_CHUNK * PF_LDC <= 4 * (PF_CHUNK * LDF + 3 * 16 * 17),
+                  "W's halves end before T's rows");
+    static_assert(4 * 2 * PF_CHUNK * PF_LDC <= 4 * (2 * PF_CHUNK * LDF + 3 * 16 * 17),
+                  "U's halves end with T's rows");
     // q's rows: at K <= 128 in the space T takes later (the scores read them after A's
     // space is written); at K > 128, which has no scores (the lockstep pass alone), only the
     // l2 norm stages them, in A's and T's space (38 KB against the 33 KB of 64 rows of 264).
@@ -436,27 +467,23 @@ __device__ void prepare_impl(const PrefillParams& p) {
         PF_MARK(4 + 5 * j);
 
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
-        // scaled T times the bf16 operand.
-        for (int pass = 0; pass < 2; ++pass) {
-            build_scaled_halves<LDF>(t_mat, gates, pass == 0, t_hi, t_lo);
-            // This head's v (copied in during the previous head's work) is in place.
-            if (pass == 1) cp_async_wait_all();
-            __syncthreads();
-            // W as [64][KP], U as 64-column tiles [VP / 64][64][64], both `swizzled` (the
-            // state passes' stage layouts, see PF_W_ELEMS).
-            const long long chunk_head = (long long)chunk * p.value_heads + head;
-            if (pass == 0) {
-                scaled_t_product<KP, LDK, KP, false>(t_hi, t_lo, keys,
-                                                     (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
-                                                     row_tile, half, lane);
-            } else {
-                scaled_t_product<VP, LDV, PF_TILE, true>(
-                    t_hi, t_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0),
-                    row_tile, half, lane);
-            }
-            __syncthreads();
-            PF_MARK(5 + 5 * j + pass);
-        }
+        // scaled T times the bf16 operand; W as [64][KP], U as 64-column tiles [VP / 64][64][64],
+        // both `swizzled` (the state passes' stage layouts, see PF_W_ELEMS). Both products run
+        // between one pair of barriers.
+        build_scaled_halves<LDF>(t_mat, gates, w_hi, w_lo, u_hi, u_lo);
+        // This head's v (copied in during the previous head's work) is in place.
+        cp_async_wait_all();
+        __syncthreads();
+        const long long chunk_head = (long long)chunk * p.value_heads + head;
+        scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
+                                             (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), row_tile,
+                                             half, lane);
+        PF_MARK(5 + 5 * j);
+        scaled_t_product<VP, LDV, PF_TILE, true>(
+            u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), row_tile,
+            half, lane);
+        __syncthreads();
+        PF_MARK(6 + 5 * j);
         // The next head's v into the buffer U has finished reading.
         if (j + 1 < count) {
             // The chunk's first row read again rather than held in registers through the block

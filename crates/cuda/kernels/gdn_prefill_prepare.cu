@@ -12,6 +12,7 @@
 #define PF_MARK(phase)
 #endif
 #define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
+#define PF_PREPARE_THREADS 256  // 8 warps per block (the launcher's block size)
 // Prepare blocks per SM: 3, the library's (80 registers: T's fragments are read per column
 // tile in W and U), or 2 (128 registers: K K^T and T's hi fragments stay in registers, half
 // the shared-memory reads in W and U; slower on the H100, kernel log row 18). A switch for
@@ -103,7 +104,7 @@ __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const Ch
                                                     unsigned short* w_hi, unsigned short* w_lo,
                                                     unsigned short* u_hi, unsigned short* u_lo) {
     static_assert(LDF % 4 == 0, "16-byte rows");
-    constexpr int THREADS = 256, STEPS = PF_CHUNK * PF_CHUNK / 4 / THREADS;
+    constexpr int THREADS = PF_PREPARE_THREADS, STEPS = PF_CHUNK * PF_CHUNK / 4 / THREADS;
     float tb[STEPS][4];  // T diag(beta), the products U takes
 #pragma unroll
     for (int step = 0; step < STEPS; ++step) {
@@ -501,7 +502,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
 
 // `gdn_prefill_prepare_mma_*` (the inverse's levels on tf32 tensor cores).
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, PF_PREPARE_BLOCKS_PER_SM)              \
+    extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_PREPARE_BLOCKS_PER_SM) \
         gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
         prepare_impl<KP, VP>(p);                                                              \
     }

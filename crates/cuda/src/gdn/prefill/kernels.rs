@@ -70,8 +70,8 @@ pub(super) const MAX_WALK_SEGMENTS: usize = 65535;
 /// record per value head of the block's group, k and v (bf16), then A, 816 floats and T (f32,
 /// rows of 68). q takes the space after A until T is formed (at K = 256, where no scores are
 /// formed, A's space, for the l2 norm alone); T's bf16 halves for W reuse A's space and the
-/// 816 floats, those for U the space after them, into T's rows. At K = V = 128: 76,736 bytes for two heads (3 blocks per SM), and room
-/// for 2 at any K and V with four.
+/// 816 floats, those for U the space after them, into T's rows. At K = V = 128: 76,736 bytes
+/// for two heads (3 blocks per SM), and room for 2 at any K and V with four.
 pub(super) fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usize {
     let ldc = CHUNK + PAD;
     // f32 elements per row of A and T (the kernels' PF_LDF).

@@ -13,9 +13,7 @@
 #endif
 #define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
 #define PF_PREPARE_THREADS 256  // 8 warps per block (the launcher's block size)
-// Prepare blocks per SM: 3, the library's (80 registers: T's fragments are read per column
-// tile in W and U), or 2 (128 registers: K K^T and T's hi fragments stay in registers, half
-// the shared-memory reads in W and U; slower on the H100, kernel log row 18). A switch for
+// Prepare blocks per SM: 3, the library's (80 registers), or 2 (128 registers). A switch for
 // tools/prefill-lab, which builds both; the launcher's shared memory fits either at
 // K = V = 128 with two value heads per block.
 #ifndef PF_PREPARE_BLOCKS_PER_SM
@@ -234,23 +232,17 @@ __device__ __forceinline__ void normalize_rows(const NormRows (&sets)[2], int ld
     }
 }
 
-// One warp's part of W = (T diag(beta d)) K or U = (T diag(beta)) V: rows row_tile .. + 15,
-// columns 16 half + 32 i, from T's bf16 halves (t_hi, t_lo: [64][PF_LDC]) and the operand's
-// rows ([64][LD] bf16), stored bf16 into `out` `swizzled` with rows of LD_OUT (TILED: by
-// 64-column tiles of PF_U_TILE_ELEMS, as U's stage layout). Each k step's fragments are read one
-// step ahead of its four products, from 32-bit shared-window addresses formed once.
-template <int COLS, int LD, int LD_OUT, bool TILED>
-__device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, const unsigned short* t_lo,
-                                                 const unsigned short* operand, unsigned short* out,
-                                                 int row_tile, int half, int lane) {
-    // T's hi fragments stay in registers across the column tiles at 2 blocks per SM; the lo
-    // fragments (and at 3 blocks per SM the hi ones too) are read per tile, leaving registers
-    // to K K^T, which every head of the group reuses.
-    unsigned a_hi[4][4];
-    if constexpr (PF_PREPARE_BLOCKS_PER_SM < 3) {
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) frag_a(a_hi[kb], t_hi, PF_LDC, row_tile, 16 * kb, lane);
-    }
+// One warp's part of W = (T diag(beta d)) K or U = (T diag(beta)) V at rows row_tile .. + 15:
+// columns n0 = 16 q, 16 q + 64, .. in 16-column steps, from T's bf16 halves (t_hi, t_lo:
+// [64][PF_LDC]) and the operand's rows ([64][LD] bf16), stored bf16 into `out` `swizzled` with
+// rows of LD_OUT (TILED: by 64-column tiles of PF_U_TILE_ELEMS, as U's stage layout). T is
+// lower triangular, so these rows take only T's first KSTEPS = row_tile / 16 + 1 k steps (the
+// blocks after them are zero). Each k step's fragments are read one step ahead of its four
+// products, from 32-bit shared-window addresses formed once.
+template <int KSTEPS, int COLS, int LD, int LD_OUT, bool TILED>
+__device__ __forceinline__ void scaled_t_rows(const unsigned short* t_hi, const unsigned short* t_lo,
+                                              const unsigned short* operand, unsigned short* out,
+                                              int row_tile, int q, int lane) {
     // This lane's ldmatrix row addresses: T's halves as frag_a_ldsm reads them, the operand's
     // rows as frag_b2_rowmajor does.
     const int m8 = lane >> 3, i8 = lane & 7;
@@ -261,28 +253,26 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
     // multiple of 16, piece (c + 8) / 8 of a swizzled row is piece c / 8 ^ 1.
     const int out_row = row_tile + (lane >> 2);
     unsigned short* lane_out = out + out_row * LD_OUT + 2 * (lane & 3);
-    for (int n0 = 16 * half; n0 < COLS; n0 += 32) {
+#pragma unroll 1
+    for (int n0 = 16 * q; n0 < COLS; n0 += 64) {
         float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         unsigned hi[2][4], lo[2][4], b[2][4];
         const unsigned b_at = b_lane + 2u * n0;
-        if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[0], hi_at);
+        ldsm_x4_at(hi[0], hi_at);
         ldsm_x4_at(lo[0], lo_at);
         ldsm_x4_trans_at(b[0], b_at);
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
+        for (int kb = 0; kb < KSTEPS; ++kb) {
             const int cur = kb & 1, next = cur ^ 1;
-            if (kb + 1 < 4) {
-                if constexpr (PF_PREPARE_BLOCKS_PER_SM >= 3) ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
+            if (kb + 1 < KSTEPS) {
+                ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
                 ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
                 ldsm_x4_trans_at(b[next], b_at + 2u * 16 * LD * (kb + 1));
             }
-            unsigned a[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = PF_PREPARE_BLOCKS_PER_SM < 3 ? a_hi[kb][e] : hi[cur][e];
             const unsigned b0[2] = {b[cur][0], b[cur][1]}, b1[2] = {b[cur][2], b[cur][3]};
-            mma_bf16_16816(acc0, a, b0);
+            mma_bf16_16816(acc0, hi[cur], b0);
             mma_bf16_16816(acc0, lo[cur], b0);
-            mma_bf16_16816(acc1, a, b1);
+            mma_bf16_16816(acc1, hi[cur], b1);
             mma_bf16_16816(acc1, lo[cur], b1);
         }
         // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
@@ -294,6 +284,26 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
         *(unsigned*)(row + 8 * LD_OUT + 8 * piece) = pack_bf16(acc0[2], acc0[3]);
         *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
         *(unsigned*)(row + 8 * LD_OUT + 8 * (piece ^ 1)) = pack_bf16(acc1[2], acc1[3]);
+    }
+}
+
+// W = (T diag(beta d)) K or U = (T diag(beta)) V by the block's 8 warps (scaled_t_rows). Row
+// tile r takes r + 1 of T's k steps, so the warps pair row tiles 0 and 3, or 1 and 2 (5 steps
+// either way): each warp takes a quarter of both tiles' 16-column steps, and every warp the
+// same number of products.
+template <int COLS, int LD, int LD_OUT, bool TILED>
+__device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, const unsigned short* t_lo,
+                                                 const unsigned short* operand, unsigned short* out,
+                                                 int warp, int lane) {
+    static_assert(COLS % 64 == 0, "four warps share each row tile's 16-column steps");
+    const int tile = warp & 3;
+    const int q = 2 * (warp >> 2) + (tile >> 1);  // 0 .. 3 among the warps of a pair of tiles
+    if (tile == 0 || tile == 3) {
+        scaled_t_rows<4, COLS, LD, LD_OUT, TILED>(t_hi, t_lo, operand, out, 48, q, lane);
+        scaled_t_rows<1, COLS, LD, LD_OUT, TILED>(t_hi, t_lo, operand, out, 0, q, lane);
+    } else {
+        scaled_t_rows<3, COLS, LD, LD_OUT, TILED>(t_hi, t_lo, operand, out, 32, q, lane);
+        scaled_t_rows<2, COLS, LD, LD_OUT, TILED>(t_hi, t_lo, operand, out, 16, q, lane);
     }
 }
 
@@ -430,8 +440,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
             kk[n][0] = kk[n][1] = kk[n][2] = kk[n][3] = 0.0f;
             qk[n][0] = qk[n][1] = qk[n][2] = qk[n][3] = 0.0f;
         }
+        // Rows 0 .. 31 against columns 32 .. 63 (two of the eight warps' blocks) lie wholly
+        // above the diagonal, where both products are masked to zero: those warps skip them.
+        const int k_end = row_tile + 16 <= 32 * half ? 0 : KP;
 #pragma unroll
-        for (int k0 = 0; k0 < KP; k0 += 16) {
+        for (int k0 = 0; k0 < k_end; k0 += 16) {
             unsigned a[4], aq[4];
             frag_a_ldsm(a, keys, LDK, row_tile, k0, lane);
             if (with_scores) frag_a_ldsm(aq, queries, LDK, row_tile, k0, lane);
@@ -477,12 +490,10 @@ __device__ void prepare_impl(const PrefillParams& p) {
         __syncthreads();
         const long long chunk_head = (long long)chunk * p.value_heads + head;
         scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
-                                             (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), row_tile,
-                                             half, lane);
+                                             (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);
         PF_MARK(5 + 5 * j);
         scaled_t_product<VP, LDV, PF_TILE, true>(
-            u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), row_tile,
-            half, lane);
+            u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), warp, lane);
         __syncthreads();
         PF_MARK(6 + 5 * j);
         // The next head's v into the buffer U has finished reading.

@@ -15,31 +15,19 @@
 
 // The diagonal blocks of T (and zeros above them). Column j by the four lanes of a quad:
 // lane part p sums the terms m = p (mod 4) of T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps
-// those T_mj in registers, the quad's sum by two shuffles. Each row's A values are loaded
-// during the row before it, so the loads stay off the rows' chain (the compiler must keep them
-// after the previous row's store to T otherwise). 256 threads; no barrier at the end.
+// those T_mj in registers, the quad's sum by two shuffles. 256 threads; no barrier at the end.
 __device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float* t_mat) {
     const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
     const int base = j & ~15, c = j & 15;
-    const float* a_rows = a_mat + base * PF_LDF + base + part;
     float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float a_next[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) a_next[q] = a_rows[4 * q];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-        float a_row[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) a_row[q] = a_next[q];
-        if (r + 1 < 16) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) a_next[q] = a_rows[(r + 1) * PF_LDF + 4 * q];
-        }
         float sum = 0.0f;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int m = 4 * q + part;
-            sum += (m >= c && m < r) ? a_row[q] * column[q] : 0.0f;
+            const float a = a_mat[(base + r) * PF_LDF + base + m];
+            sum += (m >= c && m < r) ? a * column[q] : 0.0f;
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);

@@ -91,66 +91,43 @@ __device__ __forceinline__ void bf16_halves4(const float (&x)[4], uint2& hi, uin
                               x[3] - bf16_to_f32((unsigned short)(hi.y >> 16))));
 }
 
-// Row i and column m (a multiple of 4) of the t-th of the 640 four-column slots of T's lower
-// 16 x 16 blocks, in row order: row tile r's 16 rows hold 4 (r + 1) slots each (its blocks
-// 0 .. r), so the tiles start at slots 0, 64, 192 and 384.
-__device__ __forceinline__ void lower_slot(int t, int& i, int& m) {
-    const int tile = (t >= 64) + (t >= 192) + (t >= 384);
-    const int first = tile == 0 ? 0 : (tile == 1 ? 64 : (tile == 2 ? 192 : 384));
-    const int in_tile = t - first;
-    // in_tile / (4 (tile + 1)) for in_tile < 256: the division by 12 as a multiply and shift.
-    const int row = tile == 2 ? (in_tile * 2731) >> 15 : in_tile >> (tile == 0 ? 2 : (tile == 1 ? 3 : 4));
-    i = 16 * tile + row;
-    m = 4 * (in_tile - row * 4 * (tile + 1));
-}
-
-// Both scaled forms of T (f32 [64][LDF]) as bf16 hi + lo halves ([64][PF_LDC] each), on T's
-// lower 16 x 16 blocks only (the products read no others): T diag(beta d) for W into w_hi /
-// w_lo, T diag(beta) for U into u_hi / u_lo, four columns per slot (16-byte loads of T, beta
-// and d, 8-byte stores), 640 slots over the block's threads in row order (lower_slot). U's
-// halves may overlap T's rows (the prepare puts them there), so every thread holds its T
-// values in registers and the block meets before they are stored (their places formed again
-// from a fresh thread index, not held across the barrier); W's halves must not overlap T. The
-// whole block (256 threads); ends without a barrier after U's stores.
+// Both scaled forms of T (f32 [64][LDF]) as bf16 hi + lo halves ([64][PF_LDC] each): T diag(beta
+// d) for W into w_hi / w_lo, T diag(beta) for U into u_hi / u_lo, four columns per thread and
+// step (16-byte loads of T, beta and d, 8-byte stores). U's halves may overlap T's rows (the
+// prepare puts them there), so every thread holds its T values in registers and the block meets
+// before they are stored; W's halves must not overlap T. The whole block (256 threads); ends
+// without a barrier after U's stores.
 template <int LDF>
 __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const ChunkGates& gates,
                                                     unsigned short* w_hi, unsigned short* w_lo,
                                                     unsigned short* u_hi, unsigned short* u_lo) {
     static_assert(LDF % 4 == 0, "16-byte rows");
-    constexpr int THREADS = PF_PREPARE_THREADS, SLOTS = 640;
-    constexpr int STEPS = (SLOTS + THREADS - 1) / THREADS;
+    constexpr int THREADS = PF_PREPARE_THREADS, STEPS = PF_CHUNK * PF_CHUNK / 4 / THREADS;
     float tb[STEPS][4];  // T diag(beta), the products U takes
 #pragma unroll
     for (int step = 0; step < STEPS; ++step) {
-        const int slot = threadIdx.x + THREADS * step;
-        if (slot < SLOTS) {
-            int i, m;
-            lower_slot(slot, i, m);
-            const float4 t = *(const float4*)(t_mat + i * LDF + m);
-            const float4 b = *(const float4*)(gates.beta + m);
-            const float4 d = *(const float4*)(gates.start_decay + m);
-            tb[step][0] = t.x * b.x, tb[step][1] = t.y * b.y, tb[step][2] = t.z * b.z, tb[step][3] = t.w * b.w;
-            const float x[4] = {tb[step][0] * d.x, tb[step][1] * d.y, tb[step][2] * d.z, tb[step][3] * d.w};
-            uint2 hi, lo;
-            bf16_halves4(x, hi, lo);
-            *(uint2*)(w_hi + i * PF_LDC + m) = hi;
-            *(uint2*)(w_lo + i * PF_LDC + m) = lo;
-        }
+        const int idx = threadIdx.x + THREADS * step;
+        const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
+        const float4 t = *(const float4*)(t_mat + i * LDF + m);
+        const float4 b = *(const float4*)(gates.beta + m);
+        const float4 d = *(const float4*)(gates.start_decay + m);
+        tb[step][0] = t.x * b.x, tb[step][1] = t.y * b.y, tb[step][2] = t.z * b.z, tb[step][3] = t.w * b.w;
+        const float x[4] = {tb[step][0] * d.x, tb[step][1] * d.y, tb[step][2] * d.z, tb[step][3] * d.w};
+        uint2 hi, lo;
+        bf16_halves4(x, hi, lo);
+        *(uint2*)(w_hi + i * PF_LDC + m) = hi;
+        *(uint2*)(w_lo + i * PF_LDC + m) = lo;
     }
     // Every thread's T values are in registers before U's halves overwrite T's rows.
     __syncthreads();
-    const int tid = (int)fresh_thread_index();
 #pragma unroll
     for (int step = 0; step < STEPS; ++step) {
-        const int slot = tid + THREADS * step;
-        if (slot < SLOTS) {
-            int i, m;
-            lower_slot(slot, i, m);
-            uint2 hi, lo;
-            bf16_halves4(tb[step], hi, lo);
-            *(uint2*)(u_hi + i * PF_LDC + m) = hi;
-            *(uint2*)(u_lo + i * PF_LDC + m) = lo;
-        }
+        const int idx = threadIdx.x + THREADS * step;
+        const int i = idx / (PF_CHUNK / 4), m = 4 * (idx % (PF_CHUNK / 4));
+        uint2 hi, lo;
+        bf16_halves4(tb[step], hi, lo);
+        *(uint2*)(u_hi + i * PF_LDC + m) = hi;
+        *(uint2*)(u_lo + i * PF_LDC + m) = lo;
     }
 }
 

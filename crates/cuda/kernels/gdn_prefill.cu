@@ -346,6 +346,15 @@ __device__ __forceinline__ long long u_tile_offset(long long chunk_head, int til
     return (chunk_head * tiles + tile) * PF_U_TILE_ELEMS;
 }
 
+// The walk queued right after the prepare on the same stream is launched as its programmatic
+// dependent: every prepare block releases it as it starts, so its blocks are placed on the SMs
+// the prepare's last wave frees and wait there for the prepare's completion (and its writes)
+// before reading anything; any other launch returns from the wait at once.
+__device__ __forceinline__ void release_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_prepare() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Element offset in p.k_chunks / p.q_chunks of chunk `chunk`'s rows of key head `key_head`
 // (rows of `ld` = KP + PF_PAD).
 __device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, int chunk, int key_head, int ld) {

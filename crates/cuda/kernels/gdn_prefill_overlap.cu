@@ -230,6 +230,7 @@ __device__ void overlap_impl(const PrefillParams& p) {
 #define PF_OVERLAP_ENTRY_POINT(KP)                                                            \
     extern "C" __global__ void __launch_bounds__(KP * 4, 1)                                  \
         gdn_prefill_overlap_k##KP(PrefillParams p) {                                          \
+        wait_for_prepare();                                                                   \
         overlap_impl<KP>(p);                                                                  \
     }
 

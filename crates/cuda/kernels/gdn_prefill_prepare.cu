@@ -366,6 +366,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const int row_tile = 16 * (warp & 3), half = warp >> 2;
     const bool with_scores = KP <= 128 && p.scores != 0;  // the overlapped pass's, K <= 128
     PF_MARK(0);
+    release_dependents();
     const long long first_row = ((const long long*)p.chunk_first_row)[chunk];
     const int len = ((const int*)p.chunk_len)[chunk];
     const long long key_offset = (first_row * p.key_heads + key_head) * KP;

@@ -432,14 +432,17 @@ __device__ void state_impl(const PrefillParams& p) {
 #define PF_STATE_ENTRY_POINTS(KP)                                                             \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_state_k##KP(PrefillParams p) {                                            \
+        wait_for_prepare();                                                                   \
         state_impl<KP, MODE_OUTPUT>(p);                                                       \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
+        wait_for_prepare();                                                                   \
         state_impl<KP, MODE_TRANSITION>(p);                                                   \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
+        wait_for_prepare();                                                                   \
         state_impl<KP, MODE_LEAD>(p);                                                         \
     }
 

@@ -531,29 +531,33 @@ impl PrefillLaunch {
         if let Some(relay) = &self.relay {
             return relay.launch(cuda, &self.state, heads, tiles_v);
         }
-        if self.plan.segmented {
-            let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
-            let grid = walk_grid(segments, heads, tiles_v + tiles_k);
-            kernel(
-                transition,
-                grid,
-                transition_threads,
-                transition_bytes,
-                "gdn_prefill_transition",
-            )
-            .launch(cuda.stream())?;
-            let grid = (self.sequences, heads, value_pad / 16);
-            kernel(&self.combine, grid, 256, 0, "gdn_prefill_combine").launch(cuda.stream())?;
-        }
         let (state, state_bytes, state_threads) = (&self.state.0, self.state.1, self.state.2);
-        kernel(
+        let walk = kernel(
             state,
             walk_grid(segments, heads, tiles_v),
             state_threads,
             state_bytes,
             "gdn_prefill_state",
+        );
+        if !self.plan.segmented {
+            // The one walk: the prepare's programmatic dependent.
+            return walk.launch_dependent(cuda, cuda.stream());
+        }
+        // The scan: the transitions (the prepare's programmatic dependent), the combine, then
+        // every segment's outputs.
+        let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
+        let grid = walk_grid(segments, heads, tiles_v + tiles_k);
+        kernel(
+            transition,
+            grid,
+            transition_threads,
+            transition_bytes,
+            "gdn_prefill_transition",
         )
-        .launch(cuda.stream())
+        .launch_dependent(cuda, cuda.stream())?;
+        let grid = (self.sequences, heads, value_pad / 16);
+        kernel(&self.combine, grid, 256, 0, "gdn_prefill_combine").launch(cuda.stream())?;
+        walk.launch(cuda.stream())
     }
 
     /// The checkpoints the launches wrote, when `checkpoint_every` asked for them (the launch

@@ -3,9 +3,12 @@
 //! stream, where the second segment's outputs start.
 //!
 //! ```text
-//! call's stream:  prepare ─┬─ lead (first segments, no outputs) ── second segments ─┬─ copies
-//! side stream:             └─ first segments (and whole sequences) with outputs ────┘
+//! call's stream:  prepare ─┬─ first segments (and whole sequences) with outputs ────┬─ copies
+//! side stream:             └─ lead (first segments, no outputs) ── second segments ─┘
 //! ```
+//!
+//! The first segments' walk, the longer of the two paths, is the prepare's programmatic
+//! dependent on the call's stream ([`Kernel::launch_dependent`]).
 //!
 //! The second segments store their final states into a scratch buffer, copied to the caller's
 //! rows after the join: a final state that shares memory with an initial state (a state pool,
@@ -14,7 +17,7 @@
 use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
 use crate::runtime::{Cuda, driver_error};
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg, sys};
 use deltakv_contract::Result;
 
 /// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
@@ -43,6 +46,48 @@ impl Kernel<'_> {
         unsafe { builder.launch(config) }
             .map(|_| ())
             .map_err(|e| driver_error(&format!("launching {}", self.name), e))
+    }
+
+    /// Queues the kernel on `stream` as the programmatic dependent of the kernel queued there
+    /// before it, the prepare (`cuLaunchKernelEx` with programmatic stream serialization, kept
+    /// by CUDA graph capture): the prepare's blocks release it as they start, and its blocks
+    /// wait in `griddepcontrol.wait` for the prepare's completion before reading anything.
+    pub fn launch_dependent(&self, cuda: &Cuda, stream: &CudaStream) -> Result<()> {
+        let failed = |e| driver_error(&format!("launching {}", self.name), e);
+        cuda.context().bind_to_thread().map_err(failed)?;
+        // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
+        // the one union field this id reads are set below.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: self.grid.0,
+            gridDimY: self.grid.1,
+            gridDimZ: self.grid.2,
+            blockDimX: self.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: self.shared_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let mut params = *self.params;
+        let mut args = [(&mut params as *mut PrefillParams).cast::<std::ffi::c_void>()];
+        // SAFETY: the configuration and its attribute live through the call, which copies
+        // them and the one argument, the parameter struct (as in `launch`: it points at live
+        // buffers of the sizes the kernels index).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.function.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(failed)
     }
 }
 
@@ -148,11 +193,12 @@ impl RelayLaunch {
             shared_bytes: self.lead.1,
             name: "gdn_prefill_lead",
         };
-        let queued = pass(&self.first, walk_grid(sequences, heads, tiles))
+        let queued = lead
             .launch(&side)
-            .and_then(|()| lead.launch(cuda.stream()))
+            .and_then(|()| pass(&self.second, walk_grid(relayed, heads, tiles)).launch(&side))
             .and_then(|()| {
-                pass(&self.second, walk_grid(relayed, heads, tiles)).launch(cuda.stream())
+                pass(&self.first, walk_grid(sequences, heads, tiles))
+                    .launch_dependent(cuda, cuda.stream())
             });
         // Joined whatever failed: the call's buffers are freed on its stream, after the work
         // queued there, so the side stream's work must be part of that work.

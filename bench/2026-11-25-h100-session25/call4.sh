@@ -3,8 +3,7 @@
 # working tree named in the session's commit): the walk after the prepare as its programmatic dependent.
 # The prefill suites (default, checkpoints, streams, lockstep,
 # the sm_90 mma.sync fallback), compute-sanitizer, `bench gdn` against row 48's binary
-# (.carry/deltakv-r48, 6ef7dab) in the same call, twice each, ncu's per-kernel durations at
-# T 16384 (the prepare) for both.
+# (.carry/deltakv-r48, 6ef7dab) in the same call, three times each.
 out=${OUT:?}; cd "$(dirname "$0")/../.." || exit 1
 logs=$(mktemp -d); sum=$out/summary.txt
 say() { echo "$*" >> "$sum"; }
@@ -28,9 +27,6 @@ for tool in memcheck racecheck; do
   say "$tool gate_extremes exit $?: $(grep SUMMARY "$logs/$tool.log") ($SECONDS s)"
 done
 b r48_1 deltakv-r48; b new1 deltakv; b r48_2 deltakv-r48; b new2 deltakv
-for bin in deltakv-r48 deltakv; do
-  timeout 100 ncu --clock-control none --graph-profiling node -k regex:gdn_prefill -c 12 --metrics gpu__time_duration.sum .carry/$bin bench gdn --device cuda --seq-lens 16384 --decode-batches 1 > "$logs/ncu-$bin.txt" 2>&1
-  say "ncu $bin exit $?: $(grep -E '^  gdn|duration' "$logs/ncu-$bin.txt" | awk '/^  gdn/ {name=$1} /duration/ {printf "%s %s %s; ", name, $(NF-1), $NF}') ($SECONDS s)"
-done
+b r48_3 deltakv-r48; b new3 deltakv
 say "done ($SECONDS s)"
 tar -czf "$out/logs.tar.gz" -C "$logs" .

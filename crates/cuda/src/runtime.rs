@@ -9,8 +9,10 @@
 //! when the library is missing), and every failure becomes a one-line `Err`.
 
 use crate::compile::{self, Compiled, KernelSource};
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::sys::{self, CUevent_flags};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig,
+};
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -306,6 +308,57 @@ impl Cuda {
         self.stream
             .wait(&event)
             .map_err(|e| driver_error("joining the second stream", e))
+    }
+
+    /// Queues `function` on `stream` as the programmatic dependent of the kernel queued there
+    /// before it (`cuLaunchKernelEx` with programmatic stream serialization, kept by CUDA graph
+    /// capture): it may launch once every block of that kernel has run
+    /// `griddepcontrol.launch_dependents` (or ended), and its blocks must run
+    /// `griddepcontrol.wait` before reading what that kernel writes. `param` is the kernel's
+    /// one argument, a parameter struct.
+    ///
+    /// # Safety
+    ///
+    /// As for any kernel launch: `param` must be the struct `function` takes, pointing at live
+    /// buffers of the sizes the kernel indexes under `config`.
+    pub unsafe fn launch_programmatic_dependent<P>(
+        &self,
+        stream: &CudaStream,
+        function: &CudaFunction,
+        config: LaunchConfig,
+        param: &P,
+    ) -> std::result::Result<(), DriverError> {
+        self.context.bind_to_thread()?;
+        // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
+        // the one union field this id reads are set below.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let launch = sys::CUlaunchConfig {
+            gridDimX: config.grid_dim.0,
+            gridDimY: config.grid_dim.1,
+            gridDimZ: config.grid_dim.2,
+            blockDimX: config.block_dim.0,
+            blockDimY: config.block_dim.1,
+            blockDimZ: config.block_dim.2,
+            sharedMemBytes: config.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let mut args = [(param as *const P).cast_mut().cast::<std::ffi::c_void>()];
+        // SAFETY: the configuration and its attribute live through the call, which copies them
+        // and the argument it points at; the argument is the caller's (see # Safety).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch,
+                function.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     /// Waits for all work queued on deltakv's stream; a kernel fault shows up here.

@@ -189,43 +189,17 @@ impl AttendLaunch {
     /// blocks, whose `griddepcontrol.launch_dependents` releases it, and its blocks wait in
     /// `griddepcontrol.wait` for pass 1's completion before reading the partial results.
     fn launch_merge(&self, cuda: &Cuda) -> Result<()> {
-        use cudarc::driver::sys;
-        let failed = |e| driver_error("launching kv_attend_merge", e);
-        cuda.context().bind_to_thread().map_err(failed)?;
-        // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
-        // the one union field this id reads are set below.
-        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id =
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attribute.value.programmaticStreamSerializationAllowed = 1;
-        let c = self.merge_config;
-        let config = sys::CUlaunchConfig {
-            gridDimX: c.grid_dim.0,
-            gridDimY: c.grid_dim.1,
-            gridDimZ: c.grid_dim.2,
-            blockDimX: c.block_dim.0,
-            blockDimY: c.block_dim.1,
-            blockDimZ: c.block_dim.2,
-            sharedMemBytes: c.shared_mem_bytes,
-            hStream: cuda.stream().cu_stream(),
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
-        let mut params = self.params;
-        let mut args = [(&mut params as *mut AttnParams).cast::<std::ffi::c_void>()];
-        // SAFETY: the configuration and its attribute live through the call, which copies
-        // them; the one kernel argument is the parameter struct the merge takes, built from
+        // SAFETY: the one kernel argument is the parameter struct the merge takes, built from
         // live buffers as for pass 1 (see `launch`).
         unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                self.merge.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
+            cuda.launch_programmatic_dependent(
+                cuda.stream(),
+                &self.merge,
+                self.merge_config,
+                &self.params,
             )
         }
-        .result()
-        .map_err(failed)
+        .map_err(|e| driver_error("launching kv_attend_merge", e))
     }
 
     /// `o [B, Tq, Hq, D]` f32, written by each launch.

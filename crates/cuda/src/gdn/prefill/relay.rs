@@ -17,7 +17,7 @@
 use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
 use crate::runtime::{Cuda, driver_error};
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
 
 /// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
@@ -35,11 +35,7 @@ impl Kernel<'_> {
     pub fn launch(&self, stream: &CudaStream) -> Result<()> {
         let mut builder = stream.launch_builder(self.function);
         builder.arg(self.params);
-        let config = LaunchConfig {
-            grid_dim: self.grid,
-            block_dim: (self.threads, 1, 1),
-            shared_mem_bytes: self.shared_bytes,
-        };
+        let config = self.config();
         // SAFETY: the parameters point at live buffers of the sizes the kernels index: the
         // inputs and outputs passed the contract's shape check, and the scratch buffers and
         // tables were sized from the same plan the kernels walk.
@@ -53,41 +49,18 @@ impl Kernel<'_> {
     /// by CUDA graph capture): the prepare's blocks release it as they start, and its blocks
     /// wait in `griddepcontrol.wait` for the prepare's completion before reading anything.
     pub fn launch_dependent(&self, cuda: &Cuda, stream: &CudaStream) -> Result<()> {
-        let failed = |e| driver_error(&format!("launching {}", self.name), e);
-        cuda.context().bind_to_thread().map_err(failed)?;
-        // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
-        // the one union field this id reads are set below.
-        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id =
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attribute.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: self.grid.0,
-            gridDimY: self.grid.1,
-            gridDimZ: self.grid.2,
-            blockDimX: self.threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: self.shared_bytes,
-            hStream: stream.cu_stream(),
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
-        let mut params = *self.params;
-        let mut args = [(&mut params as *mut PrefillParams).cast::<std::ffi::c_void>()];
-        // SAFETY: the configuration and its attribute live through the call, which copies
-        // them and the one argument, the parameter struct (as in `launch`: it points at live
-        // buffers of the sizes the kernels index).
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                self.function.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let config = self.config();
+        // SAFETY: as in `launch`.
+        unsafe { cuda.launch_programmatic_dependent(stream, self.function, config, self.params) }
+            .map_err(|e| driver_error(&format!("launching {}", self.name), e))
+    }
+
+    fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: self.grid,
+            block_dim: (self.threads, 1, 1),
+            shared_mem_bytes: self.shared_bytes,
         }
-        .result()
-        .map_err(failed)
     }
 }
 

@@ -356,9 +356,10 @@ __device__ __forceinline__ void release_dependents() {
 __device__ __forceinline__ void wait_for_prepare() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Element offset in p.k_chunks / p.q_chunks of chunk `chunk`'s rows of key head `key_head`
-// (rows of `ld` = KP + PF_PAD).
-__device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, int chunk, int key_head, int ld) {
-    return ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * ld;
+// (rows of KP + PF_PAD).
+template <int KP>
+__device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, int chunk, int key_head) {
+    return ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * (KP + PF_PAD);
 }
 
 // The thread's index in the block, read afresh: values derived from it are then formed where

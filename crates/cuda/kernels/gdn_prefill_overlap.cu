@@ -61,7 +61,7 @@ __device__ __forceinline__ void ov_issue_stage(const OverlapStage<KP>& stage, co
                                                unsigned long long* full) {
     constexpr int LDK = KP + PF_PAD;
     const long long chunk_head = (long long)chunk * p.value_heads + head;
-    const long long chunk_key = key_chunk_offset(p, chunk, key_head, LDK);
+    const long long chunk_key = key_chunk_offset<KP>(p, chunk, key_head);
     // Both groups' reads of the stage's last chunk (ordered before by the done barrier) come
     // before the copies' writes.
     fence_proxy_async();

@@ -419,7 +419,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     if (group == 0 && threadIdx.x == 0 && p.k_chunks) {
         // The chunk's k (and q) rows as the walks' stages hold them, one bulk copy each: q's
         // space is T's later (the copy has read it by then: bulk_store_wait_read below).
-        const long long at = key_chunk_offset(p, chunk, key_head, LDK);
+        const long long at = key_chunk_offset<KP>(p, chunk, key_head);
         bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }

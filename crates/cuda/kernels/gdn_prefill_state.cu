@@ -84,7 +84,7 @@ __device__ __forceinline__ void issue_stage(const StateStage<KP>& stage, const P
         bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES,
                   PF_GATES_BYTES, full);
         bulk_load(stage.k,
-                  (const unsigned short*)p.k_chunks + key_chunk_offset(p, chunk, key_head, LDK),
+                  (const unsigned short*)p.k_chunks + key_chunk_offset<KP>(p, chunk, key_head),
                   2u * PF_CHUNK * LDK, full);
         bulk_load(stage.w, (const unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP),
                   2u * PF_W_ELEMS(KP), full);

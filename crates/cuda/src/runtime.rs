@@ -11,7 +11,7 @@
 use crate::compile::{self, Compiled, KernelSource};
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
 };
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
@@ -315,13 +315,13 @@ impl Cuda {
     /// capture): it may launch once every block of that kernel has run
     /// `griddepcontrol.launch_dependents` (or ended), and its blocks must run
     /// `griddepcontrol.wait` before reading what that kernel writes. `param` is the kernel's
-    /// one argument, a parameter struct.
+    /// one argument, a parameter struct (plain data the kernel reads by value).
     ///
     /// # Safety
     ///
     /// As for any kernel launch: `param` must be the struct `function` takes, pointing at live
     /// buffers of the sizes the kernel indexes under `config`.
-    pub unsafe fn launch_programmatic_dependent<P>(
+    pub unsafe fn launch_programmatic_dependent<P: DeviceRepr>(
         &self,
         stream: &CudaStream,
         function: &CudaFunction,

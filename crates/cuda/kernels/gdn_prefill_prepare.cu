@@ -317,8 +317,8 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
 // l2-normalises k and q itself. The first group of each key head stores the chunk's k (and q)
 // rows as the walks' stages hold them (k_chunks, q_chunks), and with fused_qk_norm the
 // normalised rows of q the lockstep pass reads (p.q, where set).
-// 8 warps: warp w computes rows 16 (w % 4) .. + 15 of each product, over half of its columns
-// (w / 4 picks which).
+// 8 warps: in K K^T and Q K^T warp w computes rows 16 (w % 4) .. + 15 over half of the columns
+// (w / 4 picks which); W and U split their lower-triangular work as scaled_t_product says.
 //
 // Shared memory (the launcher's prepare_smem mirrors it): heads_per_block ChunkGates records
 // (PF_GATES_BYTES each), k [64][LDK], v [64][LDV] (bf16), A [64][LDF] (f32), 816 floats, T

@@ -63,6 +63,9 @@ pub(super) fn walk_grid(records: u32, heads: u32, tiles: u32) -> (u32, u32, u32)
     (tiles, heads, records)
 }
 
+/// Threads of a prepare block (the kernel's `PF_PREPARE_THREADS`: 8 warps).
+pub(super) const PREPARE_THREADS: u32 = 256;
+
 /// Most segment records one state walk takes (the grid's third dimension).
 pub(super) const MAX_WALK_SEGMENTS: usize = 65535;
 

@@ -42,10 +42,10 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    MAX_WALK_SEGMENTS, PrefillParams, StatePass, gates_bytes, lead_name, overlap_name,
-    overlap_smem, prepare_group_limit_from_env, prepare_groups, prepare_name, prepare_smem,
-    relay_share_from_env, segment_chunks_from_env, state_names, state_pass_kind, state_smem,
-    walk_grid,
+    MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes, lead_name,
+    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups, prepare_name,
+    prepare_smem, relay_share_from_env, segment_chunks_from_env, state_names, state_pass_kind,
+    state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -523,7 +523,7 @@ impl PrefillLaunch {
         kernel(
             &self.prepare.0,
             prepare_grid,
-            256,
+            PREPARE_THREADS,
             self.prepare.1,
             "gdn_prefill_prepare",
         )

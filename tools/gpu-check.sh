@@ -16,7 +16,7 @@
 #                                   # and FLA in the same call (tools/compare_fla.py); logs
 #                                   # under $OUT (or ./gpu-check-out), a summary printed last.
 #                                   # `quick` skips the sanitizers.
-#   tools/gpu-check.sh build-prefill  # here: only .carry/deltakv and the four CUDA test
+#   tools/gpu-check.sh build-prefill  # here: only .carry/deltakv and the CUDA prefill and KV test
 #                                   # executables that prefill-variants runs (~14 MB)
 #   tools/gpu-check.sh prefill-variants  # there, carrying those: each variant (the defaults
 #                                   # or NAME=VALUE settings) through the prefill suites,
@@ -463,8 +463,9 @@ prefill)
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
     ;;
 build-prefill)
-    # Here: only what `prefill-variants` carries (~14 MB): the binary as `build` makes it and
-    # the four CUDA test executables it runs, in .carry/ (other files there are kept).
+    # Here: only what `prefill-variants` carries (~16 MB): the binary as `build` makes it and
+    # the CUDA test executables of the prefill and the compressed KV cache, in .carry/ (other
+    # files there are kept).
     cargo build --release --features cuda,wgpu
     mkdir -p .carry/tests
     cp target/release/deltakv .carry/deltakv
@@ -476,11 +477,14 @@ for line in sys.stdin:
     exe = m.get("executable")
     if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("gdn_prefill", "gdn_prefill_checkpoints", "gdn_prefill_streams", "kernels_compile"):
+        if name in ("gdn_prefill", "gdn_prefill_checkpoints", "gdn_prefill_streams", "kernels_compile",
+                    "kv_paged"):
             shutil.copy(exe, f".carry/tests/deltakv-cuda-{name}")
 '
-    strip .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
-    du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile
+    strip .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile \
+        .carry/tests/deltakv-cuda-kv_paged
+    du -sh .carry/deltakv .carry/tests/deltakv-cuda-gdn_prefill* .carry/tests/deltakv-cuda-kernels_compile \
+        .carry/tests/deltakv-cuda-kv_paged
     ;;
 prefill-variants)
     # Each variant (PREFILL_VARIANTS, default "default DELTAKV_PREFILL_STATE=lockstep":

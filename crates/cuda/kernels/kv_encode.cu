@@ -33,6 +33,8 @@ struct KvEncodeParams {
     unsigned heads_magic, tokens_magic;  // n / kv_heads, n / tokens as `kv_divide` takes them
     int heads_shift, tokens_shift;
     int page_shift;          // log2(page_tokens)
+    unsigned signs[128];     // the Hadamard signs as sign bits (0 or 0x80000000) for d <= 128,
+                             // read by the one-lane kernels (kv_encode_lanes.cu)
 };
 
 // n / d for n < 2^31 by a multiply and a shift (Granlund-Montgomery): with l = ceil(log2 d) and
@@ -74,6 +76,21 @@ __device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, fl
 // UINT_MAX, so one min is the clamp.
 #define KV_GRID_CELLS 64
 #define KV_GRID_FLOATS (4 + 2 * KV_GRID_CELLS)
+// The grid's cells in shared memory as (count, boundary, level(count)^2, level(count + 1)^2:
+// the CPU's rounded squares), eight copies, cell g's copy c at [8 g + c]: lane l reads copy l % 8,
+// so the eight lanes of a quarter-warp's 16-byte loads always hit eight distinct groups of four
+// banks (one copy: random cells collide, and those conflicts made the L1 data pipe the bound).
+__device__ __forceinline__ void kv_fill_grid_cells(const float* levels, const float* grid,
+                                                   float4* cells) {
+    for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x) {
+        const int cell = i / 8;
+        const unsigned count = (unsigned)grid[4 + 2 * cell];
+        const float c0 = levels[count], c1 = levels[min(count + 1, 255u)];
+        cells[i] = make_float4(__uint_as_float(count), grid[5 + 2 * cell], __fmul_rn(c0, c0),
+                               __fmul_rn(c1, c1));
+    }
+}
+
 // Stores the stored norm of a vector (f32, or f16 in its half of a word).
 __device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float norm, int f16,
                                               int* flags) {
@@ -172,17 +189,7 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
             bounds[i] = src_bounds[i];
         }
     } else {
-        // Eight copies of the table, cell g's copy c at [g][c]: lane l of a vector reads copy
-        // l, so the eight lanes of a quarter-warp's 16-byte loads always hit eight distinct
-        // groups of four banks (one copy: random cells collide, and those conflicts made the
-        // L1 data pipe the kernel's bound).
-        for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x) {
-            const int cell = i / 8;
-            const unsigned count = (unsigned)grid[4 + 2 * cell];
-            const float c0 = src_levels[count], c1 = src_levels[min(count + 1, 255u)];
-            cells[i] = make_float4(__uint_as_float(count), grid[5 + 2 * cell], __fmul_rn(c0, c0),
-                                   __fmul_rn(c1, c1));
-        }
+        kv_fill_grid_cells(src_levels, grid, cells);
     }
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;

@@ -127,13 +127,18 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (256, 8, 4, true, 64, DType::BF16, 500),
         (96, 4, 2, false, 64, DType::F32, 129),
         (100, 3, 3, true, 16, DType::BF16, 1000),
-        // Every Hadamard kernel (d 64, 128, 256 x each input dtype) at least once; the last
-        // three from inputs one element past a 16-byte boundary.
+        // Every eight-lane Hadamard kernel (d 64, 128, 256 x each input dtype) at least once
+        // (d 64 and 128 at <= 4 bits under DELTAKV_KV_ENCODE=lanes8); the last three from
+        // inputs one element past a 16-byte boundary.
         (128, 2, 4, false, 32, DType::F16, 63),
         (64, 4, 8, true, 16, DType::BF16, 65),
         (64, 8, 2, false, 64, DType::F32, 1000),
         (256, 2, 3, false, 16, DType::F32, 33),
         (256, 4, 4, true, 64, DType::F16, 1000),
+        // Every one-lane kernel (d 64 and 128 at <= 4 bits, each input dtype) at least once.
+        (128, 3, 2, false, 64, DType::F32, 65),
+        (64, 4, 3, true, 32, DType::BF16, 1000),
+        (64, 2, 4, false, 16, DType::F32, 63),
         (128, 4, 2, false, 64, DType::BF16, 300),
         (64, 3, 8, false, 64, DType::F32, 1000),
         (96, 2, 2, true, 32, DType::F16, 1),

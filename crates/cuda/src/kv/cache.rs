@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 /// Mirrors `struct KvEncodeParams` in `kernels/kv_encode.cu`, field for field.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct EncodeParams {
     k: u64,
     v: u64,
@@ -61,7 +61,12 @@ pub(crate) struct EncodeParams {
     heads_shift: i32,
     tokens_shift: i32,
     page_shift: i32,
+    /// The Hadamard signs as sign bits (0 or 0x8000_0000) for d <= 128 (the one-lane kernels).
+    signs: [u32; LANE_SIGNS],
 }
+
+/// Sign words in the encode parameters (`signs[128]` in `kernels/kv_encode.cu`).
+const LANE_SIGNS: usize = 128;
 
 /// (magic, shift) with `n / d == ((n * magic) >> 32) + n) >> shift` for every n < 2^31 (the
 /// kernels' `kv_divide`): shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1.
@@ -118,6 +123,20 @@ pub struct CudaPagedKvCache {
     host_lens: Vec<usize>,
     num_pages: usize,
     max_pages: usize,
+    /// The encode's one-lane kernels serve this scheme (see [`lane_encode_serves`]).
+    lane_encode: bool,
+}
+
+/// Whether the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) serve a scheme: the
+/// Hadamard rotation at d = 64 or 128, and both streams' nearest levels on their grids (bit
+/// widths up to 4). The eight-lane kernels take the rest, and every scheme when
+/// `DELTAKV_KV_ENCODE=lanes8` is set (for comparisons).
+fn lane_encode_serves(k: &Quantizer, v: &Quantizer) -> bool {
+    k.rotation.is_hadamard()
+        && matches!(k.rotation.dim(), 64 | 128)
+        && super::grid_enabled(k)
+        && super::grid_enabled(v)
+        && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8")
 }
 
 impl std::fmt::Debug for CudaPagedKvCache {
@@ -162,6 +181,7 @@ impl CudaPagedKvCache {
         let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
         let host_table = vec![-1i32; batch * max_pages];
         let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
+        let lane_encode = lane_encode_serves(&k, &v);
         let cache = Self {
             pool: CudaTensor::zeros(cuda, vec![num_pages, layout.page_words()], DType::I32)?,
             table: CudaTensor::upload(cuda, &table)?,
@@ -176,6 +196,7 @@ impl CudaPagedKvCache {
             host_lens: vec![0; batch],
             num_pages,
             max_pages,
+            lane_encode,
         };
         // Stream-ordered allocations and fills are valid on other streams only once the
         // stream that made them has run them.
@@ -382,7 +403,7 @@ impl CudaPagedKvCache {
         let l = &self.layout;
         let (heads_magic, heads_shift) = divide_magic(s.kv_heads as u32);
         let (tokens_magic, tokens_shift) = divide_magic(tokens as u32);
-        let params = EncodeParams {
+        let mut params = EncodeParams {
             k: k.device_address(cuda),
             v: v.device_address(cuda),
             pool: self.pool.device_address_mut(cuda),
@@ -416,17 +437,32 @@ impl CudaPagedKvCache {
             tokens_magic,
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
+            signs: [0; LANE_SIGNS],
         };
-        let name = match (self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
-            (true, 64, DType::F32) => "kv_encode_hadamard64_f32",
-            (true, 64, DType::F16) => "kv_encode_hadamard64_f16",
-            (true, 64, _) => "kv_encode_hadamard64_bf16",
-            (true, 128, DType::F32) => "kv_encode_hadamard128_f32",
-            (true, 128, DType::F16) => "kv_encode_hadamard128_f16",
-            (true, 128, _) => "kv_encode_hadamard128_bf16",
-            (true, 256, DType::F32) => "kv_encode_hadamard256_f32",
-            (true, 256, DType::F16) => "kv_encode_hadamard256_f16",
-            (true, 256, _) => "kv_encode_hadamard256_bf16",
+        // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
+        let aligned = (k.device_address(cuda) | v.device_address(cuda)) % 16 == 0;
+        let lane = self.lane_encode && aligned;
+        if lane && let Some(signs) = self.k.rotation.hadamard_signs() {
+            for (bit, &sign) in params.signs.iter_mut().zip(signs) {
+                *bit = sign.to_bits() & 0x8000_0000;
+            }
+        }
+        let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
+            (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
+            (true, _, 64, DType::F16) => "kv_encode_lane64_f16",
+            (true, _, 64, _) => "kv_encode_lane64_bf16",
+            (true, _, 128, DType::F32) => "kv_encode_lane128_f32",
+            (true, _, 128, DType::F16) => "kv_encode_lane128_f16",
+            (true, _, 128, _) => "kv_encode_lane128_bf16",
+            (_, true, 64, DType::F32) => "kv_encode_hadamard64_f32",
+            (_, true, 64, DType::F16) => "kv_encode_hadamard64_f16",
+            (_, true, 64, _) => "kv_encode_hadamard64_bf16",
+            (_, true, 128, DType::F32) => "kv_encode_hadamard128_f32",
+            (_, true, 128, DType::F16) => "kv_encode_hadamard128_f16",
+            (_, true, 128, _) => "kv_encode_hadamard128_bf16",
+            (_, true, 256, DType::F32) => "kv_encode_hadamard256_f32",
+            (_, true, 256, DType::F16) => "kv_encode_hadamard256_f16",
+            (_, true, 256, _) => "kv_encode_hadamard256_bf16",
             _ => "kv_encode_dense",
         };
         let vectors = batch * tokens * s.kv_heads;
@@ -440,11 +476,18 @@ impl CudaPagedKvCache {
                 (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
             )));
         }
-        // Hadamard: 16 vectors per block pass (4 warps x 4); dense: 4. Many blocks of a few
+        // One lane per vector: 128 vectors per block pass; Hadamard: 16 (4 warps x 4); dense: 4.
+        // Many blocks of a few
         // passes each: keys and values differ in cost, and the hardware balances small blocks
         // across SMs where one wave of persistent blocks would leave some SMs idle at the end
         // (measured slower: docs/cuda-kernel-log.md).
-        let per_block = if name == "kv_encode_dense" { 4 } else { 16 };
+        let per_block = if lane {
+            128
+        } else if name == "kv_encode_dense" {
+            4
+        } else {
+            16
+        };
         let blocks = vectors
             .div_ceil(per_block)
             .clamp(1, 64 * cuda.multiprocessors());

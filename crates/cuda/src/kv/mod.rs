@@ -32,10 +32,15 @@ use crate::compile::KernelSource;
 use deltakv_contract::kv::Quantizer;
 use deltakv_contract::{HostTensor, Result};
 
-/// The encode kernels (`kernels/kv_encode.cu`).
+/// The encode kernels (`kernels/kv_encode.cu`, then the one-lane kernels of
+/// `kernels/kv_encode_lanes.cu`).
 pub const SOURCE_ENCODE: KernelSource = KernelSource {
     name: "kv_encode",
-    text: include_str!("../../kernels/kv_encode.cu"),
+    text: concat!(
+        include_str!("../../kernels/kv_encode.cu"),
+        "\n",
+        include_str!("../../kernels/kv_encode_lanes.cu")
+    ),
 };
 
 /// The scalar attention kernels and the merge pass (`kernels/kv_attend.cu`).
@@ -87,6 +92,12 @@ pub const SOURCES_ATTEND_MMA: [KernelSource; 9] = [
 const GRID_CELLS: usize = 64;
 /// Floats of one stream's grid in the constants (`KV_GRID_FLOATS`).
 pub(crate) const GRID_FLOATS: usize = 4 + 2 * GRID_CELLS;
+
+/// Whether the encode finds a quantizer's nearest levels on its grid ([`nearest_grid`]
+/// enabled) rather than by the binary search.
+pub(crate) fn grid_enabled(q: &Quantizer) -> bool {
+    nearest_grid(&q.codebook.boundaries)[2] != 0.0
+}
 
 /// The uniform grid over a codebook's boundaries that the encode looks the nearest level up
 /// in (`kernels/kv_encode.cu`): b0, inv_step, 1 (enabled), 0, then per cell the count of boundaries

@@ -1,0 +1,256 @@
+// Compressed-KV encode with one lane per vector (d = 64 or 128, the Hadamard rotation, both
+// streams' nearest levels from their grids, 16-byte-aligned inputs): each thread encodes whole
+// vectors, so the CPU's eight partial sums, the butterflies and the packing all run in the
+// lane's registers without lane exchanges, and the per-vector steps (f64 roots and divisions,
+// the destination, the norm) are one lane's work instead of eight lanes'. The math and its
+// rounding are kv_encode.cu's (the header comment there); this file follows it step for step.
+//
+// The Hadamard signs come as sign bits in the parameters (`signs`), so the widening with the
+// sign is one instruction reading its constant operand. Codes are packed first as bytes
+// (element i in byte i % 4 of word i / 4), then into the stream's bit width.
+
+// Words of one input vector (16-byte loads).
+template <int D, int DT>
+struct KvLaneRaw {
+    static constexpr int N = DT == DT_F32 ? D / 4 : D / 8;
+    uint4 w[N];
+};
+
+// Loads the chunk's vector `vec` of stream `src`.
+template <int D, int DT>
+__device__ __forceinline__ void kv_lane_fetch(const void* src, unsigned vec, KvLaneRaw<D, DT>& raw) {
+    const uint4* in = (const uint4*)src + (size_t)vec * KvLaneRaw<D, DT>::N;
+#pragma unroll
+    for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) raw.w[c] = __ldg(in + c);
+}
+
+// Asks L2 for the 128-byte lines of vector `vec` of stream `src`.
+template <int D, int DT>
+__device__ __forceinline__ void kv_lane_prefetch(const void* src, unsigned vec) {
+    const char* at = (const char*)((const uint4*)src + (size_t)vec * KvLaneRaw<D, DT>::N);
+#pragma unroll
+    for (int line = 0; line < KvLaneRaw<D, DT>::N * 16; line += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(at + line));
+}
+
+// The loaded vector widened to f32 with its Hadamard signs applied.
+template <int D, int DT>
+__device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvLaneRaw<D, DT>& raw,
+                                              float (&x)[D]) {
+#pragma unroll
+    for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) {
+        const unsigned w[4] = {raw.w[c].x, raw.w[c].y, raw.w[c].z, raw.w[c].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (DT == DT_F32) {
+                x[4 * c + k] = __uint_as_float(w[k] ^ p.signs[4 * c + k]);
+                continue;
+            }
+            const int i = 8 * c + 2 * k;
+            if (DT == DT_BF16) {
+                // (w << 16) + 2^31 flips bit 31; the upper element keeps its bits in place.
+                x[i] = __uint_as_float(w[k] * 65536u + p.signs[i]);
+                x[i + 1] = __uint_as_float((w[k] & 0xffff0000u) ^ p.signs[i + 1]);
+            } else {
+                x[i] = __uint_as_float(
+                    __float_as_uint(f16_to_f32((unsigned short)(w[k] & 0xffffu))) ^ p.signs[i]);
+                x[i + 1] = __uint_as_float(
+                    __float_as_uint(f16_to_f32((unsigned short)(w[k] >> 16))) ^ p.signs[i + 1]);
+            }
+        }
+    }
+}
+
+// Stores `N` words of a row, 16 or 8 bytes at a time where the row's address allows.
+template <int N>
+__device__ __forceinline__ void kv_lane_store_words(unsigned* row, const unsigned (&w)[N]) {
+    const unsigned long long at = (unsigned long long)row;
+    if (N % 4 == 0 && (at & 15) == 0) {
+#pragma unroll
+        for (int c = 0; c < N / 4; ++c)
+            ((uint4*)row)[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+    } else if (N % 2 == 0 && (at & 7) == 0) {
+#pragma unroll
+        for (int c = 0; c < N / 2; ++c) ((uint2*)row)[c] = make_uint2(w[2 * c], w[2 * c + 1]);
+    } else {
+#pragma unroll
+        for (int c = 0; c < N; ++c) row[c] = w[c];
+    }
+}
+
+// The byte-packed codes (`cb`, code i in byte i % 4 of word i / 4) stored LSB first at `bits`
+// (2, 3 or 4) per code.
+template <int D>
+__device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigned (&cb)[D / 4],
+                                                    int bits) {
+    if (bits == 4) {
+        // Per byte word: a | a >> 4 puts codes 0, 1 in byte 0 and 2, 3 in byte 2.
+        unsigned w[D / 8];
+#pragma unroll
+        for (int m = 0; m < D / 8; ++m) {
+            const unsigned a = cb[2 * m] | (cb[2 * m] >> 4), b = cb[2 * m + 1] | (cb[2 * m + 1] >> 4);
+            w[m] = __byte_perm(a, b, 0x6420);
+        }
+        kv_lane_store_words<D / 8>(row, w);
+    } else if (bits == 2) {
+        // Per byte word: t = a | a >> 6 (codes 0, 1 in byte 0; 2, 3 in byte 2), then t | t >> 12
+        // gathers all four in byte 0.
+        unsigned w[D / 16];
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+            unsigned q[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned t = cb[4 * m + k] | (cb[4 * m + k] >> 6);
+                q[k] = t | (t >> 12);
+            }
+            w[m] = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040),
+                               0x5410);
+        }
+        kv_lane_store_words<D / 16>(row, w);
+    } else {
+        unsigned w[3 * D / 32];
+#pragma unroll
+        for (int m = 0; m < 3 * D / 32; ++m) w[m] = 0u;
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const unsigned c = (cb[i / 4] >> (8 * (i % 4))) & 0xffu;
+            const int bit = 3 * i;
+            w[bit / 32] |= c << (bit % 32);
+            if (bit % 32 > 29) w[bit / 32 + 1] |= c >> (32 - bit % 32);
+        }
+        kv_lane_store_words<3 * D / 32>(row, w);
+    }
+}
+
+// One lane per vector of stream blockIdx.y (0 keys, 1 values): the whole encode of kv_encode.cu
+// in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
+// [8 g + c]) so the lanes of a quarter-warp read distinct banks.
+template <int D, int DT>
+__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells) {
+    const int kv = blockIdx.y;
+    const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
+    kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
+    __syncthreads();
+    const float grid_b0 = __ldg(grid), grid_inv = __ldg(grid + 1);
+    const void* src = kv == 0 ? p.k : p.v;
+    // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
+    // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
+    const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
+    // The host keeps vectors + 2 x threads below 2^31 (the prefetch's index included).
+    const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (unsigned vec = blockIdx.x * blockDim.x + threadIdx.x; vec < total; vec += stride) {
+        // The next vector's lines are asked into L2 while this one is encoded (holding its
+        // words in registers instead spills beside the vector).
+        if (vec + stride < total) kv_lane_prefetch<D, DT>(src, vec + stride);
+        {
+            const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+            const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+            if ((int)(bt - b * (unsigned)p.tokens) >= __ldg(p.new_lens + b)) continue;
+        }
+        KvLaneRaw<D, DT> raw;
+        kv_lane_fetch<D, DT>(src, vec, raw);
+        float x[D];
+        kv_lane_widen<D, DT>(p, raw, x);
+        // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
+        float acc[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] = __fmul_rn(x[k], x[k]);
+#pragma unroll
+        for (int i = 8; i < D; ++i) acc[i % 8] = __fadd_rn(acc[i % 8], __fmul_rn(x[i], x[i]));
+        float fast = acc[0];
+#pragma unroll
+        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, acc[k]);
+        double r = __dsqrt_rn((double)fast);
+        // A non-finite element makes `fast` non-finite (the squares are >= 0).
+        if (!(kv_finite(fast) && fast >= 1e-30f)) {
+            bool bad = false;
+            double s = 0.0;
+#pragma unroll
+            for (int i = 0; i < D; ++i) {
+                bad |= !kv_finite(x[i]);
+                const double e = (double)x[i];
+                s = __dadd_rn(s, __dmul_rn(e, e));
+            }
+            if (bad) atomicOr(p.flags, 1);
+            r = __dsqrt_rn(s);
+        }
+        // y = H diag(s) x: the butterflies h = 1, 2, 4, .. in the CPU's order.
+#pragma unroll
+        for (int hb = 1; hb < D; hb <<= 1) {
+#pragma unroll
+            for (int i = 0; i < D; ++i) {
+                if ((i & hb) == 0) {
+                    const float a = x[i], c = x[i + hb];
+                    x[i] = __fadd_rn(a, c);
+                    x[i + hb] = __fsub_rn(a, c);
+                }
+            }
+        }
+        const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
+        // Nearest levels from the grid (kv_encode.cu's `kv_encode_hadamard`), codes as bytes,
+        // and the squared levels' partial sums in the CPU's order.
+        unsigned cb[D / 4];
+        float cacc[8];
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const float u = __fmul_rn(__fmul_rn(x[i], p.hadamard_norm), inv);
+            const unsigned g = min(__float2uint_rd(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv)),
+                                   (unsigned)(KV_GRID_CELLS - 1));
+            float4 cell;
+            asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
+                         : "r"(own_cells + 128 * g));
+            const bool above = u > cell.y;
+            const unsigned code = __float_as_uint(cell.x) + (above ? 1u : 0u);
+            const float sq = above ? cell.w : cell.z;
+            if (i % 4 == 0) {
+                cb[i / 4] = code;
+            } else {
+                cb[i / 4] |= code << (8 * (i % 4));
+            }
+            cacc[i % 8] = i < 8 ? sq : __fadd_rn(cacc[i % 8], sq);
+        }
+        float code_sq = cacc[0];
+#pragma unroll
+        for (int k = 1; k < 8; ++k) code_sq = __fadd_rn(code_sq, cacc[k]);
+        const double code_norm = __dsqrt_rn((double)code_sq);
+        const float norm =
+            (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
+        // The destination from `vec` again here: (b, t, h) held through the body cost registers.
+        const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+        const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+        unsigned* row;
+        unsigned* norms;
+        int slot;
+        kv_destination(p, kv, (int)b, (int)(bt - b * (unsigned)p.tokens),
+                       (int)(vec - bt * (unsigned)p.kv_heads), &row, &norms, &slot);
+        kv_lane_store_codes<D>(row, cb, kv == 0 ? p.bits_k : p.bits_v);
+        const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
+        for (int pad = kv == 0 ? p.words_k : p.words_v; pad < row_words; ++pad) row[pad] = 0u;
+        kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
+    }
+}
+
+template <int D, int DT>
+__device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
+    __shared__ float4 cells[KV_GRID_CELLS * 8];
+    kv_encode_lane<D, DT>(p, cells);
+}
+
+#define KV_ENCODE_LANE(D, BLOCKS)                                                              \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32(         \
+        KvEncodeParams p) {                                                                    \
+        kv_encode_lane_kernel<D, DT_F32>(p);                                                   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f16(         \
+        KvEncodeParams p) {                                                                    \
+        kv_encode_lane_kernel<D, DT_F16>(p);                                                   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_bf16(        \
+        KvEncodeParams p) {                                                                    \
+        kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
+    }
+KV_ENCODE_LANE(64, 3)
+KV_ENCODE_LANE(128, 2)

@@ -35,9 +35,6 @@ struct KvEncodeParams {
     int page_shift;          // log2(page_tokens)
     unsigned signs[128];     // the Hadamard signs as sign bits (0 or 0x80000000) for d <= 128,
                              // read by the one-lane kernels (kv_encode_lanes.cu)
-    float lane_grids[4];     // b0 and inv_step of the key grid, then of the value grid (the
-                             // same as in `consts`, where the one-lane kernels would hold them
-                             // in registers)
 };
 
 // n / d for n < 2^31 by a multiply and a shift (Granlund-Montgomery): with l = ceil(log2 d) and

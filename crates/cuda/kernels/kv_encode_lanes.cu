@@ -24,6 +24,15 @@ __device__ __forceinline__ void kv_lane_fetch(const void* src, unsigned vec, KvL
     for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) raw.w[c] = __ldg(in + c);
 }
 
+// Asks L2 for the 128-byte lines of vector `vec` of stream `src`.
+template <int D, int DT>
+__device__ __forceinline__ void kv_lane_prefetch(const void* src, unsigned vec) {
+    const char* at = (const char*)((const uint4*)src + (size_t)vec * KvLaneRaw<D, DT>::N);
+#pragma unroll
+    for (int line = 0; line < KvLaneRaw<D, DT>::N * 16; line += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(at + line));
+}
+
 // The loaded vector widened to f32 with its Hadamard signs applied.
 template <int D, int DT>
 __device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvLaneRaw<D, DT>& raw,
@@ -114,16 +123,6 @@ __device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigne
     }
 }
 
-// This thread's vector, blockIdx.x * blockDim.x + threadIdx.x, read from the special
-// registers each time (volatile, so the compiler does not keep one read live instead).
-__device__ __forceinline__ unsigned kv_lane_vector() {
-    unsigned block, threads, thread;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
-    asm volatile("mov.u32 %0, %%ntid.x;" : "=r"(threads));
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-    return block * threads + thread;
-}
-
 // One lane per vector of stream blockIdx.y (0 keys, 1 values): the whole encode of kv_encode.cu
 // in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
 // [8 g + c]) so the lanes of a quarter-warp read distinct banks.
@@ -133,109 +132,106 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
     __syncthreads();
-    const float grid_b0 = p.lane_grids[2 * kv], grid_inv = p.lane_grids[2 * kv + 1];
+    const float grid_b0 = __ldg(grid), grid_inv = __ldg(grid + 1);
+    const void* src = kv == 0 ? p.k : p.v;
     // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
     // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
     const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
-    // The host keeps the vectors below 2^29.
+    // The host keeps vectors + 2 x threads below 2^31 (the prefetch's index included).
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
-    // One vector per thread (a loop over vectors kept its counter in local memory).
-    const unsigned vec = kv_lane_vector();
-    if (vec >= total) return;
-    const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
-    const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-    if ((int)(bt - b * (unsigned)p.tokens) >= __ldg(p.new_lens + b)) return;
-    const void* src = kv == 0 ? p.k : p.v;
-    KvLaneRaw<D, DT> raw;
-    kv_lane_fetch<D, DT>(src, vec, raw);
-    float x[D];
-    kv_lane_widen<D, DT>(p, raw, x);
-    // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
-    float acc[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] = __fmul_rn(x[k], x[k]);
-#pragma unroll
-    for (int i = 8; i < D; ++i) acc[i % 8] = __fadd_rn(acc[i % 8], __fmul_rn(x[i], x[i]));
-    float fast = acc[0];
-#pragma unroll
-    for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, acc[k]);
-    double r = __dsqrt_rn((double)fast);
-    // A non-finite element makes `fast` non-finite (the squares are >= 0).
-    if (!(kv_finite(fast) && fast >= 1e-30f)) {
-        bool bad = false;
-        double s = 0.0;
-#pragma unroll
-        for (int i = 0; i < D; ++i) {
-            bad |= !kv_finite(x[i]);
-            const double e = (double)x[i];
-            s = __dadd_rn(s, __dmul_rn(e, e));
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (unsigned vec = blockIdx.x * blockDim.x + threadIdx.x; vec < total; vec += stride) {
+        // The next vector's lines are asked into L2 while this one is encoded (holding its
+        // words in registers instead spills beside the vector).
+        if (vec + stride < total) kv_lane_prefetch<D, DT>(src, vec + stride);
+        {
+            const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+            const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+            if ((int)(bt - b * (unsigned)p.tokens) >= __ldg(p.new_lens + b)) continue;
         }
-        if (bad) atomicOr(p.flags, 1);
-        r = __dsqrt_rn(s);
-    }
-    // y = H diag(s) x: the butterflies h = 1, 2, 4, .. in the CPU's order.
+        KvLaneRaw<D, DT> raw;
+        kv_lane_fetch<D, DT>(src, vec, raw);
+        float x[D];
+        kv_lane_widen<D, DT>(p, raw, x);
+        // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
+        float acc[8];
 #pragma unroll
-    for (int hb = 1; hb < D; hb <<= 1) {
+        for (int k = 0; k < 8; ++k) acc[k] = __fmul_rn(x[k], x[k]);
 #pragma unroll
-        for (int i = 0; i < D; ++i) {
-            if ((i & hb) == 0) {
-                const float a = x[i], c = x[i + hb];
-                x[i] = __fadd_rn(a, c);
-                x[i + hb] = __fsub_rn(a, c);
+        for (int i = 8; i < D; ++i) acc[i % 8] = __fadd_rn(acc[i % 8], __fmul_rn(x[i], x[i]));
+        float fast = acc[0];
+#pragma unroll
+        for (int k = 1; k < 8; ++k) fast = __fadd_rn(fast, acc[k]);
+        double r = __dsqrt_rn((double)fast);
+        // A non-finite element makes `fast` non-finite (the squares are >= 0).
+        if (!(kv_finite(fast) && fast >= 1e-30f)) {
+            bool bad = false;
+            double s = 0.0;
+#pragma unroll
+            for (int i = 0; i < D; ++i) {
+                bad |= !kv_finite(x[i]);
+                const double e = (double)x[i];
+                s = __dadd_rn(s, __dmul_rn(e, e));
+            }
+            if (bad) atomicOr(p.flags, 1);
+            r = __dsqrt_rn(s);
+        }
+        // y = H diag(s) x: the butterflies h = 1, 2, 4, .. in the CPU's order.
+#pragma unroll
+        for (int hb = 1; hb < D; hb <<= 1) {
+#pragma unroll
+            for (int i = 0; i < D; ++i) {
+                if ((i & hb) == 0) {
+                    const float a = x[i], c = x[i + hb];
+                    x[i] = __fadd_rn(a, c);
+                    x[i + hb] = __fsub_rn(a, c);
+                }
             }
         }
-    }
-    const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
-    // Nearest levels from the grid (kv_encode.cu's `kv_encode_hadamard`), codes as bytes,
-    // and the squared levels' partial sums in the CPU's order.
-    unsigned cb[D / 4];
-    float cacc[8];
+        const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
+        // Nearest levels from the grid (kv_encode.cu's `kv_encode_hadamard`), codes as bytes,
+        // and the squared levels' partial sums in the CPU's order.
+        unsigned cb[D / 4];
+        float cacc[8];
 #pragma unroll
-    for (int i = 0; i < D; ++i) {
-        const float u = __fmul_rn(__fmul_rn(x[i], p.hadamard_norm), inv);
-        // The cell min(floor(v), cells - 1) (0 for v < 0 or NaN) without a conversion
-        // instruction (16 a cycle per SM): v clamped to [0, cells - 1] (fmaxf drops a NaN),
-        // then v + 2^23 rounded toward zero holds floor(v) in its low mantissa bits, whose
-        // exponent bits the address's constant takes back off (mod 2^32).
-        const float v = fminf(fmaxf(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv), 0.0f),
-                              (float)(KV_GRID_CELLS - 1));
-        const unsigned at = own_cells + 128u * (__float_as_uint(__fadd_rz(v, 8388608.0f)) -
-                                                0x4b000000u);
-        float4 cell;
-        asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-            : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
-            : "r"(at));
-        const bool above = u > cell.y;
-        const unsigned code = __float_as_uint(cell.x) + (above ? 1u : 0u);
-        const float sq = above ? cell.w : cell.z;
-        if (i % 4 == 0) {
-            cb[i / 4] = code;
-        } else {
-            cb[i / 4] |= code << (8 * (i % 4));
+        for (int i = 0; i < D; ++i) {
+            const float u = __fmul_rn(__fmul_rn(x[i], p.hadamard_norm), inv);
+            const unsigned g = min(__float2uint_rd(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv)),
+                                   (unsigned)(KV_GRID_CELLS - 1));
+            float4 cell;
+            asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
+                         : "r"(own_cells + 128 * g));
+            const bool above = u > cell.y;
+            const unsigned code = __float_as_uint(cell.x) + (above ? 1u : 0u);
+            const float sq = above ? cell.w : cell.z;
+            if (i % 4 == 0) {
+                cb[i / 4] = code;
+            } else {
+                cb[i / 4] |= code << (8 * (i % 4));
+            }
+            cacc[i % 8] = i < 8 ? sq : __fadd_rn(cacc[i % 8], sq);
         }
-        cacc[i % 8] = i < 8 ? sq : __fadd_rn(cacc[i % 8], sq);
-    }
-    float code_sq = cacc[0];
+        float code_sq = cacc[0];
 #pragma unroll
-    for (int k = 1; k < 8; ++k) code_sq = __fadd_rn(code_sq, cacc[k]);
-    const double code_norm = __dsqrt_rn((double)code_sq);
-    const float norm =
-        (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
-    unsigned* row;
-    unsigned* norms;
-    int slot;
-    // The vector's (b, t, h) again from its index, read anew (held through the body they
-    // spilled at 168 registers).
-    const unsigned vec_again = kv_lane_vector();
-    const unsigned bt_again = kv_divide(vec_again, p.heads_magic, p.heads_shift);
-    const unsigned b_again = kv_divide(bt_again, p.tokens_magic, p.tokens_shift);
-    kv_destination(p, kv, (int)b_again, (int)(bt_again - b_again * (unsigned)p.tokens),
-                   (int)(vec_again - bt_again * (unsigned)p.kv_heads), &row, &norms, &slot);
-    kv_lane_store_codes<D>(row, cb, kv == 0 ? p.bits_k : p.bits_v);
-    const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
-    for (int pad = kv == 0 ? p.words_k : p.words_v; pad < row_words; ++pad) row[pad] = 0u;
-    kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
+        for (int k = 1; k < 8; ++k) code_sq = __fadd_rn(code_sq, cacc[k]);
+        const double code_norm = __dsqrt_rn((double)code_sq);
+        const float norm =
+            (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
+        // The destination from `vec` again here: (b, t, h) held through the body cost registers.
+        const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+        const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+        unsigned* row;
+        unsigned* norms;
+        int slot;
+        kv_destination(p, kv, (int)b, (int)(bt - b * (unsigned)p.tokens),
+                       (int)(vec - bt * (unsigned)p.kv_heads), &row, &norms, &slot);
+        kv_lane_store_codes<D>(row, cb, kv == 0 ? p.bits_k : p.bits_v);
+        const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
+        for (int pad = kv == 0 ? p.words_k : p.words_v; pad < row_words; ++pad) row[pad] = 0u;
+        kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
     }
+}
 
 template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
@@ -257,5 +253,4 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
         kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
     }
 KV_ENCODE_LANE(64, 3)
-// d 128 at 2 blocks (8 warps) per SM: at 3 ptxas spills 12-284 bytes.
 KV_ENCODE_LANE(128, 2)

@@ -63,8 +63,6 @@ pub(crate) struct EncodeParams {
     page_shift: i32,
     /// The Hadamard signs as sign bits (0 or 0x8000_0000) for d <= 128 (the one-lane kernels).
     signs: [u32; LANE_SIGNS],
-    /// b0 and inv_step of the key grid, then of the value grid (the one-lane kernels).
-    lane_grids: [f32; 4],
 }
 
 /// Sign words in the encode parameters (`signs[128]` in `kernels/kv_encode.cu`).
@@ -440,7 +438,6 @@ impl CudaPagedKvCache {
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
             signs: [0; LANE_SIGNS],
-            lane_grids: [0.0; 4],
         };
         // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
         let aligned = (k.device_address(cuda) | v.device_address(cuda)) % 16 == 0;
@@ -448,10 +445,6 @@ impl CudaPagedKvCache {
         if lane && let Some(signs) = self.k.rotation.hadamard_signs() {
             for (bit, &sign) in params.signs.iter_mut().zip(signs) {
                 *bit = sign.to_bits() & 0x8000_0000;
-            }
-            for (stream, q) in [&self.k, &self.v].into_iter().enumerate() {
-                let grid = super::nearest_grid(&q.codebook.boundaries);
-                params.lane_grids[2 * stream..2 * stream + 2].copy_from_slice(&grid[..2]);
             }
         }
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
@@ -483,11 +476,11 @@ impl CudaPagedKvCache {
                 (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
             )));
         }
-        // One lane per vector: 128 vectors per block (one each thread); Hadamard: 16 per block
-        // pass (4 warps x 4); dense: 4. Many blocks of a few passes each: keys and values
-        // differ in cost, and the hardware balances small blocks across SMs where one wave of
-        // persistent blocks would leave some SMs idle at the end (measured slower:
-        // docs/cuda-kernel-log.md).
+        // One lane per vector: 128 vectors per block pass; Hadamard: 16 (4 warps x 4); dense: 4.
+        // Many blocks of a few
+        // passes each: keys and values differ in cost, and the hardware balances small blocks
+        // across SMs where one wave of persistent blocks would leave some SMs idle at the end
+        // (measured slower: docs/cuda-kernel-log.md).
         let per_block = if lane {
             128
         } else if name == "kv_encode_dense" {
@@ -495,15 +488,9 @@ impl CudaPagedKvCache {
         } else {
             16
         };
-        // The one-lane kernels take one vector per thread (vectors < 2^29: the check above);
-        // the others loop over passes in at most 64 blocks per SM.
-        let blocks = if lane {
-            vectors.div_ceil(per_block).max(1)
-        } else {
-            vectors
-                .div_ceil(per_block)
-                .clamp(1, 64 * cuda.multiprocessors())
-        };
+        let blocks = vectors
+            .div_ceil(per_block)
+            .clamp(1, 64 * cuda.multiprocessors());
         let function = cuda.function(&SOURCE_ENCODE, name)?;
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 2, 1),

@@ -105,7 +105,7 @@ pub(crate) fn grid_enabled(q: &Quantizer) -> bool {
 /// `clamp(floor((u - b0) * inv_step), 0, cells - 1)` in f32 here and on the GPU alike; the
 /// largest spacing count that puts every boundary in its own cell is taken. All zero
 /// (disabled: the binary search) above 4 bits or where no spacing separates the boundaries.
-pub(crate) fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
+fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
     let mut out = vec![0.0f32; GRID_FLOATS];
     let n = boundaries.len();
     if n == 0 || n > 15 {

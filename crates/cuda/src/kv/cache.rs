@@ -440,7 +440,7 @@ impl CudaPagedKvCache {
             signs: [0; LANE_SIGNS],
         };
         // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
-        let aligned = (k.device_address(cuda) | v.device_address(cuda)) % 16 == 0;
+        let aligned = (k.device_address(cuda) | v.device_address(cuda)).is_multiple_of(16);
         let lane = self.lane_encode && aligned;
         if lane && let Some(signs) = self.k.rotation.hadamard_signs() {
             for (bit, &sign) in params.signs.iter_mut().zip(signs) {

@@ -24,25 +24,13 @@ __device__ __forceinline__ void kv_lane_fetch(const void* src, unsigned vec, KvL
     for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) raw.w[c] = __ldg(in + c);
 }
 
-// 16-bit inputs stage each thread's next vector in shared memory by `cp.async` while the
-// current one is encoded (holding its words in registers spilled beside the vector): thread t's
-// region of N 16-byte chunks, chunk c at (c ^ (t % 8)), so that the eight lanes of a
-// quarter-warp reading the same chunk hit eight distinct groups of banks.
+// Asks L2 for the 128-byte lines of vector `vec` of stream `src`.
 template <int D, int DT>
-__device__ __forceinline__ void kv_lane_stage(const void* src, unsigned vec, uint4* region) {
-    constexpr int N = KvLaneRaw<D, DT>::N;
-    const uint4* in = (const uint4*)src + (size_t)vec * N;
-    const unsigned swizzle = threadIdx.x & 7;
+__device__ __forceinline__ void kv_lane_prefetch(const void* src, unsigned vec) {
+    const char* at = (const char*)((const uint4*)src + (size_t)vec * KvLaneRaw<D, DT>::N);
 #pragma unroll
-    for (int c = 0; c < N; ++c) kv_cp_async16(region + (c ^ swizzle), in + c);
-    kv_cp_commit();
-}
-
-template <int D, int DT>
-__device__ __forceinline__ void kv_lane_unstage(const uint4* region, KvLaneRaw<D, DT>& raw) {
-    const unsigned swizzle = threadIdx.x & 7;
-#pragma unroll
-    for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) raw.w[c] = region[c ^ swizzle];
+    for (int line = 0; line < KvLaneRaw<D, DT>::N * 16; line += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(at + line));
 }
 
 // The loaded vector widened to f32 with its Hadamard signs applied.
@@ -139,9 +127,7 @@ __device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigne
 // in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
 // [8 g + c]) so the lanes of a quarter-warp read distinct banks.
 template <int D, int DT>
-__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells,
-                                               uint4* stage) {
-    constexpr bool STAGED = DT != DT_F32;
+__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells) {
     const int kv = blockIdx.y;
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
@@ -151,28 +137,20 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
     // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
     const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
-    uint4* region = stage + threadIdx.x * KvLaneRaw<D, DT>::N;
-    // The host keeps vectors + 2 x threads below 2^31 (the next vector's index included).
+    // The host keeps vectors + 2 x threads below 2^31 (the prefetch's index included).
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     const unsigned stride = gridDim.x * blockDim.x;
-    unsigned vec = blockIdx.x * blockDim.x + threadIdx.x;
-    if (STAGED && vec < total) kv_lane_stage<D, DT>(src, vec, region);
-    for (; vec < total; vec += stride) {
-        KvLaneRaw<D, DT> raw;
-        if (STAGED) {
-            // This vector's copy is in; its words move to registers, then the region takes the
-            // next vector's copy (the same thread's loads precede it in the shared-memory pipe).
-            kv_cp_wait<0>();
-            kv_lane_unstage<D, DT>(region, raw);
-            if (vec + stride < total) kv_lane_stage<D, DT>(src, vec + stride, region);
-        } else {
-            kv_lane_fetch<D, DT>(src, vec, raw);
-        }
+    for (unsigned vec = blockIdx.x * blockDim.x + threadIdx.x; vec < total; vec += stride) {
+        // The next vector's lines are asked into L2 while this one is encoded (holding its
+        // words in registers instead spills beside the vector).
+        if (vec + stride < total) kv_lane_prefetch<D, DT>(src, vec + stride);
         {
             const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
             const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
             if ((int)(bt - b * (unsigned)p.tokens) >= __ldg(p.new_lens + b)) continue;
         }
+        KvLaneRaw<D, DT> raw;
+        kv_lane_fetch<D, DT>(src, vec, raw);
         float x[D];
         kv_lane_widen<D, DT>(p, raw, x);
         // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
@@ -258,8 +236,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
 template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    __shared__ uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
-    kv_encode_lane<D, DT>(p, cells, stage);
+    kv_encode_lane<D, DT>(p, cells);
 }
 
 #define KV_ENCODE_LANE(D, BLOCKS)                                                              \

@@ -477,7 +477,7 @@ impl CudaPagedKvCache {
             )));
         }
         // One lane per vector: 128 vectors per block pass; Hadamard: 16 (4 warps x 4); dense: 4.
-        // Eight-lane and dense kernels: many blocks of a few
+        // Many blocks of a few
         // passes each: keys and values differ in cost, and the hardware balances small blocks
         // across SMs where one wave of persistent blocks would leave some SMs idle at the end
         // (measured slower: docs/cuda-kernel-log.md).
@@ -488,15 +488,9 @@ impl CudaPagedKvCache {
         } else {
             16
         };
-        // The one-lane kernels: one wave of resident blocks (`__launch_bounds__` in
-        // kernels/kv_encode_lanes.cu: 2 per SM at d 128, 3 at d 64) shared by the two streams,
-        // each thread looping over vectors with the next one's copy in flight.
-        let max_blocks = if lane {
-            (if s.dim == 128 { 2 } else { 3 } * cuda.multiprocessors()).div_ceil(2)
-        } else {
-            64 * cuda.multiprocessors()
-        };
-        let blocks = vectors.div_ceil(per_block).clamp(1, max_blocks);
+        let blocks = vectors
+            .div_ceil(per_block)
+            .clamp(1, 64 * cuda.multiprocessors());
         let function = cuda.function(&SOURCE_ENCODE, name)?;
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 2, 1),

@@ -42,17 +42,6 @@ struct KvAttnParams {
     int ml_log2;                         // part_ml's m in base 2 (mma kernels) or base e
 };
 
-__device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void kv_cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void kv_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Norm `t` of a staged norm section.
 __device__ __forceinline__ float kv_norm_at(const unsigned* section, int t, int f16) {

@@ -24,13 +24,31 @@ __device__ __forceinline__ void kv_lane_fetch(const void* src, unsigned vec, KvL
     for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) raw.w[c] = __ldg(in + c);
 }
 
-// Asks L2 for the 128-byte lines of vector `vec` of stream `src`.
+// 16-bit inputs reach the lanes through shared memory: the warp copies its 32 vectors (one
+// contiguous range) by `cp.async` with consecutive lanes on consecutive 16-byte chunks, so each
+// copy instruction moves whole lines, where lane-per-vector loads touched 32 lines per
+// instruction. Vector v's chunk c lands at v N + (c ^ (v % 8)) of the warp's region, so the
+// eight lanes of a quarter-warp reading the same chunk of their own vectors hit distinct banks.
 template <int D, int DT>
-__device__ __forceinline__ void kv_lane_prefetch(const void* src, unsigned vec) {
-    const char* at = (const char*)((const uint4*)src + (size_t)vec * KvLaneRaw<D, DT>::N);
+__device__ __forceinline__ void kv_lane_stage_warp(const void* src, unsigned base, unsigned total,
+                                                   uint4* region) {
+    constexpr int N = KvLaneRaw<D, DT>::N;
+    const unsigned lane = threadIdx.x & 31;
+    const uint4* in = (const uint4*)src + (size_t)base * N;
 #pragma unroll
-    for (int line = 0; line < KvLaneRaw<D, DT>::N * 16; line += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(at + line));
+    for (int k = 0; k < N; ++k) {
+        const unsigned g = lane + 32 * k, v = g / N, c = g % N;
+        if (base + v < total) kv_cp_async16(region + v * N + (c ^ (v & 7)), in + g);
+    }
+    kv_cp_commit();
+}
+
+template <int D, int DT>
+__device__ __forceinline__ void kv_lane_unstage(const uint4* region, KvLaneRaw<D, DT>& raw) {
+    constexpr int N = KvLaneRaw<D, DT>::N;
+    const unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int c = 0; c < N; ++c) raw.w[c] = region[lane * N + (c ^ (lane & 7))];
 }
 
 // The loaded vector widened to f32 with its Hadamard signs applied.
@@ -127,7 +145,9 @@ __device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigne
 // in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
 // [8 g + c]) so the lanes of a quarter-warp read distinct banks.
 template <int D, int DT>
-__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells) {
+__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells,
+                                               uint4* stage) {
+    constexpr bool STAGED = DT != DT_F32;
     const int kv = blockIdx.y;
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
@@ -137,20 +157,34 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
     // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
     const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
-    // The host keeps vectors + 2 x threads below 2^31 (the prefetch's index included).
+    uint4* region = stage + (threadIdx.x >> 5) * 32 * KvLaneRaw<D, DT>::N;
+    // The host keeps vectors + 2 x threads below 2^31.
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
-    const unsigned stride = gridDim.x * blockDim.x;
-    for (unsigned vec = blockIdx.x * blockDim.x + threadIdx.x; vec < total; vec += stride) {
-        // The next vector's lines are asked into L2 while this one is encoded (holding its
-        // words in registers instead spills beside the vector).
-        if (vec + stride < total) kv_lane_prefetch<D, DT>(src, vec + stride);
-        {
+    // Each warp takes 32 consecutive vectors per pass, lane l the vector base + l.
+    for (unsigned base = (blockIdx.x * blockDim.x + (threadIdx.x & ~31u)); base < total;
+         base += gridDim.x * blockDim.x) {
+        if (STAGED) {
+            __syncwarp();  // the last pass's reads of the region are done
+            kv_lane_stage_warp<D, DT>(src, base, total, region);
+        }
+        const unsigned vec = base + (threadIdx.x & 31);
+        bool live = vec < total;
+        if (live) {
             const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
             const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-            if ((int)(bt - b * (unsigned)p.tokens) >= __ldg(p.new_lens + b)) continue;
+            live = (int)(bt - b * (unsigned)p.tokens) < __ldg(p.new_lens + b);
         }
+        if (STAGED) {
+            kv_cp_wait<0>();
+            __syncwarp();  // every lane's copies are in
+        }
+        if (!live) continue;
         KvLaneRaw<D, DT> raw;
-        kv_lane_fetch<D, DT>(src, vec, raw);
+        if (STAGED) {
+            kv_lane_unstage<D, DT>(region, raw);
+        } else {
+            kv_lane_fetch<D, DT>(src, vec, raw);
+        }
         float x[D];
         kv_lane_widen<D, DT>(p, raw, x);
         // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
@@ -236,7 +270,8 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
 template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    kv_encode_lane<D, DT>(p, cells);
+    __shared__ uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
+    kv_encode_lane<D, DT>(p, cells, stage);
 }
 
 #define KV_ENCODE_LANE(D, BLOCKS)                                                              \

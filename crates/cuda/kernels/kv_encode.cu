@@ -104,24 +104,39 @@ __device__ __forceinline__ void kv_store_norm(unsigned* section, int slot, float
     }
 }
 
+// The page and slot that token t of sequence b lands in (two dependent loads: the length,
+// then the block table).
+__device__ __forceinline__ void kv_page_slot(const KvEncodeParams& p, int b, int t, int* page,
+                                             int* slot) {
+    const int at = __ldg(p.seq_lens + b) + t;
+    *page = __ldg(p.block_table + (long long)b * p.max_pages + (at >> p.page_shift));
+    *slot = at & (p.page_tokens - 1);
+}
+
+// The row's first word and the norm section of KV head h of stream `kv` in `page` at `slot`.
+__device__ __forceinline__ void kv_row_in_page(const KvEncodeParams& p, int kv, long long page,
+                                               int h, int slot, unsigned** row,
+                                               unsigned** norms) {
+    unsigned* head = p.pool + page * p.page_words + (long long)h * p.head_words;
+    int kcodes = p.page_tokens * p.row_words_k;
+    int vcodes = p.page_tokens * p.row_words_v;
+    if (kv == 0) {
+        *row = head + (long long)slot * p.row_words_k;
+        *norms = head + kcodes + vcodes;
+    } else {
+        *row = head + kcodes + (long long)slot * p.row_words_v;
+        *norms = head + kcodes + vcodes + p.norm_words;
+    }
+}
+
 // The destination of vector (b, t, h) of stream `kv`: the row's first word and the norm
 // section, in the pool.
 __device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, int b, int t,
                                                int h, unsigned** row, unsigned** norms,
                                                int* slot) {
-    const int at = __ldg(p.seq_lens + b) + t;
-    const long long page = __ldg(p.block_table + (long long)b * p.max_pages + (at >> p.page_shift));
-    *slot = at & (p.page_tokens - 1);
-    unsigned* head = p.pool + page * p.page_words + (long long)h * p.head_words;
-    int kcodes = p.page_tokens * p.row_words_k;
-    int vcodes = p.page_tokens * p.row_words_v;
-    if (kv == 0) {
-        *row = head + (long long)(*slot) * p.row_words_k;
-        *norms = head + kcodes + vcodes;
-    } else {
-        *row = head + kcodes + (long long)(*slot) * p.row_words_v;
-        *norms = head + kcodes + vcodes + p.norm_words;
-    }
+    int page;
+    kv_page_slot(p, b, t, &page, slot);
+    kv_row_in_page(p, kv, page, h, *slot, row, norms);
 }
 
 // OR reduce-scatter over the 8 lanes of a vector: lane l starts with v[j] (its code of group

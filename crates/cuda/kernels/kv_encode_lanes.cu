@@ -169,10 +169,15 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         }
         const unsigned vec = base + (threadIdx.x & 31);
         bool live = vec < total;
+        // The destination's page, looked up now so that its two dependent loads are in flight
+        // through the encode instead of in front of the stores.
+        int page = 0, slot = 0;
         if (live) {
             const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
             const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-            live = (int)(bt - b * (unsigned)p.tokens) < __ldg(p.new_lens + b);
+            const int t = (int)(bt - b * (unsigned)p.tokens);
+            live = t < __ldg(p.new_lens + b);
+            if (live) kv_page_slot(p, (int)b, t, &page, &slot);
         }
         if (STAGED) {
             kv_cp_wait<0>();
@@ -252,14 +257,11 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         const double code_norm = __dsqrt_rn((double)code_sq);
         const float norm =
             (r > 0.0 && code_norm > 0.0) ? __double2float_rn(__ddiv_rn(r, code_norm)) : 0.0f;
-        // The destination from `vec` again here: (b, t, h) held through the body cost registers.
-        const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
-        const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+        // The head from `vec` again here (held through the body it cost a register).
+        const unsigned h = vec - kv_divide(vec, p.heads_magic, p.heads_shift) * (unsigned)p.kv_heads;
         unsigned* row;
         unsigned* norms;
-        int slot;
-        kv_destination(p, kv, (int)b, (int)(bt - b * (unsigned)p.tokens),
-                       (int)(vec - bt * (unsigned)p.kv_heads), &row, &norms, &slot);
+        kv_row_in_page(p, kv, page, (int)h, slot, &row, &norms);
         kv_lane_store_codes<D>(row, cb, kv == 0 ? p.bits_k : p.bits_v);
         const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
         for (int pad = kv == 0 ? p.words_k : p.words_v; pad < row_words; ++pad) row[pad] = 0u;

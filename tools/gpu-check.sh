@@ -31,6 +31,13 @@
 #                                   # (tools/compare_sdpa.py); logs in $OUT/logs.tar.gz.
 #                                   # `quick` skips the sanitizers, `sanitize` runs only them
 #                                   # (the two halves fit the GPU machine's 10-minute calls).
+#   tools/gpu-check.sh kv-encode    # there, carrying what build-prefill makes: the CUDA KV
+#                                   # suite with the default encode and with
+#                                   # DELTAKV_KV_ENCODE=lanes8, memcheck, racecheck and initcheck
+#                                   # over the encode tests, the encode of 8 x 8192 tokens
+#                                   # (`bench kv`) alternating both forms three times, and ncu's
+#                                   # stall reasons over one launch of the default encode;
+#                                   # $OUT/summary.txt, logs in $OUT/logs.tar.gz
 #   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
 #                                   # lab in .carry/kv_lab; without it nvcc builds it there): the KV
 #                                   # lab (tools/kv-lab: attention and encode variants timed
@@ -106,7 +113,7 @@ pipeline_stats() {
     summary+=("pipeline stats: $({ grep -h 'gdn_chunk_state_staged\|gdn_chunk_state_coop\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" || true; } |
         sed 's/Binary Size [0-9]*, //; s/Stack Size [0-9]*, //; s/Local Memory Size [0-9]*, //' | tr '\n' ';' | head -c 1500)")
 }
-mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
+mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-encode|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under
 # /opt/cu13) to $1, further arguments passed to nvcc. The prefill lab runs there as
 # `.carry/prefill_lab [T]` (`prefill_lab2`: its prepare at 2 blocks per SM).
@@ -408,6 +415,38 @@ run-kv)
     python3 tools/compare_sdpa.py --deltakv .carry/deltakv --json-dir "$logs" \
         --csv "$out/kv-vs-sdpa.csv" 2>&1 | tee "$out/compare-kv.txt" || summary+=("FAIL compare_sdpa.py")
     summary+=("$(grep -h 'PASS\|FAIL' "$out/compare-kv.txt" 2>/dev/null | tr '\n' ';' || true)")
+    tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+    echo "== summary"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    ;;
+kv-encode)
+    out=${OUT:-gpu-check-out}
+    logs=$(mktemp -d)/logs
+    mkdir -p "$out" "$logs"
+    summary=()
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+    for form in default lanes8; do
+        env $([ $form = lanes8 ] && echo DELTAKV_KV_ENCODE=lanes8) .carry/tests/deltakv-cuda-kv_paged \
+            --test-threads=1 --nocapture >"$logs/kv-$form.log" 2>&1 &&
+            summary+=("PASS kv_paged ($form): $(grep -c 'pool identical' "$logs/kv-$form.log") encode schemes identical; $(last 'test result' "$logs/kv-$form.log")") ||
+            summary+=("FAIL kv_paged ($form): $(grep -h 'panicked\|differ' "$logs/kv-$form.log" | head -n 3 | tr '\n' ' ')")
+    done
+    for tool in memcheck racecheck initcheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/tests/deltakv-cuda-kv_paged --test-threads=1 \
+            encode a_failed_append >"$logs/sanitizer-$tool.log" 2>&1 &&
+            summary+=("PASS compute-sanitizer $tool (encode tests): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")") ||
+            summary+=("FAIL compute-sanitizer $tool (encode tests): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
+    done
+    encode() {
+        env "${@:2}" .carry/deltakv bench kv --device cuda --batch 1 --contexts 4096 >"$logs/bench-$1.txt" 2>&1
+        summary+=("$1: $(last 'encode' "$logs/bench-$1.txt" | tr -s ' ')")
+    }
+    encode warm-up
+    for i in 1 2 3; do encode "lanes8-$i" DELTAKV_KV_ENCODE=lanes8; encode "default-$i"; done
+    ncu -k regex:kv_encode_ -c 1 --section SpeedOfLight --section SchedulerStats \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        .carry/deltakv bench kv --device cuda --batch 1 --contexts 4096 >"$logs/ncu-encode.txt" 2>&1
+    summary+=("ncu stalls per issued instruction: $(grep -h 'issue_stalled' "$logs/ncu-encode.txt" | awk '$NF+0 > 0.05 {print $1, $NF}' | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | tr '\n' ';')")
     tar czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
     echo "== summary"
     printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

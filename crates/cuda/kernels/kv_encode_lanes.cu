@@ -6,7 +6,7 @@
 // rounding are kv_encode.cu's (the header comment there); this file follows it step for step.
 //
 // The Hadamard signs come as sign bits in the parameters (`signs`), so the widening with the
-// sign is one instruction reading its constant operand. Codes are packed first as bytes
+// sign is one instruction reading a sign word. Codes are packed first as bytes
 // (element i in byte i % 4 of word i / 4), then into the stream's bit width.
 
 // Words of one input vector (16-byte loads).
@@ -158,7 +158,8 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
     const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
     uint4* region = stage + (threadIdx.x >> 5) * 32 * KvLaneRaw<D, DT>::N;
-    // The host keeps vectors + 2 x threads below 2^31.
+    // The host keeps the vectors below 2^29 and the grid at most 64 blocks per SM, so no index
+    // here wraps.
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     // Each warp takes 32 consecutive vectors per pass, lane l the vector base + l.
     for (unsigned base = (blockIdx.x * blockDim.x + (threadIdx.x & ~31u)); base < total;
@@ -239,8 +240,8 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
                                    (unsigned)(KV_GRID_CELLS - 1));
             float4 cell;
             asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                         : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
-                         : "r"(own_cells + 128 * g));
+                : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
+                : "r"(own_cells + 128 * g));
             const bool above = u > cell.y;
             const unsigned code = __float_as_uint(cell.x) + (above ? 1u : 0u);
             const float sq = above ? cell.w : cell.z;
@@ -289,5 +290,7 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
     }
+// d 128 at 2 blocks (two warps per scheduler, 255 registers): at 3, ptxas spills 16-88 bytes and
+// the kernel ran slower (docs/cuda-kernel-log.md, KV row 24).
 KV_ENCODE_LANE(64, 3)
 KV_ENCODE_LANE(128, 2)

@@ -22,6 +22,7 @@ mod kernels;
 mod operand;
 mod plan;
 mod relay;
+mod states;
 
 pub use checkpoint::CudaCheckpoints;
 use checkpoint::{checkpoint_shape, chunk_checkpoints};
@@ -37,7 +38,6 @@ use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::gating::RESET_GATE;
-use deltakv_contract::gdn::prefill::pool::pool_slots;
 use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta};
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
@@ -51,6 +51,8 @@ use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
 use relay::{FinalStaging, Kernel, RelayLaunch};
+pub use states::PrefillStates;
+use states::{StateSources, state_sources};
 
 /// The prefill kernels' source: the state walks (lockstep, overlapped, lead), the transition,
 /// the combine and the convert kernel.
@@ -84,18 +86,6 @@ pub struct CudaPrefillOutput {
     pub final_state: Option<CudaTensor>,
     /// The state every `checkpoint_every` tokens, when asked.
     pub checkpoints: Option<CudaCheckpoints>,
-}
-
-/// Where the states of a call come from and go.
-pub enum PrefillStates<'a> {
-    /// `inputs.initial_state` (or zeros) in; a new final state out when `output_final_state`.
-    Separate { output_final_state: bool },
-    /// A pool `[slots, H, K, V]` f32: sequence `n` starts from slot `slot_indices[n]` and its
-    /// final state is written back there, in place (no gather or scatter).
-    Pool {
-        pool: &'a mut CudaTensor,
-        slot_indices: &'a CudaTensor,
-    },
 }
 
 /// A validated prefill call with its scratch buffers, ready to launch any number of times (a
@@ -192,44 +182,12 @@ impl PrefillLaunch {
             )));
         }
         let heads = dims.value_heads;
-        let (initial, final_address, state_rows_buffer, slots) = match states {
-            PrefillStates::Separate { .. } => {
-                let final_address = match final_state {
-                    Some(f) => {
-                        expect_buffer("final_state", f, &state_shape, DType::F32)?;
-                        f.device_address_mut(cuda)
-                    }
-                    None => 0,
-                };
-                (
-                    inputs.initial_state.map_or(0, |s| s.device_address(cuda)),
-                    final_address,
-                    None,
-                    None,
-                )
-            }
-            PrefillStates::Pool { pool, slot_indices } => {
-                if inputs.initial_state.is_some() {
-                    return Err(Error::InvalidValue(
-                        "initial_state and a state pool were both given: a pooled prefill reads \
-                         each sequence's initial state from its slot"
-                            .to_string(),
-                    ));
-                }
-                let rows: Vec<i64> =
-                    pool_slots(&**pool, &slot_indices.download(cuda)?, &dims, seqs.len())?
-                        .into_iter()
-                        .map(|slot| slot as i64)
-                        .collect();
-                let address = pool.device_address_mut(cuda);
-                (
-                    address,
-                    address,
-                    Some(upload_i64(cuda, rows.clone())?),
-                    Some(rows),
-                )
-            }
-        };
+        let StateSources {
+            initial,
+            final_address,
+            state_rows: state_rows_buffer,
+            slots,
+        } = state_sources(cuda, inputs, states, final_state, &state_shape, &dims)?;
 
         let chunks = plan.chunks();
         let segments = plan.segment_count();

@@ -256,18 +256,11 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const unsigned short* 
     ldsm_x4_at(r, shared_address(p));
 }
 
-// The element offset of this lane's ldmatrix row when a 16 x 16 tile at (row0, col0) of a
-// row-major [.][ld] array is read as four 8 x 8 matrices in the A operand's order (rows 0-7 and
-// 8-15 of columns 0-7, then of columns 8-15): lanes 8m .. 8m + 7 address matrix m's rows.
-__device__ __forceinline__ int ldsm_lane_offset(int ld, int row0, int col0, int lane) {
-    const int m = lane >> 3, i = lane & 7;
-    return (row0 + i + 8 * (m & 1)) * ld + col0 + 8 * (m >> 1);
-}
-
 // `frag_a` in one ldmatrix: the A operand (16 x 16) at (row0, col0) of a row-major x.
 __device__ __forceinline__ void frag_a_ldsm(unsigned (&a)[4], const unsigned short* x, int ld,
                                             int row0, int col0, int lane) {
-    ldsm_x4(a, x + ldsm_lane_offset(ld, row0, col0, lane));
+    const int m = lane >> 3, i = lane & 7;
+    ldsm_x4(a, x + (row0 + i + 8 * (m & 1)) * ld + col0 + 8 * (m >> 1));
 }
 
 // Index of element (r, c) in a swizzled [rows][ld] bf16 array (ld a multiple of 64): piece
@@ -301,8 +294,9 @@ __device__ __forceinline__ void frag_b2_ldsm(unsigned (&b0)[2], unsigned (&b1)[2
 __device__ __forceinline__ void frag_b2_rowmajor(unsigned (&b0)[2], unsigned (&b1)[2],
                                                  const unsigned short* x, int ld, int k0, int n0,
                                                  int lane) {
+    const int m = lane >> 3, i = lane & 7;
     unsigned r[4];
-    ldsm_x4_trans(r, x + ldsm_lane_offset(ld, k0, n0, lane));
+    ldsm_x4_trans(r, x + (k0 + i + 8 * (m & 1)) * ld + n0 + 8 * (m >> 1));
     b0[0] = r[0];
     b0[1] = r[1];
     b1[0] = r[2];

@@ -245,9 +245,10 @@ __device__ __forceinline__ void scaled_t_rows(const unsigned short* t_hi, const 
                                               int row_tile, int q, int lane) {
     // This lane's ldmatrix row addresses: T's halves as frag_a_ldsm reads them, the operand's
     // rows as frag_b2_rowmajor does.
-    const unsigned t_lane = 2u * ldsm_lane_offset(PF_LDC, row_tile, 0, lane);
+    const int m8 = lane >> 3, i8 = lane & 7;
+    const unsigned t_lane = 2u * ((row_tile + i8 + 8 * (m8 & 1)) * PF_LDC + 8 * (m8 >> 1));
     const unsigned hi_at = shared_address(t_hi) + t_lane, lo_at = shared_address(t_lo) + t_lane;
-    const unsigned b_lane = shared_address(operand) + 2u * ldsm_lane_offset(LD, 0, 0, lane);
+    const unsigned b_lane = shared_address(operand) + 2u * ((i8 + 8 * (m8 & 1)) * LD + 8 * (m8 >> 1));
     // The lane's output rows r and r + 8, columns c and c + 8 of each 16-column step: with n0 a
     // multiple of 16, piece (c + 8) / 8 of a swizzled row is piece c / 8 ^ 1.
     const int out_row = row_tile + (lane >> 2);

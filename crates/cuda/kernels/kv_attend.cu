@@ -42,7 +42,6 @@ struct KvAttnParams {
     int ml_log2;                         // part_ml's m in base 2 (mma kernels) or base e
 };
 
-
 // Norm `t` of a staged norm section.
 __device__ __forceinline__ float kv_norm_at(const unsigned* section, int t, int f16) {
     return f16 ? f16_to_f32(((const unsigned short*)section)[t]) : __uint_as_float(section[t]);

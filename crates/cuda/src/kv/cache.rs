@@ -123,20 +123,29 @@ pub struct CudaPagedKvCache {
     host_lens: Vec<usize>,
     num_pages: usize,
     max_pages: usize,
-    /// The encode's one-lane kernels serve this scheme (see [`lane_encode_serves`]).
-    lane_encode: bool,
+    /// The one-lane encode kernels' sign words, where they serve this scheme
+    /// ([`lane_encode_signs`]).
+    lane_signs: Option<[u32; LANE_SIGNS]>,
 }
 
-/// Whether the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) serve a scheme: the
-/// Hadamard rotation at d = 64 or 128, and both streams' nearest levels on their grids (bit
-/// widths up to 4). The eight-lane kernels take the rest, and every scheme when
-/// `DELTAKV_KV_ENCODE=lanes8` is set (for comparisons).
-fn lane_encode_serves(k: &Quantizer, v: &Quantizer) -> bool {
-    k.rotation.is_hadamard()
-        && matches!(k.rotation.dim(), 64 | 128)
+/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) take them
+/// (sign bits, 0 or 0x8000_0000), when those kernels serve a scheme: the Hadamard rotation at
+/// d = 64 or 128, and both streams' nearest levels on their grids (bit widths up to 4). The
+/// eight-lane kernels take the rest, and every scheme when `DELTAKV_KV_ENCODE=lanes8` is set
+/// (for comparisons).
+fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[u32; LANE_SIGNS]> {
+    let signs = k.rotation.hadamard_signs()?;
+    let serves = matches!(signs.len(), 64 | 128)
         && super::grid_enabled(k)
         && super::grid_enabled(v)
-        && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8")
+        && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8");
+    serves.then(|| {
+        let mut bits = [0; LANE_SIGNS];
+        for (bit, &sign) in bits.iter_mut().zip(signs) {
+            *bit = sign.to_bits() & 0x8000_0000;
+        }
+        bits
+    })
 }
 
 impl std::fmt::Debug for CudaPagedKvCache {
@@ -181,7 +190,7 @@ impl CudaPagedKvCache {
         let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
         let host_table = vec![-1i32; batch * max_pages];
         let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
-        let lane_encode = lane_encode_serves(&k, &v);
+        let lane_signs = lane_encode_signs(&k, &v);
         let cache = Self {
             pool: CudaTensor::zeros(cuda, vec![num_pages, layout.page_words()], DType::I32)?,
             table: CudaTensor::upload(cuda, &table)?,
@@ -196,7 +205,7 @@ impl CudaPagedKvCache {
             host_lens: vec![0; batch],
             num_pages,
             max_pages,
-            lane_encode,
+            lane_signs,
         };
         // Stream-ordered allocations and fills are valid on other streams only once the
         // stream that made them has run them.
@@ -403,7 +412,11 @@ impl CudaPagedKvCache {
         let l = &self.layout;
         let (heads_magic, heads_shift) = divide_magic(s.kv_heads as u32);
         let (tokens_magic, tokens_shift) = divide_magic(tokens as u32);
-        let mut params = EncodeParams {
+        // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
+        let aligned = (k.device_address(cuda) | v.device_address(cuda)).is_multiple_of(16);
+        let lane_signs = self.lane_signs.filter(|_| aligned);
+        let lane = lane_signs.is_some();
+        let params = EncodeParams {
             k: k.device_address(cuda),
             v: v.device_address(cuda),
             pool: self.pool.device_address_mut(cuda),
@@ -437,16 +450,8 @@ impl CudaPagedKvCache {
             tokens_magic,
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
-            signs: [0; LANE_SIGNS],
+            signs: lane_signs.unwrap_or([0; LANE_SIGNS]),
         };
-        // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
-        let aligned = (k.device_address(cuda) | v.device_address(cuda)).is_multiple_of(16);
-        let lane = self.lane_encode && aligned;
-        if lane && let Some(signs) = self.k.rotation.hadamard_signs() {
-            for (bit, &sign) in params.signs.iter_mut().zip(signs) {
-                *bit = sign.to_bits() & 0x8000_0000;
-            }
-        }
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
             (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
             (true, _, 64, DType::F16) => "kv_encode_lane64_f16",
@@ -477,10 +482,9 @@ impl CudaPagedKvCache {
             )));
         }
         // One lane per vector: 128 vectors per block pass; Hadamard: 16 (4 warps x 4); dense: 4.
-        // Many blocks of a few
-        // passes each: keys and values differ in cost, and the hardware balances small blocks
-        // across SMs where one wave of persistent blocks would leave some SMs idle at the end
-        // (measured slower: docs/cuda-kernel-log.md).
+        // Many blocks of a few passes each: keys and values differ in cost, and the hardware
+        // balances small blocks across SMs where one wave of persistent blocks would leave some
+        // SMs idle at the end (measured slower: docs/cuda-kernel-log.md).
         let per_block = if lane {
             128
         } else if name == "kv_encode_dense" {
@@ -531,7 +535,49 @@ impl CudaPagedKvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::divide_magic;
+    use super::{divide_magic, lane_encode_signs};
+    use deltakv_contract::kv::codebook::codebook;
+    use deltakv_contract::kv::rotation::Rotation;
+    use deltakv_contract::kv::{KvScheme, Quantizer};
+    use std::sync::Arc;
+
+    /// The key and value quantizers a cache of this scheme builds.
+    fn quantizers(dim: usize, bits_k: u32, bits_v: u32) -> (Quantizer, Quantizer) {
+        let s = KvScheme::new(dim, 1, bits_k, bits_v);
+        let rotation = Arc::new(Rotation::new(dim, s.seed).unwrap());
+        let q = |bits| Quantizer::new(codebook(s.codebook, dim, bits).unwrap(), rotation.clone());
+        (q(bits_k), q(bits_v))
+    }
+
+    /// The one-lane kernels take the Hadamard schemes at d 64 and 128 with <= 4-bit codes, and
+    /// their sign words are the rotation's signs as sign bits.
+    #[test]
+    fn lane_encode_signs_follow_the_scheme() {
+        if std::env::var("DELTAKV_KV_ENCODE").as_deref() == Ok("lanes8") {
+            println!("skipped: DELTAKV_KV_ENCODE=lanes8 turns the one-lane kernels off");
+            return;
+        }
+        for (dim, bits_k, bits_v, serves) in [
+            (128, 4, 2, true),
+            (64, 2, 3, true),
+            (128, 8, 2, false),
+            (64, 4, 8, false),
+            (256, 4, 2, false),
+            (96, 4, 2, false),
+        ] {
+            let (k, v) = quantizers(dim, bits_k, bits_v);
+            let signs = lane_encode_signs(&k, &v);
+            assert_eq!(signs.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
+            if let Some(bits) = signs {
+                let expected = k.rotation.hadamard_signs().unwrap();
+                for (i, &bit) in bits.iter().enumerate() {
+                    let negative = expected.get(i).is_some_and(|s| *s < 0.0);
+                    assert_eq!(bit, if negative { 0x8000_0000 } else { 0 }, "sign {i}");
+                }
+                assert!(bits[..dim].contains(&0x8000_0000) && bits[..dim].contains(&0));
+            }
+        }
+    }
 
     /// The kernels' division by a multiply and a shift equals integer division over n < 2^31.
     #[test]

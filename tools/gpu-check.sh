@@ -35,7 +35,8 @@
 #                                   # suite with the default encode and with
 #                                   # DELTAKV_KV_ENCODE=lanes8, memcheck, racecheck and initcheck
 #                                   # over the encode tests, the encode of 8 x 8192 tokens
-#                                   # (`bench kv`) alternating both forms three times, and ncu's
+#                                   # (`bench kv`) alternating both forms three times (and the
+#                                   # default of .carry/deltakv-base where carried), and ncu's
 #                                   # stall reasons over one launch of the default encode;
 #                                   # $OUT/summary.txt, logs in $OUT/logs.tar.gz
 #   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
@@ -437,12 +438,18 @@ kv-encode)
             summary+=("PASS compute-sanitizer $tool (encode tests): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")") ||
             summary+=("FAIL compute-sanitizer $tool (encode tests): $(last 'SUMMARY' "$logs/sanitizer-$tool.log")")
     done
+    # encode LABEL [NAME=VALUE ...]; BIN picks the binary (.carry/deltakv).
     encode() {
-        env "${@:2}" .carry/deltakv bench kv --device cuda --batch 1 --contexts 4096 >"$logs/bench-$1.txt" 2>&1
+        env "${@:2}" "${BIN:-.carry/deltakv}" bench kv --device cuda --batch 1 --contexts 4096 >"$logs/bench-$1.txt" 2>&1
         summary+=("$1: $(last 'encode' "$logs/bench-$1.txt" | tr -s ' ')")
     }
     encode warm-up
-    for i in 1 2 3; do encode "lanes8-$i" DELTAKV_KV_ENCODE=lanes8; encode "default-$i"; done
+    for i in 1 2 3; do
+        encode "lanes8-$i" DELTAKV_KV_ENCODE=lanes8
+        encode "default-$i"
+        # A base build carried beside (e.g. main's) runs its default encode in the same turns.
+        if [ -x .carry/deltakv-base ]; then BIN=.carry/deltakv-base encode "base-$i"; fi
+    done
     ncu -k regex:kv_encode_ -c 1 --section SpeedOfLight --section SchedulerStats \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         .carry/deltakv bench kv --device cuda --batch 1 --contexts 4096 >"$logs/ncu-encode.txt" 2>&1

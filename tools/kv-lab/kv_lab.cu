@@ -286,19 +286,20 @@ static void lab_grid(const float* b, int n, float* out) {
     const float b0 = b[0];
     const float span = b[n - 1] - b0;
     for (int cells = KV_GRID_CELLS - 1; cells >= 1; --cells) {
-        const float inv = span > 0.0f ? (float)cells / span : 0.0f;
+        const float scale =
+            span > 0.0f ? (float)((double)cells / ((KV_GRID_CELLS - 1) * (double)span)) : 0.0f;
+        const float offset = -b0 * scale;
         std::vector<int> g(n);
         for (int i = 0; i < n; ++i) {
-            volatile float t = b[i] - b0;
-            volatile float m = t * inv;
-            g[i] = (int)std::min<long long>(std::max<long long>((long long)std::floor((float)m), 0),
-                                            KV_GRID_CELLS - 1);
+            float t = std::fma(b[i], scale, offset);
+            t = std::isnan(t) ? 0.0f : std::min(std::max(t, 0.0f), 1.0f);
+            g[i] = (int)std::floor((KV_GRID_CELLS - 1) * (double)t);
         }
         bool ok = true;
         for (int i = 1; i < n; ++i) ok &= g[i - 1] < g[i];
         if (!ok) continue;
-        out[0] = b0;
-        out[1] = inv;
+        out[0] = scale;
+        out[1] = offset;
         out[2] = 1.0f;
         for (int c = 0; c < KV_GRID_CELLS; ++c) {
             int below = 0;

@@ -66,16 +66,27 @@ __device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, fl
 }
 
 // The same index from a uniform grid over the boundaries (one shared load instead of `bits`).
-// Cell g(u) = clamp(floor((u - b0) * inv_step), 0, cells - 1), each step rounded as f32 here
-// and on the host, is monotone in u, so a boundary in a lower cell is below u and one in a
-// higher cell above it; the host picks inv_step so that no cell holds two boundaries and
-// stores per cell (count of boundaries in lower cells, the cell's own boundary or +inf):
-// idx = count + (u > boundary), exactly the search's answer. Layout in consts (per stream):
-// b0, inv_step, enabled (0: search instead), 0, then the cells as (count, boundary) pairs.
-// The conversion to unsigned saturates a negative (or NaN) product to 0 and a huge one to
-// UINT_MAX, so one min is the clamp.
+// Cell g(u) = floor(63 sat(fma(u, scale, offset))), `sat` clamping to [0, 1] (NaN to 0) and
+// the fma rounded to nearest once, as the host's `f32::mul_add` rounds it, is monotone in u, so
+// a boundary in a lower cell is below u and one in a higher cell above it; the host picks scale
+// and offset so that no cell holds two boundaries and stores per cell (count of boundaries in
+// lower cells, the cell's own boundary or +inf): idx = count + (u > boundary), exactly the
+// search's answer. Layout in consts (per stream): scale, offset, enabled (0: search instead),
+// 0, then the cells as (count, boundary) pairs. Two fmas and no clamp: the saturated t is in
+// [0, 1], and 63 t + 2^23 rounded toward zero is 2^23 + floor(63 t), an f32 whose low bits are
+// the cell (`kv_grid_cell`).
 #define KV_GRID_CELLS 64
 #define KV_GRID_FLOATS (4 + 2 * KV_GRID_CELLS)
+
+// The grid cell of u (above) as its f32 bits: 0x4b000000 + the cell, in [0, KV_GRID_CELLS - 1].
+__device__ __forceinline__ unsigned kv_grid_cell_bits(float u, float scale, float offset) {
+    const float t = __saturatef(__fmaf_rn(u, scale, offset));
+    return __float_as_uint(__fmaf_rz(t, (float)(KV_GRID_CELLS - 1), 8388608.0f));
+}
+
+__device__ __forceinline__ unsigned kv_grid_cell(float u, float scale, float offset) {
+    return kv_grid_cell_bits(u, scale, offset) - 0x4b000000u;
+}
 // The grid's cells in shared memory as (count, boundary, level(count)^2, level(count + 1)^2:
 // the CPU's rounded squares), eight copies, cell g's copy c at [8 g + c]: lane l reads copy l % 8,
 // so the eight lanes of a quarter-warp's 16-byte loads always hit eight distinct groups of four
@@ -195,7 +206,7 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
     const float* src_levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
     const float* src_bounds = p.consts + (kv == 0 ? KV_C_BOUNDS_K : KV_C_BOUNDS_V);
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
-    const float grid_b0 = grid[0], grid_inv = grid[1];
+    const float grid_scale = grid[0], grid_offset = grid[1];
     const bool use_grid = grid[2] != 0.0f;
     if (!use_grid) {  // the binary search's boundaries and squared levels
         for (int i = threadIdx.x; i < 256; i += blockDim.x) {
@@ -297,9 +308,7 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
 #pragma unroll
             for (int j = 0; j < E; ++j) {
                 const float u = __fmul_rn(__fmul_rn(x[j], p.hadamard_norm), inv);
-                const unsigned g =
-                    min(__float2uint_rd(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv)),
-                        (unsigned)(KV_GRID_CELLS - 1));
+                const unsigned g = kv_grid_cell(u, grid_scale, grid_offset);
                 const float4 cell = cells[8 * g + l];
                 const bool above = u > cell.y;
                 code[j] = __float_as_uint(cell.x) + (above ? 1u : 0u);

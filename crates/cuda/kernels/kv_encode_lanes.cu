@@ -152,11 +152,13 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
     __syncthreads();
-    const float grid_b0 = __ldg(grid), grid_inv = __ldg(grid + 1);
+    const float grid_scale = __ldg(grid), grid_offset = __ldg(grid + 1);
     const void* src = kv == 0 ? p.k : p.v;
     // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
     // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
-    const unsigned own_cells = (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7));
+    // The cell's bits from `kv_grid_cell_bits` carry 0x4b000000, taken off here (mod 2^32).
+    const unsigned own_cells =
+        (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
     uint4* region = stage + (threadIdx.x >> 5) * 32 * KvLaneRaw<D, DT>::N;
     // The host keeps the vectors below 2^29 and the grid at most 64 blocks per SM, so no index
     // here wraps.
@@ -236,20 +238,22 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
 #pragma unroll
         for (int i = 0; i < D; ++i) {
             const float u = __fmul_rn(__fmul_rn(x[i], p.hadamard_norm), inv);
-            const unsigned g = min(__float2uint_rd(__fmul_rn(__fsub_rn(u, grid_b0), grid_inv)),
-                                   (unsigned)(KV_GRID_CELLS - 1));
+            const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
             float4 cell;
             asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                 : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
                 : "r"(own_cells + 128 * g));
-            const bool above = u > cell.y;
-            const unsigned code = __float_as_uint(cell.x) + (above ? 1u : 0u);
-            const float sq = above ? cell.w : cell.z;
-            if (i % 4 == 0) {
-                cb[i / 4] = code;
-            } else {
-                cb[i / 4] |= code << (8 * (i % 4));
-            }
+            // code = count + (u > boundary) in byte i % 4 of its word: the count shifted in,
+            // then the step added under the comparison's predicate, which also picks the
+            // squared level.
+            const unsigned byte = 8 * (i % 4), count = __float_as_uint(cell.x) << byte;
+            unsigned word = i % 4 == 0 ? count : cb[i / 4] + count;
+            float sq;
+            asm("{\n\t.reg .pred above;\n\tsetp.gt.f32 above, %2, %3;\n\t"
+                "selp.f32 %0, %4, %5, above;\n\t@above add.u32 %1, %1, %6;\n\t}"
+                : "=f"(sq), "+r"(word)
+                : "f"(u), "f"(cell.y), "f"(cell.w), "f"(cell.z), "r"(1u << byte));
+            cb[i / 4] = word;
             cacc[i % 8] = i < 8 ? sq : __fadd_rn(cacc[i % 8], sq);
         }
         float code_sq = cacc[0];

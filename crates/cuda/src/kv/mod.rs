@@ -99,12 +99,21 @@ pub(crate) fn grid_enabled(q: &Quantizer) -> bool {
     nearest_grid(&q.codebook.boundaries)[2] != 0.0
 }
 
+/// The cell of `u` on a grid of `scale` and `offset`: `floor(63 sat(fma(u, scale, offset)))`,
+/// `sat` clamping to [0, 1] and NaN to 0, the fma rounded once, as `kv_grid_cell` in
+/// `kernels/kv_encode.cu` forms it (63 t is exact in f64).
+fn grid_cell(u: f32, scale: f32, offset: f32) -> usize {
+    let t = u.mul_add(scale, offset);
+    let t = if t.is_nan() { 0.0 } else { t.clamp(0.0, 1.0) };
+    ((GRID_CELLS - 1) as f64 * t as f64).floor() as usize
+}
+
 /// The uniform grid over a codebook's boundaries that the encode looks the nearest level up
-/// in (`kernels/kv_encode.cu`): b0, inv_step, 1 (enabled), 0, then per cell the count of boundaries
-/// in lower cells and the cell's own boundary (+inf if none). The cell of u is
-/// `clamp(floor((u - b0) * inv_step), 0, cells - 1)` in f32 here and on the GPU alike; the
-/// largest spacing count that puts every boundary in its own cell is taken. All zero
-/// (disabled: the binary search) above 4 bits or where no spacing separates the boundaries.
+/// in (`kernels/kv_encode.cu`): scale, offset, 1 (enabled), 0, then per cell the count of
+/// boundaries in lower cells and the cell's own boundary (+inf if none). The cell of u is
+/// [`grid_cell`], the same f32 arithmetic here and on the GPU; the largest spacing count that
+/// puts every boundary in its own cell is taken. All zero (disabled: the binary search) above 4
+/// bits or where no spacing separates the boundaries.
 fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
     let mut out = vec![0.0f32; GRID_FLOATS];
     let n = boundaries.len();
@@ -113,19 +122,25 @@ fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
     }
     let b0 = boundaries[0];
     let span = boundaries[n - 1] - b0;
-    let cell = |u: f32, inv: f32| {
-        (((u - b0) * inv).floor() as i64).clamp(0, GRID_CELLS as i64 - 1) as usize
-    };
     for cells in (1..GRID_CELLS).rev() {
-        let inv = if span > 0.0 { cells as f32 / span } else { 0.0 };
-        if !inv.is_finite() {
+        // 63 (u scale + offset) = (u - b0) cells / span, each rounded to f32.
+        let scale = if span > 0.0 {
+            (cells as f64 / ((GRID_CELLS - 1) as f64 * span as f64)) as f32
+        } else {
+            0.0
+        };
+        let offset = -b0 * scale;
+        if !scale.is_finite() || !offset.is_finite() {
             continue;
         }
-        let g: Vec<usize> = boundaries.iter().map(|&b| cell(b, inv)).collect();
+        let g: Vec<usize> = boundaries
+            .iter()
+            .map(|&b| grid_cell(b, scale, offset))
+            .collect();
         if g.windows(2).any(|w| w[0] >= w[1]) {
             continue;
         }
-        out[..4].copy_from_slice(&[b0, inv, 1.0, 0.0]);
+        out[..4].copy_from_slice(&[scale, offset, 1.0, 0.0]);
         for c in 0..GRID_CELLS {
             let below = g.iter().filter(|&&x| x < c).count();
             let own = g
@@ -186,11 +201,19 @@ mod tests {
             let grid = nearest_grid(b);
             assert_eq!(grid[2], 1.0, "{bits}-bit grid disabled");
             let lookup = |u: f32| {
-                let g = ((u - grid[0]) * grid[1]).floor() as i64;
-                let c = g.clamp(0, GRID_CELLS as i64 - 1) as usize;
+                let c = grid_cell(u, grid[0], grid[1]);
                 grid[4 + 2 * c] as usize + usize::from(u > grid[5 + 2 * c])
             };
-            let mut probes = vec![-1e30f32, -1.0, 0.0, 1.0, 1e30];
+            let mut probes = vec![
+                -1e30f32,
+                -1.0,
+                0.0,
+                1.0,
+                1e30,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NAN,
+            ];
             for &x in b {
                 probes.extend([
                     x,

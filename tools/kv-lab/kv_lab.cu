@@ -281,7 +281,7 @@ static std::vector<float> reference(const Cache& c, float scale) {
 // The library's nearest-level grid of n sorted boundaries (crates/cuda/src/kv/mod.rs,
 // nearest_grid), written to out (KV_GRID_FLOATS floats).
 #define LAB_GRID 1280
-static void lab_grid(const float* b, int n, float* out) {
+static void lab_grid(const float* levels, const float* b, int n, float* out) {
     std::fill(out, out + KV_GRID_FLOATS, 0.0f);
     const float b0 = b[0];
     const float span = b[n - 1] - b0;
@@ -308,8 +308,12 @@ static void lab_grid(const float* b, int n, float* out) {
                 below += g[i] < c;
                 if (g[i] == c) own = b[i];
             }
-            out[4 + 2 * c] = (float)below;
-            out[5 + 2 * c] = own;
+            const float c0 = levels[below], c1 = below + 1 < 256 ? levels[below + 1] : 0.0f;
+            unsigned bits = (unsigned)below;
+            std::memcpy(&out[4 + 4 * c], &bits, 4);
+            out[5 + 4 * c] = own;
+            out[6 + 4 * c] = c0 * c0;
+            out[7 + 4 * c] = c1 * c1;
         }
         return;
     }
@@ -361,7 +365,8 @@ static Cache make_cache(int batch, int len, int hq, int hkv, int d, unsigned see
     for (int i = 0; i < d; ++i) consts[1024 + i] = (rng() & 1) ? 1.0f : -1.0f;
     for (int kv = 0; kv < 2; ++kv) {
         const int n = kv == 0 ? 15 : 3;
-        lab_grid(&consts[256 + 512 * kv], n, &consts[LAB_GRID + kv * KV_GRID_FLOATS]);
+        lab_grid(&consts[512 * kv], &consts[256 + 512 * kv], n,
+                 &consts[LAB_GRID + kv * KV_GRID_FLOATS]);
     }
     c.levels_k.assign(consts.begin(), consts.begin() + 16);
     c.levels_v.assign(consts.begin() + 512, consts.begin() + 516);

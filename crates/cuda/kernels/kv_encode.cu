@@ -69,14 +69,15 @@ __device__ __forceinline__ unsigned kv_nearest(const float* bounds, int bits, fl
 // Cell g(u) = floor(63 sat(fma(u, scale, offset))), `sat` clamping to [0, 1] (NaN to 0) and
 // the fma rounded to nearest once, as the host's `f32::mul_add` rounds it, is monotone in u, so
 // a boundary in a lower cell is below u and one in a higher cell above it; the host picks scale
-// and offset so that no cell holds two boundaries and stores per cell (count of boundaries in
-// lower cells, the cell's own boundary or +inf): idx = count + (u > boundary), exactly the
-// search's answer. Layout in consts (per stream): scale, offset, enabled (0: search instead),
-// 0, then the cells as (count, boundary) pairs. Two fmas and no clamp: the saturated t is in
-// [0, 1], and 63 t + 2^23 rounded toward zero is 2^23 + floor(63 t), an f32 whose low bits are
-// the cell (`kv_grid_cell`).
+// and offset so that no cell holds two boundaries and stores per cell the count of boundaries
+// in lower cells (its integer bits), the cell's own boundary or +inf, and the CPU's rounded
+// squares of the levels at that count and the next: idx = count + (u > boundary), exactly the
+// search's answer, and its squared level one select away. Layout in consts (per stream, from a
+// multiple of four floats): scale, offset, enabled (0: search instead), 0, then the cells, four
+// floats each. Two fmas and no clamp: the saturated t is in [0, 1], and 63 t + 2^23 rounded
+// toward zero is 2^23 + floor(63 t), an f32 whose low bits are the cell.
 #define KV_GRID_CELLS 64
-#define KV_GRID_FLOATS (4 + 2 * KV_GRID_CELLS)
+#define KV_GRID_FLOATS (4 + 4 * KV_GRID_CELLS)
 
 // The grid cell of u (above) as its f32 bits: 0x4b000000 + the cell, in [0, KV_GRID_CELLS - 1].
 __device__ __forceinline__ unsigned kv_grid_cell_bits(float u, float scale, float offset) {
@@ -87,19 +88,17 @@ __device__ __forceinline__ unsigned kv_grid_cell_bits(float u, float scale, floa
 __device__ __forceinline__ unsigned kv_grid_cell(float u, float scale, float offset) {
     return kv_grid_cell_bits(u, scale, offset) - 0x4b000000u;
 }
-// The grid's cells in shared memory as (count, boundary, level(count)^2, level(count + 1)^2:
-// the CPU's rounded squares), eight copies, cell g's copy c at [8 g + c]: lane l reads copy l % 8,
-// so the eight lanes of a quarter-warp's 16-byte loads always hit eight distinct groups of four
-// banks (one copy: random cells collide, and those conflicts made the L1 data pipe the bound).
-__device__ __forceinline__ void kv_fill_grid_cells(const float* levels, const float* grid,
-                                                   float4* cells) {
-    for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x) {
-        const int cell = i / 8;
-        const unsigned count = (unsigned)grid[4 + 2 * cell];
-        const float c0 = levels[count], c1 = levels[min(count + 1, 255u)];
-        cells[i] = make_float4(__uint_as_float(count), grid[5 + 2 * cell], __fmul_rn(c0, c0),
-                               __fmul_rn(c1, c1));
-    }
+
+// Starts copying a stream's grid cells into shared memory by `cp.async` (one commit group; the
+// caller waits and synchronises the block): eight copies, cell g's copy c at [8 g + c], so lane
+// l reading copy l % 8, the eight lanes of a quarter-warp's 16-byte loads always hit eight
+// distinct groups of four banks (one copy: random cells collide, and those conflicts made the L1
+// data pipe the bound).
+__device__ __forceinline__ void kv_copy_grid_cells(const float* grid, float4* cells) {
+    const float4* src = (const float4*)(grid + 4);
+    for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x)
+        kv_cp_async16(cells + i, src + i / 8);
+    kv_cp_commit();
 }
 
 // Stores the stored norm of a vector (f32, or f16 in its half of a word).
@@ -215,7 +214,8 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
             bounds[i] = src_bounds[i];
         }
     } else {
-        kv_fill_grid_cells(src_levels, grid, cells);
+        kv_copy_grid_cells(grid, cells);
+        kv_cp_wait<0>();
     }
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;

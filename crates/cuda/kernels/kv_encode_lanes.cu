@@ -141,6 +141,20 @@ __device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigne
     }
 }
 
+// Whether vector `vec` is one of the append's tokens, and if so its page and slot: looked up
+// before the encode so that the two dependent loads (the length, then the block table) are in
+// flight through it instead of in front of the stores.
+__device__ __forceinline__ bool kv_lane_destination(const KvEncodeParams& p, unsigned vec,
+                                                    unsigned total, int* page, int* slot) {
+    if (vec >= total) return false;
+    const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+    const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+    const int t = (int)(bt - b * (unsigned)p.tokens);
+    if (t >= __ldg(p.new_lens + b)) return false;
+    kv_page_slot(p, (int)b, t, page, slot);
+    return true;
+}
+
 // One lane per vector of stream blockIdx.y (0 keys, 1 values): the whole encode of kv_encode.cu
 // in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
 // [8 g + c]) so the lanes of a quarter-warp read distinct banks.
@@ -150,41 +164,39 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     constexpr bool STAGED = DT != DT_F32;
     const int kv = blockIdx.y;
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
-    kv_fill_grid_cells(p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V), grid, cells);
-    __syncthreads();
-    const float grid_scale = __ldg(grid), grid_offset = __ldg(grid + 1);
     const void* src = kv == 0 ? p.k : p.v;
-    // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
-    // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
-    // The cell's bits from `kv_grid_cell_bits` carry 0x4b000000, taken off here (mod 2^32).
-    const unsigned own_cells =
-        (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
     uint4* region = stage + (threadIdx.x >> 5) * 32 * KvLaneRaw<D, DT>::N;
     // The host keeps the vectors below 2^29 and the grid at most 64 blocks per SM, so no index
     // here wraps.
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     // Each warp takes 32 consecutive vectors per pass, lane l the vector base + l.
-    for (unsigned base = (blockIdx.x * blockDim.x + (threadIdx.x & ~31u)); base < total;
-         base += gridDim.x * blockDim.x) {
-        if (STAGED) {
-            __syncwarp();  // the last pass's reads of the region are done
-            kv_lane_stage_warp<D, DT>(src, base, total, region);
-        }
+    unsigned base = blockIdx.x * blockDim.x + (threadIdx.x & ~31u);
+    // The first pass's vectors and the grid's cells are copied together, and the destination
+    // looked up meanwhile; one wait and one block barrier cover them all.
+    if (STAGED && base < total) kv_lane_stage_warp<D, DT>(src, base, total, region);
+    kv_copy_grid_cells(grid, cells);
+    int page = 0, slot = 0;
+    bool live = kv_lane_destination(p, base + (threadIdx.x & 31), total, &page, &slot);
+    kv_cp_wait<0>();
+    __syncthreads();
+    const float grid_scale = __ldg(grid), grid_offset = __ldg(grid + 1);
+    // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
+    // multiply-add away (the compiler, left to index `cells`, rebuilt the copy bits per element).
+    // The cell's bits from `kv_grid_cell_bits` carry 0x4b000000, taken off here (mod 2^32).
+    const unsigned own_cells =
+        (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
+    for (bool ready = true; base < total; base += gridDim.x * blockDim.x, ready = false) {
         const unsigned vec = base + (threadIdx.x & 31);
-        bool live = vec < total;
-        // The destination's page, looked up now so that its two dependent loads are in flight
-        // through the encode instead of in front of the stores.
-        int page = 0, slot = 0;
-        if (live) {
-            const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
-            const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-            const int t = (int)(bt - b * (unsigned)p.tokens);
-            live = t < __ldg(p.new_lens + b);
-            if (live) kv_page_slot(p, (int)b, t, &page, &slot);
-        }
-        if (STAGED) {
-            kv_cp_wait<0>();
-            __syncwarp();  // every lane's copies are in
+        if (!ready) {
+            if (STAGED) {
+                __syncwarp();  // the last pass's reads of the region are done
+                kv_lane_stage_warp<D, DT>(src, base, total, region);
+            }
+            live = kv_lane_destination(p, vec, total, &page, &slot);
+            if (STAGED) {
+                kv_cp_wait<0>();
+                __syncwarp();  // every lane's copies are in
+            }
         }
         if (!live) continue;
         KvLaneRaw<D, DT> raw;

@@ -90,13 +90,14 @@ pub const SOURCES_ATTEND_MMA: [KernelSource; 9] = [
 
 /// Cells of the encode's nearest-level grid (`KV_GRID_CELLS` in `kernels/kv_encode.cu`).
 const GRID_CELLS: usize = 64;
-/// Floats of one stream's grid in the constants (`KV_GRID_FLOATS`).
-pub(crate) const GRID_FLOATS: usize = 4 + 2 * GRID_CELLS;
+/// Floats of one stream's grid in the constants (`KV_GRID_FLOATS`): a header of four, then
+/// four per cell.
+pub(crate) const GRID_FLOATS: usize = 4 + 4 * GRID_CELLS;
 
 /// Whether the encode finds a quantizer's nearest levels on its grid ([`nearest_grid`]
 /// enabled) rather than by the binary search.
 pub(crate) fn grid_enabled(q: &Quantizer) -> bool {
-    nearest_grid(&q.codebook.boundaries)[2] != 0.0
+    nearest_grid(&q.codebook.levels, &q.codebook.boundaries)[2] != 0.0
 }
 
 /// The cell of `u` on a grid of `scale` and `offset`: `floor(63 sat(fma(u, scale, offset)))`,
@@ -109,12 +110,14 @@ fn grid_cell(u: f32, scale: f32, offset: f32) -> usize {
 }
 
 /// The uniform grid over a codebook's boundaries that the encode looks the nearest level up
-/// in (`kernels/kv_encode.cu`): scale, offset, 1 (enabled), 0, then per cell the count of
-/// boundaries in lower cells and the cell's own boundary (+inf if none). The cell of u is
-/// [`grid_cell`], the same f32 arithmetic here and on the GPU; the largest spacing count that
-/// puts every boundary in its own cell is taken. All zero (disabled: the binary search) above 4
-/// bits or where no spacing separates the boundaries.
-fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
+/// in (`kernels/kv_encode.cu`): scale, offset, 1 (enabled), 0, then per cell, as the kernels
+/// copy it to shared memory: the count of boundaries in lower cells (its bits as an integer),
+/// the cell's own boundary (+inf if none), and the rounded squares of the levels at that count
+/// and the next (0 past the last level). The cell of u is [`grid_cell`], the same f32
+/// arithmetic here and on the GPU; the largest spacing count that puts every boundary in its
+/// own cell is taken. All zero (disabled: the binary search) above 4 bits or where no spacing
+/// separates the boundaries.
+fn nearest_grid(levels: &[f32], boundaries: &[f32]) -> Vec<f32> {
     let mut out = vec![0.0f32; GRID_FLOATS];
     let n = boundaries.len();
     if n == 0 || n > 15 {
@@ -141,14 +144,19 @@ fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
             continue;
         }
         out[..4].copy_from_slice(&[scale, offset, 1.0, 0.0]);
+        let square = |i: usize| levels.get(i).map_or(0.0, |&l| l * l);
         for c in 0..GRID_CELLS {
             let below = g.iter().filter(|&&x| x < c).count();
             let own = g
                 .iter()
                 .position(|&x| x == c)
                 .map_or(f32::INFINITY, |i| boundaries[i]);
-            out[4 + 2 * c] = below as f32;
-            out[5 + 2 * c] = own;
+            out[4 + 4 * c..8 + 4 * c].copy_from_slice(&[
+                f32::from_bits(below as u32),
+                own,
+                square(below),
+                square(below + 1),
+            ]);
         }
         return out;
     }
@@ -158,7 +166,8 @@ fn nearest_grid(boundaries: &[f32]) -> Vec<f32> {
 /// The constants the kernels read (f32): key levels and boundaries, value levels and
 /// boundaries (256 each; boundaries padded with +inf, levels with 0), then the rotation: the
 /// Hadamard signs (d), or the dense matrix transposed (`[c][i] = M[i][c]`, d x d) followed by
-/// the matrix itself (d x d); last the key and value nearest-level grids (`GRID_FLOATS` each).
+/// the matrix itself (d x d); last, from a multiple of four floats (the kernels copy their cells
+/// 16 bytes at a time), the key and value nearest-level grids (`GRID_FLOATS` each).
 pub fn consts(k: &Quantizer, v: &Quantizer) -> Result<HostTensor> {
     let mut out = Vec::new();
     for q in [k, v] {
@@ -177,8 +186,9 @@ pub fn consts(k: &Quantizer, v: &Quantizer) -> Result<HostTensor> {
         out.extend((0..d * d).map(|x| m[(x % d) * d + x / d]));
         out.extend_from_slice(m);
     }
+    out.resize(out.len().next_multiple_of(4), 0.0);
     for q in [k, v] {
-        out.extend(nearest_grid(&q.codebook.boundaries));
+        out.extend(nearest_grid(&q.codebook.levels, &q.codebook.boundaries));
     }
     let len = out.len();
     HostTensor::from_f32(vec![len], out)
@@ -198,11 +208,14 @@ mod tests {
         for bits in 1..=4u32 {
             let book = deltakv_contract::kv::codebook::lloyd_max(128, bits).unwrap();
             let b = &book.boundaries;
-            let grid = nearest_grid(b);
+            let grid = nearest_grid(&book.levels, b);
             assert_eq!(grid[2], 1.0, "{bits}-bit grid disabled");
+            // The code and its squared level, as the kernels take them from the cell.
             let lookup = |u: f32| {
-                let c = grid_cell(u, grid[0], grid[1]);
-                grid[4 + 2 * c] as usize + usize::from(u > grid[5 + 2 * c])
+                let cell = &grid[4 + 4 * grid_cell(u, grid[0], grid[1])..];
+                let above = u > cell[1];
+                let code = cell[0].to_bits() as usize + usize::from(above);
+                (code, if above { cell[3] } else { cell[2] })
             };
             let mut probes = vec![
                 -1e30f32,
@@ -226,11 +239,13 @@ mod tests {
                 probes.push((i as f32 / 5000.0 - 1.0) * 0.5);
             }
             for u in probes {
-                assert_eq!(lookup(u), count_below(b, u), "{bits} bits, u = {u:e}");
+                let code = count_below(b, u);
+                let level = book.levels[code];
+                assert_eq!(lookup(u), (code, level * level), "{bits} bits, u = {u:e}");
             }
         }
         assert_eq!(
-            nearest_grid(&[0.5; 255])[2],
+            nearest_grid(&[0.5; 256], &[0.5; 255])[2],
             0.0,
             "8-bit codebooks keep the search"
         );

@@ -36,8 +36,8 @@
 #                                   # DELTAKV_KV_ENCODE=lanes8, memcheck, racecheck and initcheck
 #                                   # over the encode tests, the encode of 8 x 8192 tokens
 #                                   # (`bench kv`) alternating both forms three times (and the
-#                                   # default of .carry/deltakv-base where carried), and ncu's
-#                                   # stall reasons over one launch of the default encode;
+#                                   # defaults of .carry/deltakv-base and -alt where carried),
+#                                   # and ncu's stall reasons over one launch of the default encode;
 #                                   # $OUT/summary.txt, logs in $OUT/logs.tar.gz
 #   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
 #                                   # lab in .carry/kv_lab; without it nvcc builds it there): the KV
@@ -447,8 +447,11 @@ kv-encode)
     for i in 1 2 3; do
         encode "lanes8-$i" DELTAKV_KV_ENCODE=lanes8
         encode "default-$i"
-        # A base build carried beside (e.g. main's) runs its default encode in the same turns.
-        if [ -x .carry/deltakv-base ]; then BIN=.carry/deltakv-base encode "base-$i"; fi
+        # Builds carried beside (main's as deltakv-base, a trial as deltakv-alt) run their
+        # default encode in the same turns.
+        for other in base alt; do
+            if [ -x ".carry/deltakv-$other" ]; then BIN=".carry/deltakv-$other" encode "$other-$i"; fi
+        done
     done
     ncu -k regex:kv_encode_ -c 1 --section SpeedOfLight --section SchedulerStats \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \

@@ -89,15 +89,15 @@ __device__ __forceinline__ unsigned kv_grid_cell(float u, float scale, float off
     return kv_grid_cell_bits(u, scale, offset) - 0x4b000000u;
 }
 
-// Starts copying a stream's grid cells into shared memory by `cp.async` (one commit group; the
-// caller waits and synchronises the block): eight copies, cell g's copy c at [8 g + c], so lane
-// l reading copy l % 8, the eight lanes of a quarter-warp's 16-byte loads always hit eight
-// distinct groups of four banks (one copy: random cells collide, and those conflicts made the L1
-// data pipe the bound).
+// Starts copying a stream's grid cells into shared memory by `cp.async` through L1 (one
+// commit group; the caller waits and synchronises the block): eight copies, cell g's copy c at
+// [8 g + c], so lane l reading copy l % 8, the eight lanes of a quarter-warp's 16-byte loads
+// always hit eight distinct groups of four banks (one copy: random cells collide, and those
+// conflicts made the L1 data pipe the bound).
 __device__ __forceinline__ void kv_copy_grid_cells(const float* grid, float4* cells) {
     const float4* src = (const float4*)(grid + 4);
     for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x)
-        kv_cp_async16(cells + i, src + i / 8);
+        kv_cp_async16_cached(cells + i, src + i / 8);
     kv_cp_commit();
 }
 

@@ -108,12 +108,6 @@ __device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-// The same through L1 (`cp.async.ca`), for small tables that every block of a launch copies:
-// after the first block on an SM the copies hit L1 instead of queueing on the same L2 lines.
-__device__ __forceinline__ void kv_cp_async16_cached(void* smem, const void* gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void kv_cp_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

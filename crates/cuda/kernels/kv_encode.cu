@@ -89,16 +89,15 @@ __device__ __forceinline__ unsigned kv_grid_cell(float u, float scale, float off
     return kv_grid_cell_bits(u, scale, offset) - 0x4b000000u;
 }
 
-// Starts copying a stream's grid cells into shared memory by `cp.async` through L1 (one
-// commit group; the caller waits and synchronises the block): eight copies, cell g's copy c at
-// [8 g + c], so lane l reading copy l % 8, the eight lanes of a quarter-warp's 16-byte loads
-// always hit eight distinct groups of four banks (one copy: random cells collide, and those
-// conflicts made the L1 data pipe the bound).
+// Copies a stream's grid cells into shared memory (the caller synchronises the block): eight
+// copies, cell g's copy c at [8 g + c], so lane l reading copy l % 8, the eight lanes of a
+// quarter-warp's 16-byte loads always hit eight distinct groups of four banks (one copy: random
+// cells collide, and those conflicts made the L1 data pipe the bound). Plain loads, which hit L1
+// after an SM's first block: `cp.async.cg` (L2 only) queued every block of a launch on the same
+// few L2 lines, and `cp.async.ca` ran the eight-lane kernel slower.
 __device__ __forceinline__ void kv_copy_grid_cells(const float* grid, float4* cells) {
     const float4* src = (const float4*)(grid + 4);
-    for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x)
-        kv_cp_async16_cached(cells + i, src + i / 8);
-    kv_cp_commit();
+    for (int i = threadIdx.x; i < KV_GRID_CELLS * 8; i += blockDim.x) cells[i] = __ldg(src + i / 8);
 }
 
 // Stores the stored norm of a vector (f32, or f16 in its half of a word).
@@ -215,7 +214,6 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
         }
     } else {
         kv_copy_grid_cells(grid, cells);
-        kv_cp_wait<0>();
     }
     __syncthreads();
     const void* src = kv == 0 ? p.k : p.v;

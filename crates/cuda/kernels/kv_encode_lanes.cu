@@ -171,8 +171,8 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     const unsigned total = (unsigned)p.batch * p.tokens * p.kv_heads;
     // Each warp takes 32 consecutive vectors per pass, lane l the vector base + l.
     unsigned base = blockIdx.x * blockDim.x + (threadIdx.x & ~31u);
-    // The first pass's vectors and the grid's cells are copied together, and the destination
-    // looked up meanwhile; one wait and one block barrier cover them all.
+    // The first pass's vectors are asked for first, then the grid's cells copied and the
+    // destination looked up meanwhile; one wait and one block barrier cover them all.
     if (STAGED && base < total) kv_lane_stage_warp<D, DT>(src, base, total, region);
     kv_copy_grid_cells(grid, cells);
     int page = 0, slot = 0;

@@ -205,11 +205,14 @@ mod tests {
 
     #[test]
     fn the_nearest_level_grid_answers_as_the_search_at_and_between_every_boundary() {
-        for bits in 1..=4u32 {
-            let book = deltakv_contract::kv::codebook::lloyd_max(128, bits).unwrap();
+        for (dim, bits) in [64, 128]
+            .into_iter()
+            .flat_map(|d| (1..=4u32).map(move |b| (d, b)))
+        {
+            let book = deltakv_contract::kv::codebook::lloyd_max(dim, bits).unwrap();
             let b = &book.boundaries;
             let grid = nearest_grid(&book.levels, b);
-            assert_eq!(grid[2], 1.0, "{bits}-bit grid disabled");
+            assert_eq!(grid[2], 1.0, "d {dim}, {bits}-bit grid disabled");
             // The code and its squared level, as the kernels take them from the cell.
             let lookup = |u: f32| {
                 let cell = &grid[4 + 4 * grid_cell(u, grid[0], grid[1])..];
@@ -241,7 +244,8 @@ mod tests {
             for u in probes {
                 let code = count_below(b, u);
                 let level = book.levels[code];
-                assert_eq!(lookup(u), (code, level * level), "{bits} bits, u = {u:e}");
+                let expected = (code, level * level);
+                assert_eq!(lookup(u), expected, "d {dim}, {bits} bits, u = {u:e}");
             }
         }
         assert_eq!(

@@ -128,8 +128,7 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (96, 4, 2, false, 64, DType::F32, 129),
         (100, 3, 3, true, 16, DType::BF16, 1000),
         // Every eight-lane Hadamard kernel (d 64, 128, 256 x each input dtype) at least once
-        // (d 64 and 128 at <= 4 bits under DELTAKV_KV_ENCODE=lanes8); the last three from
-        // inputs one element past a 16-byte boundary.
+        // (d 64 and 128 at <= 4 bits under DELTAKV_KV_ENCODE=lanes8, and below).
         (128, 2, 4, false, 32, DType::F16, 63),
         (64, 4, 8, true, 16, DType::BF16, 65),
         (64, 8, 2, false, 64, DType::F32, 1000),
@@ -139,11 +138,16 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (128, 3, 2, false, 64, DType::F32, 65),
         (64, 4, 3, true, 32, DType::BF16, 1000),
         (64, 2, 4, false, 16, DType::F32, 63),
+        // From inputs one element past a 16-byte boundary: the eight-lane kernels' grid path
+        // at d 128 for each input dtype (aligned, these schemes take the one-lane kernels),
+        // then 8-bit and dense schemes.
         (128, 4, 2, false, 64, DType::BF16, 300),
+        (128, 4, 4, false, 32, DType::F16, 129),
+        (128, 2, 3, false, 64, DType::F32, 65),
         (64, 3, 8, false, 64, DType::F32, 1000),
         (96, 2, 2, true, 32, DType::F16, 1),
     ];
-    let misaligned_from = schemes.len() - 3;
+    let misaligned_from = schemes.len() - 5;
     for (i, &(d, bk, bv, f16, page, dtype, chunk)) in schemes.iter().enumerate() {
         let lens: &[usize] = if chunk == 1 { &[1, 63, 65] } else { LENS };
         let mut case = PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64);

@@ -36,7 +36,7 @@
 #                                   # DELTAKV_KV_ENCODE=lanes8, memcheck, racecheck and initcheck
 #                                   # over the encode tests, the encode of 8 x 8192 tokens
 #                                   # (`bench kv`) alternating both forms three times (and the
-#                                   # defaults of .carry/deltakv-base and -alt where carried),
+#                                   # defaults of .carry/deltakv-base, -alt, -alt2 where carried),
 #                                   # and ncu's stall reasons over one launch of the default encode;
 #                                   # $OUT/summary.txt, logs in $OUT/logs.tar.gz
 #   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
@@ -447,9 +447,9 @@ kv-encode)
     for i in 1 2 3; do
         encode "lanes8-$i" DELTAKV_KV_ENCODE=lanes8
         encode "default-$i"
-        # Builds carried beside (main's as deltakv-base, a trial as deltakv-alt) run their
+        # Builds carried beside (main's as deltakv-base, trials as deltakv-alt, -alt2) run their
         # default encode in the same turns.
-        for other in base alt; do
+        for other in base alt alt2; do
             if [ -x ".carry/deltakv-$other" ]; then BIN=".carry/deltakv-$other" encode "$other-$i"; fi
         done
     done

@@ -185,24 +185,26 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // The cell's bits from `kv_grid_cell_bits` carry 0x4b000000, taken off here (mod 2^32).
     const unsigned own_cells =
         (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
-    const unsigned stride = gridDim.x * blockDim.x;
-    for (; base < total; base += stride) {
+    for (bool ready = true; base < total; base += gridDim.x * blockDim.x, ready = false) {
         const unsigned vec = base + (threadIdx.x & 31);
-        KvLaneRaw<D, DT> raw;
-        if (live) {
+        if (!ready) {
             if (STAGED) {
-                kv_lane_unstage<D, DT>(region, raw);
-            } else {
-                kv_lane_fetch<D, DT>(src, vec, raw);
+                __syncwarp();  // the last pass's reads of the region are done
+                kv_lane_stage_warp<D, DT>(src, base, total, region);
+            }
+            live = kv_lane_destination(p, vec, total, &page, &slot);
+            if (STAGED) {
+                kv_cp_wait<0>();
+                __syncwarp();  // every lane's copies are in
             }
         }
-        // The next pass's vectors are copied into the region (free once every lane holds its
-        // vector) while this pass is encoded.
+        if (!live) continue;
+        KvLaneRaw<D, DT> raw;
         if (STAGED) {
-            __syncwarp();  // every lane's reads of the region are done
-            if (base + stride < total) kv_lane_stage_warp<D, DT>(src, base + stride, total, region);
+            kv_lane_unstage<D, DT>(region, raw);
+        } else {
+            kv_lane_fetch<D, DT>(src, vec, raw);
         }
-        if (live) {
         float x[D];
         kv_lane_widen<D, DT>(p, raw, x);
         // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
@@ -281,36 +283,30 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         const int row_words = kv == 0 ? p.row_words_k : p.row_words_v;
         for (int pad = kv == 0 ? p.words_k : p.words_v; pad < row_words; ++pad) row[pad] = 0u;
         kv_store_norm(norms, slot, norm, p.norm_f16, p.flags);
-        }
-        live = kv_lane_destination(p, vec + stride, total, &page, &slot);
-        if (STAGED) {
-            kv_cp_wait<0>();
-            __syncwarp();  // every lane's copies of the next pass are in
-        }
     }
 }
 
 template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    extern __shared__ uint4 kv_lane_stage[];  // blockDim.x x N words for 16-bit inputs
-    kv_encode_lane<D, DT>(p, cells, kv_lane_stage);
+    __shared__ uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
+    kv_encode_lane<D, DT>(p, cells, stage);
 }
 
-#define KV_ENCODE_LANE(D, THREADS, BLOCKS)                                                              \
-    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) kv_encode_lane##D##_f32(         \
+#define KV_ENCODE_LANE(D, BLOCKS)                                                              \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32(         \
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_F32>(p);                                                   \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) kv_encode_lane##D##_f16(         \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f16(         \
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_F16>(p);                                                   \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) kv_encode_lane##D##_bf16(        \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_bf16(        \
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
     }
 // d 128 at 2 blocks (two warps per scheduler, 255 registers): at 3, ptxas spills 16-88 bytes and
 // the kernel ran slower (docs/cuda-kernel-log.md, KV row 24).
-KV_ENCODE_LANE(64, 128, 3)
-KV_ENCODE_LANE(128, 256, 1)
+KV_ENCODE_LANE(64, 3)
+KV_ENCODE_LANE(128, 2)

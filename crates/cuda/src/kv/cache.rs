@@ -452,7 +452,6 @@ impl CudaPagedKvCache {
             page_shift: l.page_tokens.trailing_zeros() as i32,
             signs: lane_signs.unwrap_or([0; LANE_SIGNS]),
         };
-        const BLOCK_CAP: usize = 1;
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
             (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
             (true, _, 64, DType::F16) => "kv_encode_lane64_f16",
@@ -486,9 +485,8 @@ impl CudaPagedKvCache {
         // Many blocks of a few passes each: keys and values differ in cost, and the hardware
         // balances small blocks across SMs where one wave of persistent blocks would leave some
         // SMs idle at the end (measured slower: docs/cuda-kernel-log.md).
-        let lane_threads = if s.dim == 128 { 256 } else { 128 };
         let per_block = if lane {
-            lane_threads
+            128
         } else if name == "kv_encode_dense" {
             4
         } else {
@@ -496,16 +494,12 @@ impl CudaPagedKvCache {
         };
         let blocks = vectors
             .div_ceil(per_block)
-            .clamp(1, if lane { BLOCK_CAP } else { 64 } * cuda.multiprocessors());
+            .clamp(1, 64 * cuda.multiprocessors());
         let function = cuda.function(&SOURCE_ENCODE, name)?;
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 2, 1),
-            block_dim: (if lane { lane_threads } else { 128 } as u32, 1, 1),
-            shared_mem_bytes: if lane && k.dtype() != DType::F32 {
-                (lane_threads * s.dim * 2) as u32
-            } else {
-                0
-            },
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
         };
         Ok(Some((
             EncodeLaunch {

@@ -85,6 +85,7 @@ __device__ __forceinline__ unsigned kv_grid_cell_bits(float u, float scale, floa
     return __float_as_uint(__fmaf_rz(t, (float)(KV_GRID_CELLS - 1), 8388608.0f));
 }
 
+// The grid cell of u itself (the eight-lane kernel indexes `cells` with it).
 __device__ __forceinline__ unsigned kv_grid_cell(float u, float scale, float offset) {
     return kv_grid_cell_bits(u, scale, offset) - 0x4b000000u;
 }

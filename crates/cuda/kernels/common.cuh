@@ -103,18 +103,24 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 
 // Asynchronous 16-byte copies from global into shared memory (`cp.async`, L2 only), in commit
-// groups; kv_cp_wait<N> waits until at most N of this thread's groups are still in flight.
-__device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem) {
+// groups; cp_async_wait<N> waits until at most N of this thread's groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void kv_cp_commit() {
+// The same where `valid == false` writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N>
-__device__ __forceinline__ void kv_cp_wait() {
+__device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // Bulk copies through the copy engine (sm_90): one thread moves a contiguous range (16-byte
 // aligned, a multiple of 16 bytes) from global into shared memory, and the copy's bytes count

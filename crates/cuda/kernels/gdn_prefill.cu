@@ -199,21 +199,6 @@ __device__ void scan_chunk_gates(ChunkGates& s, float g_even, float g_odd, int l
     if (lane == 0) s.factored = factored;
 }
 
-// Asynchronous 16-byte copy into shared memory; `valid == false` writes zeros and reads
-// nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 // Shared memory written by this thread's ordinary stores, made visible to later reads by the
 // async proxy (wgmma operands, bulk copies) after a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

@@ -152,11 +152,11 @@ __device__ __forceinline__ void kv_load_tile(const KvAttnParams& p, const unsign
     unsigned* dst_v = stage + 4 * nk;
     unsigned* dst_kn = dst_v + 4 * nv;
     unsigned* dst_vn = dst_kn + 4 * norm_chunks;
-    for (int i = threadIdx.x; i < nk; i += KV_THREADS) kv_cp_async16(stage + 4 * i, src_k + 4 * i);
-    for (int i = threadIdx.x; i < nv; i += KV_THREADS) kv_cp_async16(dst_v + 4 * i, src_v + 4 * i);
+    for (int i = threadIdx.x; i < nk; i += KV_THREADS) cp_async16(stage + 4 * i, src_k + 4 * i);
+    for (int i = threadIdx.x; i < nv; i += KV_THREADS) cp_async16(dst_v + 4 * i, src_v + 4 * i);
     for (int i = threadIdx.x; i < norm_chunks; i += KV_THREADS) {
-        kv_cp_async16(dst_kn + 4 * i, src_kn + 4 * i);
-        kv_cp_async16(dst_vn + 4 * i, src_vn + 4 * i);
+        cp_async16(dst_kn + 4 * i, src_kn + 4 * i);
+        cp_async16(dst_vn + 4 * i, src_vn + 4 * i);
     }
 }
 
@@ -316,17 +316,17 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
     const unsigned* head0 = p.pool + (long long)h * p.head_words;
     for (int s = 0; s < p.stages - 1; ++s) {
         if (tile0 + s < tile1) kv_load_tile(p, head0, table_row, tile0 + s, sm.ring + s * p.stage_words);
-        kv_cp_commit();
+        cp_async_commit();
     }
     for (int t = tile0; t < tile1; ++t) {
         const int ahead = t + p.stages - 1;
         if (ahead < tile1)
             kv_load_tile(p, head0, table_row, ahead, sm.ring + ((ahead - tile0) % p.stages) * p.stage_words);
-        kv_cp_commit();
+        cp_async_commit();
         // Every group but the newest stages - 1 has landed: tile t is here.
-        if (p.stages == 4) kv_cp_wait<3>();
-        else if (p.stages == 3) kv_cp_wait<2>();
-        else kv_cp_wait<1>();
+        if (p.stages == 4) cp_async_wait<3>();
+        else if (p.stages == 3) cp_async_wait<2>();
+        else cp_async_wait<1>();
         __syncthreads();
         const unsigned* stage = sm.ring + ((t - tile0) % p.stages) * p.stage_words;
         switch (p.bits_k) {
@@ -382,7 +382,7 @@ __device__ __forceinline__ void kv_attend_pass1(const KvAttnParams& p) {
         }
         __syncthreads();
     }
-    kv_cp_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();
     // Sum the token groups: within a warp by shuffles, then the warps in a fixed order.
     for (int off = lpt; off < 32; off <<= 1) {

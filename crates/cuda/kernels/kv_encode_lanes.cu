@@ -38,9 +38,9 @@ __device__ __forceinline__ void kv_lane_stage_warp(const void* src, unsigned bas
 #pragma unroll
     for (int k = 0; k < N; ++k) {
         const unsigned g = lane + 32 * k, v = g / N, c = g % N;
-        if (base + v < total) kv_cp_async16(region + v * N + (c ^ (v & 7)), in + g);
+        if (base + v < total) cp_async16(region + v * N + (c ^ (v & 7)), in + g);
     }
-    kv_cp_commit();
+    cp_async_commit();
 }
 
 template <int D, int DT>
@@ -177,7 +177,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     kv_copy_grid_cells(grid, cells);
     int page = 0, slot = 0;
     bool live = kv_lane_destination(p, base + (threadIdx.x & 31), total, &page, &slot);
-    kv_cp_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();
     const float grid_scale = __ldg(grid), grid_offset = __ldg(grid + 1);
     // The lane's copy of the cells as a shared-memory address; a cell's entry is then one
@@ -194,7 +194,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
             }
             live = kv_lane_destination(p, vec, total, &page, &slot);
             if (STAGED) {
-                kv_cp_wait<0>();
+                cp_async_wait<0>();
                 __syncwarp();  // every lane's copies are in
             }
         }

@@ -247,9 +247,16 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         // and the squared levels' partial sums in the CPU's order.
         unsigned cb[D / 4];
         float cacc[8];
+        // Element i's lookup waits for element i - 8's (an OR with a zero the compiler cannot
+        // see through), so the lookups spread through the values' arithmetic instead of
+        // running as one phase that floods the shared-memory pipe.
+        const unsigned zero = blockIdx.z;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
-            const float u = __fmul_rn(__fmul_rn(x[i], p.hadamard_norm), inv);
+            const float xi = i < 16 ? x[i]
+                                   : __uint_as_float(__float_as_uint(x[i]) |
+                                                     (cb[(i - 16) / 4] & zero));
+            const float u = __fmul_rn(__fmul_rn(xi, p.hadamard_norm), inv);
             const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
             float4 cell;
             asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"

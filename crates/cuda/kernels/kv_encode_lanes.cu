@@ -247,15 +247,19 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         // and the squared levels' partial sums in the CPU's order.
         unsigned cb[D / 4];
         float cacc[8];
-        // Element i's lookup waits for element i - 8's (an OR with a zero the compiler cannot
-        // see through), so the lookups spread through the values' arithmetic instead of
-        // running as one phase that floods the shared-memory pipe.
+        // Element i's value waits for the codes of elements i - 16 .. i - 13 (their packed word
+        // ORed in under a mask that is zero at run time, the launch's z being 1, which the
+        // compiler cannot see), so ptxas spreads the 128 lookups through the values' and cells'
+        // arithmetic instead of running them as one phase whose 16-byte loads saturate the
+        // shared-memory pipe (docs/cuda-kernel-log.md, KV row 31). A lag of 8
+        // spills; 32 and 64 gain less.
+        constexpr int LAG = 16;
         const unsigned zero = blockIdx.z;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
-            const float xi = i < 16 ? x[i]
-                                   : __uint_as_float(__float_as_uint(x[i]) |
-                                                     (cb[(i - 16) / 4] & zero));
+            const float xi = i < LAG ? x[i]
+                                     : __uint_as_float(__float_as_uint(x[i]) |
+                                                       (cb[(i - LAG) / 4] & zero));
             const float u = __fmul_rn(__fmul_rn(xi, p.hadamard_norm), inv);
             const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
             float4 cell;

@@ -33,8 +33,8 @@ struct KvEncodeParams {
     unsigned heads_magic, tokens_magic;  // n / kv_heads, n / tokens as `kv_divide` takes them
     int heads_shift, tokens_shift;
     int page_shift;          // log2(page_tokens)
-    float butterfly_signs[128];  // the one-lane kernels' Hadamard signs as they carry them
-                                 // through the butterflies, d <= 128 (kv_encode_lanes.cu)
+    unsigned signs[128];     // the Hadamard signs as sign bits (0 or 0x80000000) for d <= 128,
+                             // read by the one-lane kernels (kv_encode_lanes.cu)
 };
 
 // n / d for n < 2^31 by a multiply and a shift (Granlund-Montgomery): with l = ceil(log2 d) and

@@ -5,9 +5,8 @@
 // the destination, the norm) are one lane's work instead of eight lanes'. The math and its
 // rounding are kv_encode.cu's (the header comment there); this file follows it step for step.
 //
-// The input is rotated unsigned: the Hadamard signs ride through the butterflies as fmas with
-// the parameters' sign products (`butterfly_signs`, the host's `lane_encode_signs` says why
-// that is exact), and the one sign every result carries at the end joins 1 / sqrt(d). Codes are packed first as bytes
+// The Hadamard signs come as sign bits in the parameters (`signs`), so the widening with the
+// sign is one instruction reading a sign word. Codes are packed first as bytes
 // (element i in byte i % 4 of word i / 4), then into the stream's bit width.
 
 // Words of one input vector (16-byte loads).
@@ -52,25 +51,29 @@ __device__ __forceinline__ void kv_lane_unstage(const uint4* region, KvLaneRaw<D
     for (int c = 0; c < N; ++c) raw.w[c] = region[lane * N + (c ^ (lane & 7))];
 }
 
-// The loaded vector widened to f32.
+// The loaded vector widened to f32 with its Hadamard signs applied.
 template <int D, int DT>
-__device__ __forceinline__ void kv_lane_widen(const KvLaneRaw<D, DT>& raw, float (&x)[D]) {
+__device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvLaneRaw<D, DT>& raw,
+                                              float (&x)[D]) {
 #pragma unroll
     for (int c = 0; c < KvLaneRaw<D, DT>::N; ++c) {
         const unsigned w[4] = {raw.w[c].x, raw.w[c].y, raw.w[c].z, raw.w[c].w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             if (DT == DT_F32) {
-                x[4 * c + k] = __uint_as_float(w[k]);
+                x[4 * c + k] = __uint_as_float(w[k] ^ p.signs[4 * c + k]);
                 continue;
             }
             const int i = 8 * c + 2 * k;
             if (DT == DT_BF16) {
-                x[i] = __uint_as_float(w[k] << 16);
-                x[i + 1] = __uint_as_float(w[k] & 0xffff0000u);
+                // (w << 16) + 2^31 flips bit 31; the upper element keeps its bits in place.
+                x[i] = __uint_as_float(w[k] * 65536u + p.signs[i]);
+                x[i + 1] = __uint_as_float((w[k] & 0xffff0000u) ^ p.signs[i + 1]);
             } else {
-                x[i] = f16_to_f32((unsigned short)(w[k] & 0xffffu));
-                x[i + 1] = f16_to_f32((unsigned short)(w[k] >> 16));
+                x[i] = __uint_as_float(
+                    __float_as_uint(f16_to_f32((unsigned short)(w[k] & 0xffffu))) ^ p.signs[i]);
+                x[i + 1] = __uint_as_float(
+                    __float_as_uint(f16_to_f32((unsigned short)(w[k] >> 16))) ^ p.signs[i + 1]);
             }
         }
     }
@@ -203,7 +206,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
             kv_lane_fetch<D, DT>(src, vec, raw);
         }
         float x[D];
-        kv_lane_widen<D, DT>(raw, x);
+        kv_lane_widen<D, DT>(p, raw, x);
         // |x|: the CPU's partial sums acc[i % 8] in index order, then acc0 + .. + acc7.
         float acc[8];
 #pragma unroll
@@ -227,21 +230,18 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
             if (bad) atomicOr(p.flags, 1);
             r = __dsqrt_rn(s);
         }
-        // y = H diag(s) x: the butterflies h = 1, 2, 4, .. in the CPU's order, the signs carried
-        // as sign products (y = s[0] times the result).
+        // y = H diag(s) x: the butterflies h = 1, 2, 4, .. in the CPU's order.
 #pragma unroll
         for (int hb = 1; hb < D; hb <<= 1) {
 #pragma unroll
             for (int i = 0; i < D; ++i) {
                 if ((i & hb) == 0) {
                     const float a = x[i], c = x[i + hb];
-                    const float r = p.butterfly_signs[D - D / hb + i / (2 * hb)];
-                    x[i] = __fmaf_rn(c, r, a);
-                    x[i + hb] = __fmaf_rn(c, -r, a);
+                    x[i] = __fadd_rn(a, c);
+                    x[i + hb] = __fsub_rn(a, c);
                 }
             }
         }
-        const float hadamard_norm = __fmul_rn(p.hadamard_norm, p.butterfly_signs[D - 1]);
         const float inv = r > 0.0 ? __double2float_rn(__ddiv_rn(1.0, r)) : 0.0f;
         // Nearest levels from the grid (kv_encode.cu's `kv_encode_hadamard`), codes as bytes,
         // and the squared levels' partial sums in the CPU's order.
@@ -260,7 +260,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
             const float xi = i < LAG ? x[i]
                                      : __uint_as_float(__float_as_uint(x[i]) |
                                                        (cb[(i - LAG) / 4] & zero));
-            const float u = __fmul_rn(__fmul_rn(xi, hadamard_norm), inv);
+            const float u = __fmul_rn(__fmul_rn(xi, p.hadamard_norm), inv);
             const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
             float4 cell;
             asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"

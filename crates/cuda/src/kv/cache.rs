@@ -61,11 +61,11 @@ pub(crate) struct EncodeParams {
     heads_shift: i32,
     tokens_shift: i32,
     page_shift: i32,
-    /// The one-lane kernels' butterfly signs for d <= 128 ([`lane_encode_signs`]).
-    butterfly_signs: [f32; LANE_SIGNS],
+    /// The Hadamard signs as sign bits (0 or 0x8000_0000) for d <= 128 (the one-lane kernels).
+    signs: [u32; LANE_SIGNS],
 }
 
-/// Sign words in the encode parameters (`butterfly_signs[128]` in `kernels/kv_encode.cu`).
+/// Sign words in the encode parameters (`signs[128]` in `kernels/kv_encode.cu`).
 const LANE_SIGNS: usize = 128;
 
 /// (magic, shift) with `n / d == ((n * magic) >> 32) + n) >> shift` for every n < 2^31 (the
@@ -123,43 +123,28 @@ pub struct CudaPagedKvCache {
     host_lens: Vec<usize>,
     num_pages: usize,
     max_pages: usize,
-    /// The one-lane encode kernels' butterfly signs, where they serve this scheme
+    /// The one-lane encode kernels' sign words, where they serve this scheme
     /// ([`lane_encode_signs`]).
-    lane_signs: Option<[f32; LANE_SIGNS]>,
+    lane_signs: Option<[u32; LANE_SIGNS]>,
 }
 
-/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) carry them
-/// through the butterflies, when those kernels serve a scheme: the Hadamard rotation at d = 64
-/// or 128, and both streams' nearest levels on their grids (bit widths up to 4). The eight-lane
-/// kernels take the rest, and every scheme when `DELTAKV_KV_ENCODE=lanes8` is set (for
-/// comparisons).
-///
-/// The kernels rotate the unsigned input: after the butterflies of half-width h, the values of
-/// each block of 2h elements carry the sign of the block's first element, so the butterfly of
-/// elements i and i + h (i in the lower half of block g = i / 2h) is `a + r c` and `a - r c`
-/// with r = s[2hg] s[2hg + h], exactly the CPU's sum and difference of the signed values up to
-/// that common sign (round-to-nearest is symmetric), and every result carries s[0]. Slot
-/// `d - d / h + g` holds r for half-width h and block g (d - 1 slots in all); slot d - 1 holds
-/// s[0].
-fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[f32; LANE_SIGNS]> {
+/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) take them
+/// (sign bits, 0 or 0x8000_0000), when those kernels serve a scheme: the Hadamard rotation at
+/// d = 64 or 128, and both streams' nearest levels on their grids (bit widths up to 4). The
+/// eight-lane kernels take the rest, and every scheme when `DELTAKV_KV_ENCODE=lanes8` is set
+/// (for comparisons).
+fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[u32; LANE_SIGNS]> {
     let signs = k.rotation.hadamard_signs()?;
-    let dim = signs.len();
-    let serves = matches!(dim, 64 | 128)
+    let serves = matches!(signs.len(), 64 | 128)
         && super::grid_enabled(k)
         && super::grid_enabled(v)
         && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8");
     serves.then(|| {
-        let mut out = [0.0; LANE_SIGNS];
-        let mut half = 1;
-        while half < dim {
-            for block in 0..dim / (2 * half) {
-                out[dim - dim / half + block] =
-                    signs[2 * half * block] * signs[2 * half * block + half];
-            }
-            half *= 2;
+        let mut bits = [0; LANE_SIGNS];
+        for (bit, &sign) in bits.iter_mut().zip(signs) {
+            *bit = sign.to_bits() & 0x8000_0000;
         }
-        out[dim - 1] = signs[0];
-        out
+        bits
     })
 }
 
@@ -465,7 +450,7 @@ impl CudaPagedKvCache {
             tokens_magic,
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
-            butterfly_signs: lane_signs.unwrap_or([0.0; LANE_SIGNS]),
+            signs: lane_signs.unwrap_or([0; LANE_SIGNS]),
         };
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
             (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
@@ -565,7 +550,7 @@ mod tests {
     }
 
     /// The one-lane kernels take the Hadamard schemes at d 64 and 128 with <= 4-bit codes, and
-    /// their carried signs rotate the unsigned input as the CPU rotates the signed one.
+    /// their sign words are the rotation's signs as sign bits.
     #[test]
     fn lane_encode_signs_follow_the_scheme() {
         if std::env::var("DELTAKV_KV_ENCODE").as_deref() == Ok("lanes8") {
@@ -581,43 +566,15 @@ mod tests {
             (96, 4, 2, false),
         ] {
             let (k, v) = quantizers(dim, bits_k, bits_v);
-            let carried = lane_encode_signs(&k, &v);
-            assert_eq!(carried.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
-            let Some(carried) = carried else {
-                continue;
-            };
-            // The butterflies over the unsigned input with the carried signs give the CPU's
-            // rotation of the signed input, times s[0], to the bit.
-            let signs = k.rotation.hadamard_signs().unwrap();
-            assert!(signs.contains(&1.0) && signs.contains(&-1.0));
-            let mut state = 0x2545_f491_u64 + dim as u64;
-            let input: Vec<f32> = (0..dim)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-                })
-                .collect();
-            let mut direct: Vec<f32> = input.iter().zip(signs).map(|(x, s)| x * s).collect();
-            let mut unsigned = input.clone();
-            let mut half = 1;
-            while half < dim {
-                for i in (0..dim).filter(|i| i & half == 0) {
-                    let (a, c) = (direct[i], direct[i + half]);
-                    (direct[i], direct[i + half]) = (a + c, a - c);
-                    let r = carried[dim - dim / half + i / (2 * half)];
-                    let (a, c) = (unsigned[i], unsigned[i + half]);
-                    (unsigned[i], unsigned[i + half]) = (c.mul_add(r, a), c.mul_add(-r, a));
+            let signs = lane_encode_signs(&k, &v);
+            assert_eq!(signs.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
+            if let Some(bits) = signs {
+                let expected = k.rotation.hadamard_signs().unwrap();
+                for (i, &bit) in bits.iter().enumerate() {
+                    let negative = expected.get(i).is_some_and(|s| *s < 0.0);
+                    assert_eq!(bit, if negative { 0x8000_0000 } else { 0 }, "sign {i}");
                 }
-                half *= 2;
-            }
-            for i in 0..dim {
-                assert_eq!(
-                    direct[i],
-                    carried[dim - 1] * unsigned[i],
-                    "d {dim}, element {i}"
-                );
+                assert!(bits[..dim].contains(&0x8000_0000) && bits[..dim].contains(&0));
             }
         }
     }

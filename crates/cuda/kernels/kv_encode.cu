@@ -149,6 +149,16 @@ __device__ __forceinline__ void kv_destination(const KvEncodeParams& p, int kv, 
     kv_row_in_page(p, kv, page, h, *slot, row, norms);
 }
 
+// Sequence b and token t of vector `vec` (vectors ordered [B, Tn, Hkv]); returns b Tn + t, from
+// which the head is vec - (b Tn + t) Hkv.
+__device__ __forceinline__ unsigned kv_vector_token(const KvEncodeParams& p, unsigned vec,
+                                                    unsigned* b, unsigned* t) {
+    const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
+    *b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
+    *t = bt - *b * (unsigned)p.tokens;
+    return bt;
+}
+
 // OR reduce-scatter over the 8 lanes of a vector: lane l starts with v[j] (its code of group
 // j, shifted into place) and ends with v[8m] = the whole group 8m + l. Each step pairs slots j
 // and j + off, keeps the one whose bit `off` matches the lane's, and ORs in the partner's.
@@ -236,10 +246,7 @@ __device__ __forceinline__ void kv_encode_hadamard(const KvEncodeParams& p, floa
         bool valid = vec < total;
         unsigned b = 0, t = 0, h = 0;
         if (valid) {
-            const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
-            h = vec - bt * (unsigned)p.kv_heads;
-            b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-            t = bt - b * (unsigned)p.tokens;
+            h = vec - kv_vector_token(p, vec, &b, &t) * (unsigned)p.kv_heads;
             valid = (int)t < __ldg(p.new_lens + b);
         }
         float x[E];

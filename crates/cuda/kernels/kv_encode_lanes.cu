@@ -147,11 +147,10 @@ __device__ __forceinline__ void kv_lane_store_codes(unsigned* row, const unsigne
 __device__ __forceinline__ bool kv_lane_destination(const KvEncodeParams& p, unsigned vec,
                                                     unsigned total, int* page, int* slot) {
     if (vec >= total) return false;
-    const unsigned bt = kv_divide(vec, p.heads_magic, p.heads_shift);
-    const unsigned b = kv_divide(bt, p.tokens_magic, p.tokens_shift);
-    const int t = (int)(bt - b * (unsigned)p.tokens);
-    if (t >= __ldg(p.new_lens + b)) return false;
-    kv_page_slot(p, (int)b, t, page, slot);
+    unsigned b, t;
+    kv_vector_token(p, vec, &b, &t);
+    if ((int)t >= __ldg(p.new_lens + b)) return false;
+    kv_page_slot(p, (int)b, (int)t, page, slot);
     return true;
 }
 
@@ -317,7 +316,7 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
     }
-// d 128 at 2 blocks (two warps per scheduler, 255 registers): at 3, ptxas spills 16-88 bytes and
-// the kernel ran slower (docs/cuda-kernel-log.md, KV row 24).
+// d 128 at 2 blocks (two warps per scheduler, ~220 registers): at 3 (168 registers), ptxas
+// spills and the kernel ran slower (docs/cuda-kernel-log.md, KV rows 24 and 31).
 KV_ENCODE_LANE(64, 3)
 KV_ENCODE_LANE(128, 2)

@@ -33,8 +33,10 @@ struct KvEncodeParams {
     unsigned heads_magic, tokens_magic;  // n / kv_heads, n / tokens as `kv_divide` takes them
     int heads_shift, tokens_shift;
     int page_shift;          // log2(page_tokens)
-    unsigned signs[128];     // the Hadamard signs as sign bits (0 or 0x80000000) for d <= 128,
-                             // read by the one-lane kernels (kv_encode_lanes.cu)
+    unsigned signs[128];     // the Hadamard signs for d <= 128, read by the one-lane kernels
+                             // (kv_encode_lanes.cu): f32 inputs a sign bit (0 or 0x80000000)
+                             // per element, 16-bit inputs one word per element pair (bit 15
+                             // the even element's sign, bit 31 the odd one's)
 };
 
 // n / d for n < 2^31 by a multiply and a shift (Granlund-Montgomery): with l = ceil(log2 d) and

@@ -5,8 +5,8 @@
 // the destination, the norm) are one lane's work instead of eight lanes'. The math and its
 // rounding are kv_encode.cu's (the header comment there); this file follows it step for step.
 //
-// The Hadamard signs come as sign bits in the parameters (`signs`), so the widening with the
-// sign is one instruction reading a sign word. Codes are packed first as bytes
+// The Hadamard signs come as sign bits in the parameters (`signs`: a word per element of f32
+// inputs, a word per element pair of 16-bit inputs), so one XOR signs a whole input word. Codes are packed first as bytes
 // (element i in byte i % 4 of word i / 4), then into the stream's bit width.
 
 // Words of one input vector (16-byte loads).
@@ -47,8 +47,17 @@ template <int D, int DT>
 __device__ __forceinline__ void kv_lane_unstage(const uint4* region, KvLaneRaw<D, DT>& raw) {
     constexpr int N = KvLaneRaw<D, DT>::N;
     const unsigned lane = threadIdx.x & 31;
+    // The region is 128-byte aligned and a lane's vector a multiple of 128 bytes, so chunk c's
+    // byte address is the lane's chunk (lane % 8) XOR (c % 8) 16, plus 128 (c / 8): one XOR
+    // per chunk, the rest a load's constant offset.
+    const unsigned own = (unsigned)__cvta_generic_to_shared(region + lane * N + (lane & 7));
 #pragma unroll
-    for (int c = 0; c < N; ++c) raw.w[c] = region[lane * N + (c ^ (lane & 7))];
+    for (int c = 0; c < N; ++c) {
+        const unsigned at = (own ^ (16u * (c % 8))) + 128u * (c / 8);
+        asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(raw.w[c].x), "=r"(raw.w[c].y), "=r"(raw.w[c].z), "=r"(raw.w[c].w)
+                     : "r"(at));
+    }
 }
 
 // The loaded vector widened to f32 with its Hadamard signs applied.
@@ -64,16 +73,15 @@ __device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvL
                 x[4 * c + k] = __uint_as_float(w[k] ^ p.signs[4 * c + k]);
                 continue;
             }
+            // Both elements' signs flipped by one XOR with the pair's sign word.
             const int i = 8 * c + 2 * k;
+            const unsigned signed_pair = w[k] ^ p.signs[i / 2];
             if (DT == DT_BF16) {
-                // (w << 16) + 2^31 flips bit 31; the upper element keeps its bits in place.
-                x[i] = __uint_as_float(w[k] * 65536u + p.signs[i]);
-                x[i + 1] = __uint_as_float((w[k] & 0xffff0000u) ^ p.signs[i + 1]);
+                x[i] = __uint_as_float(signed_pair << 16);
+                x[i + 1] = __uint_as_float(signed_pair & 0xffff0000u);
             } else {
-                x[i] = __uint_as_float(
-                    __float_as_uint(f16_to_f32((unsigned short)(w[k] & 0xffffu))) ^ p.signs[i]);
-                x[i + 1] = __uint_as_float(
-                    __float_as_uint(f16_to_f32((unsigned short)(w[k] >> 16))) ^ p.signs[i + 1]);
+                x[i] = f16_to_f32((unsigned short)(signed_pair & 0xffffu));
+                x[i + 1] = f16_to_f32((unsigned short)(signed_pair >> 16));
             }
         }
     }
@@ -256,10 +264,10 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         const unsigned zero = blockIdx.z;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
-            const float xi = i < LAG ? x[i]
-                                     : __uint_as_float(__float_as_uint(x[i]) |
+            const float hn = i < LAG ? p.hadamard_norm
+                                     : __uint_as_float(__float_as_uint(p.hadamard_norm) |
                                                        (cb[(i - LAG) / 4] & zero));
-            const float u = __fmul_rn(__fmul_rn(xi, p.hadamard_norm), inv);
+            const float u = __fmul_rn(__fmul_rn(x[i], hn), inv);
             const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
             float4 cell;
             asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -299,7 +307,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
 template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
-    __shared__ uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
+    __shared__ __align__(128) uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
     kv_encode_lane<D, DT>(p, cells, stage);
 }
 

@@ -61,7 +61,7 @@ pub(crate) struct EncodeParams {
     heads_shift: i32,
     tokens_shift: i32,
     page_shift: i32,
-    /// The Hadamard signs as sign bits (0 or 0x8000_0000) for d <= 128 (the one-lane kernels).
+    /// The Hadamard signs for d <= 128 as the one-lane kernels take them ([`lane_sign_words`]).
     signs: [u32; LANE_SIGNS],
 }
 
@@ -146,6 +146,20 @@ fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[u32; LANE_SIGNS]> 
         }
         bits
     })
+}
+
+/// The one-lane kernels' sign words for inputs of `dtype`: f32 inputs take one word per element
+/// (its sign bit); 16-bit inputs one word per element pair, the even element's sign in bit 15
+/// and the odd one's in bit 31, so one XOR signs both halves of an input word.
+fn lane_sign_words(bits: &[u32; LANE_SIGNS], dtype: DType) -> [u32; LANE_SIGNS] {
+    if dtype == DType::F32 {
+        return *bits;
+    }
+    let mut words = [0; LANE_SIGNS];
+    for (word, pair) in words.iter_mut().zip(bits.chunks_exact(2)) {
+        *word = (pair[0] >> 16) | pair[1];
+    }
+    words
 }
 
 impl std::fmt::Debug for CudaPagedKvCache {
@@ -450,7 +464,7 @@ impl CudaPagedKvCache {
             tokens_magic,
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
-            signs: lane_signs.unwrap_or([0; LANE_SIGNS]),
+            signs: lane_signs.map_or([0; LANE_SIGNS], |bits| lane_sign_words(&bits, k.dtype())),
         };
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
             (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
@@ -535,7 +549,8 @@ impl CudaPagedKvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{divide_magic, lane_encode_signs};
+    use super::{divide_magic, lane_encode_signs, lane_sign_words};
+    use deltakv_contract::DType;
     use deltakv_contract::kv::codebook::codebook;
     use deltakv_contract::kv::rotation::Rotation;
     use deltakv_contract::kv::{KvScheme, Quantizer};
@@ -575,6 +590,16 @@ mod tests {
                     assert_eq!(bit, if negative { 0x8000_0000 } else { 0 }, "sign {i}");
                 }
                 assert!(bits[..dim].contains(&0x8000_0000) && bits[..dim].contains(&0));
+                assert_eq!(lane_sign_words(&bits, DType::F32), bits);
+                for dtype in [DType::BF16, DType::F16] {
+                    let words = lane_sign_words(&bits, dtype);
+                    for (j, &word) in words.iter().enumerate() {
+                        let (even, odd) = (bits.get(2 * j), bits.get(2 * j + 1));
+                        assert_eq!(word & 0x8000, even.map_or(0, |b| b >> 16), "pair {j}");
+                        assert_eq!(word & 0x8000_0000, odd.copied().unwrap_or(0), "pair {j}");
+                        assert_eq!(word & 0x7fff_7fff, 0, "pair {j}");
+                    }
+                }
             }
         }
     }

@@ -163,11 +163,13 @@ __device__ __forceinline__ bool kv_lane_destination(const KvEncodeParams& p, uns
 }
 
 // One lane per vector of stream blockIdx.y (0 keys, 1 values): the whole encode of kv_encode.cu
-// in the lane's registers. `cells` is the stream's grid, eight copies (cell g's copy c at
-// [8 g + c]) so the lanes of a quarter-warp read distinct banks.
-template <int D, int DT>
-__device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* cells,
-                                               uint4* stage) {
+// in the lane's registers. A stream of 2-bit codes finds its nearest levels by two comparisons
+// with its three boundaries in registers (TWO_BITS); the others look theirs up on the grid,
+// `cells`, eight copies (cell g's copy c at [8 g + c]) so the lanes of a quarter-warp read
+// distinct banks.
+template <int D, int DT, bool TWO_BITS>
+__device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, float4* cells,
+                                                      uint4* stage) {
     constexpr bool STAGED = DT != DT_F32;
     const int kv = blockIdx.y;
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
@@ -181,7 +183,7 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // The first pass's vectors are asked for first, then the grid's cells copied and the
     // destination looked up meanwhile; one wait and one block barrier cover them all.
     if (STAGED && base < total) kv_lane_stage_warp<D, DT>(src, base, total, region);
-    kv_copy_grid_cells(grid, cells);
+    if (!TWO_BITS) kv_copy_grid_cells(grid, cells);
     int page = 0, slot = 0;
     bool live = kv_lane_destination(p, base + (threadIdx.x & 31), total, &page, &slot);
     cp_async_wait<0>();
@@ -192,6 +194,15 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
     // The cell's bits from `kv_grid_cell_bits` carry 0x4b000000, taken off here (mod 2^32).
     const unsigned own_cells =
         (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
+    // A 2-bit stream's boundaries and its levels' rounded squares (the grid's, l * l in f32).
+    const float* levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
+    float bound[3], square[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (k < 3) bound[k] = TWO_BITS ? __ldg(levels + (KV_C_BOUNDS_K - KV_C_LEVELS_K) + k) : 0.0f;
+        const float level = TWO_BITS ? __ldg(levels + k) : 0.0f;
+        square[k] = __fmul_rn(level, level);
+    }
     for (bool ready = true; base < total; base += gridDim.x * blockDim.x, ready = false) {
         const unsigned vec = base + (threadIdx.x & 31);
         if (!ready) {
@@ -254,12 +265,12 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
         // and the squared levels' partial sums in the CPU's order.
         unsigned cb[D / 4];
         float cacc[8];
-        // Element i's value waits for the codes of elements i - 16 .. i - 13 (their packed word
-        // ORed in under a mask that is zero at run time, the launch's z being 1, which the
-        // compiler cannot see), so ptxas spreads the 128 lookups through the values' and cells'
-        // arithmetic instead of running them as one phase whose 16-byte loads saturate the
-        // shared-memory pipe (docs/cuda-kernel-log.md, KV row 31). A lag of 8
-        // spills; 32 and 64 gain less.
+        // Element i's scale waits for the codes of elements i - 16 .. i - 13 (their packed word
+        // ORed into 1 / sqrt(d) under a mask that is zero at run time, the launch's z being 1,
+        // which the compiler cannot see), so ptxas spreads the 128 lookups through the values'
+        // and cells' arithmetic instead of running them as one phase whose 16-byte loads
+        // saturate the shared-memory pipe (docs/cuda-kernel-log.md, KV rows 31 and 33). A lag
+        // of 8 spills; 24, 32 and 64 gain less.
         constexpr int LAG = 16;
         const unsigned zero = blockIdx.z;
 #pragma unroll
@@ -268,21 +279,41 @@ __device__ __forceinline__ void kv_encode_lane(const KvEncodeParams& p, float4* 
                                      : __uint_as_float(__float_as_uint(p.hadamard_norm) |
                                                        (cb[(i - LAG) / 4] & zero));
             const float u = __fmul_rn(__fmul_rn(x[i], hn), inv);
-            const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
-            float4 cell;
-            asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
-                : "r"(own_cells + 128 * g));
-            // code = count + (u > boundary) in byte i % 4 of its word: the count shifted in,
-            // then the step added under the comparison's predicate, which also picks the
-            // squared level.
-            const unsigned byte = 8 * (i % 4), count = __float_as_uint(cell.x) << byte;
-            unsigned word = i % 4 == 0 ? count : cb[i / 4] + count;
+            const unsigned byte = 8 * (i % 4);
+            unsigned word = i % 4 == 0 ? 0u : cb[i / 4];
             float sq;
-            asm("{\n\t.reg .pred above;\n\tsetp.gt.f32 above, %2, %3;\n\t"
-                "selp.f32 %0, %4, %5, above;\n\t@above add.u32 %1, %1, %6;\n\t}"
-                : "=f"(sq), "+r"(word)
-                : "f"(u), "f"(cell.y), "f"(cell.w), "f"(cell.z), "r"(1u << byte));
+            if (TWO_BITS) {
+                // code = 2 (u > b1) + (u > b2 or b0, the boundary on u's side): the count of
+                // boundaries below u, as the search and the grid count them; each step added
+                // into the code's byte under its comparison's predicate.
+                asm("{\n\t.reg .pred upper, above;\n\t.reg .f32 side, sq_upper, sq_lower;\n\t"
+                    "setp.gt.f32 upper, %2, %4;\n\t"
+                    "selp.f32 side, %5, %3, upper;\n\t"
+                    "setp.gt.f32 above, %2, side;\n\t"
+                    "selp.f32 sq_upper, %9, %7, upper;\n\t"
+                    "selp.f32 sq_lower, %8, %6, upper;\n\t"
+                    "selp.f32 %0, sq_upper, sq_lower, above;\n\t"
+                    "@upper add.u32 %1, %1, %10;\n\t"
+                    "@above add.u32 %1, %1, %11;\n\t}"
+                    : "=f"(sq), "+r"(word)
+                    : "f"(u), "f"(bound[0]), "f"(bound[1]), "f"(bound[2]), "f"(square[0]),
+                      "f"(square[1]), "f"(square[2]), "f"(square[3]), "r"(2u << byte),
+                      "r"(1u << byte));
+            } else {
+                const unsigned g = kv_grid_cell_bits(u, grid_scale, grid_offset);
+                float4 cell;
+                asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                    : "=f"(cell.x), "=f"(cell.y), "=f"(cell.z), "=f"(cell.w)
+                    : "r"(own_cells + 128 * g));
+                // code = count + (u > boundary) in byte i % 4 of its word: the count shifted in,
+                // then the step added under the comparison's predicate, which also picks the
+                // squared level.
+                word += __float_as_uint(cell.x) << byte;
+                asm("{\n\t.reg .pred above;\n\tsetp.gt.f32 above, %2, %3;\n\t"
+                    "selp.f32 %0, %4, %5, above;\n\t@above add.u32 %1, %1, %6;\n\t}"
+                    : "=f"(sq), "+r"(word)
+                    : "f"(u), "f"(cell.y), "f"(cell.w), "f"(cell.z), "r"(1u << byte));
+            }
             cb[i / 4] = word;
             cacc[i % 8] = i < 8 ? sq : __fadd_rn(cacc[i % 8], sq);
         }
@@ -308,7 +339,12 @@ template <int D, int DT>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
     __shared__ __align__(128) uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
-    kv_encode_lane<D, DT>(p, cells, stage);
+    // d 64 keeps one path: with both, ptxas spills at its 168-register bound (three blocks).
+    if (D == 128 && (blockIdx.y == 0 ? p.bits_k : p.bits_v) == 2) {
+        kv_encode_lane_stream<D, DT, true>(p, cells, stage);
+    } else {
+        kv_encode_lane_stream<D, DT, false>(p, cells, stage);
+    }
 }
 
 #define KV_ENCODE_LANE(D, BLOCKS)                                                              \

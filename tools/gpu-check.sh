@@ -453,7 +453,7 @@ kv-encode)
             if [ -x ".carry/deltakv-$other" ]; then BIN=".carry/deltakv-$other" encode "$other-$i"; fi
         done
     done
-    ncu -k regex:kv_encode_ -c 1 --section SpeedOfLight --section SchedulerStats \
+    ncu -k regex:kv_encode_ -c 2 --section SpeedOfLight --section SchedulerStats \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         .carry/deltakv bench kv --device cuda --batch 1 --contexts 4096 >"$logs/ncu-encode.txt" 2>&1
     summary+=("ncu stalls per issued instruction: $(grep -h 'issue_stalled' "$logs/ncu-encode.txt" | awk '$NF+0 > 0.05 {print $1, $NF}' | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | tr '\n' ';')")

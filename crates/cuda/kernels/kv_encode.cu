@@ -33,6 +33,7 @@ struct KvEncodeParams {
     unsigned heads_magic, tokens_magic;  // n / kv_heads, n / tokens as `kv_divide` takes them
     int heads_shift, tokens_shift;
     int page_shift;          // log2(page_tokens)
+    int first_stream;        // the one-lane kernels' stream is first_stream + blockIdx.y
     unsigned signs[128];     // the Hadamard signs for d <= 128, read by the one-lane kernels
                              // (kv_encode_lanes.cu): f32 inputs a sign bit (0 or 0x80000000)
                              // per element, 16-bit inputs one word per element pair (bit 15

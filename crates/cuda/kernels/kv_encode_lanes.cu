@@ -162,16 +162,18 @@ __device__ __forceinline__ bool kv_lane_destination(const KvEncodeParams& p, uns
     return true;
 }
 
-// One lane per vector of stream blockIdx.y (0 keys, 1 values): the whole encode of kv_encode.cu
-// in the lane's registers. A stream of 2-bit codes finds its nearest levels by two comparisons
-// with its three boundaries in registers (TWO_BITS); the others look theirs up on the grid,
-// `cells`, eight copies (cell g's copy c at [8 g + c]) so the lanes of a quarter-warp read
-// distinct banks.
+// One lane per vector of stream first_stream + blockIdx.y (0 keys, 1 values): the whole encode
+// of kv_encode.cu in the lane's registers. A stream of 2-bit codes finds its nearest levels by
+// two comparisons with its three boundaries in registers (TWO_BITS, its own launch); the others
+// look theirs up on the grid, `cells`, eight copies (cell g's copy c at [8 g + c]) so the lanes
+// of a quarter-warp read distinct banks.
 template <int D, int DT, bool TWO_BITS>
 __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, float4* cells,
                                                       uint4* stage) {
     constexpr bool STAGED = DT != DT_F32;
-    const int kv = blockIdx.y;
+    // d 64 takes both streams in one launch: reading first_stream there, ptxas spilled at its
+    // 168-register bound.
+    const int kv = D == 128 ? p.first_stream + blockIdx.y : blockIdx.y;
     const float* grid = p.consts + p.grid + kv * KV_GRID_FLOATS;
     const void* src = kv == 0 ? p.k : p.v;
     uint4* region = stage + (threadIdx.x >> 5) * 32 * KvLaneRaw<D, DT>::N;
@@ -335,32 +337,38 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
     }
 }
 
-template <int D, int DT>
+// The two paths are separate kernels, so the blocks an SM holds at once mostly run one body
+// (both in one kernel, the instruction fetch stalls doubled: docs/cuda-kernel-log.md, KV row
+// 34). Where a scheme takes both, the host queues the 2-bit stream's launch as the other's
+// programmatic dependent: it starts as the first launch's last blocks run, and its blocks wait
+// for that launch to complete before they end, so work queued after the encode finds both
+// streams written.
+template <int D, int DT, bool TWO_BITS>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
     __shared__ __align__(128) uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
-    // d 64 keeps one path: with both, ptxas spills at its 168-register bound (three blocks).
-    if (D == 128 && (blockIdx.y == 0 ? p.bits_k : p.bits_v) == 2) {
-        kv_encode_lane_stream<D, DT, true>(p, cells, stage);
-    } else {
-        kv_encode_lane_stream<D, DT, false>(p, cells, stage);
-    }
+    asm volatile("griddepcontrol.launch_dependents;");
+    kv_encode_lane_stream<D, DT, TWO_BITS>(p, cells, stage);
+    if (TWO_BITS) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-#define KV_ENCODE_LANE(D, BLOCKS)                                                              \
-    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32(         \
+// Entry points kv_encode_lane{D}_{f32,f16,bf16}{SUFFIX}: the grid path, and with the suffix
+// `_two_bits` the 2-bit path (d 128).
+#define KV_ENCODE_LANE(D, BLOCKS, SUFFIX, TWO_BITS)                                            \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32##SUFFIX( \
         KvEncodeParams p) {                                                                    \
-        kv_encode_lane_kernel<D, DT_F32>(p);                                                   \
+        kv_encode_lane_kernel<D, DT_F32, TWO_BITS>(p);                                         \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f16(         \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f16##SUFFIX( \
         KvEncodeParams p) {                                                                    \
-        kv_encode_lane_kernel<D, DT_F16>(p);                                                   \
+        kv_encode_lane_kernel<D, DT_F16, TWO_BITS>(p);                                         \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_bf16(        \
-        KvEncodeParams p) {                                                                    \
-        kv_encode_lane_kernel<D, DT_BF16>(p);                                                  \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS)                                  \
+        kv_encode_lane##D##_bf16##SUFFIX(KvEncodeParams p) {                                   \
+        kv_encode_lane_kernel<D, DT_BF16, TWO_BITS>(p);                                        \
     }
 // d 128 at 2 blocks (two warps per scheduler, ~220 registers): at 3 (168 registers), ptxas
 // spills and the kernel ran slower (docs/cuda-kernel-log.md, KV rows 24 and 31).
-KV_ENCODE_LANE(64, 3)
-KV_ENCODE_LANE(128, 2)
+KV_ENCODE_LANE(64, 3, , false)
+KV_ENCODE_LANE(128, 2, , false)
+KV_ENCODE_LANE(128, 2, _two_bits, true)

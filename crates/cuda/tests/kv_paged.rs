@@ -134,8 +134,11 @@ fn encode_writes_the_cpu_pool_word_for_word() {
         (64, 8, 2, false, 64, DType::F32, 1000),
         (256, 2, 3, false, 16, DType::F32, 33),
         (256, 4, 4, true, 64, DType::F16, 1000),
-        // Every one-lane kernel (d 64 and 128 at <= 4 bits, each input dtype) at least once.
+        // Every one-lane kernel (d 64 and 128 at <= 4 bits, each input dtype) at least once;
+        // at d 128 a 2-bit stream takes its own kernel (beside the other stream's, or both
+        // streams in one launch at 2/2 bits).
         (128, 3, 2, false, 64, DType::F32, 65),
+        (128, 2, 2, true, 64, DType::BF16, 129),
         (64, 4, 3, true, 32, DType::BF16, 1000),
         (64, 2, 4, false, 16, DType::F32, 63),
         // From inputs one element past a 16-byte boundary: the eight-lane kernels' grid path

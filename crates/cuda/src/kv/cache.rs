@@ -61,6 +61,8 @@ pub(crate) struct EncodeParams {
     heads_shift: i32,
     tokens_shift: i32,
     page_shift: i32,
+    /// The one-lane kernels' stream at `blockIdx.y` 0 (d 128).
+    first_stream: i32,
     /// The Hadamard signs for d <= 128 as the one-lane kernels take them ([`lane_sign_words`]).
     signs: [u32; LANE_SIGNS],
 }
@@ -86,10 +88,13 @@ pub struct EncodeLaunch {
     params: EncodeParams,
     function: CudaFunction,
     config: LaunchConfig,
+    /// The 2-bit stream's own kernel where a one-lane scheme at d 128 has one 2-bit stream:
+    /// queued as the first launch's programmatic dependent.
+    two_bits: Option<(EncodeParams, CudaFunction, LaunchConfig)>,
 }
 
 impl EncodeLaunch {
-    /// Queues the encode kernel on deltakv's stream.
+    /// Queues the encode kernel (or kernels) on deltakv's stream.
     pub fn launch(&self, cuda: &Cuda) -> Result<()> {
         let mut builder = cuda.stream().launch_builder(&self.function);
         builder.arg(&self.params);
@@ -98,6 +103,13 @@ impl EncodeLaunch {
         // checked against the pool (assign_pages) before the table was written.
         unsafe { builder.launch(self.config) }
             .map_err(|e| driver_error("launching kv_encode", e))?;
+        if let Some((params, function, config)) = &self.two_bits {
+            // SAFETY: as above; the kernel writes only its own stream's rows and norms, so it
+            // may run beside the first launch, and its blocks wait for that launch before they
+            // end (`griddepcontrol.wait`), so later work finds both streams written.
+            unsafe { cuda.launch_programmatic_dependent(cuda.stream(), function, *config, params) }
+                .map_err(|e| driver_error("launching kv_encode (2-bit stream)", e))?;
+        }
         Ok(())
     }
 }
@@ -464,6 +476,7 @@ impl CudaPagedKvCache {
             tokens_magic,
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
+            first_stream: 0,
             signs: lane_signs.map_or([0; LANE_SIGNS], |bits| lane_sign_words(&bits, k.dtype())),
         };
         let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
@@ -509,20 +522,55 @@ impl CudaPagedKvCache {
         let blocks = vectors
             .div_ceil(per_block)
             .clamp(1, 64 * cuda.multiprocessors());
-        let function = cuda.function(&SOURCE_ENCODE, name)?;
-        let config = LaunchConfig {
-            grid_dim: (blocks as u32, 2, 1),
+        let config = |streams: u32| LaunchConfig {
+            grid_dim: (blocks as u32, streams, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        Ok(Some((
-            EncodeLaunch {
+        // The one-lane kernels at d 128 find a 2-bit stream's levels in registers with their
+        // own kernel (`_two_bits`): one launch where both streams take one kernel, else the
+        // other stream's launch first and the 2-bit stream's as its dependent.
+        let two_bits = |bits: u32| lane && s.dim == 128 && bits == 2;
+        let two_bits_name = match k.dtype() {
+            DType::F32 => "kv_encode_lane128_f32_two_bits",
+            DType::F16 => "kv_encode_lane128_f16_two_bits",
+            _ => "kv_encode_lane128_bf16_two_bits",
+        };
+        let launch = match (two_bits(s.bits_k), two_bits(s.bits_v)) {
+            (false, false) | (true, true) => EncodeLaunch {
                 params,
-                function,
-                config,
+                function: cuda.function(
+                    &SOURCE_ENCODE,
+                    if two_bits(s.bits_k) {
+                        two_bits_name
+                    } else {
+                        name
+                    },
+                )?,
+                config: config(2),
+                two_bits: None,
             },
-            grown,
-        )))
+            (k_two_bits, _) => {
+                let two_bits_stream = i32::from(!k_two_bits);
+                EncodeLaunch {
+                    params: EncodeParams {
+                        first_stream: 1 - two_bits_stream,
+                        ..params
+                    },
+                    function: cuda.function(&SOURCE_ENCODE, name)?,
+                    config: config(1),
+                    two_bits: Some((
+                        EncodeParams {
+                            first_stream: two_bits_stream,
+                            ..params
+                        },
+                        cuda.function(&SOURCE_ENCODE, two_bits_name)?,
+                        config(1),
+                    )),
+                }
+            }
+        };
+        Ok(Some((launch, grown)))
     }
 
     /// Queues `seq_lens += new_lens` on the GPU.

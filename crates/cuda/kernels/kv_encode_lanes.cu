@@ -77,8 +77,15 @@ __device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvL
             const int i = 8 * c + 2 * k;
             const unsigned signed_pair = w[k] ^ p.signs[i / 2];
             if (DT == DT_BF16) {
-                x[i] = __uint_as_float(signed_pair << 16);
-                x[i + 1] = __uint_as_float(signed_pair & 0xffff0000u);
+                // Each half moved into the upper half by a byte permute: opaque to the
+                // compiler, which otherwise kept the packed words live and widened them again
+                // where the values were used (the 2-bit kernel held 226 registers, 167 so).
+                unsigned lower, upper;
+                asm("prmt.b32 %0, %2, 0, 0x1044;\n\tprmt.b32 %1, %2, 0, 0x3244;"
+                    : "=r"(lower), "=r"(upper)
+                    : "r"(signed_pair));
+                x[i] = __uint_as_float(lower);
+                x[i + 1] = __uint_as_float(upper);
             } else {
                 x[i] = f16_to_f32((unsigned short)(signed_pair & 0xffffu));
                 x[i + 1] = f16_to_f32((unsigned short)(signed_pair >> 16));

@@ -279,8 +279,10 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
         // which the compiler cannot see), so ptxas spreads the 128 lookups through the values'
         // and cells' arithmetic instead of running them as one phase whose 16-byte loads
         // saturate the shared-memory pipe (docs/cuda-kernel-log.md, KV rows 31 and 33). A lag
-        // of 8 spills; 24, 32 and 64 gain less.
-        constexpr int LAG = 16;
+        // of 8 spills; 24, 32 and 64 gain less at two blocks per SM. The bf16 grid kernel at
+        // d 128 runs three blocks per SM (168 registers), where ptxas spills at every lag tried
+        // but 48 (KV row 37).
+        constexpr int LAG = D == 128 && DT == DT_BF16 && !TWO_BITS ? 48 : 16;
         const unsigned zero = blockIdx.z;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
@@ -360,8 +362,8 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
 }
 
 // Entry points kv_encode_lane{D}_{f32,f16,bf16}{SUFFIX}: the grid path, and with the suffix
-// `_two_bits` the 2-bit path (d 128).
-#define KV_ENCODE_LANE(D, BLOCKS, SUFFIX, TWO_BITS)                                            \
+// `_two_bits` the 2-bit path (d 128); BLOCKS per SM for f32 and f16 inputs, BLOCKS_BF16 for bf16.
+#define KV_ENCODE_LANE(D, BLOCKS, BLOCKS_BF16, SUFFIX, TWO_BITS)                               \
     extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32##SUFFIX( \
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_F32, TWO_BITS>(p);                                         \
@@ -370,12 +372,13 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
         KvEncodeParams p) {                                                                    \
         kv_encode_lane_kernel<D, DT_F16, TWO_BITS>(p);                                         \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, BLOCKS)                                  \
+    extern "C" __global__ void __launch_bounds__(128, BLOCKS_BF16)                             \
         kv_encode_lane##D##_bf16##SUFFIX(KvEncodeParams p) {                                   \
         kv_encode_lane_kernel<D, DT_BF16, TWO_BITS>(p);                                        \
     }
-// d 128 at 2 blocks (two warps per scheduler, ~220 registers): at 3 (168 registers), ptxas
-// spills and the kernel ran slower (docs/cuda-kernel-log.md, KV rows 24 and 31).
-KV_ENCODE_LANE(64, 3, , false)
-KV_ENCODE_LANE(128, 2, , false)
-KV_ENCODE_LANE(128, 2, _two_bits, true)
+// d 128's grid kernels at 2 blocks (two warps per scheduler, ~195-200 registers) but bf16 at 3
+// (168 registers, at LAG 48: KV row 37); at 3 the f16 and f32 kernels spill at every lag tried.
+// The 2-bit kernels hold 163-167 registers and so run 3 blocks per SM at any bound.
+KV_ENCODE_LANE(64, 3, 3, , false)
+KV_ENCODE_LANE(128, 2, 3, , false)
+KV_ENCODE_LANE(128, 2, 2, _two_bits, true)

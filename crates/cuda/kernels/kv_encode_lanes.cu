@@ -349,16 +349,18 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
 // The two paths are separate kernels, so the blocks an SM holds at once mostly run one body
 // (both in one kernel, the instruction fetch stalls doubled: docs/cuda-kernel-log.md, KV row
 // 34). Where a scheme takes both, the host queues the 2-bit stream's launch as the other's
-// programmatic dependent: it starts as the first launch's last blocks run, and its blocks wait
-// for that launch to complete before they end, so work queued after the encode finds both
-// streams written.
+// programmatic dependent: it starts as the first launch's last blocks run. Its last block
+// waits for that launch to complete before it ends, so the launch completes after the first
+// one and work queued after the encode finds both streams written; the other blocks end at
+// once, their places free for the blocks after them.
 template <int D, int DT, bool TWO_BITS>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     __shared__ float4 cells[KV_GRID_CELLS * 8];
     __shared__ __align__(128) uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
     asm volatile("griddepcontrol.launch_dependents;");
     kv_encode_lane_stream<D, DT, TWO_BITS>(p, cells, stage);
-    if (TWO_BITS) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (TWO_BITS && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1)
+        asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // Entry points kv_encode_lane{D}_{f32,f16,bf16}{SUFFIX}: the grid path, and with the suffix

@@ -105,8 +105,8 @@ impl EncodeLaunch {
             .map_err(|e| driver_error("launching kv_encode", e))?;
         if let Some((params, function, config)) = &self.two_bits {
             // SAFETY: as above; the kernel writes only its own stream's rows and norms, so it
-            // may run beside the first launch, and its blocks wait for that launch before they
-            // end (`griddepcontrol.wait`), so later work finds both streams written.
+            // may run beside the first launch, and its last block waits for that launch before
+            // it ends (`griddepcontrol.wait`), so later work finds both streams written.
             unsafe { cuda.launch_programmatic_dependent(cuda.stream(), function, *config, params) }
                 .map_err(|e| driver_error("launching kv_encode (2-bit stream)", e))?;
         }

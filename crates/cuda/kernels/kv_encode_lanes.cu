@@ -281,8 +281,8 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
         // saturate the shared-memory pipe (docs/cuda-kernel-log.md, KV rows 31 and 33). A lag
         // of 8 spills; 24, 32 and 64 gain less at two blocks per SM. The bf16 grid kernel at
         // d 128 runs three blocks per SM (168 registers), where ptxas spills at every lag tried
-        // but 48 (KV row 37).
-        constexpr int LAG = D == 128 && DT == DT_BF16 && !TWO_BITS ? 48 : 16;
+        // but 48 (KV row 37). The 2-bit kernel has no lookups to spread: no lag (KV row 38).
+        constexpr int LAG = TWO_BITS ? D : D == 128 && DT == DT_BF16 ? 48 : 16;
         const unsigned zero = blockIdx.z;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
@@ -380,7 +380,7 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
     }
 // d 128's grid kernels at 2 blocks (two warps per scheduler, ~195-200 registers) but bf16 at 3
 // (168 registers, at LAG 48: KV row 37); at 3 the f16 and f32 kernels spill at every lag tried.
-// The 2-bit kernels hold 163-167 registers and so run 3 blocks per SM at any bound.
+// The 2-bit kernels at 3 (168 registers).
 KV_ENCODE_LANE(64, 3, 3, , false)
 KV_ENCODE_LANE(128, 2, 3, , false)
-KV_ENCODE_LANE(128, 2, 2, _two_bits, true)
+KV_ENCODE_LANE(128, 3, 3, _two_bits, true)

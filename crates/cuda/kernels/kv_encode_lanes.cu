@@ -6,8 +6,9 @@
 // rounding are kv_encode.cu's (the header comment there); this file follows it step for step.
 //
 // The Hadamard signs come as sign bits in the parameters (`signs`: a word per element of f32
-// inputs, a word per element pair of 16-bit inputs), so one XOR signs a whole input word. Codes are packed first as bytes
-// (element i in byte i % 4 of word i / 4), then into the stream's bit width.
+// inputs, a word per element pair of 16-bit inputs), so one XOR signs a whole input word.
+// Codes are packed first as bytes (element i in byte i % 4 of word i / 4), then into the
+// stream's bit width.
 
 // Words of one input vector (16-byte loads).
 template <int D, int DT>
@@ -55,8 +56,8 @@ __device__ __forceinline__ void kv_lane_unstage(const uint4* region, KvLaneRaw<D
     for (int c = 0; c < N; ++c) {
         const unsigned at = (own ^ (16u * (c % 8))) + 128u * (c / 8);
         asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(raw.w[c].x), "=r"(raw.w[c].y), "=r"(raw.w[c].z), "=r"(raw.w[c].w)
-                     : "r"(at));
+            : "=r"(raw.w[c].x), "=r"(raw.w[c].y), "=r"(raw.w[c].z), "=r"(raw.w[c].w)
+            : "r"(at));
     }
 }
 
@@ -77,9 +78,10 @@ __device__ __forceinline__ void kv_lane_widen(const KvEncodeParams& p, const KvL
             const int i = 8 * c + 2 * k;
             const unsigned signed_pair = w[k] ^ p.signs[i / 2];
             if (DT == DT_BF16) {
-                // Each half moved into the upper half by a byte permute: opaque to the
-                // compiler, which otherwise kept the packed words live and widened them again
-                // where the values were used (the 2-bit kernel held 226 registers, 167 so).
+                // Each half moved into the upper half by a byte permute, which the compiler
+                // cannot take apart: with a shift and a mask it keeps the packed words live and
+                // widens them again at each use (the 2-bit kernel at bf16: 226 registers
+                // against 168).
                 unsigned lower, upper;
                 asm("prmt.b32 %0, %2, 0, 0x1044;\n\tprmt.b32 %1, %2, 0, 0x3244;"
                     : "=r"(lower), "=r"(upper)
@@ -205,10 +207,11 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
         (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
     // A 2-bit stream's boundaries and its levels' rounded squares (the grid's, l * l in f32).
     const float* levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
+    const float* bounds = levels + (KV_C_BOUNDS_K - KV_C_LEVELS_K);
     float bound[3], square[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        if (k < 3) bound[k] = TWO_BITS ? __ldg(levels + (KV_C_BOUNDS_K - KV_C_LEVELS_K) + k) : 0.0f;
+        if (k < 3) bound[k] = TWO_BITS ? __ldg(bounds + k) : 0.0f;
         const float level = TWO_BITS ? __ldg(levels + k) : 0.0f;
         square[k] = __fmul_rn(level, level);
     }
@@ -364,7 +367,8 @@ __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
 }
 
 // Entry points kv_encode_lane{D}_{f32,f16,bf16}{SUFFIX}: the grid path, and with the suffix
-// `_two_bits` the 2-bit path (d 128); BLOCKS per SM for f32 and f16 inputs, BLOCKS_BF16 for bf16.
+// `_two_bits` the 2-bit path (d 128); BLOCKS per SM for f32 and f16 inputs, BLOCKS_BF16 for
+// bf16.
 #define KV_ENCODE_LANE(D, BLOCKS, BLOCKS_BF16, SUFFIX, TWO_BITS)                               \
     extern "C" __global__ void __launch_bounds__(128, BLOCKS) kv_encode_lane##D##_f32##SUFFIX( \
         KvEncodeParams p) {                                                                    \

@@ -5,7 +5,8 @@
 //! mirror of the block table and the lengths (B integers each), so every append is checked
 //! (page assignment, capacity) before a kernel runs; the codes and norms never leave the GPU.
 //!
-//! Encode (`kernels/kv_encode.cu`): one launch appends a chunk `k, v [B, Tn, Hkv, d]` (f32,
+//! Encode (`kernels/kv_encode.cu`, launches in `encode.rs`): one launch (two where a d 128
+//! scheme has one 2-bit stream) appends a chunk `k, v [B, Tn, Hkv, d]` (f32,
 //! f16 or bf16; `new_lens[b] <= Tn` tokens of sequence b), encoding each vector (norm,
 //! rotation, nearest level, packing, corrected norm) straight into its page row, codes and
 //! norms bit for bit those of the CPU codec. [`CudaPagedKvCache::append`] then reads one flag
@@ -13,10 +14,14 @@
 //! storage, as the CPU cache does; [`CudaPagedKvCache::append_unchecked`] skips that wait (for
 //! a serving loop that checks its inputs upstream, and for timing).
 
+use super::encode::{
+    EncodeLaunch, EncodeParams, LANE_SIGNS, divide_magic, encode_launch, lane_encode_signs,
+    lane_sign_words,
+};
 use super::{GRID_FLOATS, SOURCE_ENCODE, consts};
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use deltakv_contract::kv::codebook::codebook;
 use deltakv_contract::kv::codec::words_for;
 use deltakv_contract::kv::paged::{self, PagedLayout};
@@ -24,95 +29,6 @@ use deltakv_contract::kv::rotation::Rotation;
 use deltakv_contract::kv::{NormDType, Quantizer};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use std::sync::Arc;
-
-/// Mirrors `struct KvEncodeParams` in `kernels/kv_encode.cu`, field for field.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct EncodeParams {
-    k: u64,
-    v: u64,
-    pool: u64,
-    block_table: u64,
-    seq_lens: u64,
-    new_lens: u64,
-    consts: u64,
-    flags: u64,
-    batch: i32,
-    tokens: i32,
-    kv_heads: i32,
-    dim: i32,
-    in_dtype: i32,
-    norm_f16: i32,
-    bits_k: i32,
-    bits_v: i32,
-    words_k: i32,
-    words_v: i32,
-    page_tokens: i32,
-    max_pages: i32,
-    page_words: i32,
-    head_words: i32,
-    row_words_k: i32,
-    row_words_v: i32,
-    norm_words: i32,
-    hadamard_norm: f32,
-    grid: i32,
-    heads_magic: u32,
-    tokens_magic: u32,
-    heads_shift: i32,
-    tokens_shift: i32,
-    page_shift: i32,
-    /// The one-lane kernels' stream at `blockIdx.y` 0 (d 128).
-    first_stream: i32,
-    /// The Hadamard signs for d <= 128 as the one-lane kernels take them ([`lane_sign_words`]).
-    signs: [u32; LANE_SIGNS],
-}
-
-/// Sign words in the encode parameters (`signs[128]` in `kernels/kv_encode.cu`).
-const LANE_SIGNS: usize = 128;
-
-/// (magic, shift) with `n / d == ((n * magic) >> 32) + n) >> shift` for every n < 2^31 (the
-/// kernels' `kv_divide`): shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1.
-fn divide_magic(d: u32) -> (u32, i32) {
-    debug_assert!((1..1 << 31).contains(&d));
-    let shift = 32 - (d - 1).leading_zeros();
-    let magic = ((1u64 << 32) * ((1u64 << shift) - u64::from(d))) / u64::from(d) + 1;
-    (magic as u32, shift as i32)
-}
-
-// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
-unsafe impl DeviceRepr for EncodeParams {}
-
-/// A prepared encode launch (see [`CudaPagedKvCache::prepare_append`]); a CUDA graph captures
-/// [`EncodeLaunch::launch`].
-pub struct EncodeLaunch {
-    params: EncodeParams,
-    function: CudaFunction,
-    config: LaunchConfig,
-    /// The 2-bit stream's own kernel where a one-lane scheme at d 128 has one 2-bit stream:
-    /// queued as the first launch's programmatic dependent.
-    two_bits: Option<(EncodeParams, CudaFunction, LaunchConfig)>,
-}
-
-impl EncodeLaunch {
-    /// Queues the encode kernel (or kernels) on deltakv's stream.
-    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
-        let mut builder = cuda.stream().launch_builder(&self.function);
-        builder.arg(&self.params);
-        // SAFETY: the parameters describe live buffers of the sizes the kernel indexes: the
-        // chunk's shape was checked, and every page a new token lands in was assigned and
-        // checked against the pool (assign_pages) before the table was written.
-        unsafe { builder.launch(self.config) }
-            .map_err(|e| driver_error("launching kv_encode", e))?;
-        if let Some((params, function, config)) = &self.two_bits {
-            // SAFETY: as above; the kernel writes only its own stream's rows and norms, so it
-            // may run beside the first launch, and its last block waits for that launch before
-            // it ends (`griddepcontrol.wait`), so later work finds both streams written.
-            unsafe { cuda.launch_programmatic_dependent(cuda.stream(), function, *config, params) }
-                .map_err(|e| driver_error("launching kv_encode (2-bit stream)", e))?;
-        }
-        Ok(())
-    }
-}
 
 /// The paged compressed KV cache of one layer, on the GPU.
 pub struct CudaPagedKvCache {
@@ -138,40 +54,6 @@ pub struct CudaPagedKvCache {
     /// The one-lane encode kernels' sign words, where they serve this scheme
     /// ([`lane_encode_signs`]).
     lane_signs: Option<[u32; LANE_SIGNS]>,
-}
-
-/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) take them
-/// (sign bits, 0 or 0x8000_0000), when those kernels serve a scheme: the Hadamard rotation at
-/// d = 64 or 128, and both streams' nearest levels on their grids (bit widths up to 4). The
-/// eight-lane kernels take the rest, and every scheme when `DELTAKV_KV_ENCODE=lanes8` is set
-/// (for comparisons).
-fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[u32; LANE_SIGNS]> {
-    let signs = k.rotation.hadamard_signs()?;
-    let serves = matches!(signs.len(), 64 | 128)
-        && super::grid_enabled(k)
-        && super::grid_enabled(v)
-        && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8");
-    serves.then(|| {
-        let mut bits = [0; LANE_SIGNS];
-        for (bit, &sign) in bits.iter_mut().zip(signs) {
-            *bit = sign.to_bits() & 0x8000_0000;
-        }
-        bits
-    })
-}
-
-/// The one-lane kernels' sign words for inputs of `dtype`: f32 inputs take one word per element
-/// (its sign bit); 16-bit inputs one word per element pair, the even element's sign in bit 15
-/// and the odd one's in bit 31, so one XOR signs both halves of an input word.
-fn lane_sign_words(bits: &[u32; LANE_SIGNS], dtype: DType) -> [u32; LANE_SIGNS] {
-    if dtype == DType::F32 {
-        return *bits;
-    }
-    let mut words = [0; LANE_SIGNS];
-    for (word, pair) in words.iter_mut().zip(bits.chunks_exact(2)) {
-        *word = (pair[0] >> 16) | pair[1];
-    }
-    words
 }
 
 impl std::fmt::Debug for CudaPagedKvCache {
@@ -479,24 +361,6 @@ impl CudaPagedKvCache {
             first_stream: 0,
             signs: lane_signs.map_or([0; LANE_SIGNS], |bits| lane_sign_words(&bits, k.dtype())),
         };
-        let name = match (lane, self.k.rotation.is_hadamard(), s.dim, k.dtype()) {
-            (true, _, 64, DType::F32) => "kv_encode_lane64_f32",
-            (true, _, 64, DType::F16) => "kv_encode_lane64_f16",
-            (true, _, 64, _) => "kv_encode_lane64_bf16",
-            (true, _, 128, DType::F32) => "kv_encode_lane128_f32",
-            (true, _, 128, DType::F16) => "kv_encode_lane128_f16",
-            (true, _, 128, _) => "kv_encode_lane128_bf16",
-            (_, true, 64, DType::F32) => "kv_encode_hadamard64_f32",
-            (_, true, 64, DType::F16) => "kv_encode_hadamard64_f16",
-            (_, true, 64, _) => "kv_encode_hadamard64_bf16",
-            (_, true, 128, DType::F32) => "kv_encode_hadamard128_f32",
-            (_, true, 128, DType::F16) => "kv_encode_hadamard128_f16",
-            (_, true, 128, _) => "kv_encode_hadamard128_bf16",
-            (_, true, 256, DType::F32) => "kv_encode_hadamard256_f32",
-            (_, true, 256, DType::F16) => "kv_encode_hadamard256_f16",
-            (_, true, 256, _) => "kv_encode_hadamard256_bf16",
-            _ => "kv_encode_dense",
-        };
         let vectors = batch * tokens * s.kv_heads;
         // The Hadamard kernels index vectors in 32 bits (four per warp, the last pass past the
         // end): refuse a chunk that could wrap.
@@ -508,68 +372,15 @@ impl CudaPagedKvCache {
                 (1usize << 29) - 4 * 64 * cuda.multiprocessors() - 1
             )));
         }
-        // One lane per vector: 128 vectors per block pass; Hadamard: 16 (4 warps x 4); dense: 4.
-        // Many blocks of a few passes each: keys and values differ in cost, and the hardware
-        // balances small blocks across SMs where one wave of persistent blocks would leave some
-        // SMs idle at the end (measured slower: docs/cuda-kernel-log.md).
-        let per_block = if lane {
-            128
-        } else if name == "kv_encode_dense" {
-            4
-        } else {
-            16
-        };
-        let blocks = vectors
-            .div_ceil(per_block)
-            .clamp(1, 64 * cuda.multiprocessors());
-        let config = |streams: u32| LaunchConfig {
-            grid_dim: (blocks as u32, streams, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // The one-lane kernels at d 128 find a 2-bit stream's levels in registers with their
-        // own kernel (`_two_bits`): one launch where both streams take one kernel, else the
-        // other stream's launch first and the 2-bit stream's as its dependent.
-        let two_bits = |bits: u32| lane && s.dim == 128 && bits == 2;
-        let two_bits_name = match k.dtype() {
-            DType::F32 => "kv_encode_lane128_f32_two_bits",
-            DType::F16 => "kv_encode_lane128_f16_two_bits",
-            _ => "kv_encode_lane128_bf16_two_bits",
-        };
-        let launch = match (two_bits(s.bits_k), two_bits(s.bits_v)) {
-            (false, false) | (true, true) => EncodeLaunch {
-                params,
-                function: cuda.function(
-                    &SOURCE_ENCODE,
-                    if two_bits(s.bits_k) {
-                        two_bits_name
-                    } else {
-                        name
-                    },
-                )?,
-                config: config(2),
-                two_bits: None,
-            },
-            (k_two_bits, _) => {
-                let two_bits_stream = i32::from(!k_two_bits);
-                EncodeLaunch {
-                    params: EncodeParams {
-                        first_stream: 1 - two_bits_stream,
-                        ..params
-                    },
-                    function: cuda.function(&SOURCE_ENCODE, name)?,
-                    config: config(1),
-                    two_bits: Some((
-                        EncodeParams {
-                            first_stream: two_bits_stream,
-                            ..params
-                        },
-                        cuda.function(&SOURCE_ENCODE, two_bits_name)?,
-                        config(1),
-                    )),
-                }
-            }
-        };
+        let launch = encode_launch(
+            cuda,
+            params,
+            &s,
+            k.dtype(),
+            lane,
+            self.k.rotation.is_hadamard(),
+            vectors,
+        )?;
         Ok(Some((launch, grown)))
     }
 
@@ -592,90 +403,5 @@ impl CudaPagedKvCache {
         unsafe { builder.launch(config) }
             .map_err(|e| driver_error("launching kv_advance_lens", e))?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{divide_magic, lane_encode_signs, lane_sign_words};
-    use deltakv_contract::DType;
-    use deltakv_contract::kv::codebook::codebook;
-    use deltakv_contract::kv::rotation::Rotation;
-    use deltakv_contract::kv::{KvScheme, Quantizer};
-    use std::sync::Arc;
-
-    /// The key and value quantizers a cache of this scheme builds.
-    fn quantizers(dim: usize, bits_k: u32, bits_v: u32) -> (Quantizer, Quantizer) {
-        let s = KvScheme::new(dim, 1, bits_k, bits_v);
-        let rotation = Arc::new(Rotation::new(dim, s.seed).unwrap());
-        let q = |bits| Quantizer::new(codebook(s.codebook, dim, bits).unwrap(), rotation.clone());
-        (q(bits_k), q(bits_v))
-    }
-
-    /// The one-lane kernels take the Hadamard schemes at d 64 and 128 with <= 4-bit codes, and
-    /// their sign words are the rotation's signs as sign bits.
-    #[test]
-    fn lane_encode_signs_follow_the_scheme() {
-        if std::env::var("DELTAKV_KV_ENCODE").as_deref() == Ok("lanes8") {
-            println!("skipped: DELTAKV_KV_ENCODE=lanes8 turns the one-lane kernels off");
-            return;
-        }
-        for (dim, bits_k, bits_v, serves) in [
-            (128, 4, 2, true),
-            (64, 2, 3, true),
-            (128, 8, 2, false),
-            (64, 4, 8, false),
-            (256, 4, 2, false),
-            (96, 4, 2, false),
-        ] {
-            let (k, v) = quantizers(dim, bits_k, bits_v);
-            let signs = lane_encode_signs(&k, &v);
-            assert_eq!(signs.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
-            if let Some(bits) = signs {
-                let expected = k.rotation.hadamard_signs().unwrap();
-                for (i, &bit) in bits.iter().enumerate() {
-                    let negative = expected.get(i).is_some_and(|s| *s < 0.0);
-                    assert_eq!(bit, if negative { 0x8000_0000 } else { 0 }, "sign {i}");
-                }
-                assert!(bits[..dim].contains(&0x8000_0000) && bits[..dim].contains(&0));
-                assert_eq!(lane_sign_words(&bits, DType::F32), bits);
-                for dtype in [DType::BF16, DType::F16] {
-                    let words = lane_sign_words(&bits, dtype);
-                    for (j, &word) in words.iter().enumerate() {
-                        let (even, odd) = (bits.get(2 * j), bits.get(2 * j + 1));
-                        assert_eq!(word & 0x8000, even.map_or(0, |b| b >> 16), "pair {j}");
-                        assert_eq!(word & 0x8000_0000, odd.copied().unwrap_or(0), "pair {j}");
-                        assert_eq!(word & 0x7fff_7fff, 0, "pair {j}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// The kernels' division by a multiply and a shift equals integer division over n < 2^31.
-    #[test]
-    fn divide_magic_divides_exactly() {
-        let divisors = (1..=300u32).chain([1000, 4096, 8191, 65535, 65537, 1 << 20, (1 << 31) - 1]);
-        for d in divisors {
-            let (magic, shift) = divide_magic(d);
-            let divide =
-                |n: u32| (((u64::from(n) * u64::from(magic)) >> 32) + u64::from(n)) >> shift;
-            let mut n: u32 = 0;
-            let mut step = 1u32;
-            while n < 1 << 31 {
-                for m in [
-                    n,
-                    n.saturating_sub(1),
-                    n + 1,
-                    n.saturating_mul(d).min((1 << 31) - 1),
-                ] {
-                    assert_eq!(divide(m), u64::from(m / d), "{m} / {d}");
-                }
-                n = n.saturating_add(step);
-                step = step.saturating_mul(3) / 2 + 1;
-            }
-            let last = (1u32 << 31) - 1;
-            assert_eq!(divide(last), u64::from(last / d), "{last} / {d}");
-        }
     }
 }

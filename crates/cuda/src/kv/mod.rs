@@ -24,9 +24,11 @@
 
 pub mod attend;
 pub mod cache;
+mod encode;
 
 pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, MAX_SPLITS, attend, prepare_attend};
-pub use cache::{CudaPagedKvCache, EncodeLaunch};
+pub use cache::CudaPagedKvCache;
+pub use encode::EncodeLaunch;
 
 use crate::compile::KernelSource;
 use deltakv_contract::kv::Quantizer;

@@ -37,7 +37,8 @@
 #                                   # over the encode tests, the encode of 8 x 8192 tokens
 #                                   # (`bench kv`) alternating both forms three times (and the
 #                                   # defaults of .carry/deltakv-base, -alt, -alt2 where carried),
-#                                   # and ncu's stall reasons over one launch of the default encode;
+#                                   # and ncu's stall reasons over the first two encode launches
+#                                   # (both kernels where a scheme's encode takes two);
 #                                   # $OUT/summary.txt, logs in $OUT/logs.tar.gz
 #   tools/gpu-check.sh kv-lab       # there, carrying .carry (`build` or `kv-lab-build` puts the
 #                                   # lab in .carry/kv_lab; without it nvcc builds it there): the KV

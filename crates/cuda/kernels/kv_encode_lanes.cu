@@ -206,14 +206,15 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
     const unsigned own_cells =
         (unsigned)__cvta_generic_to_shared(cells + (threadIdx.x & 7)) - 128u * 0x4b000000u;
     // A 2-bit stream's boundaries and its levels' rounded squares (the grid's, l * l in f32).
-    const float* levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
-    const float* bounds = levels + (KV_C_BOUNDS_K - KV_C_LEVELS_K);
-    float bound[3], square[4];
+    float bound[3] = {}, square[4] = {};
+    if (TWO_BITS) {
+        const float* levels = p.consts + (kv == 0 ? KV_C_LEVELS_K : KV_C_LEVELS_V);
+        const float* bounds = levels + (KV_C_BOUNDS_K - KV_C_LEVELS_K);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        if (k < 3) bound[k] = TWO_BITS ? __ldg(bounds + k) : 0.0f;
-        const float level = TWO_BITS ? __ldg(levels + k) : 0.0f;
-        square[k] = __fmul_rn(level, level);
+        for (int k = 0; k < 4; ++k) {
+            if (k < 3) bound[k] = __ldg(bounds + k);
+            square[k] = __fmul_rn(__ldg(levels + k), __ldg(levels + k));
+        }
     }
     for (bool ready = true; base < total; base += gridDim.x * blockDim.x, ready = false) {
         const unsigned vec = base + (threadIdx.x & 31);
@@ -358,9 +359,10 @@ __device__ __forceinline__ void kv_encode_lane_stream(const KvEncodeParams& p, f
 // once, their places free for the blocks after them.
 template <int D, int DT, bool TWO_BITS>
 __device__ __forceinline__ void kv_encode_lane_kernel(const KvEncodeParams& p) {
-    __shared__ float4 cells[KV_GRID_CELLS * 8];
+    __shared__ float4 cells[TWO_BITS ? 1 : KV_GRID_CELLS * 8];
     __shared__ __align__(128) uint4 stage[DT == DT_F32 ? 1 : 128 * KvLaneRaw<D, DT>::N];
-    asm volatile("griddepcontrol.launch_dependents;");
+    // Only the grid kernel at d 128 is ever a first launch with a dependent after it.
+    if (D == 128 && !TWO_BITS) asm volatile("griddepcontrol.launch_dependents;");
     kv_encode_lane_stream<D, DT, TWO_BITS>(p, cells, stage);
     if (TWO_BITS && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1)
         asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -15,8 +15,8 @@
 //! a serving loop that checks its inputs upstream, and for timing).
 
 use super::encode::{
-    EncodeLaunch, EncodeParams, LANE_SIGNS, divide_magic, encode_launch, lane_encode_signs,
-    lane_sign_words,
+    EncodeLaunch, EncodeParams, LANE_SIGNS, LaneSigns, divide_magic, encode_launch,
+    lane_encode_signs,
 };
 use super::{GRID_FLOATS, SOURCE_ENCODE, consts};
 use crate::runtime::{Cuda, driver_error};
@@ -53,7 +53,7 @@ pub struct CudaPagedKvCache {
     max_pages: usize,
     /// The one-lane encode kernels' sign words, where they serve this scheme
     /// ([`lane_encode_signs`]).
-    lane_signs: Option<[u32; LANE_SIGNS]>,
+    lane_signs: Option<LaneSigns>,
 }
 
 impl std::fmt::Debug for CudaPagedKvCache {
@@ -359,7 +359,7 @@ impl CudaPagedKvCache {
             tokens_shift,
             page_shift: l.page_tokens.trailing_zeros() as i32,
             first_stream: 0,
-            signs: lane_signs.map_or([0; LANE_SIGNS], |bits| lane_sign_words(&bits, k.dtype())),
+            signs: lane_signs.map_or([0; LANE_SIGNS], |signs| signs.words(k.dtype())),
         };
         let vectors = batch * tokens * s.kv_heads;
         // The Hadamard kernels index vectors in 32 bits (four per warp, the last pass past the

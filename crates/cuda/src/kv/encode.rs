@@ -45,7 +45,7 @@ pub(crate) struct EncodeParams {
     pub(super) page_shift: i32,
     /// The one-lane kernels' stream at `blockIdx.y` 0 (d 128).
     pub(super) first_stream: i32,
-    /// The Hadamard signs for d <= 128 as the one-lane kernels take them ([`lane_sign_words`]).
+    /// The Hadamard signs for d <= 128 as the one-lane kernels take them ([`LaneSigns`]).
     pub(super) signs: [u32; LANE_SIGNS],
 }
 
@@ -71,8 +71,8 @@ pub struct EncodeLaunch {
     function: CudaFunction,
     config: LaunchConfig,
     /// The 2-bit stream's own kernel where a one-lane scheme at d 128 has one 2-bit stream:
-    /// queued as the first launch's programmatic dependent.
-    two_bits: Option<(EncodeParams, CudaFunction, LaunchConfig)>,
+    /// queued with the same grid as the first launch's programmatic dependent.
+    two_bits: Option<(EncodeParams, CudaFunction)>,
 }
 
 impl EncodeLaunch {
@@ -85,49 +85,61 @@ impl EncodeLaunch {
         // checked against the pool (assign_pages) before the table was written.
         unsafe { builder.launch(self.config) }
             .map_err(|e| driver_error("launching kv_encode", e))?;
-        if let Some((params, function, config)) = &self.two_bits {
+        if let Some((params, function)) = &self.two_bits {
             // SAFETY: as above; the kernel writes only its own stream's rows and norms, so it
             // may run beside the first launch, and its last block waits for that launch before
             // it ends (`griddepcontrol.wait`), so later work finds both streams written.
-            unsafe { cuda.launch_programmatic_dependent(cuda.stream(), function, *config, params) }
-                .map_err(|e| driver_error("launching kv_encode (2-bit stream)", e))?;
+            unsafe {
+                cuda.launch_programmatic_dependent(cuda.stream(), function, self.config, params)
+            }
+            .map_err(|e| driver_error("launching kv_encode (2-bit stream)", e))?;
         }
         Ok(())
     }
 }
 
-/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) take them
-/// (sign bits, 0 or 0x8000_0000), when those kernels serve a scheme: the Hadamard rotation at
-/// d = 64 or 128, and both streams' nearest levels on their grids (bit widths up to 4). The
-/// eight-lane kernels take the rest, and every scheme when `DELTAKV_KV_ENCODE=lanes8` is set
-/// (for comparisons).
-pub(super) fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<[u32; LANE_SIGNS]> {
+/// The Hadamard signs as the one-lane encode kernels (`kernels/kv_encode_lanes.cu`) take them,
+/// formed once per cache: for f32 inputs one word per element (its sign bit, 0 or
+/// 0x8000_0000); for 16-bit inputs one word per element pair, the even element's sign in bit 15
+/// and the odd one's in bit 31, so one XOR signs both halves of an input word.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LaneSigns {
+    elements: [u32; LANE_SIGNS],
+    pairs: [u32; LANE_SIGNS],
+}
+
+impl LaneSigns {
+    /// The sign words for inputs of `dtype`.
+    pub(super) fn words(&self, dtype: DType) -> [u32; LANE_SIGNS] {
+        if dtype == DType::F32 {
+            self.elements
+        } else {
+            self.pairs
+        }
+    }
+}
+
+/// The one-lane kernels' signs ([`LaneSigns`]) when those kernels serve a scheme: the Hadamard
+/// rotation at d = 64 or 128, and both streams' nearest levels on their grids (bit widths up
+/// to 4). The eight-lane kernels take the rest, and every scheme when
+/// `DELTAKV_KV_ENCODE=lanes8` is set (for comparisons).
+pub(super) fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<LaneSigns> {
     let signs = k.rotation.hadamard_signs()?;
     let serves = matches!(signs.len(), 64 | 128)
         && super::grid_enabled(k)
         && super::grid_enabled(v)
         && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8");
     serves.then(|| {
-        let mut bits = [0; LANE_SIGNS];
-        for (bit, &sign) in bits.iter_mut().zip(signs) {
+        let mut elements = [0; LANE_SIGNS];
+        for (bit, &sign) in elements.iter_mut().zip(signs) {
             *bit = sign.to_bits() & 0x8000_0000;
         }
-        bits
+        let mut pairs = [0; LANE_SIGNS];
+        for (word, pair) in pairs.iter_mut().zip(elements.chunks_exact(2)) {
+            *word = (pair[0] >> 16) | pair[1];
+        }
+        LaneSigns { elements, pairs }
     })
-}
-
-/// The one-lane kernels' sign words for inputs of `dtype`: f32 inputs take one word per element
-/// (its sign bit); 16-bit inputs one word per element pair, the even element's sign in bit 15
-/// and the odd one's in bit 31, so one XOR signs both halves of an input word.
-pub(super) fn lane_sign_words(bits: &[u32; LANE_SIGNS], dtype: DType) -> [u32; LANE_SIGNS] {
-    if dtype == DType::F32 {
-        return *bits;
-    }
-    let mut words = [0; LANE_SIGNS];
-    for (word, pair) in words.iter_mut().zip(bits.chunks_exact(2)) {
-        *word = (pair[0] >> 16) | pair[1];
-    }
-    words
 }
 
 /// The launch (or two) that encodes a chunk of `vectors` vectors per stream of scheme `s` from
@@ -217,7 +229,6 @@ pub(super) fn encode_launch(
                         ..params
                     },
                     cuda.function(&SOURCE_ENCODE, two_bits_name)?,
-                    config(1),
                 )),
             }
         }
@@ -226,7 +237,7 @@ pub(super) fn encode_launch(
 
 #[cfg(test)]
 mod tests {
-    use super::{divide_magic, lane_encode_signs, lane_sign_words};
+    use super::{divide_magic, lane_encode_signs};
     use deltakv_contract::DType;
     use deltakv_contract::kv::codebook::codebook;
     use deltakv_contract::kv::rotation::Rotation;
@@ -260,16 +271,16 @@ mod tests {
             let (k, v) = quantizers(dim, bits_k, bits_v);
             let signs = lane_encode_signs(&k, &v);
             assert_eq!(signs.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
-            if let Some(bits) = signs {
+            if let Some(signs) = signs {
+                let bits = signs.words(DType::F32);
                 let expected = k.rotation.hadamard_signs().unwrap();
                 for (i, &bit) in bits.iter().enumerate() {
                     let negative = expected.get(i).is_some_and(|s| *s < 0.0);
                     assert_eq!(bit, if negative { 0x8000_0000 } else { 0 }, "sign {i}");
                 }
                 assert!(bits[..dim].contains(&0x8000_0000) && bits[..dim].contains(&0));
-                assert_eq!(lane_sign_words(&bits, DType::F32), bits);
                 for dtype in [DType::BF16, DType::F16] {
-                    let words = lane_sign_words(&bits, dtype);
+                    let words = signs.words(dtype);
                     for (j, &word) in words.iter().enumerate() {
                         let (even, odd) = (bits.get(2 * j), bits.get(2 * j + 1));
                         assert_eq!(word & 0x8000, even.map_or(0, |b| b >> 16), "pair {j}");

@@ -192,7 +192,8 @@ pub fn gdn_prefill(
 
 /// [`gdn_prefill`] that also returns (in [`GdnOutput::checkpoints`]) the state every
 /// `checkpoint_every` tokens of each sequence, for prefix caching and rollback: a positive
-/// multiple of 64; the layout is [`gdn::prefill::checkpoint`]'s. On the CPU and CUDA.
+/// multiple of 64; the layout is [`gdn::prefill::checkpoint`]'s. On every device (CUDA and wgpu
+/// in chunked mode).
 pub fn gdn_prefill_checkpointed(
     device: Device,
     inputs: &GdnInputs<'_>,
@@ -218,32 +219,24 @@ pub fn gdn_prefill_checkpointed(
             )),
         },
         #[cfg(feature = "wgpu")]
-        Device::Wgpu => {
-            no_checkpoints_on(device, checkpoint_every)?;
-            deltakv_wgpu::gdn::gdn_prefill(deltakv_wgpu::Wgpu::get()?, inputs, options, mode)
-        }
+        Device::Wgpu => deltakv_wgpu::gdn::gdn_prefill_checkpointed(
+            deltakv_wgpu::Wgpu::get()?,
+            inputs,
+            options,
+            mode,
+            checkpoint_every,
+        ),
         _ => deltakv_cpu::gdn::gdn_prefill_checkpointed(inputs, options, mode, checkpoint_every),
-    }
-}
-
-/// Refuses checkpoints on a backend that does not take them yet.
-#[cfg(feature = "wgpu")]
-fn no_checkpoints_on(device: Device, checkpoint_every: Option<usize>) -> Result<()> {
-    match checkpoint_every {
-        Some(_) => Err(Error::Unsupported(format!(
-            "prefill state checkpoints are not implemented on {device} yet (the CPU and CUDA \
-             have them)"
-        ))),
-        None => Ok(()),
     }
 }
 
 /// GDN prefill whose initial states are read from, and final states written to, the slots
 /// `slot_indices [N]` of `state_pool [slots, H, K, V]` f32, so a prompt's states land where the
 /// decode steps read them; returns `o`. `inputs.initial_state` must be `None`; the pool changes
-/// only when the call succeeded. With host tensors on `Device::Cuda` the pool travels to the GPU
-/// and back; a serving loop keeps it there and calls [`cuda::gdn::gdn_prefill`] with
-/// `PrefillStates::Pool`.
+/// only when the call succeeded. With host tensors on `Device::Cuda` or `Device::Wgpu` the pool
+/// travels to the device and back; a serving loop keeps it there and calls
+/// [`cuda::gdn::gdn_prefill`] with `PrefillStates::Pool`, or `wgpu::gdn::gdn_prefill_into_pool`
+/// with the pool `wgpu::gdn::gdn_decode` advances.
 pub fn gdn_prefill_into_pool(
     device: Device,
     inputs: &GdnInputs<'_>,
@@ -294,6 +287,16 @@ pub fn gdn_prefill_into_pool_checkpointed(
                 deltakv_cuda::gdn::Split::Auto,
             )
         }
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => deltakv_wgpu::gdn::gdn_prefill_host_into_pool(
+            deltakv_wgpu::Wgpu::get()?,
+            inputs,
+            options,
+            mode,
+            state_pool,
+            slot_indices,
+            checkpoint_every,
+        ),
         _ => deltakv_cpu::gdn::gdn_prefill_into_pool_checkpointed(
             inputs,
             options,

@@ -2,7 +2,7 @@
 //! file exactly as the library returns them; a spacing that is not a positive multiple of 64
 //! exits non-zero with one `error:` line and no output file. And the facade's checkpointed
 //! prefills (plain and pooled) on every device built in, against the f64 oracle (a device that
-//! is missing prints one "skipped" line; wgpu, which has no checkpoints yet, must say so).
+//! is missing prints one "skipped" line).
 
 use deltakv::gdn::oracle::gdn_reference_checkpointed;
 use deltakv::gdn::prefill::checkpoint::worst_checkpoint_error;
@@ -152,11 +152,6 @@ fn the_facade_checkpoints_on_every_device() {
             PrefillMode::Chunk,
             Some(64),
         );
-        if device == Device::Wgpu {
-            let err = plain.unwrap_err().to_string();
-            assert!(err.contains("not implemented on wgpu"), "{err}");
-            continue;
-        }
         let states = plain.unwrap().checkpoints.unwrap().states;
         let err = worst_checkpoint_error(states.as_f32().unwrap(), &reference.checkpoints, 4);
         eprintln!("facade checkpoints on {device}: worst {err:.3e}");

@@ -1,6 +1,6 @@
 //! `deltakv::gdn_prefill_into_pool` on every device built in: the CPU against the prefill from
-//! the slots' states, and CUDA (when a GPU is present) against the CPU within the GPU suite's
-//! tolerance; elsewhere the CUDA case prints one "skipped" line.
+//! the slots' states, and CUDA and wgpu (where present) against the CPU within the GPU suite's
+//! tolerance; a device that is missing prints one "skipped" line.
 
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{GdnInputs, GdnOptions, PrefillMode};
@@ -76,10 +76,19 @@ fn pooled_prefill_on_the_cpu_equals_prefill_from_the_slots() {
 
 #[test]
 fn pooled_prefill_on_cuda_equals_the_cpu() {
-    if let Err(e) = Device::Cuda.ensure_available() {
+    pooled_prefill_on_the_device_equals_the_cpu(Device::Cuda);
+}
+
+#[test]
+fn pooled_prefill_on_wgpu_equals_the_cpu() {
+    pooled_prefill_on_the_device_equals_the_cpu(Device::Wgpu);
+}
+
+fn pooled_prefill_on_the_device_equals_the_cpu(device: Device) {
+    if let Err(e) = device.ensure_available() {
         let _ = writeln!(
             std::io::stderr(),
-            "pooled_prefill_on_cuda_equals_the_cpu: skipped ({e})"
+            "pooled_prefill_on_{device}_equals_the_cpu: skipped ({e})"
         );
         return;
     }
@@ -96,7 +105,7 @@ fn pooled_prefill_on_cuda_equals_the_cpu() {
     .unwrap();
     let mut gpu_pool = pool_before.clone();
     let gpu_o = gdn_prefill_into_pool(
-        Device::Cuda,
+        device,
         &case.inputs(),
         &options(),
         PrefillMode::Chunk,
@@ -118,6 +127,6 @@ fn pooled_prefill_on_cuda_equals_the_cpu() {
         .collect();
     let o_err = rel_rms(&gpu_o.to_f32_vec("o").unwrap(), &cpu_o64);
     let pool_err = rel_rms(gpu_pool.as_f32().unwrap(), &cpu_pool64);
-    eprintln!("pooled prefill, cuda against cpu: o {o_err:.2e}, pool {pool_err:.2e}");
+    eprintln!("pooled prefill, {device} against cpu: o {o_err:.2e}, pool {pool_err:.2e}");
     assert!(o_err < 4e-3 && pool_err < 4e-3);
 }

@@ -8,7 +8,7 @@
 //! the prepare pass writes every word the state pass reads); a call whose scratch would not
 //! fit one storage binding returns `None` and the caller runs the single-pass kernel instead.
 
-use super::chunk_table::chunk_table;
+use super::chunk_table::{Segmenting, chunk_table};
 use super::recurrent::dtype_code;
 pub use super::state_plan::{
     GROUPS_ENV, PREPARE_KERNEL_ENV, PrepareKernel, SEGMENT_ENV, STATE_KERNEL_ENV, StateKernel,
@@ -133,6 +133,20 @@ pub struct ChunkCall<'a> {
     pub o: &'a WgpuTensor,
     pub scale: f32,
     pub l2norm: bool,
+    /// With state checkpoints every this many chunks: sequences are cut into segments at those
+    /// boundaries (overriding the plan's segments), whose entry states are the checkpoints.
+    pub checkpoint_chunks: Option<usize>,
+}
+
+/// Where the state after a segment boundary lies once a launch has run: the combine's entry
+/// states of split sequences (see [`ChunkLaunch::entry_states`]).
+pub struct EntryStates<'a> {
+    /// The buffer holding them, `[slots, H, K, V]` f32 from `offset` bytes on.
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    /// Per sequence: its first slot and its segment count where it is split, else `None`;
+    /// slot `first + i` holds the state after segment `i - 1` (slot `first`, the initial one).
+    pub split_slots: &'a [Option<(usize, usize)>],
 }
 
 /// Both passes, ready to encode any number of times.
@@ -147,6 +161,10 @@ pub struct ChunkLaunch {
     kernel: StateKernel,
     /// The two steps before the outputs walk where a sequence is split into segments.
     segments: Option<Segments>,
+    /// Per sequence: its first slot and segment count where split (see [`EntryStates`]).
+    split_slots: Vec<Option<(usize, usize)>>,
+    /// Byte offset of the entry states in the segment states buffer.
+    entry_offset: u64,
     /// The scratch (shared with other calls: see `Wgpu::scratch`), the chunk table and the
     /// segment states, kept alive for the bindings.
     _buffers: (wgpu::Buffer, WgpuTensor, wgpu::Buffer),
@@ -169,7 +187,12 @@ impl ChunkLaunch {
         let d = &call.dims;
         let heads = d.value_heads;
         plan.check()?;
-        let mut table = chunk_table(call.seqs, plan.segment_chunks);
+        let segmenting = match (call.checkpoint_chunks, plan.segment_chunks) {
+            (Some(every), _) => Segmenting::Every(every),
+            (None, Some(most)) => Segmenting::AtMost(most),
+            (None, None) => Segmenting::Whole,
+        };
+        let mut table = chunk_table(call.seqs, segmenting);
         let chunks = table.chunks;
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
@@ -269,7 +292,8 @@ impl ChunkLaunch {
                 let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
                     label: Some("gdn_chunk walk states"),
                     size: bytes,
-                    usage: wgpu::BufferUsages::STORAGE,
+                    // Copied from where the entry states are checkpoints.
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 });
                 walk_states = wgpu
@@ -278,12 +302,25 @@ impl ChunkLaunch {
                     .map(|()| buffer);
             }
             if walk_states.is_none() {
-                table = chunk_table(call.seqs, None);
+                if call.checkpoint_chunks.is_some() {
+                    return Err(Error::Unsupported(format!(
+                        "state checkpoints on wgpu keep every segment's entry state and transition \
+                         on the device ({bytes} bytes for this call), more than one storage \
+                         binding of {} takes ({}): ask for fewer checkpoints (a larger \
+                         checkpoint_every) or split the call",
+                        limits
+                            .max_storage_buffer_binding_size
+                            .min(limits.max_buffer_size),
+                        wgpu.describe()
+                    )));
+                }
+                table = chunk_table(call.seqs, Segmenting::Whole);
             }
         }
         let split = walk_states.is_some();
         let walk_states = walk_states.unwrap_or_else(|| wgpu.placeholder().clone());
         let (units, slots) = (table.units, table.slots);
+        let split_slots = std::mem::take(&mut table.split_slots);
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -444,6 +481,8 @@ impl ChunkLaunch {
             prepare_group,
             state_group,
             segments,
+            split_slots,
+            entry_offset: 4 * (slots * heads * d.key_dim * trans_width) as u64,
             prepare_grid: (
                 heads as u32,
                 GRID_ROW.min(chunks) as u32,
@@ -487,6 +526,16 @@ impl ChunkLaunch {
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_group, &[]);
         pass.dispatch_workgroups(self.state_grid.0, self.state_grid.1, self.state_grid.2);
+    }
+
+    /// The combine's entry states, where the launch splits sequences into segments (else
+    /// `None`); valid once the launch has run.
+    pub fn entry_states(&self) -> Option<EntryStates<'_>> {
+        self.segments.as_ref().map(|_| EntryStates {
+            buffer: &self._buffers.2,
+            offset: self.entry_offset,
+            split_slots: &self.split_slots,
+        })
     }
 
     /// The state pass's column tile.

@@ -5,6 +5,7 @@ pub mod chunks;
 pub mod decode;
 pub mod decode_sources;
 pub mod prefill;
+mod prefill_states;
 pub mod recurrent;
 mod state_plan;
 
@@ -13,4 +14,5 @@ pub use decode::{
     DecodeLaunch, DecodeTile, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch, prepare_decode_launch_tiled,
 };
-pub use prefill::{PreparedPrefill, gdn_prefill, gdn_prefill_planned};
+pub use prefill::{PreparedPrefill, gdn_prefill, gdn_prefill_checkpointed, gdn_prefill_planned};
+pub use prefill_states::{gdn_prefill_host_into_pool, gdn_prefill_into_pool};

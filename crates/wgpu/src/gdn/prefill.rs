@@ -10,15 +10,19 @@
 //! or, where their scratch buffer would not fit one binding, `chunk.wgsl` (the recurrence
 //! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
+//!
+//! State checkpoints and prefills over a device state pool are in `prefill_states.rs`.
 
-use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
+use super::chunks::{CHUNK, ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
+use super::prefill_states::DeviceCheckpoints;
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
+use deltakv_contract::gdn::prefill::checkpoint::CheckpointPlan;
 use deltakv_contract::gdn::prefill::validate::validate_prefill;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
-use deltakv_contract::{DType, HostTensor, Result};
+use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// Workgroups below which a call uses 16-column tiles instead of 64-column ones (four times the
 /// workgroups, for the few long sequences of a prefill).
@@ -35,8 +39,19 @@ pub struct PreparedPrefill {
     launch: Launch,
     o: WgpuTensor,
     state: WgpuTensor,
+    checkpoints: Option<DeviceCheckpoints>,
     /// Kept alive for the bindings.
     _inputs: Vec<WgpuTensor>,
+}
+
+/// What a prefill takes beyond FLA's arguments.
+#[derive(Default)]
+pub(crate) struct PrefillExtras {
+    /// `[N, H, K, V]` f32 initial states already on the device (a pool's rows), used in place
+    /// of `inputs.initial_state`, which must then be `None`.
+    pub initial_state: Option<WgpuTensor>,
+    /// Checkpoints every this many tokens (see `deltakv_contract::gdn::prefill::checkpoint`).
+    pub checkpoint_every: Option<usize>,
 }
 
 impl PreparedPrefill {
@@ -60,7 +75,51 @@ impl PreparedPrefill {
         mode: PrefillMode,
         plan: &StatePlan,
     ) -> Result<Self> {
+        Self::build(wgpu, inputs, options, mode, plan, PrefillExtras::default())
+    }
+
+    /// [`PreparedPrefill::new`] that also takes the state checkpoints every `checkpoint_every`
+    /// tokens (a positive multiple of 64; chunked mode only): the chunked state pass then cuts
+    /// every sequence into segments at the checkpoints (the two-level scan), whose entry
+    /// states the combine stores and the submission copies out.
+    pub fn checkpointed(
+        wgpu: &Wgpu,
+        inputs: &GdnInputs<'_>,
+        options: &GdnOptions,
+        mode: PrefillMode,
+        checkpoint_every: Option<usize>,
+    ) -> Result<Self> {
+        let extras = PrefillExtras {
+            initial_state: None,
+            checkpoint_every,
+        };
+        Self::build(
+            wgpu,
+            inputs,
+            options,
+            mode,
+            &StatePlan::from_env_once()?,
+            extras,
+        )
+    }
+
+    pub(crate) fn build(
+        wgpu: &Wgpu,
+        inputs: &GdnInputs<'_>,
+        options: &GdnOptions,
+        mode: PrefillMode,
+        plan: &StatePlan,
+        extras: PrefillExtras,
+    ) -> Result<Self> {
         let (shapes, _) = validate_prefill(inputs, options)?;
+        let checkpoint_plan = CheckpointPlan::optional(extras.checkpoint_every, &shapes.seqs)?;
+        if checkpoint_plan.is_some() && mode != PrefillMode::Chunk {
+            return Err(Error::Unsupported(
+                "state checkpoints on wgpu are taken by the chunked prefill (mode chunk); the \
+                 token-loop kernel has none"
+                    .to_string(),
+            ));
+        }
         let d = shapes.dims;
         let sequences = shapes.seqs.len();
         let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
@@ -71,9 +130,17 @@ impl PreparedPrefill {
             up(inputs.g)?,
             up(inputs.beta)?,
         );
-        let state = match inputs.initial_state {
-            Some(s) => up(s)?,
-            None => WgpuTensor::zeros(
+        let state = match (extras.initial_state, inputs.initial_state) {
+            (Some(_), Some(_)) => {
+                return Err(Error::InvalidValue(
+                    "initial_state and a state pool were both given: a pooled prefill reads \
+                     each sequence's initial state from its slot"
+                        .to_string(),
+                ));
+            }
+            (Some(device_state), None) => device_state,
+            (None, Some(s)) => up(s)?,
+            (None, None) => WgpuTensor::zeros(
                 wgpu,
                 vec![sequences, d.value_heads, d.key_dim, d.value_dim],
                 DType::F32,
@@ -112,11 +179,28 @@ impl PreparedPrefill {
                     o: &o,
                     scale: shapes.scale,
                     l2norm: options.use_qk_l2norm,
+                    checkpoint_chunks: checkpoint_plan.as_ref().map(|c| c.every / CHUNK),
                 },
                 plan,
             )?
         } else {
             None
+        };
+        let checkpoints = match (&checkpoint_plan, &chunked) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::Unsupported(format!(
+                    "state checkpoints on wgpu need the two-pass chunked kernels, and this \
+                     call's chunk scratch exceeds one storage binding on {}: split the call",
+                    wgpu.describe()
+                )));
+            }
+            (Some(checkpoint_plan), Some(launch)) => Some(DeviceCheckpoints::new(
+                wgpu,
+                checkpoint_plan.clone(),
+                &d,
+                launch.entry_states(),
+            )?),
         };
         let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
         let launch = match chunked {
@@ -155,15 +239,23 @@ impl PreparedPrefill {
             launch,
             o,
             state,
+            checkpoints,
             _inputs: [q, k, v, g, beta].into_iter().chain(offsets).collect(),
         })
     }
 
-    /// Queues `repeat` back-to-back dispatches in one submission.
+    /// Queues `repeat` back-to-back dispatches in one submission, then (with checkpoints) the
+    /// copies of the checkpoints the last one left.
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
         match &self.launch {
-            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both),
-            Launch::Single(launch) => launch.submit(wgpu, repeat),
+            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both)?,
+            Launch::Single(launch) => launch.submit(wgpu, repeat)?,
+        }
+        match (&self.checkpoints, &self.launch) {
+            (Some(checkpoints), Launch::Chunks(launch)) => {
+                checkpoints.copy(wgpu, launch.entry_states(), &self.state)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -202,7 +294,13 @@ impl PreparedPrefill {
         }
     }
 
-    /// Copies `o` and the final states back, refusing a result that overflowed f32.
+    /// The final states on the device, `[N, H, K, V]` f32 (valid once submitted).
+    pub(crate) fn final_states(&self) -> &WgpuTensor {
+        &self.state
+    }
+
+    /// Copies `o`, the final states and the checkpoints back, refusing a result that
+    /// overflowed f32.
     pub fn outputs(&self, wgpu: &Wgpu) -> Result<GdnOutput> {
         let o = self.o.download(wgpu)?;
         let final_state = self.state.download(wgpu)?;
@@ -213,10 +311,14 @@ impl PreparedPrefill {
             "n, h, k, v",
             GDN_OVERFLOW_CAUSE,
         )?;
+        let checkpoints = match &self.checkpoints {
+            Some(checkpoints) => Some(checkpoints.download(wgpu)?),
+            None => None,
+        };
         Ok(GdnOutput {
             o,
             final_state,
-            checkpoints: None,
+            checkpoints,
         })
     }
 }
@@ -231,6 +333,21 @@ pub fn gdn_prefill(
     mode: PrefillMode,
 ) -> Result<GdnOutput> {
     let prepared = PreparedPrefill::new(wgpu, inputs, options, mode)?;
+    prepared.submit(wgpu, 1)?;
+    prepared.outputs(wgpu)
+}
+
+/// [`gdn_prefill`] that also returns the state every `checkpoint_every` tokens of each sequence
+/// (a positive multiple of 64; chunked mode only; see [`PreparedPrefill::checkpointed`]), in
+/// the layout of `deltakv_contract::gdn::prefill::checkpoint`.
+pub fn gdn_prefill_checkpointed(
+    wgpu: &Wgpu,
+    inputs: &GdnInputs<'_>,
+    options: &GdnOptions,
+    mode: PrefillMode,
+    checkpoint_every: Option<usize>,
+) -> Result<GdnOutput> {
+    let prepared = PreparedPrefill::checkpointed(wgpu, inputs, options, mode, checkpoint_every)?;
     prepared.submit(wgpu, 1)?;
     prepared.outputs(wgpu)
 }

@@ -8,9 +8,10 @@
 use super::{JsonArg, median_ms, progress, write_json};
 use crate::cli::DeviceArg;
 use clap::Args;
+use deltakv::gdn::prefill::checkpoint::check_checkpoint_every;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{GdnOptions, PrefillMode};
-use deltakv::{Device, Result, gdn_prefill};
+use deltakv::{Device, Result, gdn_prefill_checkpointed};
 use serde_json::json;
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ pub struct GdnBenchArgs {
     /// pool of B slots).
     #[arg(long, value_delimiter = ',', default_value = "1,32,256")]
     pub decode_batches: Vec<usize>,
+    /// Also time each chunked prefill with state checkpoints every N tokens (a positive
+    /// multiple of 64), beside the prefill without them.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
     #[command(flatten)]
     pub json: JsonArg,
 }
@@ -78,6 +83,9 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
         )));
     }
     super::gdn_decode::check_batches(&args.decode_batches)?;
+    if let Some(every) = args.checkpoint_every {
+        check_checkpoint_every(every)?;
+    }
     args.json.check()?;
     let mut records = Vec::new();
     match device {
@@ -91,14 +99,15 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
                     .iter()
                     .map(|&t| ("qwen3-next", 1, t, 16, 32, 128, 128)),
             );
-            for line in super::gdn_prefill_cuda::run(&shapes, &mut records)? {
+            for line in super::gdn_prefill_cuda::run(&shapes, args.checkpoint_every, &mut records)?
+            {
                 println!("{line}");
             }
         }
         #[cfg(feature = "wgpu")]
         Device::Wgpu => {
             let modes: Vec<PrefillMode> = args.modes.iter().map(|&m| m.into()).collect();
-            super::gdn_prefill_wgpu::run(&seq_lens, &modes, &mut records)?;
+            super::gdn_prefill_wgpu::run(&seq_lens, &modes, args.checkpoint_every, &mut records)?;
         }
         #[allow(unreachable_patterns)] // with both GPU features every device is matched above
         _ => println!("GDN prefill on {device}: not implemented yet, skipped"),
@@ -118,7 +127,14 @@ fn prefill(
     records: &mut Vec<serde_json::Value>,
 ) -> Result<()> {
     let device = Device::Cpu;
-    let total = SHAPES.len() * seq_lens.len() * args.modes.len();
+    let with_checkpoints = usize::from(
+        args.checkpoint_every.is_some()
+            && args
+                .modes
+                .iter()
+                .any(|&m| PrefillMode::from(m) == PrefillMode::Chunk),
+    );
+    let total = SHAPES.len() * seq_lens.len() * (args.modes.len() + with_checkpoints);
     let bar = progress(total);
     let mut lines = Vec::new();
     for (shape, key_heads, value_heads, key_dim, value_dim) in SHAPES {
@@ -127,22 +143,38 @@ fn prefill(
                 &GdnSpec::new(tokens, key_heads, value_heads, key_dim, value_dim),
                 42,
             )?;
-            for &mode_arg in &args.modes {
+            let runs = args.modes.iter().flat_map(|&mode_arg| {
                 let mode = PrefillMode::from(mode_arg);
+                let with_checkpoints = args.checkpoint_every.filter(|_| mode == PrefillMode::Chunk);
+                std::iter::once((mode, None)).chain(with_checkpoints.map(|n| (mode, Some(n))))
+            });
+            for (mode, checkpoint_every) in runs {
                 bar.set_message(format!("{shape} T={tokens} {mode:?}"));
                 let ms = median_ms(3, Duration::from_secs(2), || {
-                    gdn_prefill(device, &case.inputs(), &GdnOptions::default(), mode).map(drop)
+                    let options = GdnOptions::default();
+                    gdn_prefill_checkpointed(
+                        device,
+                        &case.inputs(),
+                        &options,
+                        mode,
+                        checkpoint_every,
+                    )
+                    .map(drop)
                 })?;
+                let label = match checkpoint_every {
+                    Some(n) => format!("{mode:?}+ckpt{n}").to_lowercase(),
+                    None => format!("{mode:?}").to_lowercase(),
+                };
                 let tokens_per_s = tokens as f64 / (ms / 1e3);
                 let gflops = prefill_flops(mode, tokens, key_dim, value_dim) * value_heads as f64
                     / (ms / 1e3)
                     / 1e9;
                 lines.push(format!(
-                    "{shape:<12} {:<9} T={tokens:<6} {ms:>10.2} ms {tokens_per_s:>12.0} tok/s {gflops:>7.1} GFLOP/s",
-                    format!("{mode:?}").to_lowercase()
+                    "{shape:<12} {label:<9} T={tokens:<6} {ms:>10.2} ms {tokens_per_s:>12.0} tok/s {gflops:>7.1} GFLOP/s"
                 ));
                 records.push(json!({
                     "op": "gdn_prefill", "device": device.name(), "mode": format!("{mode:?}").to_lowercase(),
+                    "checkpoint_every": checkpoint_every,
                     "shape": shape, "B": 1, "T": tokens, "Hg": key_heads, "H": value_heads,
                     "K": key_dim, "V": value_dim, "dtype": "bf16", "median_ms": ms,
                     "tokens_per_s": tokens_per_s, "gflop_per_s": gflops,

@@ -4,7 +4,8 @@
 //! with CUDA events (kernel time, no host launch overhead; FLA's side of
 //! `tools/compare_fla.py` is timed the same way). Beside it, the whole call as an API user
 //! pays it: validation, the call's tables and scratch, the launches and the wait for the
-//! results, timed on the host (median of 10 calls after a warm one).
+//! results, timed on the host (median of 10 calls after a warm one). With `--checkpoint-every
+//! N`, the GPU time of the same call storing its state checkpoints too.
 
 use super::gdn::PrefillShape;
 use deltakv::cuda::gdn::{PrefillExtras, PrefillLaunch, PrefillStates};
@@ -16,7 +17,11 @@ use deltakv::{DType, HostTensor, Result};
 use serde_json::json;
 
 /// Times each shape on the GPU and returns the table lines; appends JSON records.
-pub fn run(shapes: &[PrefillShape], records: &mut Vec<serde_json::Value>) -> Result<Vec<String>> {
+pub fn run(
+    shapes: &[PrefillShape],
+    checkpoint_every: Option<usize>,
+    records: &mut Vec<serde_json::Value>,
+) -> Result<Vec<String>> {
     let cuda = Cuda::get()?;
     let mut lines = vec![format!(
         "GDN prefill on cuda ({}, {}), bf16 q/k/v, l2 norm, initial + final state; median GPU time per call over CUDA-graph replays; whole call: host time of one API call to its results",
@@ -98,6 +103,36 @@ pub fn run(shapes: &[PrefillShape], records: &mut Vec<serde_json::Value>) -> Res
             "V": value_dim, "dtype": "bf16", "use_qk_l2norm": true, "initial_state": true,
             "median_ms": ms, "whole_call_ms": call_ms, "tokens_per_s": tokens_per_s, "segments": launch.segments(),
         }));
+        if let Some(every) = checkpoint_every {
+            let launch = PrefillLaunch::new(
+                cuda,
+                &inputs,
+                &options,
+                &mut PrefillStates::Separate {
+                    output_final_state: true,
+                },
+                &mut o,
+                Some(&mut final_state),
+                PrefillExtras {
+                    checkpoint_every: Some(every),
+                    ..PrefillExtras::default()
+                },
+            )?;
+            let us = median_graph_us(cuda, 5, 20, || launch.launch(cuda))?;
+            let with_ms = us / 1e3;
+            lines.push(format!(
+                "{:<12} with checkpoints every {every} tokens: {with_ms:>9.3} ms ({:+.1}%)  segments {}",
+                "",
+                100.0 * (with_ms / ms - 1.0),
+                launch.segments()
+            ));
+            records.push(json!({
+                "op": "gdn_prefill", "device": "cuda", "gpu": cuda.name(), "shape": name,
+                "B": batch, "T": tokens, "Hg": key_heads, "H": value_heads, "K": key_dim,
+                "V": value_dim, "dtype": "bf16", "use_qk_l2norm": true, "initial_state": true,
+                "checkpoint_every": every, "median_ms": with_ms, "segments": launch.segments(),
+            }));
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();

@@ -3,7 +3,8 @@
 //! dispatch timed from submission to idle, for each of `--modes` (chunk: the two passes of
 //! `chunks.wgsl`, each also timed alone, then the whole call again; recurrent: the token loop).
 //! The model shapes at each `--seq-lens` length, then a tensor-parallel shard at 65536 tokens
-//! (as `bench gdn --device cuda` runs it).
+//! (as `bench gdn --device cuda` runs it). With `--checkpoint-every N`, the chunked prefill
+//! storing its state checkpoints too.
 
 use super::gdn::{SERVING_SHAPES, SHAPES, prefill_flops};
 use deltakv::Result;
@@ -18,6 +19,7 @@ use serde_json::json;
 pub fn run(
     seq_lens: &[usize],
     modes: &[PrefillMode],
+    checkpoint_every: Option<usize>,
     records: &mut Vec<serde_json::Value>,
 ) -> Result<()> {
     let wgpu = Wgpu::get()?;
@@ -106,6 +108,31 @@ pub fn run(
                 "median_ms": ms, "tokens_per_s": tokens_per_s, "gflop_per_s": gflops,
                 "passes": passes,
             }));
+            if let Some(every) = checkpoint_every.filter(|_| mode == PrefillMode::Chunk) {
+                let prepared = PreparedPrefill::checkpointed(
+                    wgpu,
+                    &case.inputs(),
+                    &GdnOptions::default(),
+                    mode,
+                    Some(every),
+                )?;
+                prepared.submit(wgpu, 1)?;
+                let us = median_dispatch_us(wgpu, 1, 5, |n| prepared.submit(wgpu, n))?;
+                let with_ms = us / 1e3;
+                prepared.outputs(wgpu)?;
+                let units = prepared.walk_units().unwrap_or(1);
+                println!(
+                    "{:<12} with checkpoints every {every} tokens: {with_ms:.2} ms ({:+.1}%), {units} walk units",
+                    "",
+                    100.0 * (with_ms / ms - 1.0)
+                );
+                records.push(json!({
+                    "op": "gdn_prefill", "device": "wgpu", "adapter": wgpu.name(),
+                    "mode": name, "shape": shape, "B": 1, "T": tokens, "Hg": key_heads,
+                    "H": value_heads, "K": key_dim, "V": value_dim, "dtype": "bf16",
+                    "checkpoint_every": every, "median_ms": with_ms, "walk_units": units,
+                }));
+            }
         }
     }
     Ok(())

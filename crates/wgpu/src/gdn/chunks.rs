@@ -187,6 +187,9 @@ impl ChunkLaunch {
         let d = &call.dims;
         let heads = d.value_heads;
         plan.check()?;
+        if plan.kernel == StateKernel::OnePass {
+            return Ok(None);
+        }
         let segmenting = match (call.checkpoint_chunks, plan.segment_chunks) {
             (Some(every), _) => Segmenting::Every(every),
             (None, Some(most)) => Segmenting::AtMost(most),
@@ -217,6 +220,7 @@ impl ChunkLaunch {
         let bytes = 16 * words as u64;
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
         if bytes > limits.max_storage_buffer_binding_size
+            || plan.scratch_limit.is_some_and(|most| bytes > most)
             || bytes > limits.max_buffer_size
             || words > u32::MAX as usize
             || chunks.div_ceil(GRID_ROW) > max_dim

@@ -7,8 +7,9 @@
 //! in place. [`PrefillMode::Chunk`] runs the two passes of `chunks.wgsl` (every chunk's WY
 //! factors at once, then the state walk per (walk unit, head, column tile), a walk unit being a
 //! sequence or, with segments, a segment of one; see `chunks.rs`),
-//! or, where their scratch buffer would not fit one binding, `chunk.wgsl` (the recurrence
-//! unrolled over chunks of 16 tokens, 8 for K > 128, in one pass);
+//! or, where their scratch buffer would not fit one binding, the token loop of
+//! `recurrent.wgsl` (`chunk.wgsl`, the recurrence unrolled over chunks of 16 tokens in one
+//! pass, runs only where the plan asks for [`StateKernel::OnePass`]);
 //! [`PrefillMode::Recurrent`] the token loop of `recurrent.wgsl`.
 //!
 //! State checkpoints and prefills over a device state pool are in `prefill_states.rs`.
@@ -190,8 +191,9 @@ impl PreparedPrefill {
             (None, _) => None,
             (Some(_), None) => {
                 return Err(Error::Unsupported(format!(
-                    "state checkpoints on wgpu need the two-pass chunked kernels, and this \
-                     call's chunk scratch exceeds one storage binding on {}: split the call",
+                    "state checkpoints on wgpu need the two-pass chunked kernels, and this call \
+                     runs the one-pass kernel (its chunk scratch exceeds one storage binding on \
+                     {}, or the plan asked for it): split the call",
                     wgpu.describe()
                 )));
             }
@@ -226,7 +228,11 @@ impl PreparedPrefill {
                         } else {
                             32
                         };
-                        if mode == PrefillMode::Chunk {
+                        // The one-pass chunk kernel only where the plan asks for it: on
+                        // lavapipe it loses the state past ~900 tokens of a sequence (K =
+                        // 128; docs/wgpu.md), so a chunked call too large for the two passes'
+                        // scratch runs the token loop, the same recurrence.
+                        if mode == PrefillMode::Chunk && plan.kernel == StateKernel::OnePass {
                             Kernel::Chunk { col_pairs }
                         } else {
                             Kernel::Pairs { col_pairs }

@@ -12,7 +12,7 @@ pub const TILE_ENV: &str = "DELTAKV_WGPU_PREFILL_TILE";
 /// [`StatePlan::row_groups`]).
 pub const GROUPS_ENV: &str = "DELTAKV_WGPU_PREFILL_GROUPS";
 
-/// Set to `general`, `staged` or `coop`, the environment variable that picks
+/// Set to `general`, `staged`, `coop` or `one-pass`, the environment variable that picks
 /// the state pass's kernel where more than one serves (see [`StateKernel`]).
 pub const STATE_KERNEL_ENV: &str = "DELTAKV_WGPU_PREFILL_STATE";
 
@@ -58,6 +58,11 @@ pub enum StateKernel {
     /// (`DELTAKV_WGPU_COOP=1`, subgroups of 32), 16-column tiles, K = 64 or 128, V even. Never
     /// chosen by `Auto`: slower than [`StateKernel::Staged`] on the H100.
     Coop,
+    /// No state pass: the one-pass kernel `chunk.wgsl` (the recurrence unrolled over chunks of
+    /// 16 tokens, no scratch), run only when asked for (to test and time it; on lavapipe it
+    /// loses the state past ~900 tokens of a sequence at K = 128). Where the two passes'
+    /// scratch exceeds one storage binding, `Auto` runs the token loop instead. No checkpoints.
+    OnePass,
 }
 
 /// How the state pass is shaped: the launcher's choice for each field left at `None` / `Auto`
@@ -81,6 +86,10 @@ pub struct StatePlan {
     /// twice the walk's products). `None` (the default): every sequence walked whole. A call
     /// whose segment buffers would not fit one binding walks its sequences whole.
     pub segment_chunks: Option<usize>,
+    /// The most bytes of scratch the two passes may take; a call that needs more runs the
+    /// token loop (`recurrent.wgsl`). `None` (the default): the adapter's largest storage
+    /// binding. Lower it to test that fallback on any adapter.
+    pub scratch_limit: Option<u64>,
 }
 
 impl StatePlan {
@@ -115,6 +124,7 @@ impl StatePlan {
                 ("general", StateKernel::General),
                 ("staged", StateKernel::Staged),
                 ("coop", StateKernel::Coop),
+                ("one-pass", StateKernel::OnePass),
             ],
         )?;
         let prepare = named_choice(
@@ -141,6 +151,7 @@ impl StatePlan {
             kernel,
             prepare,
             segment_chunks,
+            scratch_limit: None,
         })
     }
 

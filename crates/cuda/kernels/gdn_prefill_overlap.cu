@@ -185,6 +185,14 @@ __device__ void overlap_impl(const PrefillParams& p) {
                 state,
                 [&](unsigned (&a)[4], int step) { frag_a_transposed(a, stage.k(), LDK, 16 * warp, 16 * step, lane); },
                 decayed_values, 0);
+            // A checkpoint after this chunk (checkpoints fall on chunk ends, see the host's
+            // table): the state group's registers, as the final state is stored.
+            if (p.checkpoints) {
+                const int checkpoint = ((const int*)p.chunk_checkpoint)[first_chunk + ci];
+                if (checkpoint >= 0) {
+                    store_state_block(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
+                }
+            }
         }
         if (p.final_state && segment_is_last(p, segment)) {
             store_state_block(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);

@@ -146,12 +146,11 @@ pub(super) enum StatePass {
     Lockstep,
 }
 
-/// The overlapped pass where it exists, unless the call stores checkpoints (only the lockstep
-/// pass has the registers for that store) or `DELTAKV_PREFILL_STATE=lockstep` asks for the
-/// other (for comparisons).
-pub(super) fn state_pass_kind(kp: usize, storing_checkpoints: bool) -> StatePass {
+/// The overlapped pass where it exists (K <= 128; both passes store checkpoints from their
+/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` asks for the other (for comparisons).
+pub(super) fn state_pass_kind(kp: usize) -> StatePass {
     let lockstep = std::env::var("DELTAKV_PREFILL_STATE").is_ok_and(|v| v == "lockstep");
-    if kp <= 128 && !lockstep && !storing_checkpoints {
+    if kp <= 128 && !lockstep {
         StatePass::Overlap
     } else {
         StatePass::Lockstep

@@ -207,7 +207,7 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = state_pass_kind(kp, storing_checkpoints);
+        let pass = state_pass_kind(kp);
         // The scores Q K^T o D and q's chunk copies, which the prepare kernel writes for the
         // overlapped pass only.
         let overlapped = pass == StatePass::Overlap;

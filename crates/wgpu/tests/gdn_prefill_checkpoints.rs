@@ -1,7 +1,8 @@
 //! Prefill state checkpoints and the prefill over a device state pool on wgpu, against the f64
 //! oracle run to each checkpoint position: odd lengths, varlen with sequences shorter than,
 //! equal to and longer than the spacing, GQA, K != V, initial states, Qwen3-Next-like gates,
-//! spacings 64 and 192; a sequence that ends on a checkpoint gives its final state exactly; a
+//! spacings 64 and 192, with the staged and the general state kernels, whole and in segments; a
+//! sequence that ends on a checkpoint gives its final state exactly; a
 //! pooled prefill followed by a decode on the device equals the longer prefill; refusals.
 //! Shapes stay modest: CI runs them on lavapipe, a CPU.
 //!
@@ -22,7 +23,8 @@ use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::rng::Rng;
 use deltakv_contract::{DType, HostTensor};
 use deltakv_wgpu::gdn::{
-    gdn_decode, gdn_prefill_checkpointed, gdn_prefill_host_into_pool, gdn_prefill_into_pool,
+    PreparedPrefill, StateKernel, StatePlan, gdn_decode, gdn_prefill_checkpointed,
+    gdn_prefill_host_into_pool, gdn_prefill_into_pool,
 };
 use deltakv_wgpu::{Wgpu, WgpuTensor};
 
@@ -36,8 +38,38 @@ fn options(l2: bool) -> GdnOptions {
     }
 }
 
-/// Checkpoints every `every` tokens against the oracle; a checkpoint at a sequence's end must
-/// equal its final state exactly, and o and the final states must still be right.
+/// The state pass's shapes a checkpointed call must serve: the launcher's choice (the staged
+/// kernel at these shapes), the general kernel at both column tiles, and sequences split into
+/// segments of 1 and 3 chunks (each segment's outputs walk storing its own checkpoints).
+fn plans() -> Vec<(&'static str, StatePlan)> {
+    let general = |tile| StatePlan {
+        kernel: StateKernel::General,
+        tile: Some(tile),
+        row_groups: Some(8),
+        ..StatePlan::default()
+    };
+    let segments = |n| StatePlan {
+        segment_chunks: Some(n),
+        ..StatePlan::default()
+    };
+    vec![
+        ("default", StatePlan::default()),
+        ("general, 16 columns", general(16)),
+        ("general, 32 columns", general(32)),
+        ("segments of 1 chunk", segments(1)),
+        (
+            "general, segments of 3",
+            StatePlan {
+                segment_chunks: Some(3),
+                ..general(16)
+            },
+        ),
+    ]
+}
+
+/// Checkpoints every `every` tokens against the oracle in every plan of [`plans`]; a
+/// checkpoint at a sequence's end must equal its final state exactly, and o and the final
+/// states must still be right.
 fn check(wgpu: &Wgpu, name: &str, case: &GdnCase, options: &GdnOptions, every: usize) {
     let inputs = case.inputs();
     let heads: Vec<usize> = (0..case.v.shape()[2]).collect();
@@ -46,34 +78,47 @@ fn check(wgpu: &Wgpu, name: &str, case: &GdnCase, options: &GdnOptions, every: u
     let plan = CheckpointPlan::new(every, &seqs).unwrap();
     let (h, k, v) = (case.v.shape()[2], case.q.shape()[3], case.v.shape()[3]);
     let state_len = h * k * v;
-    let what = format!("{name} every {every}");
-    let out = gdn_prefill_checkpointed(wgpu, &inputs, options, PrefillMode::Chunk, Some(every))
+    for (plan_name, state_plan) in plans() {
+        let what = format!("{name} every {every} ({plan_name})");
+        let prepared = PreparedPrefill::checkpointed(
+            wgpu,
+            &inputs,
+            options,
+            PrefillMode::Chunk,
+            &state_plan,
+            Some(every),
+        )
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let checkpoints = out.checkpoints.expect("checkpoints were asked for");
-    assert_eq!(checkpoints.every, every);
-    assert_eq!(checkpoints.states.dtype(), DType::F32);
-    assert_eq!(checkpoints.states.shape(), &[plan.total(), h, k, v]);
-    let want: Vec<i64> = plan.offsets.iter().map(|&x| x as i64).collect();
-    assert_eq!(checkpoints.offsets.to_i64_vec("offsets").unwrap(), want);
-    let states = checkpoints.states.as_f32().unwrap();
-    let worst = worst_checkpoint_error(states, &reference.checkpoints, plan.total());
-    let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
-    let finals = out.final_state.as_f32().unwrap();
-    let s_err = rel_rms(finals, &reference.final_state);
-    eprintln!(
-        "{what}: {} checkpoints, worst {worst:.3e}; o {o_err:.3e}, final_state {s_err:.3e}",
-        plan.total()
-    );
-    assert!(worst < STATE_TOLERANCE, "{what}: checkpoint {worst:.3e}");
-    assert!(o_err < O_TOLERANCE, "{what}: o {o_err:.3e}");
-    assert!(s_err < STATE_TOLERANCE, "{what}: final_state {s_err:.3e}");
-    for (n, seq) in seqs.iter().enumerate() {
-        if let Some(row) = plan.row_at(n, seq.len) {
-            assert_eq!(
-                &states[row * state_len..][..state_len],
-                &finals[n * state_len..][..state_len],
-                "{what}: sequence {n} ends on checkpoint {row}"
-            );
+        prepared.submit(wgpu, 1).unwrap();
+        let out = prepared
+            .outputs(wgpu)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let checkpoints = out.checkpoints.expect("checkpoints were asked for");
+        assert_eq!(checkpoints.every, every);
+        assert_eq!(checkpoints.states.dtype(), DType::F32);
+        assert_eq!(checkpoints.states.shape(), &[plan.total(), h, k, v]);
+        let want: Vec<i64> = plan.offsets.iter().map(|&x| x as i64).collect();
+        assert_eq!(checkpoints.offsets.to_i64_vec("offsets").unwrap(), want);
+        let states = checkpoints.states.as_f32().unwrap();
+        let worst = worst_checkpoint_error(states, &reference.checkpoints, plan.total());
+        let o_err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
+        let finals = out.final_state.as_f32().unwrap();
+        let s_err = rel_rms(finals, &reference.final_state);
+        eprintln!(
+            "{what}: {} checkpoints, worst {worst:.3e}; o {o_err:.3e}, final_state {s_err:.3e}",
+            plan.total()
+        );
+        assert!(worst < STATE_TOLERANCE, "{what}: checkpoint {worst:.3e}");
+        assert!(o_err < O_TOLERANCE, "{what}: o {o_err:.3e}");
+        assert!(s_err < STATE_TOLERANCE, "{what}: final_state {s_err:.3e}");
+        for (n, seq) in seqs.iter().enumerate() {
+            if let Some(row) = plan.row_at(n, seq.len) {
+                assert_eq!(
+                    &states[row * state_len..][..state_len],
+                    &finals[n * state_len..][..state_len],
+                    "{what}: sequence {n} ends on checkpoint {row}"
+                );
+            }
         }
     }
 }
@@ -149,8 +194,8 @@ fn checkpoints_with_gqa_unequal_dims_and_model_gates() {
 }
 
 #[test]
-fn spacings_off_the_granule_and_the_token_loop_are_refused() {
-    let Some(wgpu) = common::device("spacings_off_the_granule_and_the_token_loop_are_refused")
+fn spacings_off_the_granule_and_other_kernels_are_refused() {
+    let Some(wgpu) = common::device("spacings_off_the_granule_and_other_kernels_are_refused")
     else {
         return;
     };
@@ -177,6 +222,29 @@ fn spacings_off_the_granule_and_the_token_loop_are_refused() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("chunked prefill"), "{err}");
+    // Calls that would run another kernel than the two passes' outputs walk.
+    let one_pass = StatePlan {
+        kernel: StateKernel::OnePass,
+        ..StatePlan::default()
+    };
+    let too_large = StatePlan {
+        scratch_limit: Some(1),
+        ..StatePlan::default()
+    };
+    for plan in [one_pass, too_large] {
+        let err = PreparedPrefill::checkpointed(
+            wgpu,
+            &case.inputs(),
+            &options(false),
+            PrefillMode::Chunk,
+            &plan,
+            Some(64),
+        )
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("two-pass chunked kernels"), "{plan:?}: {err}");
+    }
 }
 
 /// The first `prompt` tokens of each of a `[B, prompt + 1, ...]` tensor's rows (or the last one).

@@ -11,7 +11,7 @@ use deltakv::Result;
 use deltakv::gdn::random::{GdnCase, GdnSpec};
 use deltakv::gdn::{GdnOptions, PrefillMode};
 use deltakv::wgpu::Wgpu;
-use deltakv::wgpu::gdn::{ChunkPasses, PreparedPrefill};
+use deltakv::wgpu::gdn::{ChunkPasses, PreparedPrefill, StatePlan};
 use deltakv::wgpu::timing::median_dispatch_us;
 use serde_json::json;
 
@@ -114,6 +114,7 @@ pub fn run(
                     &case.inputs(),
                     &GdnOptions::default(),
                     mode,
+                    &StatePlan::from_env_once()?,
                     Some(every),
                 )?;
                 prepared.submit(wgpu, 1)?;

@@ -19,30 +19,15 @@ pub(super) struct ChunkTable {
     pub units: usize,
     /// Units of split sequences (each has a slot in the segment states); 0: none is split.
     pub slots: usize,
-    /// Per sequence: its first slot and its segment count where it is split, else `None`.
-    pub split_slots: Vec<Option<(usize, usize)>>,
-}
-
-/// How a call's sequences are cut into walk units.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Segmenting {
-    /// Every sequence walked whole.
-    Whole,
-    /// A sequence of more chunks becomes the fewest segments of at most this many, their
-    /// lengths within one of each other (the most workgroups for the fewest transitions).
-    AtMost(usize),
-    /// A sequence of more chunks becomes segments of exactly this many from its start, the last
-    /// one the rest: every segment boundary is then a multiple of this many chunks from the
-    /// sequence's start, where the entry states the combine stores are the state checkpoints.
-    Every(usize),
 }
 
 /// A whole sequence's slot field (never read: such a unit keeps its state in `state`).
 const NO_SLOT: usize = u32::MAX as usize;
 
-/// Plans the chunks and walk units of `seqs`, cut as `segmenting` says (a sequence of at most
-/// the segment's chunks is always one unit).
-pub(super) fn chunk_table(seqs: &[SeqSpan], segmenting: Segmenting) -> ChunkTable {
+/// Plans the chunks and walk units of `seqs`: a sequence of more than `segment_chunks` chunks
+/// becomes the fewest segments of at most that many, their lengths within one of each other;
+/// any other, one unit.
+pub(super) fn chunk_table(seqs: &[SeqSpan], segment_chunks: Option<usize>) -> ChunkTable {
     let mut words: Vec<u32> = Vec::new();
     let mut spans = Vec::with_capacity(seqs.len());
     for s in seqs {
@@ -58,33 +43,23 @@ pub(super) fn chunk_table(seqs: &[SeqSpan], segmenting: Segmenting) -> ChunkTabl
     let chunks = words.len() / 2;
     let mut firsts = vec![0u32];
     let (mut units, mut slots) = (0, 0);
-    let mut split_slots = Vec::with_capacity(seqs.len());
     for (seq, &(first, count)) in spans.iter().enumerate() {
-        let segments = match segmenting {
-            Segmenting::AtMost(most) | Segmenting::Every(most) if count > most => {
-                count.div_ceil(most.max(1))
-            }
+        let segments = match segment_chunks {
+            Some(most) if count > most => count.div_ceil(most.max(1)),
             _ => 1,
         };
-        // Balanced: segment i holds chunks [i count / segments, (i + 1) count / segments), at
-        // least one each since segments <= count. Every(n): chunks [i n, min((i + 1) n, count)).
-        let bound = |index: usize| match segmenting {
-            Segmenting::Every(every) => (index * every).min(count),
-            _ => index * count / segments,
-        };
+        // Segment i holds chunks [i count / segments, (i + 1) count / segments): at least one
+        // each, since segments <= count.
         for index in 0..segments {
-            let start = first + bound(index);
-            let end = first + bound(index + 1);
+            let start = first + index * count / segments;
+            let end = first + (index + 1) * count / segments;
             let slot = if segments > 1 { slots + index } else { NO_SLOT };
             let record: [usize; UNIT_FIELDS] = [start, end, seq, index, segments, slot];
             words.extend(record.map(|x| x as u32));
         }
         units += segments;
         if segments > 1 {
-            split_slots.push(Some((slots, segments)));
             slots += segments;
-        } else {
-            split_slots.push(None);
         }
         firsts.push(units as u32);
     }
@@ -94,7 +69,6 @@ pub(super) fn chunk_table(seqs: &[SeqSpan], segmenting: Segmenting) -> ChunkTabl
         chunks,
         units,
         slots,
-        split_slots,
     }
 }
 
@@ -111,7 +85,7 @@ mod tests {
         // 10 chunks and 1 chunk (a length-1 sequence), segments of at most 3 chunks: 2, 3, 2, 3
         // (within one of each other), slots 0..4; the short sequence whole.
         let seqs = [span(0, 300), span(300, 1)];
-        let table = chunk_table(&seqs, Segmenting::AtMost(3));
+        let table = chunk_table(&seqs, Some(3));
         assert_eq!((table.chunks, table.units, table.slots), (11, 5, 4));
         let words = &table.words;
         assert_eq!(&words[..4], &[0, 32, 32, 32]);
@@ -131,47 +105,14 @@ mod tests {
             ]
         );
         assert_eq!(&words[22 + 5 * UNIT_FIELDS..], &[0, 4, 5]);
-        assert_eq!(table.split_slots, [Some((0, 4)), None]);
         // Without segments (or segments longer than the sequences): one unit per sequence.
-        for segmenting in [
-            Segmenting::Whole,
-            Segmenting::AtMost(10),
-            Segmenting::Every(10),
-        ] {
-            let table = chunk_table(&seqs, segmenting);
+        for most in [None, Some(10)] {
+            let table = chunk_table(&seqs, most);
             assert_eq!((table.units, table.slots), (2, 0));
             assert_eq!(
                 &table.words[22..34],
                 &[0, 10, 0, 0, 1, whole, 10, 11, 1, 0, 1, whole]
             );
         }
-    }
-
-    #[test]
-    fn checkpoint_segments_start_every_n_chunks_from_each_sequence_start() {
-        // 10 chunks cut every 3 chunks: 3, 3, 3, 1; 3 chunks (exactly one spacing) whole; 7
-        // chunks: 3, 3, 1. Slots run on across the split sequences.
-        let seqs = [span(0, 300), span(300, 96), span(396, 200)];
-        let table = chunk_table(&seqs, Segmenting::Every(3));
-        assert_eq!((table.chunks, table.units, table.slots), (20, 8, 7));
-        let at = 2 * table.chunks;
-        let records: Vec<&[u32]> = table.words[at..at + 8 * UNIT_FIELDS]
-            .chunks(UNIT_FIELDS)
-            .collect();
-        let whole = NO_SLOT as u32;
-        assert_eq!(
-            records,
-            [
-                &[0, 3, 0, 0, 4, 0][..],
-                &[3, 6, 0, 1, 4, 1],
-                &[6, 9, 0, 2, 4, 2],
-                &[9, 10, 0, 3, 4, 3],
-                &[10, 13, 1, 0, 1, whole],
-                &[13, 16, 2, 0, 3, 4],
-                &[16, 19, 2, 1, 3, 5],
-                &[19, 20, 2, 2, 3, 6],
-            ]
-        );
-        assert_eq!(table.split_slots, [Some((0, 4)), None, Some((4, 3))]);
     }
 }

@@ -8,7 +8,7 @@
 //! the prepare pass writes every word the state pass reads); a call whose scratch would not
 //! fit one storage binding returns `None` and the caller runs the single-pass kernel instead.
 
-use super::chunk_table::{Segmenting, chunk_table};
+use super::chunk_table::chunk_table;
 use super::recurrent::dtype_code;
 pub use super::state_plan::{
     GROUPS_ENV, PREPARE_KERNEL_ENV, PrepareKernel, SEGMENT_ENV, STATE_KERNEL_ENV, StateKernel,
@@ -133,21 +133,22 @@ pub struct ChunkCall<'a> {
     pub o: &'a WgpuTensor,
     pub scale: f32,
     pub l2norm: bool,
-    /// With state checkpoints every this many chunks: sequences are cut into segments at those
-    /// boundaries (overriding the plan's segments), whose entry states are the checkpoints.
-    pub checkpoint_chunks: Option<usize>,
+    /// State checkpoints, when asked: the outputs walk stores its state after every chunk the
+    /// table names.
+    pub checkpoints: Option<ChunkCheckpoints<'a>>,
 }
 
-/// Where the state after a segment boundary lies once a launch has run: the combine's entry
-/// states of split sequences (see [`ChunkLaunch::entry_states`]).
-pub struct EntryStates<'a> {
-    /// The buffer holding them, `[slots, H, K, V]` f32 from `offset` bytes on.
-    pub buffer: &'a wgpu::Buffer,
-    pub offset: u64,
-    /// Per sequence: its first slot and its segment count where it is split, else `None`;
-    /// slot `first + i` holds the state after segment `i - 1` (slot `first`, the initial one).
-    pub split_slots: &'a [Option<(usize, usize)>],
+/// Where the outputs walk stores state checkpoints (`prefill_states.rs` builds both).
+pub struct ChunkCheckpoints<'a> {
+    /// `[C, H, K, V]` f32, the contract's layout.
+    pub states: &'a WgpuTensor,
+    /// u32 per chunk of the chunk table: the checkpoint row taken after it, or
+    /// [`NO_CHECKPOINT`].
+    pub table: &'a WgpuTensor,
 }
+
+/// A chunk after which no checkpoint is taken (`NO_CHECKPOINT` in `chunks_state.wgsl`).
+pub const NO_CHECKPOINT: u32 = u32::MAX;
 
 /// Both passes, ready to encode any number of times.
 pub struct ChunkLaunch {
@@ -161,13 +162,11 @@ pub struct ChunkLaunch {
     kernel: StateKernel,
     /// The two steps before the outputs walk where a sequence is split into segments.
     segments: Option<Segments>,
-    /// Per sequence: its first slot and segment count where split (see [`EntryStates`]).
-    split_slots: Vec<Option<(usize, usize)>>,
-    /// Byte offset of the entry states in the segment states buffer.
-    entry_offset: u64,
     /// The scratch (shared with other calls: see `Wgpu::scratch`), the chunk table and the
     /// segment states, kept alive for the bindings.
     _buffers: (wgpu::Buffer, WgpuTensor, wgpu::Buffer),
+    /// The checkpoint bindings' stand-ins of a call without checkpoints.
+    _stand_ins: (wgpu::Buffer, wgpu::Buffer),
 }
 
 /// The transition walk and the combine of a call with split sequences.
@@ -190,12 +189,7 @@ impl ChunkLaunch {
         if plan.kernel == StateKernel::OnePass {
             return Ok(None);
         }
-        let segmenting = match (call.checkpoint_chunks, plan.segment_chunks) {
-            (Some(every), _) => Segmenting::Every(every),
-            (None, Some(most)) => Segmenting::AtMost(most),
-            (None, None) => Segmenting::Whole,
-        };
-        let mut table = chunk_table(call.seqs, segmenting);
+        let mut table = chunk_table(call.seqs, plan.segment_chunks);
         let chunks = table.chunks;
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
@@ -296,8 +290,7 @@ impl ChunkLaunch {
                 let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
                     label: Some("gdn_chunk walk states"),
                     size: bytes,
-                    // Copied from where the entry states are checkpoints.
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                    usage: wgpu::BufferUsages::STORAGE,
                     mapped_at_creation: false,
                 });
                 walk_states = wgpu
@@ -306,25 +299,12 @@ impl ChunkLaunch {
                     .map(|()| buffer);
             }
             if walk_states.is_none() {
-                if call.checkpoint_chunks.is_some() {
-                    return Err(Error::Unsupported(format!(
-                        "state checkpoints on wgpu keep every segment's entry state and transition \
-                         on the device ({bytes} bytes for this call), more than one storage \
-                         binding of {} takes ({}): ask for fewer checkpoints (a larger \
-                         checkpoint_every) or split the call",
-                        limits
-                            .max_storage_buffer_binding_size
-                            .min(limits.max_buffer_size),
-                        wgpu.describe()
-                    )));
-                }
-                table = chunk_table(call.seqs, Segmenting::Whole);
+                table = chunk_table(call.seqs, None);
             }
         }
         let split = walk_states.is_some();
         let walk_states = walk_states.unwrap_or_else(|| wgpu.placeholder().clone());
         let (units, slots) = (table.units, table.slots);
-        let split_slots = std::mem::take(&mut table.split_slots);
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
         let table_bytes: Vec<u8> = table.words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -403,10 +383,25 @@ impl ChunkLaunch {
             }
             _ => pipeline(&PREPARE, &[])?,
         };
+        if call.checkpoints.is_some() && kernel == StateKernel::Coop {
+            return Err(Error::Unsupported(
+                "the coop state kernel stores no state checkpoints: leave the state kernel to \
+                 the launcher (DELTAKV_WGPU_PREFILL_STATE) for a checkpointed call"
+                    .to_string(),
+            ));
+        }
+        // The outputs walk of a checkpointed call stores them (CKPT = 1); every other walk is
+        // built without that code.
+        let checkpointed = |walk: u32| u32::from(walk == 0 && call.checkpoints.is_some());
         let walk = |walk: u32| match kernel {
             StateKernel::Staged => pipeline(
                 &STATE_STAGED,
-                &[("VT", 16), ("STATE_KP4", state_kp4), ("WALK", walk)],
+                &[
+                    ("VT", 16),
+                    ("STATE_KP4", state_kp4),
+                    ("WALK", walk),
+                    ("CKPT", checkpointed(walk)),
+                ],
             ),
             StateKernel::Coop => pipeline(&STATE_COOP, &[("STATE_KP4", state_kp4), ("WALK", walk)]),
             _ => pipeline(
@@ -417,6 +412,7 @@ impl ChunkLaunch {
                     ("ROW_BLOCKS", row_blocks),
                     ("STATE_KP4", state_kp4),
                     ("WALK", walk),
+                    ("CKPT", checkpointed(walk)),
                 ],
             ),
         };
@@ -435,7 +431,22 @@ impl ChunkLaunch {
                 (7, "scratch", &scratch),
             ],
         )?;
-        let walk_entries = [
+        // The general and staged walks bind the checkpoints and their table (small stand-ins
+        // where none are asked for, which CKPT = 0 never touches); the coop walk has neither.
+        let stand_in = |label: &str| {
+            wgpu.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let stand_ins = (stand_in("no checkpoints"), stand_in("no checkpoint table"));
+        let (checkpoint_states, checkpoint_table) = match &call.checkpoints {
+            Some(c) => (c.states.buffer(), c.table.buffer()),
+            None => (&stand_ins.0, &stand_ins.1),
+        };
+        let mut walk_entries = vec![
             (0, "params", &uniform),
             (6, "chunk table", table.buffer()),
             (7, "scratch", &scratch),
@@ -443,6 +454,10 @@ impl ChunkLaunch {
             (9, "o", call.o.buffer()),
             (10, "segment states", &walk_states),
         ];
+        if kernel != StateKernel::Coop {
+            walk_entries.push((11, "checkpoints", checkpoint_states));
+            walk_entries.push((12, "checkpoint table", checkpoint_table));
+        }
         let state_group =
             wgpu.bind_group("the chunked prefill's state pass", &state, &walk_entries)?;
         let segments = if split {
@@ -485,8 +500,6 @@ impl ChunkLaunch {
             prepare_group,
             state_group,
             segments,
-            split_slots,
-            entry_offset: 4 * (slots * heads * d.key_dim * trans_width) as u64,
             prepare_grid: (
                 heads as u32,
                 GRID_ROW.min(chunks) as u32,
@@ -500,6 +513,7 @@ impl ChunkLaunch {
             tile,
             kernel,
             _buffers: (scratch, table, walk_states),
+            _stand_ins: stand_ins,
         }))
     }
 
@@ -530,16 +544,6 @@ impl ChunkLaunch {
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_group, &[]);
         pass.dispatch_workgroups(self.state_grid.0, self.state_grid.1, self.state_grid.2);
-    }
-
-    /// The combine's entry states, where the launch splits sequences into segments (else
-    /// `None`); valid once the launch has run.
-    pub fn entry_states(&self) -> Option<EntryStates<'_>> {
-        self.segments.as_ref().map(|_| EntryStates {
-            buffer: &self._buffers.2,
-            offset: self.entry_offset,
-            split_slots: &self.split_slots,
-        })
     }
 
     /// The state pass's column tile.

@@ -33,6 +33,10 @@ const UNIT_FIELDS: u32 = 6u;
 
 // 0: the outputs walk; 1: the transition walk (no o; the exit state to walk_states).
 override WALK: u32 = 0u;
+// 1: the outputs walk also stores its state after every chunk that chunk_checkpoint names (the
+// state checkpoints of the call); 0: no checkpoint code (every other walk).
+override CKPT: u32 = 0u;
+const NO_CHECKPOINT: u32 = 0xffffffffu;
 
 // [N, H, K, V] f32: the initial states in, the final states out.
 @group(0) @binding(8) var<storage, read_write> state: array<f32>;
@@ -42,6 +46,10 @@ override WALK: u32 = 0u;
 // [slots, H, K, trans_width] (D in columns 0 .. V, M in columns value_pad .. value_pad + K),
 // then from entry_at the entry states [slots, H, K, V]; else a placeholder that no walk reads.
 @group(0) @binding(10) var<storage, read_write> walk_states: array<f32>;
+// [C, H, K, V] f32 state checkpoints, and per chunk of chunk_info the checkpoint row taken after
+// it or NO_CHECKPOINT (the general and staged walks; stand-ins where CKPT is 0).
+@group(0) @binding(11) var<storage, read_write> checkpoints: array<f32>;
+@group(0) @binding(12) var<storage, read> chunk_checkpoint: array<u32>;
 
 fn unit_field(unit: u32, field: u32) -> u32 {
     return chunk_info[2u * p.chunks + UNIT_FIELDS * unit + field];
@@ -110,6 +118,26 @@ fn store_exit_pair(unit: u32, h: u32, r: u32, col: u32, col_ok: vec2<bool>, x: v
     }
     if unit_field(unit, UNIT_INDEX) + 1u == unit_field(unit, UNIT_COUNT) {
         store_state_pair((unit_field(unit, UNIT_SEQ) * heads + h) * p.key_dim, r, col, col_ok, x);
+    }
+}
+
+// The checkpoint row taken after chunk n, or NO_CHECKPOINT (always, unless CKPT is 1).
+fn checkpoint_after(n: u32) -> u32 {
+    if WALK == 0u && CKPT == 1u {
+        return chunk_checkpoint[n];
+    }
+    return NO_CHECKPOINT;
+}
+
+// Stores row r of a state at columns col, col + 1 as checkpoint `row`, head h.
+fn store_checkpoint_pair(row: u32, h: u32, r: u32, col: u32, col_ok: vec2<bool>, x: vec2<f32>) {
+    if r >= p.key_dim || !col_ok.x {
+        return;
+    }
+    let at = ((row * p.value_heads + h) * p.key_dim + r) * p.value_dim + col;
+    checkpoints[at] = x.x;
+    if col_ok.y {
+        checkpoints[at + 1u] = x.y;
     }
 }
 
@@ -271,6 +299,15 @@ fn gdn_chunk_state(
                     s[4u * m + 1u] += kv.y * vj;
                     s[4u * m + 2u] += kv.z * vj;
                     s[4u * m + 3u] += kv.w * vj;
+                }
+            }
+        }
+        let checkpoint = checkpoint_after(n);
+        if checkpoint != NO_CHECKPOINT {
+            for (var m = 0u; m < ROW_BLOCKS; m++) {
+                let b = rg + ROW_GROUPS * m;
+                for (var e = 0u; e < 4u; e++) {
+                    store_checkpoint_pair(checkpoint, h, 4u * b + e, col, col_ok, s[4u * m + e]);
                 }
             }
         }

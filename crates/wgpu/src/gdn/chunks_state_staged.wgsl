@@ -209,6 +209,13 @@ fn gdn_chunk_state_staged(
                 s3 += k3.w * v3;
             }
         }
+        let checkpoint = checkpoint_after(n);
+        if checkpoint != NO_CHECKPOINT {
+            store_checkpoint_pair(checkpoint, h, r, col, col_ok, s0);
+            store_checkpoint_pair(checkpoint, h, r + 1u, col, col_ok, s1);
+            store_checkpoint_pair(checkpoint, h, r + 2u, col, col_ok, s2);
+            store_checkpoint_pair(checkpoint, h, r + 3u, col, col_ok, s3);
+        }
     }
 
     store_exit_pair(unit, h, r, col, col_ok, s0);

@@ -14,7 +14,7 @@
 //!
 //! State checkpoints and prefills over a device state pool are in `prefill_states.rs`.
 
-use super::chunks::{CHUNK, ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
+use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
 use super::prefill_states::DeviceCheckpoints;
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
@@ -79,29 +79,22 @@ impl PreparedPrefill {
         Self::build(wgpu, inputs, options, mode, plan, PrefillExtras::default())
     }
 
-    /// [`PreparedPrefill::new`] that also takes the state checkpoints every `checkpoint_every`
-    /// tokens (a positive multiple of 64; chunked mode only): the chunked state pass then cuts
-    /// every sequence into segments at the checkpoints (the two-level scan), whose entry
-    /// states the combine stores and the submission copies out.
+    /// [`PreparedPrefill::planned`] that also takes the state checkpoints every
+    /// `checkpoint_every` tokens (a positive multiple of 64; chunked mode, the general or staged
+    /// state kernel), which the chunked state pass's outputs walk stores as it passes them.
     pub fn checkpointed(
         wgpu: &Wgpu,
         inputs: &GdnInputs<'_>,
         options: &GdnOptions,
         mode: PrefillMode,
+        plan: &StatePlan,
         checkpoint_every: Option<usize>,
     ) -> Result<Self> {
         let extras = PrefillExtras {
             initial_state: None,
             checkpoint_every,
         };
-        Self::build(
-            wgpu,
-            inputs,
-            options,
-            mode,
-            &StatePlan::from_env_once()?,
-            extras,
-        )
+        Self::build(wgpu, inputs, options, mode, plan, extras)
     }
 
     pub(crate) fn build(
@@ -165,6 +158,10 @@ impl PreparedPrefill {
             Some(t) => Rows::Offsets(t),
             None => Rows::Dense,
         };
+        let checkpoints = match checkpoint_plan {
+            Some(plan) => Some(DeviceCheckpoints::new(wgpu, plan, &shapes.seqs, &d)?),
+            None => None,
+        };
         let chunked = if mode == PrefillMode::Chunk {
             ChunkLaunch::new(
                 wgpu,
@@ -180,30 +177,21 @@ impl PreparedPrefill {
                     o: &o,
                     scale: shapes.scale,
                     l2norm: options.use_qk_l2norm,
-                    checkpoint_chunks: checkpoint_plan.as_ref().map(|c| c.every / CHUNK),
+                    checkpoints: checkpoints.as_ref().map(DeviceCheckpoints::bindings),
                 },
                 plan,
             )?
         } else {
             None
         };
-        let checkpoints = match (&checkpoint_plan, &chunked) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(Error::Unsupported(format!(
-                    "state checkpoints on wgpu need the two-pass chunked kernels, and this call \
-                     runs the one-pass kernel (its chunk scratch exceeds one storage binding on \
-                     {}, or the plan asked for it): split the call",
-                    wgpu.describe()
-                )));
-            }
-            (Some(checkpoint_plan), Some(launch)) => Some(DeviceCheckpoints::new(
-                wgpu,
-                checkpoint_plan.clone(),
-                &d,
-                launch.entry_states(),
-            )?),
-        };
+        if checkpoints.is_some() && chunked.is_none() {
+            return Err(Error::Unsupported(format!(
+                "state checkpoints on wgpu are stored by the two-pass chunked kernels, and this \
+                 call runs another (its chunk scratch exceeds one storage binding on {}, or the \
+                 plan asked for the one-pass kernel): split the call",
+                wgpu.describe()
+            )));
+        }
         let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
         let launch = match chunked {
             Some(launch) => Launch::Chunks(Box::new(launch)),
@@ -250,18 +238,11 @@ impl PreparedPrefill {
         })
     }
 
-    /// Queues `repeat` back-to-back dispatches in one submission, then (with checkpoints) the
-    /// copies of the checkpoints the last one left.
+    /// Queues `repeat` back-to-back dispatches in one submission.
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
         match &self.launch {
-            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both)?,
-            Launch::Single(launch) => launch.submit(wgpu, repeat)?,
-        }
-        match (&self.checkpoints, &self.launch) {
-            (Some(checkpoints), Launch::Chunks(launch)) => {
-                checkpoints.copy(wgpu, launch.entry_states(), &self.state)
-            }
-            _ => Ok(()),
+            Launch::Chunks(launch) => launch.submit(wgpu, repeat, ChunkPasses::Both),
+            Launch::Single(launch) => launch.submit(wgpu, repeat),
         }
     }
 
@@ -353,7 +334,9 @@ pub fn gdn_prefill_checkpointed(
     mode: PrefillMode,
     checkpoint_every: Option<usize>,
 ) -> Result<GdnOutput> {
-    let prepared = PreparedPrefill::checkpointed(wgpu, inputs, options, mode, checkpoint_every)?;
+    let plan = StatePlan::from_env_once()?;
+    let prepared =
+        PreparedPrefill::checkpointed(wgpu, inputs, options, mode, &plan, checkpoint_every)?;
     prepared.submit(wgpu, 1)?;
     prepared.outputs(wgpu)
 }

@@ -3,156 +3,82 @@
 //! (the pool `gdn_decode` advances), both as the contract defines them
 //! (`deltakv_contract::gdn::prefill::{checkpoint, pool}`).
 //!
-//! Checkpoints: the chunked state pass cuts each sequence into segments at its checkpoint
-//! positions (`Segmenting::Every`), so the combine's entry state of segment `i` is the state
-//! after `i N` tokens: checkpoint `i` of that sequence. A copy on the device takes those rows
-//! (one contiguous range per sequence) into the `[C, H, K, V]` result, and the final state
-//! where a sequence ends on a checkpoint. The cost is the two-level scan's: the transition walk
-//! and the combine run before the outputs walk.
+//! Checkpoints: every checkpoint falls on the end of a 32-token chunk (the spacing is a multiple
+//! of 64), so the outputs walk of the chunked state pass stores the state it holds after each
+//! chunk that a per-chunk table names (`CKPT = 1` in `chunks_state.wgsl`, the general and staged
+//! walks; segments of a split sequence start from their entry states, so the same table serves
+//! them). Pipelines of calls without checkpoints are built without that code.
 //!
 //! Pools: a pooled prefill copies its sequences' slots into the prefill's state buffer on the
 //! device, runs, checks the results, and only then copies the final states into the slots, so
 //! a call that fails leaves the pool as it was.
 
-use super::chunks::EntryStates;
+use super::chunks::{CHUNK, ChunkCheckpoints, NO_CHECKPOINT};
 use super::prefill::{PrefillExtras, PreparedPrefill};
 use super::state_plan::StatePlan;
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
 use deltakv_contract::gdn::prefill::pool::pool_slots;
-use deltakv_contract::gdn::prefill::validate::validate_prefill;
+use deltakv_contract::gdn::prefill::validate::{SeqSpan, validate_prefill};
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnDims, GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
 use deltakv_contract::{DType, Error, HostTensor, Result};
 
-/// One copy into the checkpoint tensor: `rows` states from `source`, to row `row` on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct CheckpointCopy {
-    source: StateSource,
-    row: usize,
-    rows: usize,
+/// The checkpoint row taken after each chunk of `seqs` (in the chunk table's order: sequence by
+/// sequence, `CHUNK` tokens from each one's start), or [`NO_CHECKPOINT`].
+fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<u32> {
+    let mut rows = Vec::new();
+    for (n, seq) in seqs.iter().enumerate() {
+        for chunk in 0..seq.len.div_ceil(CHUNK) {
+            let end = ((chunk + 1) * CHUNK).min(seq.len);
+            rows.push(plan.row_at(n, end).map_or(NO_CHECKPOINT, |row| row as u32));
+        }
+    }
+    rows
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StateSource {
-    /// Entry states of the segment states buffer from this slot on.
-    Entry(usize),
-    /// The final state of this sequence.
-    Final(usize),
-}
-
-/// The checkpoints of a prepared prefill: where they go and where each comes from.
+/// The checkpoints of a prepared prefill on the device: the `[C, H, K, V]` result (poisoned
+/// first, so a row the walk does not store shows as NaN) and the per-chunk table.
 pub(crate) struct DeviceCheckpoints {
     plan: CheckpointPlan,
     states: WgpuTensor,
-    copies: Vec<CheckpointCopy>,
-    /// Bytes of one `[H, K, V]` f32 state.
-    state_bytes: u64,
-}
-
-/// The copies that fill the checkpoint rows of `plan`: per sequence, its segments' entry
-/// states after the first (`split_slots`, see [`EntryStates`]), then its final state when it
-/// ends on a checkpoint. Fails (an internal error) if the segments do not match the plan.
-fn checkpoint_copies(
-    plan: &CheckpointPlan,
-    split_slots: &[Option<(usize, usize)>],
-) -> Result<Vec<CheckpointCopy>> {
-    let mut copies = Vec::new();
-    for (n, rows) in plan.offsets.windows(2).enumerate() {
-        let (first_row, count) = (rows[0], rows[1] - rows[0]);
-        let from_entries = match split_slots.get(n).copied().flatten() {
-            Some((first_slot, segments)) => {
-                let from_entries = count.min(segments - 1);
-                if from_entries > 0 {
-                    copies.push(CheckpointCopy {
-                        source: StateSource::Entry(first_slot + 1),
-                        row: first_row,
-                        rows: from_entries,
-                    });
-                }
-                from_entries
-            }
-            None => 0,
-        };
-        match count - from_entries {
-            0 => {}
-            1 => copies.push(CheckpointCopy {
-                source: StateSource::Final(n),
-                row: first_row + from_entries,
-                rows: 1,
-            }),
-            missing => {
-                return Err(launcher_defect(format!(
-                    "sequence {n} has {count} checkpoints but its segments give {from_entries} \
-                     and its end one ({missing} unplaced)"
-                )));
-            }
-        }
-    }
-    Ok(copies)
-}
-
-/// An error for a launch whose segments do not match its checkpoints (never expected).
-fn launcher_defect(what: String) -> Error {
-    Error::Backend {
-        device: "wgpu".to_string(),
-        message: format!("prefill checkpoints: {what} (a launcher defect)"),
-    }
+    table: WgpuTensor,
 }
 
 impl DeviceCheckpoints {
-    /// The checkpoint tensor (poisoned, so a row no copy writes shows as NaN) and its copies.
     pub(crate) fn new(
         wgpu: &Wgpu,
         plan: CheckpointPlan,
+        seqs: &[SeqSpan],
         dims: &GdnDims,
-        entries: Option<EntryStates<'_>>,
     ) -> Result<Self> {
-        let no_splits = vec![None; plan.offsets.len().saturating_sub(1)];
-        let split_slots = entries.as_ref().map_or(&no_splits[..], |e| e.split_slots);
-        let copies = checkpoint_copies(&plan, split_slots)?;
+        let rows = chunk_checkpoints(seqs, &plan);
+        if plan.total() > NO_CHECKPOINT as usize {
+            return Err(Error::Unsupported(format!(
+                "{} checkpoints in one call: at most {NO_CHECKPOINT} on wgpu",
+                plan.total()
+            )));
+        }
+        let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+        let table = WgpuTensor::upload(
+            wgpu,
+            &HostTensor::from_le_bytes(vec![rows.len()], DType::I32, &bytes)?,
+        )?;
         let states = WgpuTensor::poisoned(wgpu, plan.shape(dims), DType::F32)?;
-        let state_bytes = (4 * dims.value_heads * dims.key_dim * dims.value_dim) as u64;
         Ok(Self {
             plan,
             states,
-            copies,
-            state_bytes,
+            table,
         })
     }
 
-    /// Queues the copies from a submitted launch's entry states and final states.
-    pub(crate) fn copy(
-        &self,
-        wgpu: &Wgpu,
-        entries: Option<EntryStates<'_>>,
-        final_states: &WgpuTensor,
-    ) -> Result<()> {
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        let bytes = self.state_bytes;
-        for copy in &self.copies {
-            let (buffer, offset) = match (copy.source, &entries) {
-                (StateSource::Entry(slot), Some(e)) => (e.buffer, e.offset + slot as u64 * bytes),
-                (StateSource::Final(n), _) => (final_states.buffer(), n as u64 * bytes),
-                (StateSource::Entry(_), None) => {
-                    return Err(launcher_defect(
-                        "a checkpoint copy has no segment states".to_string(),
-                    ));
-                }
-            };
-            encoder.copy_buffer_to_buffer(
-                buffer,
-                offset,
-                self.states.buffer(),
-                copy.row as u64 * bytes,
-                copy.rows as u64 * bytes,
-            );
+    /// Where the outputs walk stores them.
+    pub(crate) fn bindings(&self) -> ChunkCheckpoints<'_> {
+        ChunkCheckpoints {
+            states: &self.states,
+            table: &self.table,
         }
-        wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("copying the prefill's state checkpoints")
     }
 
     /// The checkpoints on the host, refusing any that overflowed f32.
@@ -286,7 +212,6 @@ pub fn gdn_prefill_host_into_pool(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltakv_contract::gdn::prefill::validate::SeqSpan;
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
         let mut start = 0;
@@ -300,30 +225,16 @@ mod tests {
     }
 
     #[test]
-    fn checkpoints_come_from_segment_entries_then_the_final_state() {
-        // Every 128 tokens (4 chunks of 32): 300 tokens -> 3 segments, checkpoints at 128 and
-        // 256 (entries of slots 1 and 2); 128 tokens -> one unit ending on its checkpoint;
-        // 512 tokens -> 4 segments (slots 3..7), checkpoints at 128, 256, 384 from entries and
-        // 512 from the final state; 5 tokens -> none.
-        let plan = CheckpointPlan::new(128, &spans(&[300, 128, 512, 5])).unwrap();
-        let split = [Some((0, 3)), None, Some((3, 4)), None];
-        let copies = checkpoint_copies(&plan, &split).unwrap();
-        let entry = |slot, row, rows| CheckpointCopy {
-            source: StateSource::Entry(slot),
-            row,
-            rows,
-        };
-        let last = |n, row| CheckpointCopy {
-            source: StateSource::Final(n),
-            row,
-            rows: 1,
-        };
+    fn each_chunk_names_the_checkpoint_taken_after_it() {
+        // Every 64 tokens (two chunks of 32): 150 tokens -> 5 chunks, checkpoints after
+        // chunks 1 and 3 (tokens 64, 128; rows 0, 1); 64 tokens -> 2 chunks ending on row 2;
+        // 5 tokens -> one chunk, none.
+        let seqs = spans(&[150, 64, 5]);
+        let plan = CheckpointPlan::new(64, &seqs).unwrap();
+        let none = NO_CHECKPOINT;
         assert_eq!(
-            copies,
-            [entry(1, 0, 2), last(1, 2), entry(4, 3, 3), last(2, 6)]
+            chunk_checkpoints(&seqs, &plan),
+            [none, 0, none, 1, none, none, 2, none]
         );
-        // A plan the segments cannot fill is a defect, not a silent hole.
-        let err = checkpoint_copies(&plan, &[None, None, None, None]).unwrap_err();
-        assert!(err.to_string().contains("launcher defect"), "{err}");
     }
 }

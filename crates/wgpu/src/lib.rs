@@ -90,7 +90,8 @@ const CHUNK_CONSTANTS: &[Constants] = &[
 ];
 
 /// The two-pass prefill's state pass: its default shapes (16-column tiles with 32 row groups,
-/// 32-column tiles with 16) and the others a `StatePlan` selects, and a transition walk.
+/// 32-column tiles with 16) and the others a `StatePlan` selects, a transition walk, and an
+/// outputs walk that stores checkpoints.
 const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
     &[
         ("VT", 32.0),
@@ -129,6 +130,13 @@ const CHUNKS_STATE_CONSTANTS: &[Constants] = &[
         ("STATE_KP4", 32.0),
         ("WALK", 1.0),
     ],
+    &[
+        ("VT", 16.0),
+        ("ROW_GROUPS", 8.0),
+        ("ROW_BLOCKS", 4.0),
+        ("STATE_KP4", 32.0),
+        ("CKPT", 1.0),
+    ],
 ];
 
 /// Every shader of the backend, with sets of its `override` constants (each set is one
@@ -156,6 +164,7 @@ pub const SHADERS: &[(ShaderSource, &[Constants])] = &[
             &[("VT", 16.0), ("STATE_KP4", 16.0), ("WALK", 0.0)],
             &[("VT", 16.0), ("STATE_KP4", 32.0), ("WALK", 1.0)],
             &[("VT", 16.0), ("STATE_KP4", 16.0), ("WALK", 1.0)],
+            &[("VT", 16.0), ("STATE_KP4", 32.0), ("CKPT", 1.0)],
         ],
     ),
     (gdn::chunks::COMBINE, &[&[]]),

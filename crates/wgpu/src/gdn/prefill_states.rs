@@ -53,13 +53,13 @@ impl DeviceCheckpoints {
         seqs: &[SeqSpan],
         dims: &GdnDims,
     ) -> Result<Self> {
-        let rows = chunk_checkpoints(seqs, &plan);
-        if plan.total() > NO_CHECKPOINT as usize {
+        if plan.total() >= NO_CHECKPOINT as usize {
             return Err(Error::Unsupported(format!(
-                "{} checkpoints in one call: at most {NO_CHECKPOINT} on wgpu",
+                "{} checkpoints in one call: fewer than {NO_CHECKPOINT} on wgpu",
                 plan.total()
             )));
         }
+        let rows = chunk_checkpoints(seqs, &plan);
         let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
             wgpu,

@@ -20,6 +20,7 @@ use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::checkpoint::CheckpointPlan;
+use deltakv_contract::gdn::prefill::pool::refuse_initial_state;
 use deltakv_contract::gdn::prefill::validate::validate_prefill;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
@@ -124,15 +125,11 @@ impl PreparedPrefill {
             up(inputs.g)?,
             up(inputs.beta)?,
         );
+        if extras.initial_state.is_some() {
+            refuse_initial_state(inputs.initial_state.is_some())?;
+        }
         let state = match (extras.initial_state, inputs.initial_state) {
-            (Some(_), Some(_)) => {
-                return Err(Error::InvalidValue(
-                    "initial_state and a state pool were both given: a pooled prefill reads \
-                     each sequence's initial state from its slot"
-                        .to_string(),
-                ));
-            }
-            (Some(device_state), None) => device_state,
+            (Some(device_state), _) => device_state,
             (None, Some(s)) => up(s)?,
             (None, None) => WgpuTensor::zeros(
                 wgpu,

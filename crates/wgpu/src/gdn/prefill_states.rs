@@ -19,7 +19,7 @@ use super::state_plan::StatePlan;
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
-use deltakv_contract::gdn::prefill::pool::pool_slots;
+use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};
 use deltakv_contract::gdn::prefill::validate::{SeqSpan, validate_prefill};
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnDims, GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
@@ -133,13 +133,7 @@ pub fn gdn_prefill_into_pool(
     slot_indices: &HostTensor,
     checkpoint_every: Option<usize>,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
-    if inputs.initial_state.is_some() {
-        return Err(Error::InvalidValue(
-            "initial_state and a state pool were both given: a pooled prefill reads each \
-             sequence's initial state from its slot"
-                .to_string(),
-        ));
-    }
+    refuse_initial_state(inputs.initial_state.is_some())?;
     let (shapes, _) = validate_prefill(inputs, options)?;
     let d = shapes.dims;
     let slots = pool_slots(&*state_pool, slot_indices, &d, shapes.seqs.len())?;
@@ -214,14 +208,7 @@ mod tests {
     use super::*;
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
-        let mut start = 0;
-        lens.iter()
-            .map(|&len| {
-                let s = SeqSpan { start, len };
-                start += len;
-                s
-            })
-            .collect()
+        SeqSpan::back_to_back(lens)
     }
 
     #[test]

@@ -8,6 +8,19 @@ use crate::gdn::decode::validate::slot_rows;
 use crate::gdn::shapes::GdnDims;
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
+/// Fails when a pooled prefill is also given an `initial_state` (`given`): its sequences start
+/// from their slots.
+pub fn refuse_initial_state(given: bool) -> Result<()> {
+    if given {
+        return Err(Error::InvalidValue(
+            "initial_state and a state pool were both given: a pooled prefill reads each \
+             sequence's initial state from its slot"
+                .to_string(),
+        ));
+    }
+    Ok(())
+}
+
 /// The pool slot of each of the `sequences` sequences of a call: `state_pool` must be
 /// `[slots, H, K, V]` f32 for the call's dims, `slot_indices` `[N]` i32 or i64 with every entry
 /// in range, none negative (a pooled prefill gives every sequence a slot) and none repeated.

@@ -20,6 +20,20 @@ pub struct SeqSpan {
     pub len: usize,
 }
 
+impl SeqSpan {
+    /// Sequences of lengths `lens` laid one after another from row 0 (as `cu_seqlens` lays them).
+    pub fn back_to_back(lens: &[usize]) -> Vec<SeqSpan> {
+        let mut start = 0;
+        lens.iter()
+            .map(|&len| {
+                let span = SeqSpan { start, len };
+                start += len;
+                span
+            })
+            .collect()
+    }
+}
+
 /// What [`check_prefill_shapes`] establishes about a call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrefillShapes {

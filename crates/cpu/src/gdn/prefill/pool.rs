@@ -2,7 +2,7 @@
 
 use super::gdn_prefill_checkpointed;
 use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
-use deltakv_contract::gdn::prefill::pool::pool_slots;
+use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};
 use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
 use deltakv_contract::gdn::{GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::HostTensor;
@@ -32,13 +32,7 @@ pub fn gdn_prefill_into_pool_checkpointed(
     slot_indices: &HostTensor,
     checkpoint_every: Option<usize>,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
-    if inputs.initial_state.is_some() {
-        return Err(Error::InvalidValue(
-            "initial_state and a state pool were both given: a pooled prefill reads each \
-             sequence's initial state from its slot"
-                .to_string(),
-        ));
-    }
+    refuse_initial_state(inputs.initial_state.is_some())?;
     let shapes = check_prefill_shapes(inputs, options)?;
     let slots = pool_slots(state_pool, slot_indices, &shapes.dims, shapes.seqs.len())?;
     let d = shapes.dims;

@@ -240,14 +240,7 @@ mod tests {
     use super::*;
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
-        let mut start = 0;
-        lens.iter()
-            .map(|&len| {
-                let s = SeqSpan { start, len };
-                start += len;
-                s
-            })
-            .collect()
+        SeqSpan::back_to_back(lens)
     }
 
     fn records(plan: &PrefillPlan) -> Vec<&[i32]> {

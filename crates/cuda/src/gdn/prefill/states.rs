@@ -4,9 +4,9 @@
 use super::{expect_buffer, upload_i64};
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
-use deltakv_contract::gdn::prefill::pool::pool_slots;
+use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};
 use deltakv_contract::gdn::{GdnDims, GdnInputs};
-use deltakv_contract::{DType, Error, Result};
+use deltakv_contract::{DType, Result};
 
 /// Where the states of a call come from and go.
 pub enum PrefillStates<'a> {
@@ -57,13 +57,7 @@ pub(super) fn state_sources(
             })
         }
         PrefillStates::Pool { pool, slot_indices } => {
-            if inputs.initial_state.is_some() {
-                return Err(Error::InvalidValue(
-                    "initial_state and a state pool were both given: a pooled prefill reads \
-                     each sequence's initial state from its slot"
-                        .to_string(),
-                ));
-            }
+            refuse_initial_state(inputs.initial_state.is_some())?;
             let rows: Vec<i64> =
                 pool_slots(&**pool, &slot_indices.download(cuda)?, dims, state_shape[0])?
                     .into_iter()

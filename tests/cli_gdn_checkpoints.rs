@@ -1,6 +1,7 @@
 //! `deltakv gdn --checkpoint-every N`: the checkpoints and their offsets land in the output
 //! file exactly as the library returns them; a spacing that is not a positive multiple of 64
-//! exits non-zero with one `error:` line and no output file. And the facade's checkpointed
+//! exits non-zero with one `error:` line and no output file; on wgpu (where built and present)
+//! the file holds the wgpu library's checkpoints. And the facade's checkpointed
 //! prefills (plain and pooled) on every device built in, against the f64 oracle (a device that
 //! is missing prints one "skipped" line).
 
@@ -115,6 +116,70 @@ fn a_spacing_off_the_chunk_size_is_refused() {
         assert!(!output.exists());
         std::fs::remove_dir_all(output.parent().unwrap()).ok();
     }
+}
+
+#[test]
+fn checkpoints_on_wgpu_from_the_command_line() {
+    if let Err(e) = Device::Wgpu.ensure_available() {
+        eprintln!("checkpoints_on_wgpu_from_the_command_line: skipped: {e}");
+        return;
+    }
+    let (ok, stderr, output) = run_gdn("wgpu", &["--checkpoint-every", "64", "--device", "wgpu"]);
+    assert!(ok, "{stderr}");
+    let written = TensorFile::load(&output).unwrap();
+    let case = case();
+    let expected = deltakv::gdn_prefill_checkpointed(
+        Device::Wgpu,
+        &case.inputs(),
+        &GdnOptions::default(),
+        PrefillMode::Chunk,
+        Some(64),
+    )
+    .unwrap()
+    .checkpoints
+    .unwrap();
+    // The same kernels on the same inputs: the file holds the library's result exactly.
+    assert_eq!(written.require("checkpoints").unwrap(), &expected.states);
+    assert_eq!(
+        written.require("checkpoint_offsets").unwrap(),
+        &HostTensor::from_i64(vec![4], vec![0, 0, 3, 4]).unwrap()
+    );
+    let reference = gdn_reference_checkpointed(
+        &case.inputs(),
+        &GdnOptions::default(),
+        &[0, 1, 2, 3],
+        Some(64),
+    )
+    .unwrap();
+    let states = expected.states.as_f32().unwrap();
+    let err = worst_checkpoint_error(states, &reference.checkpoints, 4);
+    assert!(
+        err < 1e-4,
+        "wgpu checkpoints from the command line: {err:.3e}"
+    );
+    std::fs::remove_dir_all(output.parent().unwrap()).ok();
+    // The token-loop mode takes no checkpoints on wgpu: one error line, no file.
+    let (ok, stderr, output) = run_gdn(
+        "wgpu-recurrent",
+        &[
+            "--checkpoint-every",
+            "64",
+            "--device",
+            "wgpu",
+            "--mode",
+            "recurrent",
+        ],
+    );
+    assert!(!ok);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("error: ") && l.contains("chunked prefill")),
+        "{stderr}"
+    );
+    assert!(!output.exists());
+    std::fs::remove_dir_all(output.parent().unwrap()).ok();
 }
 
 #[test]

@@ -64,10 +64,9 @@ pub fn run(
             scale: None,
             use_qk_l2norm: true,
         };
-        let mut whole_call = || -> Result<(PrefillLaunch, f64)> {
-            cuda.synchronize()?;
-            let start = std::time::Instant::now();
-            let launch = PrefillLaunch::new(
+        // The call's launch with `extras` (the same inputs and outputs each time).
+        let mut new_launch = |extras: PrefillExtras| {
+            PrefillLaunch::new(
                 cuda,
                 &inputs,
                 &options,
@@ -76,8 +75,13 @@ pub fn run(
                 },
                 &mut o,
                 Some(&mut final_state),
-                PrefillExtras::default(),
-            )?;
+                extras,
+            )
+        };
+        let mut whole_call = || -> Result<(PrefillLaunch, f64)> {
+            cuda.synchronize()?;
+            let start = std::time::Instant::now();
+            let launch = new_launch(PrefillExtras::default())?;
             launch.launch(cuda)?;
             cuda.synchronize()?;
             Ok((launch, start.elapsed().as_secs_f64() * 1e3))
@@ -104,20 +108,10 @@ pub fn run(
             "median_ms": ms, "whole_call_ms": call_ms, "tokens_per_s": tokens_per_s, "segments": launch.segments(),
         }));
         if let Some(every) = checkpoint_every {
-            let launch = PrefillLaunch::new(
-                cuda,
-                &inputs,
-                &options,
-                &mut PrefillStates::Separate {
-                    output_final_state: true,
-                },
-                &mut o,
-                Some(&mut final_state),
-                PrefillExtras {
-                    checkpoint_every: Some(every),
-                    ..PrefillExtras::default()
-                },
-            )?;
+            let launch = new_launch(PrefillExtras {
+                checkpoint_every: Some(every),
+                ..PrefillExtras::default()
+            })?;
             let us = median_graph_us(cuda, 5, 20, || launch.launch(cuda))?;
             let with_ms = us / 1e3;
             lines.push(format!(

@@ -20,7 +20,6 @@ use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::checkpoint::CheckpointPlan;
-use deltakv_contract::gdn::prefill::pool::refuse_initial_state;
 use deltakv_contract::gdn::prefill::validate::validate_prefill;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnInputs, GdnOptions, GdnOutput, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
@@ -50,7 +49,7 @@ pub struct PreparedPrefill {
 #[derive(Default)]
 pub(crate) struct PrefillExtras {
     /// `[N, H, K, V]` f32 initial states already on the device (a pool's rows), used in place
-    /// of `inputs.initial_state`, which must then be `None`.
+    /// of `inputs.initial_state` (the pooled prefill refuses a call that gives both).
     pub initial_state: Option<WgpuTensor>,
     /// Checkpoints every this many tokens (see `deltakv_contract::gdn::prefill::checkpoint`).
     pub checkpoint_every: Option<usize>,
@@ -125,9 +124,6 @@ impl PreparedPrefill {
             up(inputs.g)?,
             up(inputs.beta)?,
         );
-        if extras.initial_state.is_some() {
-            refuse_initial_state(inputs.initial_state.is_some())?;
-        }
         let state = match (extras.initial_state, inputs.initial_state) {
             (Some(device_state), _) => device_state,
             (None, Some(s)) => up(s)?,

@@ -2,7 +2,6 @@
 //! oracle run to each checkpoint position, at odd lengths, varlen with sequences shorter than
 //! the spacing, GQA, K != V, initial states and Qwen3-Next-like gates.
 
-use deltakv_contract::gdn::gating::fused_gates;
 use deltakv_contract::gdn::oracle::gdn_reference_checkpointed;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, worst_checkpoint_error};
 use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
@@ -21,23 +20,6 @@ fn options(l2: bool) -> GdnOptions {
         scale: None,
         use_qk_l2norm: l2,
     }
-}
-
-/// Gates as Qwen3-Next computes them (`g = -exp(A_log) softplus(a + dt_bias)`, `beta =
-/// sigmoid(b)`), strong enough that g reaches below -10.
-fn with_model_gates(case: &mut GdnCase, heads: usize, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let rows = case.g.len() / heads;
-    let a_log: Vec<f32> = (0..heads)
-        .map(|_| rng.uniform_in(1.0, 16.0).ln() as f32)
-        .collect();
-    let dt_bias = vec![0.0f32; heads];
-    let a = rng.normal_vec(rows * heads, 1.0);
-    let b = rng.normal_vec(rows * heads, 1.0);
-    let (g, beta) = fused_gates(&a, &b, &a_log, &dt_bias);
-    let shape = case.g.shape().to_vec();
-    case.g = HostTensor::from_f32(shape.clone(), g).unwrap();
-    case.beta = HostTensor::from_f32(shape, beta).unwrap();
 }
 
 /// Runs both modes with checkpoints every `every` tokens and checks them (and that the last one
@@ -129,7 +111,7 @@ fn model_gates_with_initial_states() {
     spec.with_initial_state = true;
     spec.raw_qk = true;
     let mut case = GdnCase::random(&spec, 230).unwrap();
-    with_model_gates(&mut case, 4, 231);
+    case.with_model_gates(231).unwrap();
     for every in [64, 192] {
         check("qwen3-next gates", &case, &options(true), every);
     }

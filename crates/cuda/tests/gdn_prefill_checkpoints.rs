@@ -8,7 +8,6 @@
 //! Tolerance: the states carry the bf16-operand error of the final state (the prefill suite's
 //! 4e-3 bound), per checkpoint.
 
-use deltakv_contract::gdn::gating::fused_gates;
 use deltakv_contract::gdn::oracle::gdn_reference_checkpointed;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, worst_checkpoint_error};
 use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
@@ -52,22 +51,6 @@ fn options(l2: bool) -> GdnOptions {
         scale: None,
         use_qk_l2norm: l2,
     }
-}
-
-/// Gates as Qwen3-Next computes them (`g = -exp(A_log) softplus(a + dt_bias)`, `beta =
-/// sigmoid(b)`, `dt_bias = 0`: g averages about -6).
-fn with_model_gates(case: &mut GdnCase, heads: usize, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let rows = case.g.len() / heads;
-    let a_log: Vec<f32> = (0..heads)
-        .map(|_| rng.uniform_in(1.0, 16.0).ln() as f32)
-        .collect();
-    let a = rng.normal_vec(rows * heads, 1.0);
-    let b = rng.normal_vec(rows * heads, 1.0);
-    let (g, beta) = fused_gates(&a, &b, &a_log, &vec![0.0; heads]);
-    let shape = case.g.shape().to_vec();
-    case.g = HostTensor::from_f32(shape.clone(), g).unwrap();
-    case.beta = HostTensor::from_f32(shape, beta).unwrap();
 }
 
 /// Checkpoints every `every` tokens, whole and with forced segments, against the oracle; a
@@ -184,7 +167,7 @@ fn checkpoints_with_model_gates() {
     spec.with_initial_state = true;
     spec.raw_qk = true;
     let mut case = GdnCase::random(&spec, 330).unwrap();
-    with_model_gates(&mut case, 4, 331);
+    case.with_model_gates(331).unwrap();
     for every in [64, 192] {
         check(cuda, "qwen3-next gates", &case, &options(true), every);
     }

@@ -11,11 +11,10 @@
 
 mod common;
 
-use deltakv_contract::gdn::gating::fused_gates;
 use deltakv_contract::gdn::oracle::{gdn_reference, gdn_reference_checkpointed};
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, worst_checkpoint_error};
 use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
-use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
+use deltakv_contract::gdn::random::{GdnCase, GdnSpec, token_range};
 use deltakv_contract::gdn::{
     DecodeInputs, DecodeOptions, Gating, GdnInputs, GdnOptions, PrefillMode,
 };
@@ -172,24 +171,14 @@ fn checkpoints_with_gqa_unequal_dims_and_model_gates() {
     let case = GdnCase::random(&spec, 520).unwrap();
     check(wgpu, "GQA 3 K=32 V=48", &case, &options(false), 128);
 
-    // Gates as Qwen3-Next computes them (g = -exp(A_log) softplus(a), beta = sigmoid(b)).
+    // Gates as Qwen3-Next computes them (g averages about -6).
     let heads = 4;
     let mut spec = GdnSpec::new(330, 2, heads, 64, 64);
     spec.seq_lens = Some(vec![130, 200]);
     spec.with_initial_state = true;
     spec.raw_qk = true;
     let mut case = GdnCase::random(&spec, 521).unwrap();
-    let mut rng = Rng::new(522);
-    let a_log: Vec<f32> = (0..heads)
-        .map(|_| rng.uniform_in(1.0, 16.0).ln() as f32)
-        .collect();
-    let rows = case.g.len() / heads;
-    let a = rng.normal_vec(rows * heads, 1.0);
-    let b = rng.normal_vec(rows * heads, 1.0);
-    let (g, beta) = fused_gates(&a, &b, &a_log, &vec![0.0; heads]);
-    let shape = case.g.shape().to_vec();
-    case.g = HostTensor::from_f32(shape.clone(), g).unwrap();
-    case.beta = HostTensor::from_f32(shape, beta).unwrap();
+    case.with_model_gates(522).unwrap();
     check(wgpu, "qwen3-next gates", &case, &options(true), 64);
 }
 
@@ -247,25 +236,6 @@ fn spacings_off_the_granule_and_other_kernels_are_refused() {
     }
 }
 
-/// The first `prompt` tokens of each of a `[B, prompt + 1, ...]` tensor's rows (or the last one).
-fn split_tokens(t: &HostTensor, prompt: usize, keep_first: bool) -> HostTensor {
-    let shape = t.shape();
-    let per_token: usize = shape[2..].iter().product();
-    let values = t.to_f32_vec("t").unwrap();
-    let mut out = Vec::new();
-    for b in 0..shape[0] {
-        let row = &values[b * (prompt + 1) * per_token..][..(prompt + 1) * per_token];
-        if keep_first {
-            out.extend_from_slice(&row[..prompt * per_token]);
-        } else {
-            out.extend_from_slice(&row[prompt * per_token..]);
-        }
-    }
-    let mut new_shape = shape.to_vec();
-    new_shape[1] = if keep_first { prompt } else { 1 };
-    HostTensor::from_f32_as(new_shape, &out, t.dtype()).unwrap()
-}
-
 #[test]
 fn pooled_prefill_then_decode_on_the_device_equals_the_longer_prefill() {
     let Some(wgpu) = common::device("pooled_prefill_then_decode_equals_the_longer_prefill") else {
@@ -280,10 +250,10 @@ fn pooled_prefill_then_decode_on_the_device_equals_the_longer_prefill() {
     let case = GdnCase::random(&spec, 540).unwrap();
     let opts = options(true);
     let reference = gdn_reference(&case.inputs(), &opts).unwrap();
-    let head =
-        [&case.q, &case.k, &case.v, &case.g, &case.beta].map(|t| split_tokens(t, prompt, true));
+    let head = [&case.q, &case.k, &case.v, &case.g, &case.beta]
+        .map(|t| token_range(t, 0..prompt).unwrap());
     let tail = [&case.q, &case.k, &case.v, &case.g, &case.beta]
-        .map(|t| WgpuTensor::upload(wgpu, &split_tokens(t, prompt, false)).unwrap());
+        .map(|t| WgpuTensor::upload(wgpu, &token_range(t, prompt..prompt + 1).unwrap()).unwrap());
     let slots = [4i64, 0, 2];
     let slot_tensor = HostTensor::from_i64(vec![3], slots.to_vec()).unwrap();
     let per_state = heads * dim * dim;

@@ -4,7 +4,8 @@
 //! (0, 1).
 
 use super::GdnInputs;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::gdn::gating::fused_gates;
 use crate::rng::Rng;
 use crate::tensor::{DType, HostTensor};
 
@@ -152,5 +153,85 @@ impl GdnCase {
             initial_state: self.initial_state.as_ref(),
             cu_seqlens: self.cu_seqlens.as_ref(),
         }
+    }
+
+    /// Replaces g and beta with gates as Qwen3-Next computes them from seed `seed`
+    /// (`g = -exp(A_log) softplus(a)`, `A_log = ln U(1, 16)` per head, `beta = sigmoid(b)`, a
+    /// and b standard normal): g averages about -6 and reaches below -10.
+    pub fn with_model_gates(&mut self, seed: u64) -> Result<()> {
+        let shape = self.g.shape().to_vec();
+        let heads = shape.last().copied().unwrap_or(1).max(1);
+        let rows = self.g.len() / heads;
+        let mut rng = Rng::new(seed);
+        let a_log: Vec<f32> = (0..heads)
+            .map(|_| rng.uniform_in(1.0, 16.0).ln() as f32)
+            .collect();
+        let a = rng.normal_vec(rows * heads, 1.0);
+        let b = rng.normal_vec(rows * heads, 1.0);
+        let (g, beta) = fused_gates(&a, &b, &a_log, &vec![0.0; heads]);
+        self.g = HostTensor::from_f32(shape.clone(), g)?;
+        self.beta = HostTensor::from_f32(shape, beta)?;
+        Ok(())
+    }
+}
+
+/// Tokens `range` of every row of a `[B, T, ...]` tensor, as a `[B, range.len(), ...]` tensor
+/// of the same dtype (a prompt and the tokens decoded after it, from one longer case).
+pub fn token_range(t: &HostTensor, range: std::ops::Range<usize>) -> Result<HostTensor> {
+    let shape = t.shape();
+    let tokens = shape.get(1).copied().unwrap_or(0);
+    if shape.len() < 2 || range.start > range.end || range.end > tokens {
+        return Err(Error::shape(
+            "t",
+            format!("tokens {range:?} of a tensor {shape:?} (expected [B, T, ...] with T >= end)"),
+        ));
+    }
+    let per_token: usize = shape[2..].iter().product();
+    let values = t.to_f32_vec("t")?;
+    let mut out = Vec::with_capacity(shape[0] * range.len() * per_token);
+    for row in values
+        .chunks_exact((tokens * per_token).max(1))
+        .take(shape[0])
+    {
+        out.extend_from_slice(&row[range.start * per_token..range.end * per_token]);
+    }
+    let mut new_shape = shape.to_vec();
+    new_shape[1] = range.len();
+    HostTensor::from_f32_as(new_shape, &out, t.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_range_keeps_each_rows_tokens() {
+        // [B 2, T 3, 2]: row b, token t holds 10 b + t twice.
+        let values: Vec<f32> = (0..2)
+            .flat_map(|b| (0..3).flat_map(move |t| [10.0 * b as f32 + t as f32; 2]))
+            .collect();
+        let t = HostTensor::from_f32(vec![2, 3, 2], values).unwrap();
+        let head = token_range(&t, 0..2).unwrap();
+        assert_eq!(head.shape(), &[2, 2, 2]);
+        assert_eq!(
+            head.as_f32().unwrap(),
+            &[0.0, 0.0, 1.0, 1.0, 10.0, 10.0, 11.0, 11.0]
+        );
+        let last = token_range(&t, 2..3).unwrap();
+        assert_eq!(last.as_f32().unwrap(), &[2.0, 2.0, 12.0, 12.0]);
+        assert!(token_range(&t, 2..4).is_err());
+    }
+
+    #[test]
+    fn model_gates_are_decays_and_sigmoids() {
+        let mut case = GdnCase::random(&GdnSpec::new(50, 1, 3, 8, 8), 1).unwrap();
+        case.with_model_gates(2).unwrap();
+        let g = case.g.as_f32().unwrap();
+        let beta = case.beta.as_f32().unwrap();
+        assert_eq!(g.len(), 150);
+        assert!(g.iter().all(|&x| x < 0.0 && x.is_finite()));
+        assert!(beta.iter().all(|&x| x > 0.0 && x < 1.0));
+        let mean = g.iter().sum::<f32>() / g.len() as f32;
+        assert!(mean < -1.0, "mean g {mean}");
     }
 }

@@ -46,9 +46,13 @@ pub struct Wgpu {
     coop_note: Option<String>,
     errors: Arc<Mutex<Vec<String>>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
-    placeholder: wgpu::Buffer,
+    /// Distinct 16-byte storage buffers that no shader reads ([`Wgpu::placeholder`]).
+    placeholders: [wgpu::Buffer; PLACEHOLDERS],
     scratch: Mutex<Option<wgpu::Buffer>>,
 }
+
+/// Placeholders a bind group may need at once ([`Wgpu::placeholder`]).
+const PLACEHOLDERS: usize = 3;
 
 /// The backends deltakv uses: Vulkan (Linux, Windows, Android) and Metal (Apple).
 const BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::METAL);
@@ -207,11 +211,13 @@ impl Wgpu {
         device.set_device_lost_callback(move |reason, message| {
             lock(&sink).push(format!("device lost ({reason:?}): {message}"));
         });
-        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("deltakv placeholder"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
+        let placeholders = std::array::from_fn(|_| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("deltakv placeholder"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
         });
         Ok(Wgpu {
             device,
@@ -222,7 +228,7 @@ impl Wgpu {
             coop_note,
             errors,
             pipelines: Mutex::new(HashMap::new()),
-            placeholder,
+            placeholders,
             scratch: Mutex::new(None),
         })
     }
@@ -285,9 +291,11 @@ impl Wgpu {
     }
 
     /// A 16-byte storage buffer that no shader reads, bound where a kernel's optional output is
-    /// not asked for (made once, so a call allocates nothing for it).
-    pub(crate) fn placeholder(&self) -> &wgpu::Buffer {
-        &self.placeholder
+    /// not asked for (made once, so a call allocates nothing for it). `index` (below
+    /// `PLACEHOLDERS`) tells them apart: a bind group with several such bindings takes a
+    /// different one for each, since wgpu refuses a buffer bound writable twice in one dispatch.
+    pub(crate) fn placeholder(&self, index: usize) -> &wgpu::Buffer {
+        &self.placeholders[index]
     }
 
     /// A storage buffer of at least `bytes` for a call's scratch: the one kept from an earlier

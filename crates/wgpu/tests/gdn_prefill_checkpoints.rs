@@ -234,6 +234,23 @@ fn spacings_off_the_granule_and_other_kernels_are_refused() {
         .to_string();
         assert!(err.contains("two-pass chunked kernels"), "{plan:?}: {err}");
     }
+    // The coop walk stores none, on any adapter (refused before the inputs are uploaded).
+    let coop = StatePlan {
+        kernel: StateKernel::Coop,
+        ..StatePlan::default()
+    };
+    let err = PreparedPrefill::checkpointed(
+        wgpu,
+        &case.inputs(),
+        &options(false),
+        PrefillMode::Chunk,
+        &coop,
+        Some(64),
+    )
+    .map(drop)
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("stores no state checkpoints"), "{err}");
 }
 
 #[test]

@@ -165,8 +165,6 @@ pub struct ChunkLaunch {
     /// The scratch (shared with other calls: see `Wgpu::scratch`), the chunk table and the
     /// segment states, kept alive for the bindings.
     _buffers: (wgpu::Buffer, WgpuTensor, wgpu::Buffer),
-    /// The checkpoint bindings' stand-ins of a call without checkpoints.
-    _stand_ins: (wgpu::Buffer, wgpu::Buffer),
 }
 
 /// The transition walk and the combine of a call with split sequences.
@@ -179,21 +177,26 @@ struct Segments {
     combine_grid: (u32, u32, u32),
 }
 
-impl ChunkLaunch {
-    /// Plans the chunks, allocates the scratch and builds the bindings; `None` when the
-    /// scratch or the grid exceeds what the adapter allows in one binding or dispatch.
-    pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>, plan: &StatePlan) -> Result<Option<Self>> {
-        let d = &call.dims;
+/// The chunk scratch of a call in vec4 words: the regions W, Qd, Kd, U, P and the decays, each
+/// one's offset, and the bytes of all.
+struct ScratchLayout {
+    offsets: [usize; 6],
+    bytes: u64,
+}
+
+impl ScratchLayout {
+    /// The layout for `chunks` chunks, where the scratch fits one storage binding (and the
+    /// plan's `scratch_limit`) and the grids fit the adapter's dispatch; `None` where not.
+    fn fitting(
+        wgpu: &Wgpu,
+        d: &GdnDims,
+        sequences: usize,
+        chunks: usize,
+        plan: &StatePlan,
+    ) -> Option<Self> {
         let heads = d.value_heads;
-        plan.check()?;
-        if plan.kernel == StateKernel::OnePass {
-            return Ok(None);
-        }
-        let mut table = chunk_table(call.seqs, plan.segment_chunks);
-        let chunks = table.chunks;
         let kp4 = d.key_dim.div_ceil(4);
         let vp4 = d.value_dim.div_ceil(4);
-        // Scratch regions in vec4 words: W, Qd, Kd, U, P, decays.
         let chunk_heads = chunks * heads;
         let per_k = chunk_heads * CHUNK * kp4;
         let regions = [
@@ -213,17 +216,70 @@ impl ChunkLaunch {
         let limits = wgpu.device().limits();
         let bytes = 16 * words as u64;
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
-        if bytes > limits.max_storage_buffer_binding_size
-            || plan.scratch_limit.is_some_and(|most| bytes > most)
-            || bytes > limits.max_buffer_size
-            || words > u32::MAX as usize
-            || chunks.div_ceil(GRID_ROW) > max_dim
-            || GRID_ROW.min(chunks) > max_dim
-            || heads > max_dim
-            || call.seqs.len() > max_dim
-        {
+        let fits = bytes <= limits.max_storage_buffer_binding_size
+            && plan.scratch_limit.is_none_or(|most| bytes <= most)
+            && bytes <= limits.max_buffer_size
+            && words <= u32::MAX as usize
+            && chunks.div_ceil(GRID_ROW) <= max_dim
+            && GRID_ROW.min(chunks) <= max_dim
+            && heads <= max_dim
+            && sequences <= max_dim;
+        fits.then_some(Self { offsets, bytes })
+    }
+}
+
+/// Refuses, before any input reaches the device, a checkpointed call whose checkpoints no walk
+/// would store: the two-pass kernels store them, so not under the one-pass plan, nor where the
+/// chunk scratch exceeds one storage binding (the call then runs another kernel), nor on the
+/// coop state kernel.
+pub(crate) fn refuse_unstored_checkpoints(
+    wgpu: &Wgpu,
+    d: &GdnDims,
+    seqs: &[SeqSpan],
+    plan: &StatePlan,
+) -> Result<()> {
+    if plan.kernel == StateKernel::Coop {
+        return Err(Error::Unsupported(
+            "the coop state kernel stores no state checkpoints: leave the state kernel to the \
+             launcher (DELTAKV_WGPU_PREFILL_STATE) for a checkpointed call"
+                .to_string(),
+        ));
+    }
+    let chunks = seqs.iter().map(|s| s.len.div_ceil(CHUNK)).sum();
+    if plan.kernel == StateKernel::OnePass
+        || ScratchLayout::fitting(wgpu, d, seqs.len(), chunks, plan).is_none()
+    {
+        return Err(Error::Unsupported(format!(
+            "state checkpoints on wgpu are stored by the two-pass chunked kernels, and this call \
+             runs another (its chunk scratch exceeds one storage binding on {}, or the plan asked \
+             for the one-pass kernel): split the call",
+            wgpu.describe()
+        )));
+    }
+    Ok(())
+}
+
+impl ChunkLaunch {
+    /// Plans the chunks, allocates the scratch and builds the bindings; `None` when the
+    /// scratch or the grid exceeds what the adapter allows in one binding or dispatch.
+    pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>, plan: &StatePlan) -> Result<Option<Self>> {
+        let d = &call.dims;
+        let heads = d.value_heads;
+        plan.check()?;
+        if plan.kernel == StateKernel::OnePass {
             return Ok(None);
         }
+        let mut table = chunk_table(call.seqs, plan.segment_chunks);
+        let chunks = table.chunks;
+        let kp4 = d.key_dim.div_ceil(4);
+        let vp4 = d.value_dim.div_ceil(4);
+        let Some(ScratchLayout { offsets, bytes }) =
+            ScratchLayout::fitting(wgpu, d, call.seqs.len(), chunks, plan)
+        else {
+            return Ok(None);
+        };
+        let limits = wgpu.device().limits();
+        let max_dim = limits.max_compute_workgroups_per_dimension as usize;
         // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
         // at 32). Counted over sequences, not walk units, so that segments do not change the
         // tile (and with it the kernel).
@@ -303,7 +359,7 @@ impl ChunkLaunch {
             }
         }
         let split = walk_states.is_some();
-        let walk_states = walk_states.unwrap_or_else(|| wgpu.placeholder().clone());
+        let walk_states = walk_states.unwrap_or_else(|| wgpu.placeholder(0).clone());
         let (units, slots) = (table.units, table.slots);
         let state_kp4 = kp4 as u32;
         let scratch = wgpu.scratch(bytes)?;
@@ -383,13 +439,8 @@ impl ChunkLaunch {
             }
             _ => pipeline(&PREPARE, &[])?,
         };
-        if call.checkpoints.is_some() && kernel == StateKernel::Coop {
-            return Err(Error::Unsupported(
-                "the coop state kernel stores no state checkpoints: leave the state kernel to \
-                 the launcher (DELTAKV_WGPU_PREFILL_STATE) for a checkpointed call"
-                    .to_string(),
-            ));
-        }
+        // A checkpointed call never reaches the coop kernel (refuse_unstored_checkpoints).
+        debug_assert!(call.checkpoints.is_none() || kernel != StateKernel::Coop);
         // The outputs walk of a checkpointed call stores them (CKPT = 1); every other walk is
         // built without that code.
         let checkpointed = |walk: u32| u32::from(walk == 0 && call.checkpoints.is_some());
@@ -431,20 +482,11 @@ impl ChunkLaunch {
                 (7, "scratch", &scratch),
             ],
         )?;
-        // The general and staged walks bind the checkpoints and their table (small stand-ins
+        // The general and staged walks bind the checkpoints and their table (placeholders
         // where none are asked for, which CKPT = 0 never touches); the coop walk has neither.
-        let stand_in = |label: &str| {
-            wgpu.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            })
-        };
-        let stand_ins = (stand_in("no checkpoints"), stand_in("no checkpoint table"));
         let (checkpoint_states, checkpoint_table) = match &call.checkpoints {
             Some(c) => (c.states.buffer(), c.table.buffer()),
-            None => (&stand_ins.0, &stand_ins.1),
+            None => (wgpu.placeholder(1), wgpu.placeholder(2)),
         };
         let mut walk_entries = vec![
             (0, "params", &uniform),
@@ -513,7 +555,6 @@ impl ChunkLaunch {
             tile,
             kernel,
             _buffers: (scratch, table, walk_states),
-            _stand_ins: stand_ins,
         }))
     }
 

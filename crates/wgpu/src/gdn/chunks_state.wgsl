@@ -47,7 +47,7 @@ const NO_CHECKPOINT: u32 = 0xffffffffu;
 // then from entry_at the entry states [slots, H, K, V]; else a placeholder that no walk reads.
 @group(0) @binding(10) var<storage, read_write> walk_states: array<f32>;
 // [C, H, K, V] f32 state checkpoints, and per chunk of chunk_info the checkpoint row taken after
-// it or NO_CHECKPOINT (the general and staged walks; stand-ins where CKPT is 0).
+// it or NO_CHECKPOINT (the general and staged walks; placeholders where CKPT is 0).
 @group(0) @binding(11) var<storage, read_write> checkpoints: array<f32>;
 @group(0) @binding(12) var<storage, read> chunk_checkpoint: array<u32>;
 

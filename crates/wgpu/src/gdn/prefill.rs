@@ -14,7 +14,9 @@
 //!
 //! State checkpoints and prefills over a device state pool are in `prefill_states.rs`.
 
-use super::chunks::{ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan};
+use super::chunks::{
+    ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan, refuse_unstored_checkpoints,
+};
 use super::prefill_states::DeviceCheckpoints;
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
@@ -115,6 +117,9 @@ impl PreparedPrefill {
             ));
         }
         let d = shapes.dims;
+        if checkpoint_plan.is_some() {
+            refuse_unstored_checkpoints(wgpu, &d, &shapes.seqs, plan)?;
+        }
         let sequences = shapes.seqs.len();
         let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
         let (q, k, v, g, beta) = (
@@ -178,12 +183,11 @@ impl PreparedPrefill {
             None
         };
         if checkpoints.is_some() && chunked.is_none() {
-            return Err(Error::Unsupported(format!(
-                "state checkpoints on wgpu are stored by the two-pass chunked kernels, and this \
-                 call runs another (its chunk scratch exceeds one storage binding on {}, or the \
-                 plan asked for the one-pass kernel): split the call",
-                wgpu.describe()
-            )));
+            // refuse_unstored_checkpoints refused every such call before the uploads.
+            return Err(Error::Unsupported(
+                "state checkpoints: the two-pass chunked kernels did not take this call"
+                    .to_string(),
+            ));
         }
         let wide_groups = sequences * d.value_heads * d.value_dim.div_ceil(64);
         let launch = match chunked {

@@ -338,7 +338,7 @@ impl RecurrentLaunch {
         // vec4, the smallest the decode kernel's binding takes).
         let intermediate = match call.intermediate {
             Some(t) => t.buffer(),
-            None => wgpu.placeholder(),
+            None => wgpu.placeholder(0),
         };
         let buffers: [(&str, &wgpu::Buffer); 12] = [
             ("params", &uniform),

@@ -78,6 +78,8 @@ use gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnInputs, GdnOpti
 mod device_tensor;
 #[cfg(feature = "cuda")]
 mod kv_cuda;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod kv_device;
 #[cfg(feature = "wgpu")]
 mod kv_wgpu;
 mod on_device;

@@ -1,0 +1,82 @@
+//! `deltakv kv --device cuda|wgpu`: what the file-level compressed-KV op does on the host around
+//! a device's own steps (`kv_cuda`, `kv_wgpu`). The inputs are validated and scanned as on the
+//! CPU (`deltakv_cpu::kv::op`), the cache gets a paged layout of 64-token pages for the file's
+//! tokens, and `o` (f32, back from the device) is checked for values that left f32's range. The
+//! exact path (`--exact`) is CPU-only.
+
+use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
+use deltakv_contract::kv::{KvScheme, PagedLayout};
+use deltakv_contract::tensor::{HostTensor, check_result_finite};
+use deltakv_contract::{Error, Result};
+use deltakv_cpu::kv::{KvOptions, KvOutput};
+
+/// Tokens per page of the cache built for one file.
+const PAGE_TOKENS: usize = 64;
+
+/// A checked call, ready for the device: the inputs' sizes, the cache's layout and pages per
+/// sequence, and the attention scale.
+pub(crate) struct DeviceKvCall {
+    pub dims: KvDims,
+    pub layout: PagedLayout,
+    pub max_pages: usize,
+    pub scale: f32,
+}
+
+impl DeviceKvCall {
+    /// Validates the call for `device` ("cuda" or "wgpu") and scans the values the sequences
+    /// hold, and q, as the CPU does.
+    pub fn new(device: &str, inputs: &KvInputs<'_>, options: &KvOptions) -> Result<Self> {
+        let dims = validate(inputs, options.mode)?;
+        let KvMode::Compressed { bits_k, bits_v } = options.mode else {
+            return Err(Error::DeviceUnavailable {
+                device: device.to_string(),
+                reason: format!("exact attention (--exact) is not implemented on {device} yet"),
+            });
+        };
+        let row = dims.hkv * dims.d;
+        for (name, t) in [("k", inputs.k), ("v", inputs.v)] {
+            for b in 0..dims.batch {
+                let start = b * dims.tokens * row;
+                if let Some((i, x)) = t
+                    .data()
+                    .first_non_finite_in(start..start + dims.seq_lens[b] * row)
+                {
+                    return Err(deltakv_contract::tensor::non_finite_input(name, i, x));
+                }
+            }
+        }
+        inputs.q.check_finite("q")?;
+        let scheme = KvScheme {
+            dim: dims.d,
+            kv_heads: dims.hkv,
+            bits_k,
+            bits_v,
+            norm_dtype: options.norm_dtype,
+            codebook: options.codebook,
+            seed: options.seed,
+        };
+        let layout = PagedLayout::new(scheme, PAGE_TOKENS)?;
+        let max_pages = layout.pages_for(dims.tokens).max(1);
+        let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+        Ok(Self {
+            dims,
+            layout,
+            max_pages,
+            scale,
+        })
+    }
+
+    /// The op's output from the device's `o`, refused where a value left f32's range.
+    pub fn output(&self, o: HostTensor) -> Result<KvOutput> {
+        check_result_finite(
+            "o",
+            &o,
+            "b, tq, hq, d",
+            "q or v too large: a score or a weighted sum of values left f32's range",
+        )?;
+        let cache_bytes = self.dims.seq_lens.iter().sum::<usize>()
+            * self.dims.hkv
+            * self.layout.scheme.bytes_per_token_head();
+        Ok(KvOutput { o, cache_bytes })
+    }
+}

@@ -4,8 +4,8 @@
 //! tokens, and `o` (f32, back from the device) is checked for values that left f32's range. The
 //! exact path (`--exact`) is CPU-only.
 
+use deltakv_contract::kv::PagedLayout;
 use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
-use deltakv_contract::kv::{KvScheme, PagedLayout};
 use deltakv_contract::tensor::{HostTensor, check_result_finite};
 use deltakv_contract::{Error, Result};
 use deltakv_cpu::kv::{KvOptions, KvOutput};
@@ -46,16 +46,7 @@ impl DeviceKvCall {
             }
         }
         inputs.q.check_finite("q")?;
-        let scheme = KvScheme {
-            dim: dims.d,
-            kv_heads: dims.hkv,
-            bits_k,
-            bits_v,
-            norm_dtype: options.norm_dtype,
-            codebook: options.codebook,
-            seed: options.seed,
-        };
-        let layout = PagedLayout::new(scheme, PAGE_TOKENS)?;
+        let layout = PagedLayout::new(options.scheme(&dims, bits_k, bits_v), PAGE_TOKENS)?;
         let max_pages = layout.pages_for(dims.tokens).max(1);
         let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
         Ok(Self {

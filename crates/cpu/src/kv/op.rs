@@ -6,7 +6,7 @@ use super::attention::{AttnOptions, attend_compressed, attend_dense};
 use super::cache::{DenseKvCache, KvCache};
 use crate::scan::check_result_finite;
 use deltakv_contract::Result;
-use deltakv_contract::kv::inputs::{KvInputs, KvMode, validate};
+use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
 use deltakv_contract::kv::{CodebookKind, KvScheme, NormDType};
 use deltakv_contract::tensor::{HostTensor, check_finite_at};
 
@@ -31,6 +31,22 @@ impl Default for KvOptions {
             norm_dtype: NormDType::F32,
             codebook: CodebookKind::LloydMax,
             attn: AttnOptions::default(),
+        }
+    }
+}
+
+impl KvOptions {
+    /// The compressed cache's scheme for the inputs' `dims` at these bit widths, with these
+    /// options' norms, codebook and seed.
+    pub fn scheme(&self, dims: &KvDims, bits_k: u32, bits_v: u32) -> KvScheme {
+        KvScheme {
+            dim: dims.d,
+            kv_heads: dims.hkv,
+            bits_k,
+            bits_v,
+            norm_dtype: self.norm_dtype,
+            codebook: self.codebook,
+            seed: self.seed,
         }
     }
 }
@@ -60,16 +76,7 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
     let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
     let (o, cache_bytes) = match options.mode {
         KvMode::Compressed { bits_k, bits_v } => {
-            let scheme = KvScheme {
-                dim: dims.d,
-                kv_heads: dims.hkv,
-                bits_k,
-                bits_v,
-                norm_dtype: options.norm_dtype,
-                codebook: options.codebook,
-                seed: options.seed,
-            };
-            let mut cache = KvCache::new(scheme, dims.batch)?;
+            let mut cache = KvCache::new(options.scheme(&dims, bits_k, bits_v), dims.batch)?;
             for b in 0..dims.batch {
                 cache.append(b, &k[held(b)], &v[held(b)])?;
             }

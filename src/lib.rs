@@ -181,6 +181,19 @@ impl std::str::FromStr for Device {
     }
 }
 
+/// The CUDA prefill runs the chunked algorithm only.
+#[cfg(feature = "cuda")]
+fn cuda_chunked_only(mode: PrefillMode) -> Result<()> {
+    match mode {
+        PrefillMode::Chunk => Ok(()),
+        PrefillMode::Recurrent => Err(Error::Unsupported(
+            "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent mode \
+             is the CPU's cross-check"
+                .to_string(),
+        )),
+    }
+}
+
 /// GDN prefill on `device`; see [`gdn`] for the math and shapes. (The CPU's
 /// [`gdn::gdn_prefill`] also takes [`HostView`]s over a caller's memory, read in place.)
 pub fn gdn_prefill(
@@ -206,20 +219,16 @@ pub fn gdn_prefill_checkpointed(
     device.ensure_runs("gdn prefill")?;
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda => match mode {
-            PrefillMode::Chunk => deltakv_cuda::gdn::gdn_prefill_host_checkpointed(
+        Device::Cuda => {
+            cuda_chunked_only(mode)?;
+            deltakv_cuda::gdn::gdn_prefill_host_checkpointed(
                 deltakv_cuda::Cuda::get()?,
                 inputs,
                 options,
                 deltakv_cuda::gdn::Split::Auto,
                 checkpoint_every,
-            ),
-            PrefillMode::Recurrent => Err(Error::Unsupported(
-                "the CUDA prefill runs the chunked algorithm only (mode chunk); the recurrent \
-                 mode is the CPU's cross-check"
-                    .to_string(),
-            )),
-        },
+            )
+        }
         #[cfg(feature = "wgpu")]
         Device::Wgpu => deltakv_wgpu::gdn::gdn_prefill_checkpointed(
             deltakv_wgpu::Wgpu::get()?,
@@ -274,11 +283,7 @@ pub fn gdn_prefill_into_pool_checkpointed(
     match device {
         #[cfg(feature = "cuda")]
         Device::Cuda => {
-            if mode == PrefillMode::Recurrent {
-                return Err(Error::Unsupported(
-                    "the CUDA prefill runs the chunked algorithm only (mode chunk)".to_string(),
-                ));
-            }
+            cuda_chunked_only(mode)?;
             deltakv_cuda::gdn::gdn_prefill_host_into_pool_checkpointed(
                 deltakv_cuda::Cuda::get()?,
                 inputs,

@@ -127,14 +127,17 @@ fn prefill(
     records: &mut Vec<serde_json::Value>,
 ) -> Result<()> {
     let device = Device::Cpu;
-    let with_checkpoints = usize::from(
-        args.checkpoint_every.is_some()
-            && args
-                .modes
-                .iter()
-                .any(|&m| PrefillMode::from(m) == PrefillMode::Chunk),
-    );
-    let total = SHAPES.len() * seq_lens.len() * (args.modes.len() + with_checkpoints);
+    // Each mode, and the chunked one again with checkpoints where they are asked for.
+    let runs: Vec<(PrefillMode, Option<usize>)> = args
+        .modes
+        .iter()
+        .flat_map(|&mode_arg| {
+            let mode = PrefillMode::from(mode_arg);
+            let with_checkpoints = args.checkpoint_every.filter(|_| mode == PrefillMode::Chunk);
+            std::iter::once((mode, None)).chain(with_checkpoints.map(|n| (mode, Some(n))))
+        })
+        .collect();
+    let total = SHAPES.len() * seq_lens.len() * runs.len();
     let bar = progress(total);
     let mut lines = Vec::new();
     for (shape, key_heads, value_heads, key_dim, value_dim) in SHAPES {
@@ -143,12 +146,7 @@ fn prefill(
                 &GdnSpec::new(tokens, key_heads, value_heads, key_dim, value_dim),
                 42,
             )?;
-            let runs = args.modes.iter().flat_map(|&mode_arg| {
-                let mode = PrefillMode::from(mode_arg);
-                let with_checkpoints = args.checkpoint_every.filter(|_| mode == PrefillMode::Chunk);
-                std::iter::once((mode, None)).chain(with_checkpoints.map(|n| (mode, Some(n))))
-            });
-            for (mode, checkpoint_every) in runs {
+            for &(mode, checkpoint_every) in &runs {
                 bar.set_message(format!("{shape} T={tokens} {mode:?}"));
                 let ms = median_ms(3, Duration::from_secs(2), || {
                     let options = GdnOptions::default();

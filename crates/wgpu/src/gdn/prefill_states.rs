@@ -20,8 +20,8 @@ use super::state_plan::StatePlan;
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
-use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};
-use deltakv_contract::gdn::prefill::validate::{SeqSpan, check_prefill_shapes};
+use deltakv_contract::gdn::prefill::pool::check_pooled_prefill;
+use deltakv_contract::gdn::prefill::validate::SeqSpan;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnDims, GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
 use deltakv_contract::{DType, Error, HostTensor, Result};
@@ -131,12 +131,10 @@ pub fn gdn_prefill_into_pool(
     slot_indices: &HostTensor,
     checkpoint_every: Option<usize>,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
-    refuse_initial_state(inputs.initial_state.is_some())?;
-    // Shapes here, for the slots; the values are checked once, by the prefill's own validation,
+    // Shapes and slots here; the values are checked once, by the prefill's own validation,
     // before anything is written to the pool.
-    let shapes = check_prefill_shapes(inputs, options)?;
+    let (shapes, slots) = check_pooled_prefill(inputs, options, &*state_pool, slot_indices)?;
     let d = shapes.dims;
-    let slots = pool_slots(&*state_pool, slot_indices, &d, shapes.seqs.len())?;
     let state_bytes = (4 * d.value_heads * d.key_dim * d.value_dim) as u64;
     let initial = WgpuTensor::zeros(
         wgpu,
@@ -188,8 +186,7 @@ pub fn gdn_prefill_host_into_pool(
     checkpoint_every: Option<usize>,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
     // A call refused on its shapes or slots never copies the pool.
-    let shapes = check_prefill_shapes(inputs, options)?;
-    pool_slots(&*state_pool, slot_indices, &shapes.dims, shapes.seqs.len())?;
+    check_pooled_prefill(inputs, options, &*state_pool, slot_indices)?;
     let mut pool = WgpuTensor::upload(wgpu, state_pool)?;
     let out = gdn_prefill_into_pool(
         wgpu,

@@ -2,8 +2,7 @@
 
 use super::gdn_prefill_checkpointed;
 use deltakv_contract::gdn::prefill::checkpoint::PrefillCheckpoints;
-use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};
-use deltakv_contract::gdn::prefill::validate::check_prefill_shapes;
+use deltakv_contract::gdn::prefill::pool::check_pooled_prefill;
 use deltakv_contract::gdn::{GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::HostTensor;
 use deltakv_contract::{Error, Result};
@@ -32,9 +31,7 @@ pub fn gdn_prefill_into_pool_checkpointed(
     slot_indices: &HostTensor,
     checkpoint_every: Option<usize>,
 ) -> Result<(HostTensor, Option<PrefillCheckpoints>)> {
-    refuse_initial_state(inputs.initial_state.is_some())?;
-    let shapes = check_prefill_shapes(inputs, options)?;
-    let slots = pool_slots(state_pool, slot_indices, &shapes.dims, shapes.seqs.len())?;
+    let (shapes, slots) = check_pooled_prefill(inputs, options, &*state_pool, slot_indices)?;
     let d = shapes.dims;
     let state_len = d.value_heads * d.key_dim * d.value_dim;
     let pool_dtype = state_pool.dtype();

@@ -52,17 +52,12 @@ fn check(name: &str, case: &GdnCase, options: &GdnOptions, every: usize) {
             "{name} {mode:?}: checkpoint rel_rms {err:.3e}"
         );
         // A checkpoint at a sequence's end is its final state, bit for bit.
-        let state_len = h * k * v;
         let finals = out.final_state.as_f32().unwrap();
-        for (n, seq) in seqs.iter().enumerate() {
-            if let Some(row) = plan.row_at(n, seq.len) {
-                assert_eq!(
-                    &states[row * state_len..][..state_len],
-                    &finals[n * state_len..][..state_len],
-                    "{name} {mode:?}: sequence {n} ends on checkpoint {row}"
-                );
-            }
-        }
+        assert_eq!(
+            plan.first_end_mismatch(&seqs, states, finals),
+            None,
+            "{name} {mode:?}: a sequence's end checkpoint is not its final state"
+        );
     }
 }
 

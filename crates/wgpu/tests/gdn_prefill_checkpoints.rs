@@ -76,7 +76,6 @@ fn check(wgpu: &Wgpu, name: &str, case: &GdnCase, options: &GdnOptions, every: u
     let seqs = check_prefill_shapes(&inputs, options).unwrap().seqs;
     let plan = CheckpointPlan::new(every, &seqs).unwrap();
     let (h, k, v) = (case.v.shape()[2], case.q.shape()[3], case.v.shape()[3]);
-    let state_len = h * k * v;
     for (plan_name, state_plan) in plans() {
         let what = format!("{name} every {every} ({plan_name})");
         let prepared = PreparedPrefill::checkpointed(
@@ -110,15 +109,11 @@ fn check(wgpu: &Wgpu, name: &str, case: &GdnCase, options: &GdnOptions, every: u
         assert!(worst < STATE_TOLERANCE, "{what}: checkpoint {worst:.3e}");
         assert!(o_err < O_TOLERANCE, "{what}: o {o_err:.3e}");
         assert!(s_err < STATE_TOLERANCE, "{what}: final_state {s_err:.3e}");
-        for (n, seq) in seqs.iter().enumerate() {
-            if let Some(row) = plan.row_at(n, seq.len) {
-                assert_eq!(
-                    &states[row * state_len..][..state_len],
-                    &finals[n * state_len..][..state_len],
-                    "{what}: sequence {n} ends on checkpoint {row}"
-                );
-            }
-        }
+        assert_eq!(
+            plan.first_end_mismatch(&seqs, states, finals),
+            None,
+            "{what}: a sequence's end checkpoint is not its final state"
+        );
     }
 }
 

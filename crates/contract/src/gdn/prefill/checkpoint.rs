@@ -73,6 +73,26 @@ impl CheckpointPlan {
         (row < end).then_some(row)
     }
 
+    /// The first sequence whose checkpoint at its end (there is one where its length is a
+    /// multiple of `every`) is not its final state bit for bit, or `None`: `states` the
+    /// `[C, H, K, V]` checkpoints, `finals` the `[N, H, K, V]` final states of `seqs`.
+    pub fn first_end_mismatch(
+        &self,
+        seqs: &[SeqSpan],
+        states: &[f32],
+        finals: &[f32],
+    ) -> Option<usize> {
+        let state_len = finals.len() / seqs.len().max(1);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        seqs.iter().enumerate().position(|(n, seq)| {
+            self.row_at(n, seq.len).is_some_and(|row| {
+                let checkpoint = states.get(row * state_len..(row + 1) * state_len);
+                let last = &finals[n * state_len..(n + 1) * state_len];
+                checkpoint.is_none_or(|c| bits(c) != bits(last))
+            })
+        })
+    }
+
     /// `offsets` as an i64 `[sequences + 1]` tensor (the `checkpoint_offsets` of a file).
     pub fn offsets_tensor(&self) -> Result<HostTensor> {
         HostTensor::from_i64(
@@ -135,6 +155,26 @@ mod tests {
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
         SeqSpan::back_to_back(lens)
+    }
+
+    #[test]
+    fn an_end_checkpoint_must_equal_its_final_state() {
+        // Sequences of 64 (one checkpoint, at its end), 100 (one, not at its end) and 128 (two,
+        // the second at its end); states of 2 floats.
+        let seqs = spans(&[64, 100, 128]);
+        let plan = CheckpointPlan::new(64, &seqs).unwrap();
+        let finals = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut states = vec![1.0f32, 2.0, 9.0, 9.0, 7.0, 7.0, 5.0, 6.0];
+        assert_eq!(plan.first_end_mismatch(&seqs, &states, &finals), None);
+        states[7] = 6.5;
+        assert_eq!(plan.first_end_mismatch(&seqs, &states, &finals), Some(2));
+        states[0] = -1.0;
+        assert_eq!(plan.first_end_mismatch(&seqs, &states, &finals), Some(0));
+        // Missing rows count as a mismatch.
+        assert_eq!(
+            plan.first_end_mismatch(&seqs, &states[..4], &finals),
+            Some(0)
+        );
     }
 
     #[test]

@@ -24,14 +24,6 @@ pub(super) struct ChunkTable {
 /// A whole sequence's slot field (never read: such a unit keeps its state in `state`).
 const NO_SLOT: usize = u32::MAX as usize;
 
-/// The chunks of a sequence of `len` tokens, as the table holds them (`CHUNK` tokens from its
-/// start, the last one shorter): (first token within the sequence, length).
-pub(super) fn sequence_chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..len)
-        .step_by(CHUNK)
-        .map(move |t| (t, CHUNK.min(len - t)))
-}
-
 /// Plans the chunks and walk units of `seqs`: a sequence of more than `segment_chunks` chunks
 /// becomes the fewest segments of at most that many, their lengths within one of each other;
 /// any other, one unit.
@@ -40,9 +32,9 @@ pub(super) fn chunk_table(seqs: &[SeqSpan], segment_chunks: Option<usize>) -> Ch
     let mut spans = Vec::with_capacity(seqs.len());
     for s in seqs {
         let first = words.len() / 2;
-        for (t, len) in sequence_chunks(s.len) {
+        for t in (0..s.len).step_by(CHUNK) {
             words.push((s.start + t) as u32);
-            words.push(len as u32);
+            words.push(CHUNK.min(s.len - t) as u32);
         }
         spans.push((first, words.len() / 2 - first));
     }

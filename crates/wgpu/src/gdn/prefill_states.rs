@@ -13,8 +13,7 @@
 //! device, runs, checks the results, and only then copies the final states into the slots, so
 //! a call that fails leaves the pool as it was.
 
-use super::chunk_table::sequence_chunks;
-use super::chunks::{ChunkCheckpoints, NO_CHECKPOINT};
+use super::chunks::{CHUNK, ChunkCheckpoints, NO_CHECKPOINT};
 use super::prefill::{PrefillExtras, PreparedPrefill};
 use super::state_plan::StatePlan;
 use crate::runtime::Wgpu;
@@ -29,10 +28,9 @@ use deltakv_contract::{DType, Error, HostTensor, Result};
 /// The checkpoint row taken after each chunk of `seqs` (in the chunk table's order: sequence by
 /// sequence, `CHUNK` tokens from each one's start), or [`NO_CHECKPOINT`].
 fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<u32> {
-    let row = |n: usize, end: usize| plan.row_at(n, end).map_or(NO_CHECKPOINT, |r| r as u32);
-    seqs.iter()
-        .enumerate()
-        .flat_map(|(n, s)| sequence_chunks(s.len).map(move |(t, len)| row(n, t + len)))
+    plan.rows_after_chunks(seqs, CHUNK)
+        .into_iter()
+        .map(|row| row.map_or(NO_CHECKPOINT, |row| row as u32))
         .collect()
 }
 

@@ -73,6 +73,22 @@ impl CheckpointPlan {
         (row < end).then_some(row)
     }
 
+    /// For each chunk of `chunk` tokens of the call (sequence by sequence, each sequence's
+    /// chunks from its start, the last one shorter), the row of the checkpoint taken at the
+    /// chunk's end, or `None`: the table a chunked kernel reads to store the state it holds
+    /// after each chunk (every checkpoint falls on a chunk end where `chunk` divides `every`).
+    pub fn rows_after_chunks(&self, seqs: &[SeqSpan], chunk: usize) -> Vec<Option<usize>> {
+        let chunk = chunk.max(1);
+        seqs.iter()
+            .enumerate()
+            .flat_map(|(n, seq)| {
+                (0..seq.len)
+                    .step_by(chunk)
+                    .map(move |first| self.row_at(n, (first + chunk).min(seq.len)))
+            })
+            .collect()
+    }
+
     /// The first sequence whose checkpoint at its end (there is one where its length is a
     /// multiple of `every`) is not its final state bit for bit, or `None`: `states` the
     /// `[C, H, K, V]` checkpoints, `finals` the `[N, H, K, V]` final states of `seqs`.
@@ -155,6 +171,31 @@ mod tests {
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
         SeqSpan::back_to_back(lens)
+    }
+
+    #[test]
+    fn chunk_tables_mark_the_chunks_that_end_on_a_checkpoint() {
+        let seqs = spans(&[1, 130, 192, 64]);
+        let plan = CheckpointPlan::new(64, &seqs).unwrap();
+        // Chunks of 64: [1] | [64, 64, 2] | [64, 64, 64] | [64].
+        assert_eq!(
+            plan.rows_after_chunks(&seqs, 64),
+            vec![
+                None,
+                Some(0),
+                Some(1),
+                None,
+                Some(2),
+                Some(3),
+                Some(4),
+                Some(5)
+            ]
+        );
+        // Chunks of 32 end on the same rows every other chunk.
+        let halves = plan.rows_after_chunks(&seqs, 32);
+        assert_eq!(halves.len(), 1 + 5 + 6 + 2);
+        assert_eq!(halves.iter().flatten().count(), plan.total());
+        assert_eq!(&halves[1..6], &[None, Some(0), None, Some(1), None]);
     }
 
     #[test]

@@ -11,7 +11,6 @@ use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
 use deltakv_contract::gdn::prefill::checkpoint::{CheckpointPlan, PrefillCheckpoints};
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
-use deltakv_contract::gdn::shapes::GdnDims;
 use deltakv_contract::{HostTensor, Result};
 
 /// Checkpoints on the GPU.
@@ -39,22 +38,13 @@ impl CudaCheckpoints {
     }
 }
 
-/// `[C, H, K, V]`: the checkpoints of `plan` for the call's heads and sizes.
-pub(super) fn checkpoint_shape(plan: &CheckpointPlan, dims: &GdnDims) -> Vec<usize> {
-    vec![plan.total(), dims.value_heads, dims.key_dim, dims.value_dim]
-}
-
 /// For each chunk of the call (sequence by sequence, as `PrefillPlan` lists them), the row of
 /// the checkpoint taken at its end, or -1.
 pub(crate) fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<i32> {
-    let mut table = Vec::new();
-    for (n, seq) in seqs.iter().enumerate() {
-        for first in (0..seq.len).step_by(CHUNK) {
-            let end = (first + CHUNK).min(seq.len);
-            table.push(plan.row_at(n, end).map_or(-1, |row| row as i32));
-        }
-    }
-    table
+    plan.rows_after_chunks(seqs, CHUNK)
+        .into_iter()
+        .map(|row| row.map_or(-1, |row| row as i32))
+        .collect()
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ mod relay;
 mod states;
 
 pub use checkpoint::CudaCheckpoints;
-use checkpoint::{checkpoint_shape, chunk_checkpoints};
+use checkpoint::chunk_checkpoints;
 use deltakv_contract::gdn::prefill::checkpoint::CheckpointPlan;
 pub use host::{
     gdn_prefill_host, gdn_prefill_host_checkpointed, gdn_prefill_host_into_pool,
@@ -297,7 +297,7 @@ impl PrefillLaunch {
         // Checkpoints: a buffer poisoned until the launch writes it, and the row of each chunk.
         let mut checkpoints = match checkpoint_plan {
             Some(plan) => Some(CudaCheckpoints {
-                states: CudaTensor::poisoned(cuda, checkpoint_shape(&plan, &dims), DType::F32)?,
+                states: CudaTensor::poisoned(cuda, plan.shape(&dims), DType::F32)?,
                 plan,
             }),
             None => None,

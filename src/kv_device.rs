@@ -6,9 +6,9 @@
 
 use deltakv_contract::kv::PagedLayout;
 use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
-use deltakv_contract::tensor::{HostTensor, check_result_finite};
+use deltakv_contract::tensor::HostTensor;
 use deltakv_contract::{Error, Result};
-use deltakv_cpu::kv::{KvOptions, KvOutput};
+use deltakv_cpu::kv::{KvOptions, KvOutput, check_attention_output};
 
 /// Tokens per page of the cache built for one file.
 const PAGE_TOKENS: usize = 64;
@@ -59,12 +59,7 @@ impl DeviceKvCall {
 
     /// The op's output from the device's `o`, refused where a value left f32's range.
     pub fn output(&self, o: HostTensor) -> Result<KvOutput> {
-        check_result_finite(
-            "o",
-            &o,
-            "b, tq, hq, d",
-            "q or v too large: a score or a weighted sum of values left f32's range",
-        )?;
+        check_attention_output(&o)?;
         let cache_bytes = self.dims.seq_lens.iter().sum::<usize>()
             * self.dims.hkv
             * self.layout.scheme.bytes_per_token_head();

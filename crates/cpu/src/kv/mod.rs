@@ -18,5 +18,5 @@ pub mod paged;
 
 pub use attention::{AttnOptions, MAX_BLOCK_TOKENS, attend_compressed, attend_dense};
 pub use cache::{DenseKvCache, HeadStore, KvCache, Norms};
-pub use op::{KvOptions, KvOutput, kv_attention};
+pub use op::{KvOptions, KvOutput, check_attention_output, kv_attention};
 pub use paged::{PagedKvCache, attend_paged};

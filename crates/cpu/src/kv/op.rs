@@ -93,11 +93,17 @@ pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutp
         }
     };
     let o = HostTensor::from_f32(vec![dims.batch, dims.tq, dims.hq, dims.d], o)?;
+    check_attention_output(&o)?;
+    Ok(KvOutput { o, cache_bytes })
+}
+
+/// Refuses an attention output `o [B, Tq, Hq, D]` with a value that left f32's range (every
+/// device's `kv` op checks its `o` this way before it is written anywhere).
+pub fn check_attention_output(o: &HostTensor) -> Result<()> {
     check_result_finite(
         "o",
-        &o,
+        o,
         "b, tq, hq, d",
         "q or v too large: a score or a weighted sum of values left f32's range",
-    )?;
-    Ok(KvOutput { o, cache_bytes })
+    )
 }

@@ -10,9 +10,12 @@
 //! constant sets, is written to SPIR-V by naga with wgpu's Vulkan options (`tests/spirv`), built
 //! into a compute pipeline on the device `DELTAKV_WGPU_ADAPTER` names (else the first discrete
 //! GPU, else the first device), with every Vulkan 1.1-1.3 feature the device offers enabled,
-//! and the driver's statistics printed one line per pipeline. Arguments keep only the shaders
-//! whose names contain one of them. Cooperative-matrix shaders are skipped on a device without
-//! `VK_KHR_cooperative_matrix`.
+//! and the driver's statistics printed one line per pipeline. Where the runtime launches a
+//! shader in another form (its loops written out by `deltakv_wgpu::unroll`, and for the
+//! attention built without loop bounding), that form follows as a second line marked `as
+//! launched`: the registers and local memory of the code that runs. Arguments keep only the
+//! shaders whose names contain one of them. Cooperative-matrix shaders are skipped on a device
+//! without `VK_KHR_cooperative_matrix`.
 
 #[path = "../tests/spirv/mod.rs"]
 mod spirv;
@@ -33,19 +36,22 @@ fn main() {
 
 fn run() -> Result<(), Failure> {
     let filters: Vec<String> = std::env::args().skip(1).collect();
-    let mut builds: Vec<(&ShaderSource, Constants, bool)> = Vec::new();
+    let mut builds: Vec<Build> = Vec::new();
     for (source, sets) in deltakv_wgpu::SHADERS {
         for &set in *sets {
-            builds.push((source, set, false));
+            builds.push(Build::table(source, set, false));
+            if let Some(launched) = launched_form(source, set)? {
+                builds.push(launched);
+            }
         }
     }
     for (source, sets) in deltakv_wgpu::coop::SHADERS {
         for &set in *sets {
-            builds.push((source, set, true));
+            builds.push(Build::table(source, set, true));
         }
     }
-    builds.retain(|(source, _, _)| {
-        filters.is_empty() || filters.iter().any(|f| source.name.contains(f.as_str()))
+    builds.retain(|build| {
+        filters.is_empty() || filters.iter().any(|f| build.label.contains(f.as_str()))
     });
 
     let vk = Vulkan::open()?;
@@ -53,18 +59,74 @@ fn run() -> Result<(), Failure> {
         "{}: driver statistics per pipeline (SPIR-V from naga with wgpu's Vulkan options)",
         vk.name
     );
-    for (source, constants, needs_coop) in builds {
-        let label = format!("{} {constants:?}", source.name);
-        if needs_coop && !vk.coop {
+    for build in builds {
+        let label = &build.label;
+        if build.needs_coop && !vk.coop {
             println!("{label}: skipped (no VK_KHR_cooperative_matrix)");
             continue;
         }
-        match vk.statistics(source, constants) {
+        match vk.statistics(&build.source, build.constants, build.loop_bounding) {
             Ok(line) => println!("{label}: {line}"),
             Err(e) => println!("{label}: failed: {e}"),
         }
     }
     Ok(())
+}
+
+/// One pipeline to build: a shader, its constants, and how the runtime builds it.
+struct Build {
+    label: String,
+    source: ShaderSource,
+    constants: Constants,
+    needs_coop: bool,
+    loop_bounding: bool,
+}
+
+impl Build {
+    /// A shader of the tables as written, with loop bounding.
+    fn table(source: &ShaderSource, constants: Constants, needs_coop: bool) -> Self {
+        Self {
+            label: format!("{} {constants:?}", source.name),
+            source: *source,
+            constants,
+            needs_coop,
+            loop_bounding: true,
+        }
+    }
+}
+
+/// The form the runtime launches `source` in, where it is not the table's: the attention's
+/// loops written out (`kv::attend::attend_loops`) and built without loop bounding, the bands
+/// decode's row loops written out (`gdn::decode_sources::unrolled`).
+fn launched_form(source: &ShaderSource, constants: Constants) -> Result<Option<Build>, Failure> {
+    let constant = |name: &str| {
+        constants
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, value)| value as u32)
+            .ok_or_else(|| format!("{}: no constant {name}", source.name))
+    };
+    use deltakv_wgpu::kv::{SOURCE_ATTEND_SHARED, SOURCE_ATTEND_SUBGROUP};
+    let attention = [SOURCE_ATTEND_SUBGROUP.name, SOURCE_ATTEND_SHARED.name];
+    let (launched, loop_bounding) = if attention.contains(&source.name) {
+        let loops = deltakv_wgpu::kv::attend::attend_loops(constant("BITS_K")?);
+        (deltakv_wgpu::unroll::unrolled(source, &loops)?, false)
+    } else if source.name.starts_with("gdn_decode_bands") {
+        let rows = constant("ROWS")?;
+        (
+            deltakv_wgpu::gdn::decode_sources::unrolled(source, rows)?,
+            true,
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Build {
+        label: format!("{} {constants:?} as launched", source.name),
+        source: launched,
+        constants,
+        needs_coop: false,
+        loop_bounding,
+    }))
 }
 
 /// The instance and a device with pipeline statistics, destroyed on drop.
@@ -230,12 +292,18 @@ impl Vulkan {
         Ok(())
     }
 
-    /// One pipeline of `source` with `constants`, its statistics as `name value` pairs.
-    fn statistics(&self, source: &ShaderSource, constants: Constants) -> Result<String, Failure> {
+    /// One pipeline of `source` with `constants` (loop bounding as `loop_bounding` says), its
+    /// statistics as `name value` pairs.
+    fn statistics(
+        &self,
+        source: &ShaderSource,
+        constants: Constants,
+        loop_bounding: bool,
+    ) -> Result<String, Failure> {
         let (Some(device), Some(stats)) = (&self.device, &self.stats) else {
             return Err("no device".into());
         };
-        let words = spirv::spirv_of(source, constants)?;
+        let words = spirv::spirv_of(source, constants, loop_bounding)?;
         let module = naga::front::wgsl::parse_str(source.text)?;
         let entry = CString::new(source.entry_point)?;
         // One descriptor set layout per group, the bindings as the module declares them.

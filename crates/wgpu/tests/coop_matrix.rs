@@ -34,7 +34,7 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     }
     for (source, constants) in builds {
         let label = format!("{} {constants:?}", source.name);
-        let words = spirv_of(source, constants).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let words = spirv_of(source, constants, true).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert!(words.len() > 100, "{label}: {} words", words.len());
         if let Some(validator) = &validator {
             validate_spirv(validator, &label, &words);

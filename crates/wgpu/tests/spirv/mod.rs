@@ -6,8 +6,14 @@ use deltakv_wgpu::ShaderSource;
 
 /// `source`'s entry point with `constants` as SPIR-V, written by naga with the options wgpu's
 /// Vulkan backend uses on a Vulkan 1.3 device for the runtime's pipelines (SPIR-V 1.6, clamped
-/// indices, loop bounding, 16-bit I/O, workgroup memory not zeroed).
-pub fn spirv_of(source: &ShaderSource, constants: &[(&str, f64)]) -> Result<Vec<u32>, String> {
+/// indices, 16-bit I/O, workgroup memory not zeroed), with loop bounding where `loop_bounding`
+/// says (the runtime turns it off for the pipelines it builds through
+/// `Wgpu::pipeline_without_loop_bounding`).
+pub fn spirv_of(
+    source: &ShaderSource,
+    constants: &[(&str, f64)],
+    loop_bounding: bool,
+) -> Result<Vec<u32>, String> {
     let module =
         naga::front::wgsl::parse_str(source.text).map_err(|e| e.emit_to_string(source.text))?;
     let info = naga::valid::Validator::new(
@@ -32,7 +38,7 @@ pub fn spirv_of(source: &ShaderSource, constants: &[(&str, f64)]) -> Result<Vec<
             image_load: naga::proc::BoundsCheckPolicy::Unchecked,
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
         },
-        force_loop_bounding: true,
+        force_loop_bounding: loop_bounding,
         use_storage_input_output_16: true,
         // The runtime builds every pipeline without wgpu's zeroing of workgroup memory.
         zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,

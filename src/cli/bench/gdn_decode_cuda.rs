@@ -6,10 +6,10 @@
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
-use deltakv::cuda::gdn::{UploadedInputs, prepare_decode_launch};
+use deltakv::cuda::gdn::prepare_decode_launch;
 use deltakv::cuda::timing::median_graph_us;
 use deltakv::cuda::{Cuda, CudaTensor};
-use deltakv::gdn::GdnOptions;
+use deltakv::gdn::{DecodeTensors, GdnOptions};
 use deltakv::{DType, Result};
 use serde_json::json;
 
@@ -31,8 +31,8 @@ pub fn run(
     )];
     for &(batch, tokens, pool_dtype, intermediate) in configs {
         let case = super::gdn_decode::bench_case(batch, tokens, pool_dtype)?;
-        let uploaded = UploadedInputs::new(cuda, &case.inputs()?)?;
-        let inputs = uploaded.inputs()?;
+        let uploaded = DecodeTensors::copied(&case.inputs()?, |t| CudaTensor::upload(cuda, t))?;
+        let inputs = uploaded.inputs();
         let mut pool = CudaTensor::upload(cuda, &case.state_pool)?;
         let dims = [batch, tokens, value_heads];
         let mut o = CudaTensor::zeros(cuda, [&dims[..], &[value_dim]].concat(), DType::BF16)?;

@@ -10,9 +10,9 @@
 //! `state TB/s` counts the pool bytes a call must move at least once (each addressed slot read
 //! and written once); the H100's device-to-device copy runs at about 3.0 TB/s.
 
-use deltakv::gdn::GdnOptions;
 use deltakv::gdn::decode::random::DecodeCase;
-use deltakv::wgpu::gdn::{DecodeTile, UploadedInputs, prepare_decode_launch_tiled};
+use deltakv::gdn::{DecodeTensors, GdnOptions};
+use deltakv::wgpu::gdn::{DecodeTile, prepare_decode_launch_tiled};
 use deltakv::wgpu::timing::{copy_rates, median_dispatch_us};
 use deltakv::wgpu::{Wgpu, WgpuTensor};
 use deltakv::{DType, Error, Result};
@@ -116,8 +116,8 @@ fn time_config(
 ) -> Result<(String, serde_json::Value)> {
     let wgpu = Wgpu::get()?;
     let (name, key_heads, value_heads, key_dim, value_dim) = shape;
-    let uploaded = UploadedInputs::new(wgpu, &case.inputs()?)?;
-    let inputs = uploaded.inputs()?;
+    let uploaded = DecodeTensors::copied(&case.inputs()?, |t| WgpuTensor::upload(wgpu, t))?;
+    let inputs = uploaded.inputs();
     let mut pool = WgpuTensor::upload(wgpu, &case.state_pool)?;
     let dims = [batch, tokens, value_heads];
     let mut o = WgpuTensor::zeros(wgpu, [&dims[..], &[value_dim]].concat(), DType::BF16)?;

@@ -30,7 +30,9 @@ pub mod prefill;
 pub mod recurrence;
 pub mod shapes;
 
-pub use decode::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, MAX_DECODE_TOKENS};
+pub use decode::{
+    DecodeInputs, DecodeOptions, DecodeOutput, DecodeTensors, Gating, MAX_DECODE_TOKENS,
+};
 pub use prefill::{GdnInputs, GdnOptions, GdnOutput, PrefillMode, oracle, random};
 pub use shapes::{GdnDims, MAX_HEAD_DIM};
 

@@ -19,7 +19,9 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::gdn::decode::validate::{
     DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
 };
-use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
+use deltakv_contract::gdn::{
+    DecodeInputs, DecodeOptions, DecodeOutput, DecodeTensors, Gating, GdnDims,
+};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// The decode kernels' source: the general kernel, then the T = 1, K = V = 128 kernels that
@@ -465,9 +467,9 @@ pub fn gdn_decode_host(
 ) -> Result<DecodeOutput> {
     let shapes = check_decode_shapes(inputs, state_pool)?;
     prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
-    let uploaded = UploadedInputs::new(cuda, inputs)?;
+    let uploaded = DecodeTensors::copied(inputs, |t| CudaTensor::upload(cuda, t))?;
     let mut pool = CudaTensor::upload(cuda, state_pool)?;
-    let out = run_validated(cuda, &uploaded.inputs()?, &mut pool, options, shapes.dims)?;
+    let out = run_validated(cuda, &uploaded.inputs(), &mut pool, options, shapes.dims)?;
     let output = DecodeOutput {
         o: out.o.download(cuda)?,
         intermediate_states: out
@@ -478,58 +480,6 @@ pub fn gdn_decode_host(
     *state_pool = pool.download(cuda)?;
     output.check_finite()?;
     Ok(output)
-}
-
-/// The tensors of a decode call copied to the GPU (the pool is kept apart, as the caller's).
-pub struct UploadedInputs {
-    q: CudaTensor,
-    k: CudaTensor,
-    v: CudaTensor,
-    /// In the order of [`Gating::tensors`].
-    gates: Vec<CudaTensor>,
-    slot_indices: CudaTensor,
-}
-
-impl UploadedInputs {
-    /// Copies q, k, v, the gating tensors and the slot indices to the GPU.
-    pub fn new(cuda: &Cuda, inputs: &DecodeInputs<'_, HostTensor>) -> Result<Self> {
-        let up = |t: &HostTensor| CudaTensor::upload(cuda, t);
-        Ok(Self {
-            q: up(inputs.q)?,
-            k: up(inputs.k)?,
-            v: up(inputs.v)?,
-            gates: (inputs.gating.tensors().into_iter())
-                .map(up)
-                .collect::<Result<_>>()?,
-            slot_indices: up(inputs.slot_indices)?,
-        })
-    }
-
-    /// The call's inputs over the GPU copies.
-    pub fn inputs(&self) -> Result<DecodeInputs<'_, CudaTensor>> {
-        let gating = match self.gates.as_slice() {
-            [g, beta] => Gating::Direct { g, beta },
-            [a, b, a_log, dt_bias] => Gating::Fused {
-                a,
-                b,
-                a_log,
-                dt_bias,
-            },
-            other => {
-                return Err(Error::InvalidValue(format!(
-                    "gating needs 2 or 4 tensors, got {}",
-                    other.len()
-                )));
-            }
-        };
-        Ok(DecodeInputs {
-            q: &self.q,
-            k: &self.k,
-            v: &self.v,
-            gating,
-            slot_indices: &self.slot_indices,
-        })
-    }
 }
 
 #[cfg(test)]

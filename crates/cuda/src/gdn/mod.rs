@@ -4,7 +4,7 @@ pub mod decode;
 pub mod prefill;
 
 pub use decode::{
-    CudaDecodeOutput, DecodeLaunch, OneTokenKernel, UploadedInputs, gdn_decode, gdn_decode_checked,
+    CudaDecodeOutput, DecodeLaunch, OneTokenKernel, gdn_decode, gdn_decode_checked,
     gdn_decode_host, prepare_decode_launch,
 };
 pub use prefill::{

@@ -20,7 +20,7 @@ use deltakv_contract::gdn::decode::validate::{
     DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
 };
 use deltakv_contract::gdn::{
-    DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims, GdnOptions,
+    DecodeInputs, DecodeOptions, DecodeOutput, DecodeTensors, GdnDims, GdnOptions,
 };
 use deltakv_contract::{DType, Error, HostTensor, Result};
 
@@ -281,9 +281,9 @@ pub fn gdn_decode_host(
 ) -> Result<DecodeOutput> {
     let shapes = check_decode_shapes(inputs, state_pool)?;
     prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
-    let uploaded = UploadedInputs::new(wgpu, inputs)?;
+    let uploaded = DecodeTensors::copied(inputs, |t| WgpuTensor::upload(wgpu, t))?;
     let mut pool = WgpuTensor::upload(wgpu, state_pool)?;
-    let out = run_validated(wgpu, &uploaded.inputs()?, &mut pool, options, shapes.dims)?;
+    let out = run_validated(wgpu, &uploaded.inputs(), &mut pool, options, shapes.dims)?;
     let output = DecodeOutput {
         o: out.o.download(wgpu)?,
         intermediate_states: out
@@ -294,56 +294,4 @@ pub fn gdn_decode_host(
     *state_pool = pool.download(wgpu)?;
     output.check_finite()?;
     Ok(output)
-}
-
-/// The tensors of a decode call copied to the device (the pool is kept apart, as the caller's).
-pub struct UploadedInputs {
-    q: WgpuTensor,
-    k: WgpuTensor,
-    v: WgpuTensor,
-    /// In the order of `Gating::tensors`.
-    gates: Vec<WgpuTensor>,
-    slot_indices: WgpuTensor,
-}
-
-impl UploadedInputs {
-    /// Copies q, k, v, the gating tensors and the slot indices to the device.
-    pub fn new(wgpu: &Wgpu, inputs: &DecodeInputs<'_, HostTensor>) -> Result<Self> {
-        let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);
-        Ok(Self {
-            q: up(inputs.q)?,
-            k: up(inputs.k)?,
-            v: up(inputs.v)?,
-            gates: (inputs.gating.tensors().into_iter())
-                .map(up)
-                .collect::<Result<_>>()?,
-            slot_indices: up(inputs.slot_indices)?,
-        })
-    }
-
-    /// The call's inputs over the device copies.
-    pub fn inputs(&self) -> Result<DecodeInputs<'_, WgpuTensor>> {
-        let gating = match self.gates.as_slice() {
-            [g, beta] => Gating::Direct { g, beta },
-            [a, b, a_log, dt_bias] => Gating::Fused {
-                a,
-                b,
-                a_log,
-                dt_bias,
-            },
-            other => {
-                return Err(Error::InvalidValue(format!(
-                    "gating needs 2 or 4 tensors, got {}",
-                    other.len()
-                )));
-            }
-        };
-        Ok(DecodeInputs {
-            q: &self.q,
-            k: &self.k,
-            v: &self.v,
-            gating,
-            slot_indices: &self.slot_indices,
-        })
-    }
 }

@@ -11,8 +11,8 @@ mod state_plan;
 
 pub use chunks::{ChunkPasses, PrepareKernel, StateKernel, StatePlan};
 pub use decode::{
-    DecodeLaunch, DecodeTile, UploadedInputs, WgpuDecodeOutput, gdn_decode, gdn_decode_checked,
-    gdn_decode_host, prepare_decode_launch, prepare_decode_launch_tiled,
+    DecodeLaunch, DecodeTile, WgpuDecodeOutput, gdn_decode, gdn_decode_checked, gdn_decode_host,
+    prepare_decode_launch, prepare_decode_launch_tiled,
 };
 pub use prefill::{PreparedPrefill, gdn_prefill, gdn_prefill_checkpointed, gdn_prefill_planned};
 pub use prefill_states::{gdn_prefill_host_into_pool, gdn_prefill_into_pool};

@@ -188,6 +188,84 @@ impl<T> Clone for DecodeInputs<'_, T> {
 
 impl<T> Copy for DecodeInputs<'_, T> {}
 
+/// The tensors of one decode call held by value, the pool apart (the inputs copied to a
+/// device, say); [`DecodeTensors::inputs`] lends them as the call's [`DecodeInputs`].
+#[derive(Debug)]
+pub struct DecodeTensors<T> {
+    q: T,
+    k: T,
+    v: T,
+    gating: HeldGating<T>,
+    slot_indices: T,
+}
+
+/// A [`Gating`]'s tensors held by value.
+#[derive(Debug)]
+enum HeldGating<T> {
+    Direct { g: T, beta: T },
+    Fused { a: T, b: T, a_log: T, dt_bias: T },
+}
+
+impl<T> DecodeTensors<T> {
+    /// Each tensor of `inputs` passed through `copy` (an upload to a device, say): q, k, v,
+    /// the gating's in the order of [`Gating::tensors`], then the slot indices.
+    pub fn copied<S, E>(
+        inputs: &DecodeInputs<'_, S>,
+        mut copy: impl FnMut(&S) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Self, E> {
+        let (q, k, v) = (copy(inputs.q)?, copy(inputs.k)?, copy(inputs.v)?);
+        let gating = match inputs.gating {
+            Gating::Direct { g, beta } => HeldGating::Direct {
+                g: copy(g)?,
+                beta: copy(beta)?,
+            },
+            Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            } => HeldGating::Fused {
+                a: copy(a)?,
+                b: copy(b)?,
+                a_log: copy(a_log)?,
+                dt_bias: copy(dt_bias)?,
+            },
+        };
+        Ok(Self {
+            q,
+            k,
+            v,
+            gating,
+            slot_indices: copy(inputs.slot_indices)?,
+        })
+    }
+
+    /// The call's inputs over the held tensors.
+    pub fn inputs(&self) -> DecodeInputs<'_, T> {
+        let gating = match &self.gating {
+            HeldGating::Direct { g, beta } => Gating::Direct { g, beta },
+            HeldGating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            } => Gating::Fused {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            },
+        };
+        DecodeInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            gating,
+            slot_indices: &self.slot_indices,
+        }
+    }
+}
+
 /// Options of one decode call.
 #[derive(Clone, Debug, Default)]
 pub struct DecodeOptions {
@@ -221,5 +299,58 @@ impl DecodeOutput {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecodeInputs, DecodeTensors, Gating};
+
+    /// Every tensor of `inputs` in the order the backends pass them to a kernel.
+    fn in_order(inputs: &DecodeInputs<'_, i32>) -> Vec<i32> {
+        let mut all = vec![*inputs.q, *inputs.k, *inputs.v];
+        all.extend(inputs.gating.tensors().into_iter().copied());
+        all.push(*inputs.slot_indices);
+        all
+    }
+
+    #[test]
+    fn copied_tensors_lend_the_same_call_for_either_gating() {
+        let (q, k, v, slots) = (1, 2, 3, 9);
+        let (g, beta, a, b, a_log, dt_bias) = (4, 5, 6, 7, 8, 10);
+        let direct = DecodeInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            gating: Gating::Direct { g: &g, beta: &beta },
+            slot_indices: &slots,
+        };
+        let fused = DecodeInputs {
+            gating: Gating::Fused {
+                a: &a,
+                b: &b,
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+            },
+            ..direct
+        };
+        for inputs in [direct, fused] {
+            let mut seen = Vec::new();
+            let held = DecodeTensors::copied(&inputs, |&x| {
+                seen.push(x);
+                Ok::<_, ()>(100 + x)
+            })
+            .unwrap();
+            let lent = held.inputs();
+            assert_eq!(seen, in_order(&inputs), "copies in the kernel's order");
+            let expected: Vec<i32> = in_order(&inputs).iter().map(|x| 100 + x).collect();
+            assert_eq!(in_order(&lent), expected);
+            assert_eq!(
+                matches!(lent.gating, Gating::Fused { .. }),
+                matches!(inputs.gating, Gating::Fused { .. })
+            );
+        }
+        let failed = DecodeTensors::copied(&direct, |&x| if x == 4 { Err(x) } else { Ok(x) });
+        assert_eq!(failed.err(), Some(4), "the first failed copy is the error");
     }
 }

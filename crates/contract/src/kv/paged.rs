@@ -314,6 +314,79 @@ pub fn check_append_chunk(
     Ok(new_lens.iter().any(|&n| n > 0).then_some((tokens, grown)))
 }
 
+/// The queries of one attention call over a cache: Tq new tokens of Hq query heads for each
+/// sequence, `group` = Hq / Hkv query heads sharing each KV head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryHeads {
+    pub tq: usize,
+    pub hq: usize,
+    pub group: usize,
+}
+
+/// Checks an attention call's queries against a cache of `kv_heads` KV heads whose sequences
+/// hold `lens` tokens: Hq a positive multiple of Hkv, Tq >= 1, and every sequence holding at
+/// least Tq tokens (the new queries' own keys and values are in the cache).
+pub fn check_query_heads(
+    tq: usize,
+    hq: usize,
+    kv_heads: usize,
+    lens: &[usize],
+) -> Result<QueryHeads> {
+    if hq == 0 || kv_heads == 0 || !hq.is_multiple_of(kv_heads) {
+        return Err(Error::shape(
+            "q",
+            format!(
+                "Hq = {hq} query heads is not a positive multiple of Hkv = {kv_heads} KV heads"
+            ),
+        ));
+    }
+    if tq == 0 {
+        return Err(Error::shape("q", "Tq must be at least 1"));
+    }
+    if let Some((b, &len)) = lens.iter().enumerate().find(|&(_, &len)| len < tq) {
+        return Err(Error::shape(
+            "q",
+            format!("Tq = {tq} new queries but sequence {b} has only {len} cached tokens"),
+        ));
+    }
+    Ok(QueryHeads {
+        tq,
+        hq,
+        group: hq / kv_heads,
+    })
+}
+
+/// [`check_query_heads`] for q given as a tensor `[B, Tq, Hq, D]` of a float dtype on a device,
+/// against a paged cache with `layout` whose sequences hold `lens` tokens.
+pub fn check_query_tensor(
+    layout: &PagedLayout,
+    q: &(impl TensorMeta + ?Sized),
+    lens: &[usize],
+) -> Result<QueryHeads> {
+    let s = layout.scheme;
+    let batch = lens.len();
+    let shape = q.shape();
+    if shape.len() != 4 || shape[0] != batch || shape[3] != s.dim {
+        return Err(Error::shape(
+            "q",
+            format!("expected [B={batch}, Tq, Hq, D={}], got {shape:?}", s.dim),
+        ));
+    }
+    if !q.dtype().is_float() {
+        return Err(Error::dtype("q", q.dtype(), "f32, f16 or bf16"));
+    }
+    check_query_heads(shape[1], shape[2], s.kv_heads, lens)
+}
+
+/// The attention's scale: `scale`, or D^-1/2 where `None`; an error where it is not finite.
+pub fn attention_scale(scale: Option<f32>, dim: usize) -> Result<f32> {
+    let scale = scale.unwrap_or(1.0 / (dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidValue(format!("scale {scale} is not finite")));
+    }
+    Ok(scale)
+}
+
 /// The block table after sequence `b` grows from `lens[b]` to `new_lens[b]` tokens, for every
 /// `b`: entries that already name a page are kept (an engine's allocator chose them), and each
 /// `-1` entry a sequence grows into takes the lowest page no sequence uses. The result is
@@ -373,6 +446,73 @@ pub fn assign_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::DType;
+
+    /// A tensor's shape and dtype alone, as a device tensor shows them to validation.
+    struct Meta(Vec<usize>, DType);
+
+    impl TensorMeta for Meta {
+        fn shape(&self) -> &[usize] {
+            &self.0
+        }
+        fn dtype(&self) -> DType {
+            self.1
+        }
+    }
+
+    #[test]
+    fn queries_are_checked_against_the_cache() {
+        let lens = [5, 3];
+        let heads = check_query_heads(3, 8, 2, &lens).unwrap();
+        assert_eq!(
+            heads,
+            QueryHeads {
+                tq: 3,
+                hq: 8,
+                group: 4
+            }
+        );
+        for (tq, hq, kv_heads, says) in [
+            (1, 6, 4, "positive multiple"),
+            (1, 0, 2, "positive multiple"),
+            (1, 2, 0, "positive multiple"),
+            (0, 8, 2, "at least 1"),
+            (4, 8, 2, "sequence 1 has only 3 cached tokens"),
+        ] {
+            let err = check_query_heads(tq, hq, kv_heads, &lens).unwrap_err();
+            assert!(
+                err.to_string().contains(says),
+                "{tq} {hq} {kv_heads}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_query_tensor_needs_the_cache_shape_and_a_float_dtype() {
+        let layout = PagedLayout::new(KvScheme::new(64, 2, 4, 2), 16).unwrap();
+        let lens = [4, 4];
+        let q = |shape: Vec<usize>, dtype| Meta(shape, dtype);
+        let heads = check_query_tensor(&layout, &q(vec![2, 1, 6, 64], DType::BF16), &lens);
+        assert_eq!(heads.unwrap().group, 3);
+        for (shape, dtype) in [
+            (vec![1, 1, 6, 64], DType::F32),
+            (vec![2, 1, 6, 32], DType::F32),
+            (vec![2, 6, 64], DType::F32),
+            (vec![2, 1, 6, 64], DType::I32),
+            (vec![2, 5, 6, 64], DType::F32),
+        ] {
+            let err = check_query_tensor(&layout, &q(shape.clone(), dtype), &lens);
+            assert!(err.is_err(), "{shape:?} {dtype}");
+        }
+    }
+
+    #[test]
+    fn the_scale_defaults_to_the_inverse_root_of_d_and_must_be_finite() {
+        assert_eq!(attention_scale(None, 64).unwrap(), 0.125);
+        assert_eq!(attention_scale(Some(0.5), 64).unwrap(), 0.5);
+        assert!(attention_scale(Some(f32::NAN), 64).is_err());
+        assert!(attention_scale(Some(f32::INFINITY), 64).is_err());
+    }
 
     #[test]
     fn sections_are_aligned_and_disjoint() {

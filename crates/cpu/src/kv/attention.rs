@@ -19,6 +19,7 @@
 use super::cache::{DenseKvCache, KvCache};
 use super::kernel::{CodeStream, HeadSource, MAX_ROWS, Rows, Scratch, attend_block, rows_per_call};
 use deltakv_contract::kv::merge::{merge_partial, normalize_partial};
+use deltakv_contract::kv::paged::{attention_scale, check_query_heads};
 use deltakv_contract::tensor::check_finite;
 use deltakv_contract::{Error, Result};
 use rayon::prelude::*;
@@ -79,15 +80,7 @@ pub(super) fn check_call(
     opts: &AttnOptions,
 ) -> Result<()> {
     let batch = lens.len();
-    if hq == 0 || !hq.is_multiple_of(hkv) {
-        return Err(Error::shape(
-            "q",
-            format!("Hq = {hq} query heads is not a positive multiple of Hkv = {hkv} KV heads"),
-        ));
-    }
-    if tq == 0 {
-        return Err(Error::shape("q", "Tq must be at least 1"));
-    }
+    check_query_heads(tq, hq, hkv, lens)?;
     if q.len() != batch * tq * hq * d {
         return Err(Error::shape(
             "q",
@@ -98,16 +91,8 @@ pub(super) fn check_call(
             ),
         ));
     }
-    if let Some((b, &len)) = lens.iter().enumerate().find(|&(_, &len)| len < tq) {
-        return Err(Error::shape(
-            "q",
-            format!("Tq = {tq} new queries but sequence {b} has only {len} cached tokens"),
-        ));
-    }
     check_finite("q", q)?;
-    if !scale.is_finite() {
-        return Err(Error::InvalidValue(format!("scale {scale} is not finite")));
-    }
+    attention_scale(Some(scale), d)?;
     if !(1..=MAX_BLOCK_TOKENS).contains(&opts.block_tokens) {
         return Err(Error::InvalidValue(format!(
             "block_tokens = {} is outside 1..={MAX_BLOCK_TOKENS}",

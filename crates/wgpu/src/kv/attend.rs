@@ -22,6 +22,7 @@ use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use crate::unroll::{Unroll, unrolled};
 use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};
 use deltakv_contract::{DType, Error, Result};
 use wgpu::util::DeviceExt;
 
@@ -121,38 +122,9 @@ pub fn prepare_attend(
 ) -> Result<AttendLaunch> {
     let l = *cache.layout();
     let s = l.scheme;
-    let shape = q.shape().to_vec();
     let batch = cache.batch();
-    if shape.len() != 4 || shape[0] != batch || shape[3] != s.dim {
-        return Err(Error::shape(
-            "q",
-            format!("expected [B={batch}, Tq, Hq, D={}], got {shape:?}", s.dim),
-        ));
-    }
-    if !q.dtype().is_float() {
-        return Err(Error::dtype("q", q.dtype(), "f32, f16 or bf16"));
-    }
-    let (tq, hq) = (shape[1], shape[2]);
-    if tq == 0 || hq == 0 || !hq.is_multiple_of(s.kv_heads) {
-        return Err(Error::shape(
-            "q",
-            format!(
-                "Tq >= 1 and Hq = {hq} a multiple of Hkv = {} needed",
-                s.kv_heads
-            ),
-        ));
-    }
-    if let Some((b, &len)) = cache.lens().iter().enumerate().find(|&(_, &len)| len < tq) {
-        return Err(Error::shape(
-            "q",
-            format!("Tq = {tq} new queries but sequence {b} holds only {len} tokens"),
-        ));
-    }
-    let scale = scale.unwrap_or(1.0 / (s.dim as f32).sqrt());
-    if !scale.is_finite() {
-        return Err(Error::InvalidValue(format!("scale {scale} is not finite")));
-    }
-    let group = hq / s.kv_heads;
+    let QueryHeads { tq, hq, group } = check_query_tensor(&l, q, cache.lens())?;
+    let scale = attention_scale(scale, s.dim)?;
     let rows = tq * group;
     let row_chunks = rows.div_ceil(4);
     let dim_pad = s.dim.next_power_of_two().max(64);

@@ -28,5 +28,5 @@ pub mod tensor;
 pub mod view;
 
 pub use error::{Error, Result};
-pub use tensor::{DType, HostTensor, TensorData, TensorMeta};
+pub use tensor::{DType, HostTensor, TensorData, TensorMeta, TensorSpec};
 pub use view::{HostData, HostDataMut, HostView, HostViewMut, TensorSlice, TensorSliceMut};

@@ -417,6 +417,20 @@ impl TensorMeta for HostTensor {
     }
 }
 
+/// A shape and a dtype without data: all that validation reads, for checking a call before its
+/// tensors exist (and in tests of the checks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec(pub Vec<usize>, pub DType);
+
+impl TensorMeta for TensorSpec {
+    fn shape(&self) -> &[usize] {
+        &self.0
+    }
+    fn dtype(&self) -> DType {
+        self.1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

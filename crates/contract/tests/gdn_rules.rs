@@ -9,7 +9,7 @@ use deltakv_contract::gdn::prefill::validate::validate_prefill;
 use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{DecodeInputs, Gating, GdnInputs, GdnOptions};
 use deltakv_contract::gdn::{MAX_DECODE_TOKENS, oracle::gdn_reference};
-use deltakv_contract::{DType, HostTensor, TensorMeta};
+use deltakv_contract::{DType, HostTensor, TensorSpec};
 
 /// Rows `from..to` of the token axis of a `[1, T, ...]` tensor.
 fn tokens(t: &HostTensor, from: usize, to: usize) -> HostTensor {
@@ -115,26 +115,14 @@ fn a_gate_below_the_reset_threshold_resets_the_state() {
     assert!(max_abs_diff(&whole.final_state, &restarted.final_state) < 1e-12);
 }
 
-/// A tensor that has a shape and a dtype but no data, as a device tensor looks to validation.
-struct Meta(Vec<usize>, DType);
-
-impl TensorMeta for Meta {
-    fn shape(&self) -> &[usize] {
-        &self.0
-    }
-    fn dtype(&self) -> DType {
-        self.1
-    }
-}
-
 #[test]
 fn decode_shapes_are_checked_from_metadata_alone() {
     let (b, t, hg, h, kd, vd, slots) = (3, 2, 2, 4, 32, 16, 5);
-    let q = Meta(vec![b, t, hg, kd], DType::BF16);
-    let v = Meta(vec![b, t, h, vd], DType::BF16);
-    let gate = Meta(vec![b, t, h], DType::F32);
-    let pool = Meta(vec![slots, h, kd, vd], DType::F32);
-    let indices = Meta(vec![b], DType::I64);
+    let q = TensorSpec(vec![b, t, hg, kd], DType::BF16);
+    let v = TensorSpec(vec![b, t, h, vd], DType::BF16);
+    let gate = TensorSpec(vec![b, t, h], DType::F32);
+    let pool = TensorSpec(vec![slots, h, kd, vd], DType::F32);
+    let indices = TensorSpec(vec![b], DType::I64);
     let inputs = DecodeInputs {
         q: &q,
         k: &q,
@@ -152,13 +140,13 @@ fn decode_shapes_are_checked_from_metadata_alone() {
     );
     assert_eq!(shapes.dims.key_head_of(3), 1);
 
-    let bf16_pool = Meta(vec![slots, h, kd, vd], DType::F16);
+    let bf16_pool = TensorSpec(vec![slots, h, kd, vd], DType::F16);
     let err = check_decode_shapes(&inputs, &bf16_pool).unwrap_err();
     assert_eq!(
         err.to_string(),
         "tensor `state_pool` has dtype f16, expected f32 or bf16"
     );
-    let long = Meta(vec![b, MAX_DECODE_TOKENS + 1, hg, kd], DType::BF16);
+    let long = TensorSpec(vec![b, MAX_DECODE_TOKENS + 1, hg, kd], DType::BF16);
     let err = check_decode_shapes(&DecodeInputs { q: &long, ..inputs }, &pool).unwrap_err();
     assert!(
         err.to_string().contains("at most 16 tokens per row"),

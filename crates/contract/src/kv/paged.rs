@@ -446,19 +446,7 @@ pub fn assign_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DType;
-
-    /// A tensor's shape and dtype alone, as a device tensor shows them to validation.
-    struct Meta(Vec<usize>, DType);
-
-    impl TensorMeta for Meta {
-        fn shape(&self) -> &[usize] {
-            &self.0
-        }
-        fn dtype(&self) -> DType {
-            self.1
-        }
-    }
+    use crate::tensor::{DType, TensorSpec};
 
     #[test]
     fn queries_are_checked_against_the_cache() {
@@ -491,7 +479,7 @@ mod tests {
     fn a_query_tensor_needs_the_cache_shape_and_a_float_dtype() {
         let layout = PagedLayout::new(KvScheme::new(64, 2, 4, 2), 16).unwrap();
         let lens = [4, 4];
-        let q = |shape: Vec<usize>, dtype| Meta(shape, dtype);
+        let q = |shape: Vec<usize>, dtype| TensorSpec(shape, dtype);
         let heads = check_query_tensor(&layout, &q(vec![2, 1, 6, 64], DType::BF16), &lens);
         assert_eq!(heads.unwrap().group, 3);
         for (shape, dtype) in [

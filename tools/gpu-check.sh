@@ -114,6 +114,11 @@ pipeline_stats() {
     .carry/pipeline_stats >"$1/pipeline-stats.txt" 2>&1 || true
     summary+=("pipeline stats: $({ grep -h 'gdn_chunk_state_staged\|gdn_chunk_state_coop\|failed\|pipeline_stats:' "$1/pipeline-stats.txt" || true; } |
         sed 's/Binary Size [0-9]*, //; s/Stack Size [0-9]*, //; s/Local Memory Size [0-9]*, //' | tr '\n' ';' | head -c 1500)")
+    # The KV attention as launched at the bench's 4/2 bits (its registers bound the workgroups
+    # per SM) and the bands decode as launched.
+    summary+=("pipeline stats as launched: $({ grep -hF -e '("BITS_K", 4.0), ("BITS_V", 2.0), ("LANES", 8.0)] as launched' \
+        -e '("ROWS", 16.0)] as launched' "$1/pipeline-stats.txt" || true; } |
+        sed 's/Binary Size [0-9]*, //; s/Stack Size [0-9]*, //' | tr '\n' ';' | head -c 1000)")
 }
 mode=${1:?usage: tools/gpu-check.sh build|build-py|build-candle|build-prefill|run [quick]|prefill [quick]|prefill-variants|run-kv [quick|sanitize]|kv-encode|kv-lab-build|kv-lab|wgpu [quick]|wgpu-prefill|wgpu-clocks|py-cuda|candle-cuda}
 # A lab (tools/kv-lab/kv_lab.cu, or the source $2) built with nvcc (PATH, else CUDA 13 under

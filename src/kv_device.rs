@@ -5,7 +5,8 @@
 //! exact path (`--exact`) is CPU-only.
 
 use deltakv_contract::kv::PagedLayout;
-use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
+use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, check_held_finite, validate};
+use deltakv_contract::kv::paged::attention_scale;
 use deltakv_contract::tensor::HostTensor;
 use deltakv_contract::{Error, Result};
 use deltakv_cpu::kv::{KvOptions, KvOutput, check_attention_output};
@@ -33,22 +34,11 @@ impl DeviceKvCall {
                 reason: format!("exact attention (--exact) is not implemented on {device} yet"),
             });
         };
-        let row = dims.hkv * dims.d;
-        for (name, t) in [("k", inputs.k), ("v", inputs.v)] {
-            for b in 0..dims.batch {
-                let start = b * dims.tokens * row;
-                if let Some((i, x)) = t
-                    .data()
-                    .first_non_finite_in(start..start + dims.seq_lens[b] * row)
-                {
-                    return Err(deltakv_contract::tensor::non_finite_input(name, i, x));
-                }
-            }
-        }
+        check_held_finite(inputs, &dims)?;
         inputs.q.check_finite("q")?;
         let layout = PagedLayout::new(options.scheme(&dims, bits_k, bits_v), PAGE_TOKENS)?;
         let max_pages = layout.pages_for(dims.tokens).max(1);
-        let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+        let scale = attention_scale(inputs.scale, dims.d)?;
         Ok(Self {
             dims,
             layout,

@@ -5,7 +5,7 @@
 
 use super::{check_bits, check_head_dim};
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::tensor::{HostTensor, non_finite_input};
 
 /// The input tensors and the optional softmax scale (default D^-0.5).
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +70,22 @@ fn ragged_lengths(lens: &HostTensor, batch: usize, tq: usize, t: usize) -> Resul
             ))),
         })
         .collect()
+}
+
+/// Refuses a NaN or infinity among the k and v rows the sequences hold (`dims` from
+/// [`validate`]); the padding past a sequence's length is never read, so never checked. The
+/// error names the tensor and the flat index, as for any input.
+pub fn check_held_finite(inputs: &KvInputs<'_>, dims: &KvDims) -> Result<()> {
+    let row = dims.hkv * dims.d;
+    for (name, t) in [("k", inputs.k), ("v", inputs.v)] {
+        for (b, &len) in dims.seq_lens.iter().enumerate() {
+            let start = b * dims.tokens * row;
+            if let Some((i, x)) = t.data().first_non_finite_in(start..start + len * row) {
+                return Err(non_finite_input(name, i, x));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks shapes, dtypes, head counts, Tq <= T (and `seq_lens`), D, the bit widths of `mode`
@@ -140,4 +156,44 @@ pub fn validate(inputs: &KvInputs<'_>, mode: KvMode) -> Result<KvDims> {
         hkv,
         d,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+
+    #[test]
+    fn only_the_rows_a_sequence_holds_are_scanned() {
+        // B 2, T 3, Hkv 1, D 64: sequence 0 holds 3 tokens, sequence 1 holds 2.
+        let (b, t, d) = (2, 3, 64);
+        let q = HostTensor::from_f32(vec![b, 1, 2, d], vec![0.5; b * 2 * d]).unwrap();
+        let lens = HostTensor::from_i32(vec![b], vec![3, 2]).unwrap();
+        let kv = |poison: Option<usize>| {
+            let mut x = vec![1.0f32; b * t * d];
+            if let Some(i) = poison {
+                x[i] = f32::NAN;
+            }
+            HostTensor::from_f32_as(vec![b, t, 1, d], &x, DType::BF16).unwrap()
+        };
+        let clean = kv(None);
+        let check = |k: &HostTensor, v: &HostTensor| {
+            let inputs = KvInputs {
+                q: &q,
+                k,
+                v,
+                seq_lens: Some(&lens),
+                scale: None,
+            };
+            let dims = validate(&inputs, KvMode::Exact).unwrap();
+            check_held_finite(&inputs, &dims)
+        };
+        assert!(check(&clean, &clean).is_ok());
+        // Sequence 1's padding row (its third token) is never read.
+        assert!(check(&kv(Some(5 * d + 7)), &clean).is_ok());
+        let err = check(&clean, &kv(Some(4 * d + 3))).unwrap_err().to_string();
+        assert!(err.contains("`v`") && err.contains("index 259"), "{err}");
+        let err = check(&kv(Some(2 * d)), &clean).unwrap_err().to_string();
+        assert!(err.contains("`k`") && err.contains("index 128"), "{err}");
+    }
 }

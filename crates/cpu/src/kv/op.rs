@@ -6,9 +6,10 @@ use super::attention::{AttnOptions, attend_compressed, attend_dense};
 use super::cache::{DenseKvCache, KvCache};
 use crate::scan::check_result_finite;
 use deltakv_contract::Result;
-use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, validate};
+use deltakv_contract::kv::inputs::{KvDims, KvInputs, KvMode, check_held_finite, validate};
+use deltakv_contract::kv::paged::attention_scale;
 use deltakv_contract::kv::{CodebookKind, KvScheme, NormDType};
-use deltakv_contract::tensor::{HostTensor, check_finite_at};
+use deltakv_contract::tensor::HostTensor;
 
 /// Options of [`kv_attention`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,19 +62,16 @@ pub struct KvOutput {
 /// Encodes k, v and attends; see the module doc.
 pub fn kv_attention(inputs: &KvInputs<'_>, options: &KvOptions) -> Result<KvOutput> {
     let dims = validate(inputs, options.mode)?;
+    // q is checked for finite values by the attention call itself.
+    check_held_finite(inputs, &dims)?;
     let q = inputs.q.to_f32_vec("q")?;
     let k = inputs.k.to_f32_vec("k")?;
     let v = inputs.v.to_f32_vec("v")?;
-    // q is checked for finite values by the attention call itself.
     let per_seq = dims.tokens * dims.hkv * dims.d;
     let per_token = dims.hkv * dims.d;
-    // The rows each sequence holds; padding past its length is never read or checked.
+    // The rows each sequence holds; padding past its length is never read.
     let held = |b: usize| b * per_seq..b * per_seq + dims.seq_lens[b] * per_token;
-    for b in 0..dims.batch {
-        check_finite_at("k", &k[held(b)], b * per_seq)?;
-        check_finite_at("v", &v[held(b)], b * per_seq)?;
-    }
-    let scale = inputs.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+    let scale = attention_scale(inputs.scale, dims.d)?;
     let (o, cache_bytes) = match options.mode {
         KvMode::Compressed { bits_k, bits_v } => {
             let mut cache = KvCache::new(options.scheme(&dims, bits_k, bits_v), dims.batch)?;

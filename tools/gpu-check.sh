@@ -88,18 +88,11 @@ cd "$(dirname "$0")/.."
 # The last line of FILE matching PATTERN, or nothing (never fails).
 last() { grep -h "$1" "$2" 2>/dev/null | tail -n 1 || true; }
 
-# The Vulkan loader unpacked from the carried .deb files, NVIDIA's ICD named where the image
-# keeps it, and what was found written to $1/vulkan.txt.
+# The Vulkan environment (tools/vulkan-env.sh: the carried loader unpacked, NVIDIA's ICD named
+# where the image keeps it), and what was found, written to $1/vulkan.txt.
 vulkan_setup() {
-    for f in .carry/vulkan/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-    local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 &&
-        [ -e "$icd" ]; then
-        export VK_DRIVER_FILES="$icd"
-        export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-    fi
-    export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+    # shellcheck source=tools/vulkan-env.sh
+    . tools/vulkan-env.sh
     {
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
         echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"

@@ -147,8 +147,9 @@ pub struct ChunkCheckpoints<'a> {
     pub table: &'a WgpuTensor,
 }
 
-/// A chunk after which no checkpoint is taken (`NO_CHECKPOINT` in `chunks_state.wgsl`).
-pub const NO_CHECKPOINT: u32 = u32::MAX;
+/// A chunk after which no checkpoint is taken: the contract's value, `NO_CHECKPOINT` in
+/// `chunks_state.wgsl`.
+pub use deltakv_contract::gdn::prefill::checkpoint::NO_CHECKPOINT;
 
 /// Both passes, ready to encode any number of times.
 pub struct ChunkLaunch {

@@ -13,7 +13,7 @@
 //! device, runs, checks the results, and only then copies the final states into the slots, so
 //! a call that fails leaves the pool as it was.
 
-use super::chunks::{CHUNK, ChunkCheckpoints, NO_CHECKPOINT};
+use super::chunks::{CHUNK, ChunkCheckpoints};
 use super::prefill::{PrefillExtras, PreparedPrefill};
 use super::state_plan::StatePlan;
 use crate::runtime::Wgpu;
@@ -23,16 +23,7 @@ use deltakv_contract::gdn::prefill::pool::check_pooled_prefill;
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
 use deltakv_contract::gdn::{GDN_OVERFLOW_CAUSE, GdnDims, GdnInputs, GdnOptions, PrefillMode};
 use deltakv_contract::tensor::check_result_finite;
-use deltakv_contract::{DType, Error, HostTensor, Result};
-
-/// The checkpoint row taken after each chunk of `seqs` (in the chunk table's order: sequence by
-/// sequence, `CHUNK` tokens from each one's start), or [`NO_CHECKPOINT`].
-fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<u32> {
-    plan.rows_after_chunks(seqs, CHUNK)
-        .into_iter()
-        .map(|row| row.map_or(NO_CHECKPOINT, |row| row as u32))
-        .collect()
-}
+use deltakv_contract::{DType, HostTensor, Result};
 
 /// The checkpoints of a prepared prefill on the device: the `[C, H, K, V]` result (poisoned
 /// first, so a row the walk does not store shows as NaN) and the per-chunk table.
@@ -49,13 +40,7 @@ impl DeviceCheckpoints {
         seqs: &[SeqSpan],
         dims: &GdnDims,
     ) -> Result<Self> {
-        if plan.total() >= NO_CHECKPOINT as usize {
-            return Err(Error::Unsupported(format!(
-                "{} checkpoints in one call: fewer than {NO_CHECKPOINT} on wgpu",
-                plan.total()
-            )));
-        }
-        let rows = chunk_checkpoints(seqs, &plan);
+        let rows = plan.chunk_table(seqs, CHUNK)?;
         let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
         let table = WgpuTensor::upload(
             wgpu,
@@ -201,6 +186,7 @@ pub fn gdn_prefill_host_into_pool(
 
 #[cfg(test)]
 mod tests {
+    use super::super::chunks::NO_CHECKPOINT;
     use super::*;
 
     fn spans(lens: &[usize]) -> Vec<SeqSpan> {
@@ -216,7 +202,7 @@ mod tests {
         let plan = CheckpointPlan::new(64, &seqs).unwrap();
         let none = NO_CHECKPOINT;
         assert_eq!(
-            chunk_checkpoints(&seqs, &plan),
+            plan.chunk_table(&seqs, CHUNK).unwrap(),
             [none, 0, none, 1, none, none, 2, none]
         );
     }

@@ -25,6 +25,11 @@ use crate::tensor::HostTensor;
 /// chunked algorithm, so checkpoints fall on chunk boundaries).
 pub const CHECKPOINT_GRANULE: usize = 64;
 
+/// The entry of [`CheckpointPlan::chunk_table`] for a chunk after which no checkpoint is taken:
+/// every bit set, so a kernel reading the table as `i32` sees -1 and one reading `u32` sees
+/// its largest value.
+pub const NO_CHECKPOINT: u32 = u32::MAX;
+
 /// Where the checkpoints of a call go (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointPlan {
@@ -87,6 +92,24 @@ impl CheckpointPlan {
                     .map(move |first| self.row_at(n, (first + chunk).min(seq.len)))
             })
             .collect()
+    }
+
+    /// [`rows_after_chunks`](Self::rows_after_chunks) as the 32-bit table the chunked kernels
+    /// read: the row, or [`NO_CHECKPOINT`]. Rows must fit a non-negative `i32` (the CUDA kernels
+    /// test the sign): a call with more checkpoints is refused.
+    pub fn chunk_table(&self, seqs: &[SeqSpan], chunk: usize) -> Result<Vec<u32>> {
+        if self.total() > i32::MAX as usize {
+            return Err(Error::Unsupported(format!(
+                "{} checkpoints in one call: at most {} (the kernels' 32-bit table)",
+                self.total(),
+                i32::MAX
+            )));
+        }
+        Ok(self
+            .rows_after_chunks(seqs, chunk)
+            .into_iter()
+            .map(|row| row.map_or(NO_CHECKPOINT, |row| row as u32))
+            .collect())
     }
 
     /// The first sequence whose checkpoint at its end (there is one where its length is a
@@ -196,6 +219,13 @@ mod tests {
         assert_eq!(halves.len(), 1 + 5 + 6 + 2);
         assert_eq!(halves.iter().flatten().count(), plan.total());
         assert_eq!(&halves[1..6], &[None, Some(0), None, Some(1), None]);
+        // The kernels' table: the same rows, NO_CHECKPOINT (-1 as an i32) elsewhere.
+        let none = NO_CHECKPOINT;
+        assert_eq!(
+            plan.chunk_table(&seqs, 64).unwrap(),
+            vec![none, 0, 1, none, 2, 3, 4, 5]
+        );
+        assert_eq!(NO_CHECKPOINT as i32, -1);
     }
 
     #[test]

@@ -39,12 +39,13 @@ impl CudaCheckpoints {
 }
 
 /// For each chunk of the call (sequence by sequence, as `PrefillPlan` lists them), the row of
-/// the checkpoint taken at its end, or -1.
-pub(crate) fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Vec<i32> {
-    plan.rows_after_chunks(seqs, CHUNK)
+/// the checkpoint taken at its end, or -1 (the contract's table read as `i32`).
+pub(crate) fn chunk_checkpoints(seqs: &[SeqSpan], plan: &CheckpointPlan) -> Result<Vec<i32>> {
+    Ok(plan
+        .chunk_table(seqs, CHUNK)?
         .into_iter()
-        .map(|row| row.map_or(-1, |row| row as i32))
-        .collect()
+        .map(|row| row as i32)
+        .collect())
 }
 
 #[cfg(test)]
@@ -65,7 +66,7 @@ mod tests {
             })
             .collect();
         let plan = CheckpointPlan::new(128, &seqs).unwrap();
-        let table = chunk_checkpoints(&seqs, &plan);
+        let table = chunk_checkpoints(&seqs, &plan).unwrap();
         let chunks = PrefillPlan::new(&seqs, 8, 132, Split::Scan(3), None);
         assert_eq!(table.len(), chunks.chunks());
         // Chunks: [1] | [64, 64, 2] | [64, 64, 64] | [64] | [64 x 5, 63].

@@ -304,7 +304,7 @@ impl PrefillLaunch {
         };
         let checkpoint_table = match (&checkpoints, storing_checkpoints) {
             (Some(c), true) => {
-                let table = chunk_checkpoints(&seqs, &c.plan);
+                let table = chunk_checkpoints(&seqs, &c.plan)?;
                 Some(upload_i32(cuda, table)?)
             }
             _ => None,

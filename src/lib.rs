@@ -63,6 +63,7 @@ pub mod gdn {
 /// Compressed-KV attention: the contract's scheme, codec, merge math, oracle and random cases
 /// ([`deltakv_contract::kv`]) and the CPU backend's caches and attention.
 pub mod kv {
+    pub use deltakv_contract::kv::book::PagedCache;
     pub use deltakv_contract::kv::*;
     pub use deltakv_cpu::kv::{
         AttnOptions, DenseKvCache, HeadStore, KvCache, KvOptions, KvOutput, MAX_BLOCK_TOKENS,

@@ -3,6 +3,7 @@
 //! path, and the block table's rules (an engine's pages used as given, bad tables refused,
 //! a failed append changing nothing).
 
+use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::case::PagedCase;
 use deltakv_contract::kv::paged::Stream;
 use deltakv_contract::kv::{KvScheme, NormDType, PagedLayout};

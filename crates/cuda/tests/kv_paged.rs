@@ -5,6 +5,7 @@
 //! head dims; a failed append changes nothing. On a machine without a CUDA device every test
 //! prints one "skipped (no CUDA device)" line and passes.
 
+use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::case::PagedCase;
 use deltakv_contract::kv::paged::PagedView;
 use deltakv_contract::kv::{KvScheme, NormDType, PagedLayout};

@@ -9,7 +9,7 @@ use crate::export::Exported;
 use crate::{record_buffers, to_py_err};
 use deltakv::cuda::Cuda;
 use deltakv::cuda::kv::{CudaPagedKvCache, attend};
-use deltakv::kv::PagedLayout;
+use deltakv::kv::{PagedCache, PagedLayout};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::ffi::c_void;

@@ -7,6 +7,7 @@
 
 mod common;
 
+use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::case::PagedCase;
 use deltakv_contract::kv::paged::PagedView;
 use deltakv_contract::kv::{KvScheme, NormDType, PagedLayout};

@@ -33,6 +33,7 @@
 //! * [`oracle`]: exact causal attention in f64; [`random`]: seeded keys like real ones.
 
 pub mod aura;
+pub mod book;
 pub mod case;
 pub mod codebook;
 pub mod codec;

@@ -13,28 +13,20 @@
 use super::attention::{AttnOptions, Plan, check_call, run};
 use super::cache::check_append;
 use super::kernel::{CodeStream, HeadSource, NormSlice};
-use deltakv_contract::kv::codebook::codebook;
-use deltakv_contract::kv::paged::{self, PagedLayout, PagedView};
-use deltakv_contract::kv::rotation::Rotation;
-use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::book::{PagedBook, PagedCache};
+use deltakv_contract::kv::paged::{PagedLayout, PagedView};
 use deltakv_contract::{Error, Result};
 use half::f16;
 use rayon::prelude::*;
-use std::sync::Arc;
 
-/// The paged compressed KV cache of one layer for a batch of sequences.
+/// The paged compressed KV cache of one layer for a batch of sequences: the pool beside its
+/// bookkeeping (the layout, quantizers, block table and lengths: [`PagedCache`]'s accessors).
 #[derive(Clone, Debug)]
 pub struct PagedKvCache {
-    layout: PagedLayout,
-    k: Quantizer,
-    v: Quantizer,
+    book: PagedBook,
     /// `[num_pages, page_words]`.
     pool: Vec<u32>,
-    num_pages: usize,
-    max_pages: usize,
-    /// `[batch, max_pages]`, -1 where no page is assigned.
-    table: Vec<i32>,
-    lens: Vec<usize>,
 }
 
 /// One KV head's encoded new tokens: codes `[n, words]` and norms, for K and V.
@@ -43,6 +35,12 @@ struct Encoded {
     k_norms: Vec<f32>,
     v_codes: Vec<u32>,
     v_norms: Vec<f32>,
+}
+
+impl PagedCache for PagedKvCache {
+    fn book(&self) -> &PagedBook {
+        &self.book
+    }
 }
 
 impl PagedKvCache {
@@ -54,65 +52,11 @@ impl PagedKvCache {
         max_pages: usize,
         num_pages: usize,
     ) -> Result<Self> {
-        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
-        let s = layout.scheme;
-        let words = num_pages
-            .checked_mul(layout.page_words())
-            .filter(|&w| w <= isize::MAX as usize / 4)
-            .ok_or_else(|| {
-                Error::InvalidValue(format!("a pool of {num_pages} pages is too large"))
-            })?;
-        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
-        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
-        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
+        let book = PagedBook::new(layout, batch, max_pages, num_pages)?;
         Ok(Self {
-            layout,
-            k,
-            v,
-            pool: vec![0; words],
-            num_pages,
-            max_pages,
-            table: vec![-1; batch * max_pages],
-            lens: vec![0; batch],
+            pool: vec![0; book.pool_words()],
+            book,
         })
-    }
-
-    pub fn layout(&self) -> &PagedLayout {
-        &self.layout
-    }
-
-    pub fn key_quantizer(&self) -> &Quantizer {
-        &self.k
-    }
-
-    pub fn value_quantizer(&self) -> &Quantizer {
-        &self.v
-    }
-
-    pub fn rotation(&self) -> &Rotation {
-        &self.k.rotation
-    }
-
-    pub fn batch(&self) -> usize {
-        self.lens.len()
-    }
-
-    pub fn max_pages(&self) -> usize {
-        self.max_pages
-    }
-
-    pub fn num_pages(&self) -> usize {
-        self.num_pages
-    }
-
-    /// Tokens held by each sequence.
-    pub fn lens(&self) -> &[usize] {
-        &self.lens
-    }
-
-    /// The block table `[batch, max_pages]`.
-    pub fn block_table(&self) -> &[i32] {
-        &self.table
     }
 
     /// The page pool `[num_pages, page_words]`.
@@ -123,26 +67,18 @@ impl PagedKvCache {
     /// Replaces the block table (an engine's allocator choosing the pages); checked against
     /// the tokens each sequence holds. The pages' contents are the caller's to have moved.
     pub fn set_block_table(&mut self, table: &[i32]) -> Result<()> {
-        paged::validate_block_table(
-            &self.layout,
-            table,
-            self.max_pages,
-            &self.lens,
-            self.num_pages,
-        )?;
-        self.table.copy_from_slice(table);
-        Ok(())
+        self.book.set_block_table(table)
     }
 
     /// Appends `n` tokens to sequence `seq`: `k`, `v` are `[n, kv_heads, d]` f32. A failed
     /// append (non-finite input, a norm beyond its storage, no free page) changes nothing.
     pub fn append(&mut self, seq: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        let s = self.layout.scheme;
+        let s = self.layout().scheme;
         let (heads, d) = (s.kv_heads, s.dim);
         let n = check_append(seq, self.batch(), k, v, heads, d)?;
-        let old = self.lens[seq];
-        let new_len = paged::check_append(&self.layout, seq, self.batch(), old, n, self.max_pages)?;
-        let (kq, vq) = (&self.k, &self.v);
+        let growth = self.book.plan_append(seq, n)?;
+        let old = self.lens()[seq];
+        let (kq, vq) = (self.key_quantizer(), self.value_quantizer());
         let encoded: Vec<Encoded> = (0..heads)
             .into_par_iter()
             .map(|h| -> Result<Encoded> {
@@ -181,23 +117,13 @@ impl PagedKvCache {
             })
             .collect::<Result<_>>()?;
         self.check_norms(&encoded)?;
-        let mut new_lens = self.lens.clone();
-        new_lens[seq] = new_len;
-        self.table = paged::assign_pages(
-            &self.layout,
-            &self.table,
-            self.max_pages,
-            &self.lens,
-            &new_lens,
-            self.num_pages,
-        )?;
-        let (l, pw) = (self.layout, self.layout.page_words());
+        let (l, pw, max_pages) = (*self.layout(), self.layout().page_words(), self.max_pages());
         let (rwk, rwv) = (l.row_words_k(), l.row_words_v());
         let (wk, wv) = (kq.words(), vq.words());
         for (h, e) in encoded.iter().enumerate() {
             for i in 0..n {
                 let t = old + i;
-                let page = self.table[seq * self.max_pages + t / l.page_tokens] as usize;
+                let page = growth.table()[seq * max_pages + t / l.page_tokens] as usize;
                 let (base, slot) = (page * pw, t % l.page_tokens);
                 let row = &mut self.pool[base + l.k_codes_offset(h) + slot * rwk..][..rwk];
                 row[..wk].copy_from_slice(&e.k_codes[i * wk..][..wk]);
@@ -220,13 +146,13 @@ impl PagedKvCache {
                 );
             }
         }
-        self.lens[seq] = new_len;
+        self.book.keep_lens(growth);
         Ok(())
     }
 
     /// Refuses norms beyond their storage (infinity would turn scores into NaN).
     fn check_norms(&self, encoded: &[Encoded]) -> Result<()> {
-        let f16_storage = self.layout.scheme.norm_dtype == NormDType::F16;
+        let f16_storage = self.layout().scheme.norm_dtype == NormDType::F16;
         let fits = |x: f32| {
             if f16_storage {
                 f16::from_f32(x).is_finite()
@@ -253,19 +179,19 @@ impl PagedKvCache {
 
     /// Bytes of codes plus norms, K and V together, of the tokens held (rows unpadded).
     pub fn bytes(&self) -> usize {
-        let s = self.layout.scheme;
-        self.lens.iter().sum::<usize>() * s.kv_heads * s.bytes_per_token_head()
+        let s = self.layout().scheme;
+        self.lens().iter().sum::<usize>() * s.kv_heads * s.bytes_per_token_head()
     }
 
     /// The cache's pool, block table and lengths, to read rows with
     /// ([`PagedView::row`]).
     pub fn view(&self) -> PagedView<'_> {
         PagedView {
-            layout: &self.layout,
+            layout: self.layout(),
             pool: &self.pool,
-            table: &self.table,
-            max_pages: self.max_pages,
-            lens: &self.lens,
+            table: self.block_table(),
+            max_pages: self.max_pages(),
+            lens: self.lens(),
         }
     }
 }
@@ -298,9 +224,9 @@ pub fn attend_paged(
     scale: f32,
     opts: &AttnOptions,
 ) -> Result<Vec<f32>> {
-    let l = cache.layout;
+    let l = *cache.layout();
     let s = l.scheme;
-    let lens = cache.lens.clone();
+    let lens = cache.lens().to_vec();
     check_call(q, &lens, tq, hq, s.kv_heads, s.dim, scale, opts)?;
     let plan = Plan {
         batch: lens.len(),
@@ -322,7 +248,8 @@ pub fn attend_paged(
         opts,
         |seq, head, t0| {
             let p = t0 / l.page_tokens;
-            let page = &cache.pool[cache.table[seq * cache.max_pages + p] as usize * pw..][..pw];
+            let page =
+                &cache.pool[cache.block_table()[seq * cache.max_pages() + p] as usize * pw..][..pw];
             let source = HeadSource::Compressed {
                 k: CodeStream {
                     codes: &page[l.k_codes_offset(head)..],
@@ -334,8 +261,8 @@ pub fn attend_paged(
                     stride: l.row_words_v(),
                     norms: norm_slice(&page[l.v_norms_offset(head)..], dtype),
                 },
-                kq: &cache.k,
-                vq: &cache.v,
+                kq: cache.key_quantizer(),
+                vq: cache.value_quantizer(),
                 origin: p * l.page_tokens,
             };
             (source, (p + 1) * l.page_tokens)

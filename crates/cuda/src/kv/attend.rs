@@ -24,6 +24,7 @@ use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};
 use deltakv_contract::{DType, Error, Result};
 

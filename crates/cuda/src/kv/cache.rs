@@ -22,19 +22,17 @@ use super::{GRID_FLOATS, SOURCE_ENCODE, consts};
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use deltakv_contract::kv::codebook::codebook;
+use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::book::{Growth, PagedBook, PagedCache, append_refusal};
 use deltakv_contract::kv::codec::words_for;
-use deltakv_contract::kv::paged::{self, PagedLayout};
-use deltakv_contract::kv::rotation::Rotation;
-use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::kv::paged::PagedLayout;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use std::sync::Arc;
 
-/// The paged compressed KV cache of one layer, on the GPU.
+/// The paged compressed KV cache of one layer, on the GPU: the pool, block table and lengths
+/// there, and their bookkeeping on the host ([`PagedCache`]'s accessors read the host's
+/// mirror).
 pub struct CudaPagedKvCache {
-    layout: PagedLayout,
-    k: Quantizer,
-    v: Quantizer,
+    book: PagedBook,
     /// `[num_pages, page_words]` (u32 words, typed i32).
     pool: CudaTensor,
     /// `[batch, max_pages]` i32.
@@ -47,10 +45,6 @@ pub struct CudaPagedKvCache {
     flags: CudaTensor,
     /// `[batch]` i32 tokens appended by the current launch.
     new_lens: CudaTensor,
-    host_table: Vec<i32>,
-    host_lens: Vec<usize>,
-    num_pages: usize,
-    max_pages: usize,
     /// The one-lane encode kernels' sign words, where they serve this scheme
     /// ([`lane_encode_signs`]).
     lane_signs: Option<LaneSigns>,
@@ -59,10 +53,16 @@ pub struct CudaPagedKvCache {
 impl std::fmt::Debug for CudaPagedKvCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaPagedKvCache")
-            .field("layout", &self.layout)
-            .field("lens", &self.host_lens)
-            .field("num_pages", &self.num_pages)
+            .field("layout", self.layout())
+            .field("lens", &self.lens())
+            .field("num_pages", &self.num_pages())
             .finish()
+    }
+}
+
+impl PagedCache for CudaPagedKvCache {
+    fn book(&self) -> &PagedBook {
+        &self.book
     }
 }
 
@@ -84,75 +84,27 @@ impl CudaPagedKvCache {
         max_pages: usize,
         num_pages: usize,
     ) -> Result<Self> {
-        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
-        let s = layout.scheme;
-        if batch == 0 || max_pages == 0 || num_pages == 0 {
-            return Err(Error::InvalidValue(
-                "a cache needs batch, max_pages and num_pages of at least 1".into(),
-            ));
-        }
-        i32_of("num_pages", num_pages)?;
-        i32_of("max_pages x page_tokens", max_pages * layout.page_tokens)?;
-        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
-        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
-        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
-        let host_table = vec![-1i32; batch * max_pages];
-        let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
-        let lane_signs = lane_encode_signs(&k, &v);
+        let book = PagedBook::new(layout, batch, max_pages, num_pages)?;
+        let table = HostTensor::from_i32(vec![batch, max_pages], book.block_table().to_vec())?;
+        let (k, v) = (book.key_quantizer(), book.value_quantizer());
         let cache = Self {
-            pool: CudaTensor::zeros(cuda, vec![num_pages, layout.page_words()], DType::I32)?,
+            pool: CudaTensor::zeros(
+                cuda,
+                vec![num_pages, book.layout().page_words()],
+                DType::I32,
+            )?,
             table: CudaTensor::upload(cuda, &table)?,
             lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
-            consts: CudaTensor::upload(cuda, &consts(&k, &v)?)?,
+            consts: CudaTensor::upload(cuda, &consts(k, v)?)?,
             flags: CudaTensor::zeros(cuda, vec![1], DType::I32)?,
             new_lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
-            layout,
-            k,
-            v,
-            host_table,
-            host_lens: vec![0; batch],
-            num_pages,
-            max_pages,
-            lane_signs,
+            lane_signs: lane_encode_signs(k, v),
+            book,
         };
         // Stream-ordered allocations and fills are valid on other streams only once the
         // stream that made them has run them.
         cuda.synchronize()?;
         Ok(cache)
-    }
-
-    pub fn layout(&self) -> &PagedLayout {
-        &self.layout
-    }
-
-    pub fn key_quantizer(&self) -> &Quantizer {
-        &self.k
-    }
-
-    pub fn value_quantizer(&self) -> &Quantizer {
-        &self.v
-    }
-
-    pub fn batch(&self) -> usize {
-        self.host_lens.len()
-    }
-
-    pub fn max_pages(&self) -> usize {
-        self.max_pages
-    }
-
-    pub fn num_pages(&self) -> usize {
-        self.num_pages
-    }
-
-    /// Tokens held by each sequence (the host's mirror).
-    pub fn lens(&self) -> &[usize] {
-        &self.host_lens
-    }
-
-    /// The block table (the host's mirror).
-    pub fn block_table(&self) -> &[i32] {
-        &self.host_table
     }
 
     /// The page pool on the GPU.
@@ -185,23 +137,18 @@ impl CudaPagedKvCache {
     /// Replaces the block table (an engine's allocator choosing the pages), checked against
     /// the tokens each sequence holds.
     pub fn set_block_table(&mut self, cuda: &Cuda, table: &[i32]) -> Result<()> {
-        paged::validate_block_table(
-            &self.layout,
-            table,
-            self.max_pages,
-            &self.host_lens,
-            self.num_pages,
-        )?;
-        self.write_table(cuda, table.to_vec())
-    }
-
-    fn write_table(&mut self, cuda: &Cuda, table: Vec<i32>) -> Result<()> {
-        if table != self.host_table {
-            let host = HostTensor::from_i32(vec![self.batch(), self.max_pages], table.clone())?;
-            self.table.copy_from_host(cuda, &host)?;
-            self.host_table = table;
+        if table != self.block_table() {
+            self.book.set_block_table(table)?;
+            self.write_table(cuda)?;
         }
         Ok(())
+    }
+
+    /// The book's block table to the GPU.
+    fn write_table(&mut self, cuda: &Cuda) -> Result<()> {
+        let table = self.block_table().to_vec();
+        let host = HostTensor::from_i32(vec![self.batch(), self.max_pages()], table)?;
+        self.table.copy_from_host(cuda, &host)
     }
 
     /// Appends `new_lens[b]` tokens of `k, v [B, Tn, Hkv, d]` (f32, f16 or bf16, on the GPU)
@@ -214,7 +161,7 @@ impl CudaPagedKvCache {
         v: &CudaTensor,
         new_lens: &[usize],
     ) -> Result<()> {
-        let (old_table, old_lens) = (self.host_table.clone(), self.host_lens.clone());
+        let before = self.book.state();
         self.flags
             .copy_from_host(cuda, &HostTensor::from_i32(vec![1], vec![0])?)?;
         if !self.launch_append(cuda, k, v, new_lens, false)? {
@@ -224,15 +171,9 @@ impl CudaPagedKvCache {
         if flags == 0 {
             return self.advance(cuda);
         }
-        self.host_lens = old_lens;
-        self.write_table(cuda, old_table)?;
-        Err(Error::InvalidValue(if flags & 1 != 0 {
-            "tensor `k` or `v` holds a non-finite value; nothing was appended".to_string()
-        } else if self.layout.scheme.norm_dtype == NormDType::F16 {
-            "a vector's norm is beyond the f16 norm storage (at most 65504); use f32 norms; nothing was appended".to_string()
-        } else {
-            "a vector's norm is beyond the f32 norm storage; nothing was appended".to_string()
-        }))
+        self.book.restore(before);
+        self.write_table(cuda)?;
+        Err(append_refusal(flags, self.layout().scheme.norm_dtype))
     }
 
     /// [`Self::append`] without waiting for the input check: the launches are queued and the
@@ -257,11 +198,11 @@ impl CudaPagedKvCache {
         new_lens: &[usize],
         advance: bool,
     ) -> Result<bool> {
-        let Some((launch, grown)) = self.prepare_encode(cuda, k, v, new_lens)? else {
+        let Some((launch, growth)) = self.prepare_encode(cuda, k, v, new_lens)? else {
             return Ok(false);
         };
         launch.launch(cuda)?;
-        self.host_lens = grown;
+        self.book.keep_lens(growth);
         if advance {
             self.advance(cuda)?;
         }
@@ -284,40 +225,29 @@ impl CudaPagedKvCache {
             .map(|(launch, _)| launch))
     }
 
-    /// [`Self::prepare_append`], also returning the lengths after the append.
+    /// [`Self::prepare_append`], also returning the planned growth (the table kept, the
+    /// lengths not yet).
     fn prepare_encode(
         &mut self,
         cuda: &Cuda,
         k: &CudaTensor,
         v: &CudaTensor,
         new_lens: &[usize],
-    ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
-        let s = self.layout.scheme;
+    ) -> Result<Option<(EncodeLaunch, Growth)>> {
+        let s = self.layout().scheme;
         let batch = self.batch();
-        let Some((tokens, grown)) = paged::check_append_chunk(
-            &self.layout,
-            k,
-            v,
-            new_lens,
-            &self.host_lens,
-            self.max_pages,
-        )?
-        else {
+        let Some(growth) = self.book.plan_chunk(k, v, new_lens)? else {
             return Ok(None);
         };
-        let table = paged::assign_pages(
-            &self.layout,
-            &self.host_table,
-            self.max_pages,
-            &self.host_lens,
-            &grown,
-            self.num_pages,
-        )?;
-        self.write_table(cuda, table)?;
+        let tokens = growth.tokens();
+        if growth.table() != self.block_table() {
+            self.book.keep_table(&growth);
+            self.write_table(cuda)?;
+        }
         let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
         self.new_lens
             .copy_from_host(cuda, &HostTensor::from_i32(vec![batch], counts)?)?;
-        let l = &self.layout;
+        let l = *self.layout();
         let (heads_magic, heads_shift) = divide_magic(s.kv_heads as u32);
         let (tokens_magic, tokens_shift) = divide_magic(tokens as u32);
         // One lane per vector needs 16-byte-aligned vectors (whole-row 16-byte loads).
@@ -344,7 +274,7 @@ impl CudaPagedKvCache {
             words_k: words_for(s.dim, s.bits_k) as i32,
             words_v: words_for(s.dim, s.bits_v) as i32,
             page_tokens: l.page_tokens as i32,
-            max_pages: self.max_pages as i32,
+            max_pages: self.max_pages() as i32,
             page_words: i32_of("page_words", l.page_words())?,
             head_words: l.head_words() as i32,
             row_words_k: l.row_words_k() as i32,
@@ -378,10 +308,10 @@ impl CudaPagedKvCache {
             &s,
             k.dtype(),
             lane,
-            self.k.rotation.is_hadamard(),
+            self.rotation().is_hadamard(),
             vectors,
         )?;
-        Ok(Some((launch, grown)))
+        Ok(Some((launch, growth)))
     }
 
     /// Queues `seq_lens += new_lens` on the GPU.

@@ -22,6 +22,7 @@ use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
 use crate::unroll::{Unroll, unrolled};
 use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};
 use deltakv_contract::{DType, Error, Result};
 use wgpu::util::DeviceExt;

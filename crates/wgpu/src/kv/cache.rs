@@ -18,13 +18,11 @@
 use super::{Dispatch, SOURCE_ENCODE, consts, submit, uniform_bytes, write_i32};
 use crate::runtime::{Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
-use deltakv_contract::kv::codebook::codebook;
+use deltakv_contract::kv::NormDType;
+use deltakv_contract::kv::book::{Growth, PagedBook, PagedCache, append_refusal};
 use deltakv_contract::kv::codec::words_for;
-use deltakv_contract::kv::paged::{self, PagedLayout};
-use deltakv_contract::kv::rotation::Rotation;
-use deltakv_contract::kv::{NormDType, Quantizer};
+use deltakv_contract::kv::paged::PagedLayout;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
 /// A prepared encode dispatch (see [`WgpuPagedKvCache::prepare_append`]).
@@ -42,9 +40,7 @@ impl EncodeLaunch {
 
 /// The paged compressed KV cache of one layer, on the wgpu device.
 pub struct WgpuPagedKvCache {
-    layout: PagedLayout,
-    k: Quantizer,
-    v: Quantizer,
+    book: PagedBook,
     /// `[num_pages, page_words]` (u32 words, typed i32).
     pool: WgpuTensor,
     /// `[batch, max_pages]` i32.
@@ -57,19 +53,21 @@ pub struct WgpuPagedKvCache {
     flags: WgpuTensor,
     /// `[batch]` i32 tokens appended by the current dispatch.
     new_lens: WgpuTensor,
-    host_table: Vec<i32>,
-    host_lens: Vec<usize>,
-    num_pages: usize,
-    max_pages: usize,
 }
 
 impl std::fmt::Debug for WgpuPagedKvCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuPagedKvCache")
-            .field("layout", &self.layout)
-            .field("lens", &self.host_lens)
-            .field("num_pages", &self.num_pages)
+            .field("layout", self.layout())
+            .field("lens", &self.lens())
+            .field("num_pages", &self.num_pages())
             .finish()
+    }
+}
+
+impl PagedCache for WgpuPagedKvCache {
+    fn book(&self) -> &PagedBook {
+        &self.book
     }
 }
 
@@ -88,73 +86,23 @@ impl WgpuPagedKvCache {
         max_pages: usize,
         num_pages: usize,
     ) -> Result<Self> {
-        let layout = PagedLayout::new(layout.scheme, layout.page_tokens)?;
-        let s = layout.scheme;
-        if batch == 0 || max_pages == 0 || num_pages == 0 {
-            return Err(Error::InvalidValue(
-                "a cache needs batch, max_pages and num_pages of at least 1".into(),
-            ));
-        }
-        let words = num_pages
-            .checked_mul(layout.page_words())
-            .ok_or_else(|| Error::InvalidValue("the pool's size overflows".into()))?;
-        u32_of("pool words", words)?;
-        i32::try_from(max_pages * layout.page_tokens)
-            .map_err(|_| Error::Unsupported("max_pages x page_tokens exceeds i32".into()))?;
-        let rotation = Arc::new(Rotation::new(s.dim, s.seed)?);
-        let k = Quantizer::new(codebook(s.codebook, s.dim, s.bits_k)?, rotation.clone());
-        let v = Quantizer::new(codebook(s.codebook, s.dim, s.bits_v)?, rotation);
-        let host_table = vec![-1i32; batch * max_pages];
-        let table = HostTensor::from_i32(vec![batch, max_pages], host_table.clone())?;
+        let book = PagedBook::new(layout, batch, max_pages, num_pages)?;
+        u32_of("pool words", book.pool_words())?;
+        let table = HostTensor::from_i32(vec![batch, max_pages], book.block_table().to_vec())?;
+        let (k, v) = (book.key_quantizer(), book.value_quantizer());
         Ok(Self {
-            pool: WgpuTensor::zeros(wgpu, vec![num_pages, layout.page_words()], DType::I32)?,
+            pool: WgpuTensor::zeros(
+                wgpu,
+                vec![num_pages, book.layout().page_words()],
+                DType::I32,
+            )?,
             table: WgpuTensor::upload(wgpu, &table)?,
             lens: WgpuTensor::zeros(wgpu, vec![batch], DType::I32)?,
-            consts: WgpuTensor::upload(wgpu, &consts(&k, &v)?)?,
+            consts: WgpuTensor::upload(wgpu, &consts(k, v)?)?,
             flags: WgpuTensor::zeros(wgpu, vec![1], DType::I32)?,
             new_lens: WgpuTensor::zeros(wgpu, vec![batch], DType::I32)?,
-            layout,
-            k,
-            v,
-            host_table,
-            host_lens: vec![0; batch],
-            num_pages,
-            max_pages,
+            book,
         })
-    }
-
-    pub fn layout(&self) -> &PagedLayout {
-        &self.layout
-    }
-
-    pub fn key_quantizer(&self) -> &Quantizer {
-        &self.k
-    }
-
-    pub fn value_quantizer(&self) -> &Quantizer {
-        &self.v
-    }
-
-    pub fn batch(&self) -> usize {
-        self.host_lens.len()
-    }
-
-    pub fn max_pages(&self) -> usize {
-        self.max_pages
-    }
-
-    pub fn num_pages(&self) -> usize {
-        self.num_pages
-    }
-
-    /// Tokens held by each sequence (the host's mirror).
-    pub fn lens(&self) -> &[usize] {
-        &self.host_lens
-    }
-
-    /// The block table (the host's mirror).
-    pub fn block_table(&self) -> &[i32] {
-        &self.host_table
     }
 
     /// The page pool on the device.
@@ -187,28 +135,17 @@ impl WgpuPagedKvCache {
     /// Replaces the block table (an engine's allocator choosing the pages), checked against
     /// the tokens each sequence holds.
     pub fn set_block_table(&mut self, wgpu: &Wgpu, table: &[i32]) -> Result<()> {
-        paged::validate_block_table(
-            &self.layout,
-            table,
-            self.max_pages,
-            &self.host_lens,
-            self.num_pages,
-        )?;
-        self.write_table(wgpu, table.to_vec());
+        if table != self.block_table() {
+            self.book.set_block_table(table)?;
+            write_i32(wgpu, &self.table, self.block_table());
+        }
         Ok(())
     }
 
-    fn write_table(&mut self, wgpu: &Wgpu, table: Vec<i32>) {
-        if table != self.host_table {
-            write_i32(wgpu, &self.table, &table);
-            self.host_table = table;
-        }
-    }
-
-    fn write_lens(&mut self, wgpu: &Wgpu, lens: Vec<usize>) {
-        let values: Vec<i32> = lens.iter().map(|&n| n as i32).collect();
+    /// The book's lengths to the device.
+    fn write_lens(&self, wgpu: &Wgpu) {
+        let values: Vec<i32> = self.lens().iter().map(|&n| n as i32).collect();
         write_i32(wgpu, &self.lens, &values);
-        self.host_lens = lens;
     }
 
     /// Appends `new_lens[b]` tokens of `k, v [B, Tn, Hkv, d]` (f32, f16 or bf16, on the
@@ -221,25 +158,21 @@ impl WgpuPagedKvCache {
         v: &WgpuTensor,
         new_lens: &[usize],
     ) -> Result<()> {
-        let old_table = self.host_table.clone();
+        let before = self.book.state();
         write_i32(wgpu, &self.flags, &[0]);
-        let Some((launch, grown)) = self.prepare_encode(wgpu, k, v, new_lens)? else {
+        let Some((launch, growth)) = self.prepare_encode(wgpu, k, v, new_lens)? else {
             return Ok(());
         };
         launch.submit(wgpu, 1)?;
         let flags = self.flags.download(wgpu)?.to_i64_vec("flags")?[0];
         if flags == 0 {
-            self.write_lens(wgpu, grown);
+            self.book.keep_lens(growth);
+            self.write_lens(wgpu);
             return Ok(());
         }
-        self.write_table(wgpu, old_table);
-        Err(Error::InvalidValue(if flags & 1 != 0 {
-            "tensor `k` or `v` holds a non-finite value; nothing was appended".to_string()
-        } else if self.layout.scheme.norm_dtype == NormDType::F16 {
-            "a vector's norm is beyond the f16 norm storage (at most 65504); use f32 norms; nothing was appended".to_string()
-        } else {
-            "a vector's norm is beyond the f32 norm storage; nothing was appended".to_string()
-        }))
+        self.book.restore(before);
+        write_i32(wgpu, &self.table, self.block_table());
+        Err(append_refusal(flags, self.layout().scheme.norm_dtype))
     }
 
     /// [`Self::append`] without waiting for the input check: the dispatch is queued and the
@@ -251,9 +184,10 @@ impl WgpuPagedKvCache {
         v: &WgpuTensor,
         new_lens: &[usize],
     ) -> Result<()> {
-        if let Some((launch, grown)) = self.prepare_encode(wgpu, k, v, new_lens)? {
+        if let Some((launch, growth)) = self.prepare_encode(wgpu, k, v, new_lens)? {
             launch.submit(wgpu, 1)?;
-            self.write_lens(wgpu, grown);
+            self.book.keep_lens(growth);
+            self.write_lens(wgpu);
         }
         Ok(())
     }
@@ -274,40 +208,29 @@ impl WgpuPagedKvCache {
             .map(|(launch, _)| launch))
     }
 
-    /// [`Self::prepare_append`], also returning the lengths after the append.
+    /// [`Self::prepare_append`], also returning the planned growth (the table kept, the
+    /// lengths not yet).
     fn prepare_encode(
         &mut self,
         wgpu: &Wgpu,
         k: &WgpuTensor,
         v: &WgpuTensor,
         new_lens: &[usize],
-    ) -> Result<Option<(EncodeLaunch, Vec<usize>)>> {
-        let s = self.layout.scheme;
+    ) -> Result<Option<(EncodeLaunch, Growth)>> {
+        let s = self.layout().scheme;
         let batch = self.batch();
-        let Some((tokens, grown)) = paged::check_append_chunk(
-            &self.layout,
-            k,
-            v,
-            new_lens,
-            &self.host_lens,
-            self.max_pages,
-        )?
-        else {
+        let Some(growth) = self.book.plan_chunk(k, v, new_lens)? else {
             return Ok(None);
         };
+        let tokens = growth.tokens();
         u32_of("k's elements", k.shape().iter().product())?;
-        let table = paged::assign_pages(
-            &self.layout,
-            &self.host_table,
-            self.max_pages,
-            &self.host_lens,
-            &grown,
-            self.num_pages,
-        )?;
-        self.write_table(wgpu, table);
+        if growth.table() != self.block_table() {
+            self.book.keep_table(&growth);
+            write_i32(wgpu, &self.table, self.block_table());
+        }
         let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
         write_i32(wgpu, &self.new_lens, &counts);
-        let l = &self.layout;
+        let l = *self.layout();
         let vectors = u32_of("B x Tn x Hkv", batch * tokens * s.kv_heads)?;
         let max_groups = wgpu.device().limits().max_compute_workgroups_per_dimension;
         // One vector per workgroup and iteration; the workgroups loop over the rest.
@@ -324,13 +247,13 @@ impl WgpuPagedKvCache {
             words_for(s.dim, s.bits_k) as u32,
             words_for(s.dim, s.bits_v) as u32,
             l.page_tokens as u32,
-            self.max_pages as u32,
+            self.max_pages() as u32,
             l.page_words() as u32,
             l.head_words() as u32,
             l.row_words_k() as u32,
             l.row_words_v() as u32,
             l.norm_words() as u32,
-            u32::from(self.k.rotation.is_hadamard()),
+            u32::from(self.rotation().is_hadamard()),
             (1.0 / (s.dim as f32).sqrt()).to_bits(),
             0,
             groups,
@@ -375,7 +298,7 @@ impl WgpuPagedKvCache {
                 dispatch,
                 _uniform: uniform,
             },
-            grown,
+            growth,
         )))
     }
 }

@@ -16,12 +16,11 @@ use crate::compile::KernelSource;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::gdn::decode::through::{check_device_decode, decode_through_device};
 use deltakv_contract::gdn::decode::validate::{
-    DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
+    DecodeShapes, check_decode_shapes, resolve_scale, slot_rows,
 };
-use deltakv_contract::gdn::{
-    DecodeInputs, DecodeOptions, DecodeOutput, DecodeTensors, Gating, GdnDims,
-};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// The decode kernels' source: the general kernel, then the T = 1, K = V = 128 kernels that
@@ -436,22 +435,7 @@ pub fn gdn_decode_checked(
     state_pool: &mut CudaTensor,
     options: &DecodeOptions,
 ) -> Result<CudaDecodeOutput> {
-    let shapes = check_decode_shapes(inputs, state_pool)?;
-    let host = |t: &CudaTensor| t.download(cuda);
-    let gates = (inputs.gating.tensors().into_iter())
-        .map(host)
-        .collect::<Result<Vec<_>>>()?;
-    let on_host = [inputs.q, inputs.k, inputs.v, inputs.slot_indices].map(host);
-    let [q, k, v, slot_indices] = on_host;
-    let (q, k, v, slot_indices) = (q?, k?, v?, slot_indices?);
-    let host_inputs = DecodeInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        gating: inputs.gating.with_tensors(&gates)?,
-        slot_indices: &slot_indices,
-    };
-    prepare_decode_values(&host_inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    let shapes = check_device_decode(inputs, state_pool, &options.gdn, |t| t.download(cuda))?;
     run_validated(cuda, inputs, state_pool, options, shapes.dims)
 }
 
@@ -465,21 +449,17 @@ pub fn gdn_decode_host(
     state_pool: &mut HostTensor,
     options: &DecodeOptions,
 ) -> Result<DecodeOutput> {
-    let shapes = check_decode_shapes(inputs, state_pool)?;
-    prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
-    let uploaded = DecodeTensors::copied(inputs, |t| CudaTensor::upload(cuda, t))?;
-    let mut pool = CudaTensor::upload(cuda, state_pool)?;
-    let out = run_validated(cuda, &uploaded.inputs(), &mut pool, options, shapes.dims)?;
-    let output = DecodeOutput {
-        o: out.o.download(cuda)?,
-        intermediate_states: out
-            .intermediate_states
-            .map(|t| t.download(cuda))
-            .transpose()?,
-    };
-    *state_pool = pool.download(cuda)?;
-    output.check_finite()?;
-    Ok(output)
+    decode_through_device(
+        inputs,
+        state_pool,
+        options,
+        |t| CudaTensor::upload(cuda, t),
+        |t| t.download(cuda),
+        |uploaded, pool, shapes| {
+            let out = run_validated(cuda, uploaded, pool, options, shapes.dims)?;
+            Ok((out.o, out.intermediate_states))
+        },
+    )
 }
 
 #[cfg(test)]

@@ -16,12 +16,11 @@
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
 use crate::runtime::Wgpu;
 use crate::tensor::WgpuTensor;
+use deltakv_contract::gdn::decode::through::{check_device_decode, decode_through_device};
 use deltakv_contract::gdn::decode::validate::{
-    DecodeShapes, check_decode_shapes, prepare_decode_values, resolve_scale, slot_rows,
+    DecodeShapes, check_decode_shapes, resolve_scale, slot_rows,
 };
-use deltakv_contract::gdn::{
-    DecodeInputs, DecodeOptions, DecodeOutput, DecodeTensors, GdnDims, GdnOptions,
-};
+use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, GdnDims, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// Decode results on the device (the pool itself is updated in place).
@@ -252,21 +251,7 @@ pub fn gdn_decode_checked(
     state_pool: &mut WgpuTensor,
     options: &DecodeOptions,
 ) -> Result<WgpuDecodeOutput> {
-    let shapes = check_decode_shapes(inputs, state_pool)?;
-    let host = |t: &WgpuTensor| t.download(wgpu);
-    let gates = (inputs.gating.tensors().into_iter())
-        .map(host)
-        .collect::<Result<Vec<_>>>()?;
-    let (q, k, v) = (host(inputs.q)?, host(inputs.k)?, host(inputs.v)?);
-    let slot_indices = host(inputs.slot_indices)?;
-    let host_inputs = DecodeInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        gating: inputs.gating.with_tensors(&gates)?,
-        slot_indices: &slot_indices,
-    };
-    prepare_decode_values(&host_inputs, shapes, state_pool.dtype(), &options.gdn)?;
+    let shapes = check_device_decode(inputs, state_pool, &options.gdn, |t| t.download(wgpu))?;
     run_validated(wgpu, inputs, state_pool, options, shapes.dims)
 }
 
@@ -279,19 +264,15 @@ pub fn gdn_decode_host(
     state_pool: &mut HostTensor,
     options: &DecodeOptions,
 ) -> Result<DecodeOutput> {
-    let shapes = check_decode_shapes(inputs, state_pool)?;
-    prepare_decode_values(inputs, shapes, state_pool.dtype(), &options.gdn)?;
-    let uploaded = DecodeTensors::copied(inputs, |t| WgpuTensor::upload(wgpu, t))?;
-    let mut pool = WgpuTensor::upload(wgpu, state_pool)?;
-    let out = run_validated(wgpu, &uploaded.inputs(), &mut pool, options, shapes.dims)?;
-    let output = DecodeOutput {
-        o: out.o.download(wgpu)?,
-        intermediate_states: out
-            .intermediate_states
-            .map(|t| t.download(wgpu))
-            .transpose()?,
-    };
-    *state_pool = pool.download(wgpu)?;
-    output.check_finite()?;
-    Ok(output)
+    decode_through_device(
+        inputs,
+        state_pool,
+        options,
+        |t| WgpuTensor::upload(wgpu, t),
+        |t| t.download(wgpu),
+        |uploaded, pool, shapes| {
+            let out = run_validated(wgpu, uploaded, pool, options, shapes.dims)?;
+            Ok((out.o, out.intermediate_states))
+        },
+    )
 }

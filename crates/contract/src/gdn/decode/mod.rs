@@ -32,6 +32,7 @@
 pub mod check;
 pub mod oracle;
 pub mod random;
+pub mod through;
 pub mod validate;
 
 use super::GDN_OVERFLOW_CAUSE;

@@ -26,15 +26,6 @@ fn device(test: &str) -> Option<&'static Cuda> {
     }
 }
 
-/// The case's keys and values rounded to `dtype` (what both backends then encode).
-fn rounded(mut case: PagedCase, dtype: DType) -> PagedCase {
-    for x in case.keys.iter_mut().chain(case.values.iter_mut()) {
-        let t = HostTensor::from_f32_as(vec![x.len()], x, dtype).unwrap();
-        *x = t.to_f32_vec("x").unwrap();
-    }
-    case
-}
-
 /// Both caches filled with the same appends: chunks of up to `chunk` tokens per sequence per
 /// launch (the GPU appends every sequence in one launch, each its own count).
 fn fill(
@@ -63,27 +54,12 @@ fn fill_from(
     let pages: usize = lens.iter().map(|&l| layout.pages_for(l)).sum::<usize>() + 2;
     let mut gpu = CudaPagedKvCache::new(cuda, layout, lens.len(), max_pages, pages).unwrap();
     let mut cpu = PagedKvCache::new(layout, lens.len(), max_pages, pages).unwrap();
-    let row = hkv * d;
-    let mut at = vec![0usize; lens.len()];
-    while at.iter().zip(&lens).any(|(a, l)| a < l) {
-        let counts: Vec<usize> = at
-            .iter()
-            .zip(&lens)
-            .map(|(&a, &l)| chunk.min(l - a))
-            .collect();
-        let tn = *counts.iter().max().unwrap();
-        let mut k = vec![0.0f32; lens.len() * tn * row];
-        let mut v = vec![0.0f32; lens.len() * tn * row];
-        for b in 0..lens.len() {
-            let src = at[b] * row..(at[b] + counts[b]) * row;
-            k[b * tn * row..][..counts[b] * row].copy_from_slice(&case.keys[b][src.clone()]);
-            v[b * tn * row..][..counts[b] * row].copy_from_slice(&case.values[b][src.clone()]);
-            if counts[b] > 0 {
-                cpu.append(b, &case.keys[b][src.clone()], &case.values[b][src])
-                    .unwrap();
-            }
+    for part in case.chunks(chunk) {
+        for b in (0..lens.len()).filter(|&b| part.counts[b] > 0) {
+            let (k, v) = case.chunk_rows(&part, b);
+            cpu.append(b, k, v).unwrap();
         }
-        let shape = vec![lens.len(), tn, hkv, d];
+        let shape = vec![lens.len(), part.tokens, hkv, d];
         let skip = usize::from(misaligned);
         let up = |x: &[f32]| {
             let mut padded = vec![0.0f32; skip];
@@ -94,18 +70,15 @@ fn fill_from(
             )
             .unwrap()
         };
-        let (k_all, v_all) = (up(&k), up(&v));
+        let (k_all, v_all) = (up(&part.k), up(&part.v));
         let view = |t: &CudaTensor| {
             let address = t.device_ptr(cuda) + (skip * dtype.size_in_bytes()) as u64;
             // SAFETY: the view lies inside `t`'s allocation, which outlives it (both end with
             // this loop iteration, after the append has run on deltakv's stream).
             unsafe { CudaTensor::from_device_ptr(address, shape.clone(), dtype) }.unwrap()
         };
-        gpu.append(cuda, &view(&k_all), &view(&v_all), &counts)
+        gpu.append(cuda, &view(&k_all), &view(&v_all), &part.counts)
             .unwrap();
-        for (a, c) in at.iter_mut().zip(&counts) {
-            *a += c;
-        }
     }
     (gpu, cpu)
 }
@@ -170,7 +143,7 @@ fn encode_writes_the_cpu_pool_word_for_word() {
                 }
             }
         }
-        let case = rounded(case, dtype);
+        let case = case.rounded(dtype).unwrap();
         let mut scheme = KvScheme::new(d, 2, bk, bv);
         scheme.seed = 3 + i as u64;
         if f16 {

@@ -17,15 +17,6 @@ use deltakv_cpu::kv::{AttnOptions, PagedKvCache, attend_paged};
 use deltakv_wgpu::kv::{WgpuAttnOptions, WgpuPagedKvCache, prepare_attend};
 use deltakv_wgpu::{Wgpu, WgpuTensor};
 
-/// The case's keys and values rounded to `dtype` (what both backends then encode).
-fn rounded(mut case: PagedCase, dtype: DType) -> PagedCase {
-    for x in case.keys.iter_mut().chain(case.values.iter_mut()) {
-        let t = HostTensor::from_f32_as(vec![x.len()], x, dtype).unwrap();
-        *x = t.to_f32_vec("x").unwrap();
-    }
-    case
-}
-
 /// Both caches filled with the same appends: chunks of up to `chunk` tokens per sequence per
 /// dispatch (the device appends every sequence in one dispatch, each its own count).
 fn fill(
@@ -41,27 +32,12 @@ fn fill(
     let pages: usize = lens.iter().map(|&l| layout.pages_for(l)).sum::<usize>() + 2;
     let mut gpu = WgpuPagedKvCache::new(wgpu, layout, lens.len(), max_pages, pages).unwrap();
     let mut cpu = PagedKvCache::new(layout, lens.len(), max_pages, pages).unwrap();
-    let row = hkv * d;
-    let mut at = vec![0usize; lens.len()];
-    while at.iter().zip(&lens).any(|(a, l)| a < l) {
-        let counts: Vec<usize> = at
-            .iter()
-            .zip(&lens)
-            .map(|(&a, &l)| chunk.min(l - a))
-            .collect();
-        let tn = *counts.iter().max().unwrap();
-        let mut k = vec![0.0f32; lens.len() * tn * row];
-        let mut v = vec![0.0f32; lens.len() * tn * row];
-        for b in 0..lens.len() {
-            let src = at[b] * row..(at[b] + counts[b]) * row;
-            k[b * tn * row..][..counts[b] * row].copy_from_slice(&case.keys[b][src.clone()]);
-            v[b * tn * row..][..counts[b] * row].copy_from_slice(&case.values[b][src.clone()]);
-            if counts[b] > 0 {
-                cpu.append(b, &case.keys[b][src.clone()], &case.values[b][src])
-                    .unwrap();
-            }
+    for part in case.chunks(chunk) {
+        for b in (0..lens.len()).filter(|&b| part.counts[b] > 0) {
+            let (k, v) = case.chunk_rows(&part, b);
+            cpu.append(b, k, v).unwrap();
         }
-        let shape = vec![lens.len(), tn, hkv, d];
+        let shape = vec![lens.len(), part.tokens, hkv, d];
         let up = |x: &[f32]| {
             WgpuTensor::upload(
                 wgpu,
@@ -69,10 +45,8 @@ fn fill(
             )
             .unwrap()
         };
-        gpu.append(wgpu, &up(&k), &up(&v), &counts).unwrap();
-        for (a, c) in at.iter_mut().zip(&counts) {
-            *a += c;
-        }
+        gpu.append(wgpu, &up(&part.k), &up(&part.v), &part.counts)
+            .unwrap();
     }
     (gpu, cpu)
 }
@@ -99,7 +73,9 @@ fn encode_writes_the_cpu_pool_word_for_word() {
     ];
     for (i, &(d, bk, bv, f16, page, dtype, chunk)) in schemes.iter().enumerate() {
         let lens: &[usize] = if chunk == 1 { &[1, 63, 65] } else { LENS };
-        let case = rounded(PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64), dtype);
+        let case = PagedCase::new(lens, 1, 4, 2, d, 40 + i as u64)
+            .rounded(dtype)
+            .unwrap();
         let mut scheme = KvScheme::new(d, 2, bk, bv);
         scheme.seed = 3 + i as u64;
         if f16 {

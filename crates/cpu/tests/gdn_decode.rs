@@ -2,8 +2,8 @@
 //! every bad-input case.
 
 use deltakv_contract::gdn::decode::check::{
-    BackendRun, DecodeCheck, O_TOLERANCE, STATE_TOLERANCE_F32, check_options, decode_suite,
-    run_decode_check,
+    BackendRun, DecodeCheck, O_TOLERANCE, STATE_TOLERANCE_F32, check_options, check_refusals,
+    decode_suite, run_decode_check,
 };
 use deltakv_contract::gdn::decode::oracle::gdn_decode_reference;
 use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
@@ -236,6 +236,20 @@ fn set_gate(case: &mut DecodeCase, name: &str, tensor: Option<HostTensor>) {
 
 fn assert_contains(message: &str, needle: &str) {
     assert!(message.contains(needle), "`{message}` lacks `{needle}`");
+}
+
+#[test]
+fn the_refusals_every_backend_makes() {
+    // The CPU checks every value on every call, so the full check's flag changes nothing here.
+    check_refusals(&|case, _checked| {
+        let mut pool = case.state_pool.clone();
+        let outcome = (case.inputs())
+            .and_then(|inputs| gdn_decode(&inputs, &mut pool, &options(false, false)))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        (outcome, pool)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -45,6 +45,73 @@ pub struct BackendRun {
     pub pool: HostTensor,
 }
 
+/// What one attempted call did: `Err` with the error's text when it was refused, and the pool
+/// as it was afterwards (copied to the host).
+pub type Attempt = (std::result::Result<(), String>, HostTensor);
+
+/// The refusals every backend's decode must make before it runs anything, written once: each
+/// edits a valid call (a slot index out of range, two rows on one slot, a tensor of the wrong
+/// shape, a NaN that only the full value check reads) and names fragments its error must hold.
+/// `attempt` runs the backend on the edited case, with the full value check when its flag
+/// says so. Every refusal must leave the pool as it was.
+pub fn check_refusals(
+    attempt: &dyn Fn(&DecodeCase, bool) -> Attempt,
+) -> std::result::Result<(), String> {
+    let case = DecodeCase::random(&DecodeSpec::new(3, 2, 1, 2, 32, 32), 8000)
+        .map_err(|e| e.to_string())?;
+    type Edit = Box<dyn Fn(&mut DecodeCase) -> Result<()>>;
+    let slots = |values: Vec<i32>| -> Edit {
+        Box::new(move |c: &mut DecodeCase| {
+            c.slot_indices = HostTensor::from_i32(vec![3], values.clone())?;
+            Ok(())
+        })
+    };
+    let refusals: Vec<(Edit, bool, &[&str])> = vec![
+        (
+            slots(vec![0, 9, 1]),
+            false,
+            &["slot_indices[1] = 9 is out of range"],
+        ),
+        (slots(vec![0, 1, 0]), false, &["both address slot 0"]),
+        (
+            Box::new(|c: &mut DecodeCase| {
+                c.v = HostTensor::from_f32(vec![3, 2, 2, 16], vec![0.5; 192])?;
+                Ok(())
+            }),
+            false,
+            &["tensor `v`"],
+        ),
+        (
+            Box::new(|c: &mut DecodeCase| {
+                let mut q = c.q.to_f32_vec("q")?;
+                q[5] = f32::NAN;
+                c.q = HostTensor::from_f32_as(c.q.shape().to_vec(), &q, c.q.dtype())?;
+                Ok(())
+            }),
+            true,
+            &["tensor `q`", "non-finite"],
+        ),
+    ];
+    for (i, (edit, checked, needles)) in refusals.iter().enumerate() {
+        let mut bad = case.clone();
+        edit(&mut bad).map_err(|e| e.to_string())?;
+        let (outcome, pool) = attempt(&bad, *checked);
+        let text = match outcome {
+            Err(text) => text,
+            Ok(()) => return Err(format!("refusal {i}: the call ran")),
+        };
+        if let Some(missing) = needles.iter().find(|n| !text.contains(**n)) {
+            return Err(format!(
+                "refusal {i}: `{missing}` is not in the error: {text}"
+            ));
+        }
+        if pool != case.state_pool {
+            return Err(format!("refusal {i} changed the pool ({text})"));
+        }
+    }
+    Ok(())
+}
+
 /// The suite: every case the CPU decode tests run, for every backend.
 pub fn decode_suite() -> Vec<DecodeCheck> {
     let mut cases = Vec::new();
@@ -220,4 +287,30 @@ pub fn run_decode_check(
         )));
     }
     Ok(errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_that_runs_a_bad_call_or_touches_the_pool_fails_the_refusals() {
+        let ran = check_refusals(&|case, _| (Ok(()), case.state_pool.clone()));
+        assert!(ran.unwrap_err().contains("the call ran"));
+        let vague = check_refusals(&|case, _| (Err("bad".into()), case.state_pool.clone()));
+        assert!(vague.unwrap_err().contains("is not in the error"));
+        let every = "slot_indices[1] = 9 is out of range, both address slot 0, tensor `v`, \
+                     tensor `q` non-finite";
+        let touched = check_refusals(&|case, _| {
+            let mut pool = case.state_pool.to_f32_vec("pool").unwrap();
+            pool[0] += 1.0;
+            let shape = case.state_pool.shape().to_vec();
+            (
+                Err(every.into()),
+                HostTensor::from_f32(shape, pool).unwrap(),
+            )
+        });
+        assert!(touched.unwrap_err().contains("changed the pool"));
+        assert!(check_refusals(&|case, _| (Err(every.into()), case.state_pool.clone())).is_ok());
+    }
 }

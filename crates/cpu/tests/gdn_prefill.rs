@@ -1,7 +1,8 @@
 //! GDN prefill (chunked and recurrent) against the f64 oracle on fresh random inputs.
 
 use deltakv_contract::gdn::oracle::gdn_reference;
-use deltakv_contract::gdn::random::{BetaFill, GdnCase, GdnSpec};
+use deltakv_contract::gdn::prefill::check::{prefill_suite, reset_gates_case};
+use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_cpu::gdn::gdn_prefill;
@@ -39,105 +40,21 @@ fn options(l2: bool) -> GdnOptions {
 }
 
 #[test]
-fn sequence_lengths_around_the_chunk_size() {
-    for (i, tokens) in [1, 63, 64, 65, 1000].into_iter().enumerate() {
-        let spec = GdnSpec::new(tokens, 2, 4, 64, 64);
-        check(
-            &format!("T={tokens}"),
-            &spec,
-            &options(false),
-            100 + i as u64,
-        );
+fn the_prefill_suite_against_the_oracle() {
+    for case in prefill_suite() {
+        check(&case.name, &case.spec, &case.options, case.seed);
     }
-}
-
-#[test]
-fn batch_of_two_with_initial_state_and_l2norm() {
-    let mut spec = GdnSpec::new(130, 2, 4, 64, 48);
-    spec.batch = 2;
-    spec.with_initial_state = true;
-    spec.raw_qk = true;
-    check("B=2 init l2", &spec, &options(true), 7);
-}
-
-#[test]
-fn varlen_with_a_length_one_sequence() {
-    let mut spec = GdnSpec::new(1 + 70 + 1 + 129, 1, 2, 64, 64);
-    spec.seq_lens = Some(vec![1, 70, 1, 129]);
-    spec.with_initial_state = true;
-    check("varlen", &spec, &options(false), 8);
-    spec.with_initial_state = false;
-    spec.raw_qk = true;
-    check("varlen l2", &spec, &options(true), 9);
-}
-
-#[test]
-fn gqa_ratios() {
-    for ratio in [1, 2, 3, 4] {
-        let spec = GdnSpec::new(97, 2, 2 * ratio, 32, 40);
-        check(
-            &format!("GQA {ratio}"),
-            &spec,
-            &options(false),
-            20 + ratio as u64,
-        );
-    }
-}
-
-#[test]
-fn unequal_and_odd_head_dims() {
-    let spec = GdnSpec::new(150, 1, 2, 64, 256);
-    check("K=64 V=256", &spec, &options(false), 30);
-    let mut spec = GdnSpec::new(150, 1, 2, 100, 100);
-    spec.raw_qk = true;
-    spec.with_initial_state = true;
-    check("K=V=100", &spec, &options(true), 31);
-    let spec = GdnSpec::new(70, 1, 1, 256, 96);
-    check("K=256 V=96", &spec, &options(false), 32);
-}
-
-#[test]
-fn gate_extremes() {
-    let mut spec = GdnSpec::new(200, 1, 2, 64, 64);
-    spec.gate_scale = 10.0;
-    check("strong decay", &spec, &options(false), 40);
-    spec.gate_scale = 0.0;
-    check("no decay", &spec, &options(false), 41);
-    spec.gate_scale = 1.0;
-    spec.beta = BetaFill::Constant(0.0);
-    spec.with_initial_state = true;
-    check("beta 0", &spec, &options(false), 42);
-    spec.beta = BetaFill::Constant(1.0);
-    check("beta 1", &spec, &options(false), 43);
 }
 
 #[test]
 fn huge_negative_gates_underflow_to_zero_not_nan() {
-    let spec = GdnSpec::new(130, 1, 1, 32, 32);
-    let mut case = GdnCase::random(&spec, 50).unwrap();
-    let mut g = case.g.to_f32_vec("g").unwrap();
-    g[3] = -1.0e4;
-    g[100] = -3.0e38;
-    case.g = deltakv_contract::HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
+    let case = reset_gates_case().unwrap();
     let reference = gdn_reference(&case.inputs(), &options(false)).unwrap();
     for mode in [PrefillMode::Chunk, PrefillMode::Recurrent] {
         let out = gdn_prefill(&case.inputs(), &options(false), mode).unwrap();
         let err = rel_rms(&out.o.to_f32_vec("o").unwrap(), &reference.o);
         assert!(err < O_TOLERANCE, "{mode:?}: {err:.3e}");
     }
-}
-
-#[test]
-fn f32_and_f16_inputs_and_custom_scale() {
-    let mut spec = GdnSpec::new(65, 2, 2, 64, 64);
-    spec.dtype = deltakv_contract::DType::F32;
-    let opts = GdnOptions {
-        scale: Some(0.3),
-        use_qk_l2norm: false,
-    };
-    check("f32", &spec, &opts, 60);
-    spec.dtype = deltakv_contract::DType::F16;
-    check("f16", &spec, &opts, 61);
 }
 
 #[test]

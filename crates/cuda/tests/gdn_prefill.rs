@@ -8,7 +8,8 @@
 //! f32 final state carry bf16-level error; FLA measures 2.9e-3 to 4.5e-3 on o with bf16 inputs.
 
 use deltakv_contract::gdn::oracle::gdn_reference;
-use deltakv_contract::gdn::random::{BetaFill, GdnCase, GdnSpec, token_range};
+use deltakv_contract::gdn::prefill::check::{prefill_suite, reset_gates_case};
+use deltakv_contract::gdn::random::{GdnCase, GdnSpec, token_range};
 use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, Gating, GdnInputs, GdnOptions};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, HostTensor};
@@ -87,119 +88,15 @@ fn the_prefill_suite_against_the_oracle_on_the_gpu() {
     let Some(cuda) = device("the_prefill_suite_against_the_oracle_on_the_gpu") else {
         return;
     };
-    for (i, tokens) in [1, 63, 64, 65, 1000].into_iter().enumerate() {
-        let spec = GdnSpec::new(tokens, 2, 4, 64, 64);
-        check_spec(
-            cuda,
-            &format!("T={tokens}"),
-            &spec,
-            &options(false),
-            100 + i as u64,
-        );
+    for case in prefill_suite() {
+        check_spec(cuda, &case.name, &case.spec, &case.options, case.seed);
     }
-    let mut spec = GdnSpec::new(130, 2, 4, 64, 48);
-    spec.batch = 2;
-    spec.with_initial_state = true;
-    spec.raw_qk = true;
-    check_spec(cuda, "B=2 init l2", &spec, &options(true), 7);
-
-    let mut spec = GdnSpec::new(1 + 70 + 1 + 129, 1, 2, 64, 64);
-    spec.seq_lens = Some(vec![1, 70, 1, 129]);
-    spec.with_initial_state = true;
-    check_spec(cuda, "varlen", &spec, &options(false), 8);
-    spec.with_initial_state = false;
-    spec.raw_qk = true;
-    check_spec(cuda, "varlen l2", &spec, &options(true), 9);
-
-    for ratio in [1, 2, 3, 4] {
-        let spec = GdnSpec::new(97, 2, 2 * ratio, 32, 40);
-        check_spec(
-            cuda,
-            &format!("GQA {ratio}"),
-            &spec,
-            &options(false),
-            20 + ratio as u64,
-        );
-    }
-
-    // More than four value heads per key head: the prepare splits each key head's heads over
-    // several blocks (2 x 3 and 2 x 4); with the l2 norm fused, only the first writes the
-    // normalised q and k.
-    for ratio in [6, 8] {
-        let mut spec = GdnSpec::new(97, 2, 2 * ratio, 64, 40);
-        spec.raw_qk = true;
-        check_spec(
-            cuda,
-            &format!("GQA {ratio} l2"),
-            &spec,
-            &options(true),
-            24 + ratio as u64,
-        );
-    }
-    // The l2 norm fused into the prepare at K = 256 (the lockstep pass: no scores), and the
-    // convert kernel's normalisation for f16 inputs.
-    let mut spec = GdnSpec::new(70, 1, 2, 256, 64);
-    spec.raw_qk = true;
-    check_spec(cuda, "K=256 l2", &spec, &options(true), 34);
-    let mut spec = GdnSpec::new(65, 1, 2, 128, 64);
-    spec.raw_qk = true;
-    spec.dtype = DType::F16;
-    check_spec(cuda, "f16 l2", &spec, &options(true), 35);
-
-    let spec = GdnSpec::new(150, 1, 2, 64, 256);
-    check_spec(cuda, "K=64 V=256", &spec, &options(false), 30);
-    let mut spec = GdnSpec::new(150, 1, 2, 100, 100);
-    spec.raw_qk = true;
-    spec.with_initial_state = true;
-    check_spec(cuda, "K=V=100", &spec, &options(true), 31);
-    let spec = GdnSpec::new(70, 1, 1, 256, 96);
-    check_spec(cuda, "K=256 V=96", &spec, &options(false), 32);
-    let mut spec = GdnSpec::new(300, 2, 4, 128, 128);
-    spec.raw_qk = true;
-    spec.with_initial_state = true;
-    check_spec(cuda, "K=V=128 l2 init", &spec, &options(true), 33);
-}
-
-#[test]
-fn gate_extremes_and_resets_on_the_gpu() {
-    let Some(cuda) = device("gate_extremes_and_resets_on_the_gpu") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(200, 1, 2, 64, 64);
-    spec.gate_scale = 10.0;
-    check_spec(cuda, "strong decay", &spec, &options(false), 40);
-    spec.gate_scale = 0.0;
-    check_spec(cuda, "no decay", &spec, &options(false), 41);
-    spec.gate_scale = 1.0;
-    spec.beta = BetaFill::Constant(0.0);
-    spec.with_initial_state = true;
-    check_spec(cuda, "beta 0", &spec, &options(false), 42);
-    spec.beta = BetaFill::Constant(1.0);
-    check_spec(cuda, "beta 1", &spec, &options(false), 43);
-
-    let spec = GdnSpec::new(130, 1, 1, 32, 32);
-    let mut case = GdnCase::random(&spec, 50).unwrap();
-    let mut g = case.g.to_f32_vec("g").unwrap();
-    g[3] = -1.0e4;
-    g[100] = -3.0e38;
-    case.g = HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
-    check(cuda, "resets", &case, &options(false));
-}
-
-#[test]
-fn f32_and_f16_inputs_and_a_custom_scale_on_the_gpu() {
-    let Some(cuda) = device("f32_and_f16_inputs_and_a_custom_scale_on_the_gpu") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(65, 2, 2, 64, 64);
-    spec.dtype = DType::F32;
-    let opts = GdnOptions {
-        scale: Some(0.3),
-        use_qk_l2norm: false,
-    };
-    check_spec(cuda, "f32", &spec, &opts, 60);
-    spec.dtype = DType::F16;
-    check_spec(cuda, "f16", &spec, &opts, 61);
+    check(
+        cuda,
+        "resets",
+        &reset_gates_case().unwrap(),
+        &options(false),
+    );
 }
 
 #[test]

@@ -6,7 +6,8 @@
 mod common;
 
 use deltakv_contract::gdn::oracle::gdn_reference;
-use deltakv_contract::gdn::random::{BetaFill, GdnCase, GdnSpec};
+use deltakv_contract::gdn::prefill::check::{prefill_suite, reset_gates_case};
+use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_contract::{DType, HostTensor};
@@ -58,127 +59,20 @@ fn options(l2: bool) -> GdnOptions {
 }
 
 #[test]
-fn sequence_lengths_around_the_chunk_size() {
-    let Some(wgpu) = common::device("prefill lengths") else {
+fn the_prefill_suite_against_the_oracle() {
+    let Some(wgpu) = common::device("prefill suite") else {
         return;
     };
     println!("device: {}", wgpu.describe());
-    for (i, tokens) in [1, 63, 64, 65, 1000].into_iter().enumerate() {
-        let spec = GdnSpec::new(tokens, 2, 4, 64, 64);
-        let name = format!("T={tokens}");
-        check(wgpu, &name, &spec, &options(false), 100 + i as u64);
+    for case in prefill_suite() {
+        check(wgpu, &case.name, &case.spec, &case.options, case.seed);
     }
-}
-
-#[test]
-fn batch_of_two_with_initial_state_and_l2norm() {
-    let Some(wgpu) = common::device("prefill batch") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(130, 2, 4, 64, 48);
-    spec.batch = 2;
-    spec.with_initial_state = true;
-    spec.raw_qk = true;
-    check(wgpu, "B=2 init l2", &spec, &options(true), 7);
-}
-
-#[test]
-fn enough_heads_for_the_wide_state_tiles() {
-    let Some(wgpu) = common::device("prefill wide tiles") else {
-        return;
-    };
-    // 4 x 16 heads x 4 tiles of 32 columns: the state pass takes 32-column tiles.
-    let mut spec = GdnSpec::new(70, 4, 16, 64, 128);
-    spec.batch = 4;
-    spec.with_initial_state = true;
-    check(wgpu, "wide tiles", &spec, &options(false), 10);
-}
-
-#[test]
-fn varlen_with_length_one_sequences() {
-    let Some(wgpu) = common::device("prefill varlen") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(1 + 70 + 1 + 129, 1, 2, 64, 64);
-    spec.seq_lens = Some(vec![1, 70, 1, 129]);
-    spec.with_initial_state = true;
-    check(wgpu, "varlen", &spec, &options(false), 8);
-    spec.with_initial_state = false;
-    spec.raw_qk = true;
-    check(wgpu, "varlen l2", &spec, &options(true), 9);
-}
-
-#[test]
-fn gqa_ratios() {
-    let Some(wgpu) = common::device("prefill GQA") else {
-        return;
-    };
-    for ratio in [1, 2, 3, 4] {
-        let spec = GdnSpec::new(97, 2, 2 * ratio, 32, 40);
-        let name = format!("GQA {ratio}");
-        check(wgpu, &name, &spec, &options(false), 20 + ratio as u64);
-    }
-}
-
-#[test]
-fn unequal_and_odd_head_dims() {
-    let Some(wgpu) = common::device("prefill head dims") else {
-        return;
-    };
-    let spec = GdnSpec::new(150, 1, 2, 64, 256);
-    check(wgpu, "K=64 V=256", &spec, &options(false), 30);
-    let mut spec = GdnSpec::new(150, 1, 2, 100, 100);
-    spec.raw_qk = true;
-    spec.with_initial_state = true;
-    check(wgpu, "K=V=100", &spec, &options(true), 31);
-    let spec = GdnSpec::new(70, 1, 1, 256, 96);
-    check(wgpu, "K=256 V=96", &spec, &options(false), 32);
-    // Odd V with bf16 o: neighbouring heads' outputs share 4-byte words.
-    let mut spec = GdnSpec::new(65, 1, 3, 37, 31);
-    spec.with_initial_state = true;
-    check(wgpu, "K=37 V=31", &spec, &options(false), 33);
-}
-
-#[test]
-fn gate_extremes() {
-    let Some(wgpu) = common::device("prefill gates") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(200, 1, 2, 64, 64);
-    spec.gate_scale = 10.0;
-    check(wgpu, "strong decay", &spec, &options(false), 40);
-    spec.gate_scale = 0.0;
-    check(wgpu, "no decay", &spec, &options(false), 41);
-    spec.gate_scale = 1.0;
-    spec.beta = BetaFill::Constant(0.0);
-    spec.with_initial_state = true;
-    check(wgpu, "beta 0", &spec, &options(false), 42);
-    spec.beta = BetaFill::Constant(1.0);
-    check(wgpu, "beta 1", &spec, &options(false), 43);
-    // Huge negative gates reset the state (exp underflows to 0, never NaN).
-    let spec = GdnSpec::new(130, 1, 1, 32, 32);
-    let mut case = GdnCase::random(&spec, 50).unwrap();
-    let mut g = case.g.to_f32_vec("g").unwrap();
-    g[3] = -1.0e4;
-    g[100] = -3.0e38;
-    case.g = HostTensor::from_f32(case.g.shape().to_vec(), g).unwrap();
-    check_case(wgpu, "huge negative gates", &case, &options(false));
-}
-
-#[test]
-fn f32_and_f16_inputs_f16_gates_and_custom_scale() {
-    let Some(wgpu) = common::device("prefill dtypes") else {
-        return;
-    };
-    let mut spec = GdnSpec::new(65, 2, 2, 64, 64);
-    spec.dtype = DType::F32;
-    let opts = GdnOptions {
-        scale: Some(0.3),
-        use_qk_l2norm: false,
-    };
-    check(wgpu, "f32", &spec, &opts, 60);
-    spec.dtype = DType::F16;
-    check(wgpu, "f16", &spec, &opts, 61);
+    check_case(
+        wgpu,
+        "huge negative gates",
+        &reset_gates_case().unwrap(),
+        &options(false),
+    );
     // beta in q's dtype (bf16) and an odd number of gates.
     let spec = GdnSpec::new(63, 1, 1, 32, 32);
     let mut case = GdnCase::random(&spec, 62).unwrap();

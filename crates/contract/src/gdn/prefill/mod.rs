@@ -7,6 +7,7 @@
 //! * [`pool`]: the rules of a prefill over a state pool.
 //! * [`checkpoint`]: optional state checkpoints every N tokens, and their layout.
 
+pub mod check;
 pub mod checkpoint;
 pub mod oracle;
 pub mod pool;

@@ -3,7 +3,7 @@
 //! lockstep), the shared memory of each (mirroring the kernels' carve-ups), and the `DELTAKV_*`
 //! variables that pick among them for experiments.
 
-use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, TILE};
+use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TILE};
 use cudarc::driver::DeviceRepr;
 use deltakv_contract::{Error, Result};
 
@@ -170,21 +170,35 @@ pub(super) fn gates_bytes() -> usize {
     (7 * CHUNK * 4 + 8).next_multiple_of(128)
 }
 
-/// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1) (for
-/// experiments); unset: [`RELAY_LEAD_SHARE`].
-pub(super) fn relay_share_from_env() -> Result<Option<f64>> {
-    let Ok(text) = std::env::var("DELTAKV_PREFILL_RELAY") else {
-        return Ok(Some(RELAY_LEAD_SHARE));
+/// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1), and
+/// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: the longest sequence in chunks still walked whole (both
+/// for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
+pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
+    let min_chunks = match std::env::var("DELTAKV_PREFILL_RELAY_MIN_CHUNKS") {
+        Err(_) => RELAY_MIN_CHUNKS,
+        Ok(text) => text.parse::<usize>().map_err(|_| {
+            Error::InvalidValue(format!(
+                "DELTAKV_PREFILL_RELAY_MIN_CHUNKS={text}: expected a number of chunks"
+            ))
+        })?,
     };
-    if text == "off" {
-        return Ok(None);
-    }
-    match text.parse::<f64>() {
-        Ok(share) if share > 0.0 && share < 1.0 => Ok(Some(share)),
-        _ => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 and 1"
-        ))),
-    }
+    let share = match std::env::var("DELTAKV_PREFILL_RELAY") {
+        Err(_) => RELAY_LEAD_SHARE,
+        Ok(text) if text == "off" => return Ok(None),
+        Ok(text) => match text.parse::<f64>() {
+            Ok(share) if share > 0.0 && share < 1.0 => share,
+            _ => {
+                return Err(Error::InvalidValue(format!(
+                    "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 \
+                     and 1"
+                )));
+            }
+        },
+    };
+    Ok(Some(RelayRule {
+        min_chunks,
+        ..RelayRule::share(share)
+    }))
 }
 
 pub(super) fn lead_name(kp: usize) -> &'static str {

@@ -44,7 +44,7 @@ use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes, lead_name,
     overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups, prepare_name,
-    prepare_smem, relay_share_from_env, segment_chunks_from_env, state_names, state_pass_kind,
+    prepare_smem, relay_rule_from_env, segment_chunks_from_env, state_names, state_pass_kind,
     state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
@@ -169,7 +169,7 @@ impl PrefillLaunch {
             split,
             // Only an automatic split consults the variable.
             match split {
-                Split::Auto => relay_share_from_env()?,
+                Split::Auto => relay_rule_from_env()?,
                 _ => None,
             },
         );

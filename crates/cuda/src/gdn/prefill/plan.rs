@@ -36,6 +36,24 @@ pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 /// 2048, 0.169 / 0.169-0.170 at 2560, 0.199-0.200 / 0.194 at 3072, 0.260 / 0.250 at 4096.
 pub(crate) const RELAY_MIN_CHUNKS: usize = 40;
 
+/// How `Split::Auto` relays where the relay runs: the first segment's share of a sequence, and
+/// the longest sequence (in chunks) still walked whole.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RelayRule {
+    pub share: f64,
+    pub min_chunks: usize,
+}
+
+impl RelayRule {
+    /// `share` with the default [`RELAY_MIN_CHUNKS`].
+    pub(crate) fn share(share: f64) -> Self {
+        Self {
+            share,
+            min_chunks: RELAY_MIN_CHUNKS,
+        }
+    }
+}
+
 /// Padded sizes the kernels are compiled for: K to 64, 128 or 256; V likewise.
 pub(crate) fn padded_dim(dim: usize) -> usize {
     match dim {
@@ -87,14 +105,14 @@ pub(crate) struct PrefillPlan {
 
 impl PrefillPlan {
     /// Splits `seqs` into chunks, and long sequences into segments as `split` says; `Auto`
-    /// uses the relay (its first segment `relay_share` of a sequence) where it applies and
-    /// `relay_share` is given. One wave of state blocks is `parallel_units` per segment.
+    /// uses the relay (by `relay`'s rule) where it applies and `relay` is given. One wave of
+    /// state blocks is `parallel_units` per segment.
     pub(crate) fn new(
         seqs: &[SeqSpan],
         parallel_units: usize,
         multiprocessors: usize,
         split: Split,
-        relay_share: Option<f64>,
+        relay: Option<RelayRule>,
     ) -> Self {
         let mut chunk_first_row = Vec::new();
         let mut chunk_len = Vec::new();
@@ -126,13 +144,15 @@ impl PrefillPlan {
             .collect();
         // The relay's regime (under Split::Auto): exactly two waves of walks fit and the
         // sequences alone do not fill the GPU; elsewhere there is no share to relay by.
-        let relay_share = relay_share.filter(|_| waves == 2 && !busy);
+        let relay = relay.filter(|_| waves == 2 && !busy);
         let relay_lead = |chunks: usize| -> Option<usize> {
             match split {
                 Split::Relay(lead) => (chunks > lead.max(1)).then_some(lead.max(1)),
-                Split::Auto => relay_share
-                    .filter(|_| chunks > auto_len().max(RELAY_MIN_CHUNKS))
-                    .map(|share| ((chunks as f64 * share).ceil() as usize).clamp(1, chunks - 1)),
+                Split::Auto => relay
+                    .filter(|rule| chunks > auto_len().max(rule.min_chunks))
+                    .map(|rule| {
+                        ((chunks as f64 * rule.share).ceil() as usize).clamp(1, chunks - 1)
+                    }),
                 Split::Scan(_) => None,
             }
         };
@@ -149,7 +169,7 @@ impl PrefillPlan {
         let segment_len = match split {
             Split::Scan(len) => len.max(1),
             // The relay's regime: a sequence too short to relay is walked whole.
-            Split::Auto if relay_share.is_some() => usize::MAX,
+            Split::Auto if relay.is_some() => usize::MAX,
             Split::Auto => auto_len(),
             // No sequence is longer than the relay's first segment: each is walked whole.
             Split::Relay(_) => usize::MAX,
@@ -267,17 +287,35 @@ mod tests {
         assert!(plan.segmented);
         assert_eq!(plan.segments, vec![0, 0, 128, 0, 2, 0, 128, 128, 1, 2]);
         // Eight sequences fill the GPU on their own: one segment each.
-        let plan = PrefillPlan::new(&spans(&[8192; 8]), 64, 132, Split::Auto, Some(0.75));
+        let plan = PrefillPlan::new(
+            &spans(&[8192; 8]),
+            64,
+            132,
+            Split::Auto,
+            Some(RelayRule::share(0.75)),
+        );
         assert!(!plan.segmented);
         assert_eq!((plan.segment_count(), plan.relayed), (8, 0));
         // A forced segment length splits every sequence, the last segment shorter.
-        let plan = PrefillPlan::new(&spans(&[65 * 64 + 5]), 64, 132, Split::Scan(16), Some(0.75));
+        let plan = PrefillPlan::new(
+            &spans(&[65 * 64 + 5]),
+            64,
+            132,
+            Split::Scan(16),
+            Some(RelayRule::share(0.75)),
+        );
         let counts: Vec<i32> = records(&plan).iter().map(|s| s[2]).collect();
         assert_eq!(counts.iter().sum::<i32>(), 66);
         assert!(counts.iter().all(|&c| c <= 16));
         assert_eq!(plan.seq_first_segment, vec![0, counts.len() as i32]);
         // Eight waves of state blocks (the TP-8 shard): the scan, not the relay.
-        let plan = PrefillPlan::new(&spans(&[65536]), 16, 132, Split::Auto, Some(0.75));
+        let plan = PrefillPlan::new(
+            &spans(&[65536]),
+            16,
+            132,
+            Split::Auto,
+            Some(RelayRule::share(0.75)),
+        );
         assert!(plan.segmented);
         assert_eq!((plan.segment_count(), plan.relayed), (8, 0));
     }
@@ -290,7 +328,7 @@ mod tests {
             64,
             132,
             Split::Auto,
-            Some(RELAY_LEAD_SHARE),
+            Some(RelayRule::share(RELAY_LEAD_SHARE)),
         );
         assert!(!plan.segmented);
         assert_eq!(plan.relayed, 1);
@@ -336,7 +374,7 @@ mod tests {
 
     #[test]
     fn short_prompts_are_walked_whole_where_the_relay_would_run() {
-        let share = Some(RELAY_LEAD_SHARE);
+        let share = Some(RelayRule::share(RELAY_LEAD_SHARE));
         // 16 and 40 chunks at Qwen3-Next's heads: one segment each, no scan either.
         for tokens in [1024, RELAY_MIN_CHUNKS * CHUNK] {
             let plan = PrefillPlan::new(&spans(&[tokens]), 64, 132, Split::Auto, share);
@@ -352,5 +390,12 @@ mod tests {
         // A short and a long sequence in one call: only the long one is relayed.
         let plan = PrefillPlan::new(&spans(&[1024, 8192]), 64, 132, Split::Auto, share);
         assert_eq!((plan.relayed, plan.segment_count()), (1, 3));
+        // A rule with a lower threshold relays the 16-chunk prompt too.
+        let rule = RelayRule {
+            min_chunks: 8,
+            ..RelayRule::share(RELAY_LEAD_SHARE)
+        };
+        let plan = PrefillPlan::new(&spans(&[1024]), 64, 132, Split::Auto, Some(rule));
+        assert_eq!((plan.relayed, plan.segment_count()), (1, 2));
     }
 }

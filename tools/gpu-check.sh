@@ -558,7 +558,7 @@ prefill-variants)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
     variants=${PREFILL_VARIANTS:-default DELTAKV_PREFILL_STATE=lockstep}
     use() {
-        unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
+        unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_RELAY_MIN_CHUNKS DELTAKV_PREFILL_SEGMENT_CHUNKS
         case "$1" in
         default) ;;
         *=*) export "${1?}" ;;
@@ -637,7 +637,7 @@ prefill-variants)
             summary+=("$variant accuracy (dk o, dk state, FLA o, FLA state): $(grep -h 'Hg16 H32' "$logs/$variant-accuracy.txt" | tr -s ' ')")
         done
     fi
-    unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_SEGMENT_CHUNKS
+    unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_RELAY_MIN_CHUNKS DELTAKV_PREFILL_SEGMENT_CHUNKS
     printf '%s\n' "${summary[@]}" >"$logs/summary.txt"
     tar czf "$out/prefill-variants.tar.gz" -C "$(dirname "$logs")" prefill-variants
     cp "$logs/summary.txt" "$out/summary.txt"

@@ -64,6 +64,13 @@ pub struct BookState {
     lens: Vec<usize>,
 }
 
+impl BookState {
+    /// The block table then.
+    pub fn table(&self) -> &[i32] {
+        &self.table
+    }
+}
+
 impl PagedBook {
     /// An empty book for `batch` sequences of up to `max_pages` pages each over a pool of
     /// `num_pages` pages (every block table entry -1). Refuses zero sizes, and sizes the layout's
@@ -122,16 +129,23 @@ impl PagedBook {
         self.num_pages * self.layout.page_words()
     }
 
-    /// Replaces the block table (an engine's allocator choosing the pages), checked against
-    /// the tokens each sequence holds.
-    pub fn set_block_table(&mut self, table: &[i32]) -> Result<()> {
+    /// Checks a block table against the tokens each sequence holds (the rules of
+    /// [`validate_block_table`]), keeping nothing: a device cache checks, copies it to the
+    /// device, then keeps it.
+    pub fn check_block_table(&self, table: &[i32]) -> Result<()> {
         validate_block_table(
             &self.layout,
             table,
             self.max_pages,
             &self.lens,
             self.num_pages,
-        )?;
+        )
+    }
+
+    /// Replaces the block table (an engine's allocator choosing the pages), checked against
+    /// the tokens each sequence holds.
+    pub fn set_block_table(&mut self, table: &[i32]) -> Result<()> {
+        self.check_block_table(table)?;
         self.table.copy_from_slice(table);
         Ok(())
     }

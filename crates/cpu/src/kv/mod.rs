@@ -18,5 +18,7 @@ pub mod paged;
 
 pub use attention::{AttnOptions, MAX_BLOCK_TOKENS, attend_compressed, attend_dense};
 pub use cache::{DenseKvCache, HeadStore, KvCache, Norms};
+/// The cache's accessors (layout, lengths, block table, ...), from the contract.
+pub use deltakv_contract::kv::book::PagedCache;
 pub use op::{KvOptions, KvOutput, check_attention_output, kv_attention};
 pub use paged::{PagedKvCache, attend_paged};

@@ -138,16 +138,17 @@ impl CudaPagedKvCache {
     /// the tokens each sequence holds.
     pub fn set_block_table(&mut self, cuda: &Cuda, table: &[i32]) -> Result<()> {
         if table != self.block_table() {
+            self.book.check_block_table(table)?;
+            self.write_table(cuda, table)?;
             self.book.set_block_table(table)?;
-            self.write_table(cuda)?;
         }
         Ok(())
     }
 
-    /// The book's block table to the GPU.
-    fn write_table(&mut self, cuda: &Cuda) -> Result<()> {
-        let table = self.block_table().to_vec();
-        let host = HostTensor::from_i32(vec![self.batch(), self.max_pages()], table)?;
+    /// `table` to the GPU's block table (the book keeps it only once the copy succeeded, so the
+    /// two never disagree).
+    fn write_table(&mut self, cuda: &Cuda, table: &[i32]) -> Result<()> {
+        let host = HostTensor::from_i32(vec![self.batch(), self.max_pages()], table.to_vec())?;
         self.table.copy_from_host(cuda, &host)
     }
 
@@ -171,8 +172,11 @@ impl CudaPagedKvCache {
         if flags == 0 {
             return self.advance(cuda);
         }
+        // The book returns to its state either way: a failed copy leaves the GPU's table naming
+        // pages past the held tokens, which no launch reads and the next append rewrites.
+        let written = self.write_table(cuda, before.table());
         self.book.restore(before);
-        self.write_table(cuda)?;
+        written?;
         Err(append_refusal(flags, self.layout().scheme.norm_dtype))
     }
 
@@ -241,8 +245,8 @@ impl CudaPagedKvCache {
         };
         let tokens = growth.tokens();
         if growth.table() != self.block_table() {
+            self.write_table(cuda, growth.table())?;
             self.book.keep_table(&growth);
-            self.write_table(cuda)?;
         }
         let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
         self.new_lens

@@ -28,6 +28,8 @@ mod encode;
 
 pub use attend::{AttendLaunch, AttnKernel, CudaAttnOptions, MAX_SPLITS, attend, prepare_attend};
 pub use cache::CudaPagedKvCache;
+/// The cache's accessors (layout, lengths, block table, ...), from the contract.
+pub use deltakv_contract::kv::book::PagedCache;
 pub use encode::EncodeLaunch;
 
 use crate::compile::KernelSource;

@@ -28,6 +28,8 @@ pub mod cache;
 
 pub use attend::{AttendLaunch, WgpuAttnOptions, attend, prepare_attend};
 pub use cache::{EncodeLaunch, WgpuPagedKvCache};
+/// The cache's accessors (layout, lengths, block table, ...), from the contract.
+pub use deltakv_contract::kv::book::PagedCache;
 
 use crate::runtime::ShaderSource;
 use deltakv_contract::kv::Quantizer;

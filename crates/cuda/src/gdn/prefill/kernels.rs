@@ -171,17 +171,9 @@ pub(super) fn gates_bytes() -> usize {
 }
 
 /// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1), and
-/// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: the longest sequence in chunks still walked whole (both
-/// for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
+/// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: sequences of at most that many chunks are not relayed
+/// (both for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
 pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
-    let min_chunks = match std::env::var("DELTAKV_PREFILL_RELAY_MIN_CHUNKS") {
-        Err(_) => RELAY_MIN_CHUNKS,
-        Ok(text) => text.parse::<usize>().map_err(|_| {
-            Error::InvalidValue(format!(
-                "DELTAKV_PREFILL_RELAY_MIN_CHUNKS={text}: expected a number of chunks"
-            ))
-        })?,
-    };
     let share = match std::env::var("DELTAKV_PREFILL_RELAY") {
         Err(_) => RELAY_LEAD_SHARE,
         Ok(text) if text == "off" => return Ok(None),
@@ -194,6 +186,14 @@ pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
                 )));
             }
         },
+    };
+    let min_chunks = match std::env::var("DELTAKV_PREFILL_RELAY_MIN_CHUNKS") {
+        Err(_) => RELAY_MIN_CHUNKS,
+        Ok(text) => text.parse::<usize>().map_err(|_| {
+            Error::InvalidValue(format!(
+                "DELTAKV_PREFILL_RELAY_MIN_CHUNKS={text}: expected a number of chunks"
+            ))
+        })?,
     };
     Ok(Some(RelayRule {
         min_chunks,

@@ -22,11 +22,11 @@ pub(crate) const PAD: usize = 8;
 /// i32 fields of one segment record (the kernels' `SEG_FIELDS`).
 pub(crate) const SEGMENT_FIELDS: usize = 5;
 /// The first segment's share of a relayed sequence when the call does not say: about where both
-/// streams end together. At T 16384 on the H200 (ncu, 2026-11-28) the lead took 220 us and the
-/// first segment's outputs walk 375 us over the first 192 chunks, the second segment's walk
-/// 130 us over the other 64. Of the shares timed there with one binary (0.65, 0.7, 0.75, 0.8;
+/// streams end together. At T 16384 on the H200 (ncu, 2026-11-28, at the share 0.75) the lead
+/// took 220-221 us and the first segment's outputs walk 373-375 us over the first 192 chunks,
+/// the second segment's walk 130 us over the other 64. Of the shares timed there with one binary (0.65, 0.7, 0.75, 0.8;
 /// kernel log, after the prefill rows) 0.7 was fastest at T 16384 (0.744 / 0.745 ms against
-/// 0.757 / 0.758 at 0.75) and 1 us slower at T 4096 (0.207 against 0.205-0.206).
+/// 0.757 / 0.758 at 0.75) and a little slower at T 4096 (0.207 against 0.205-0.206).
 pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 
 /// Where two waves of state blocks fit (the relay's regime), a sequence of at most this many

@@ -129,24 +129,28 @@ impl PagedBook {
         self.num_pages * self.layout.page_words()
     }
 
-    /// Checks a block table against the tokens each sequence holds (the rules of
-    /// [`validate_block_table`]), keeping nothing: a device cache checks, copies it to the
-    /// device, then keeps it.
-    pub fn check_block_table(&self, table: &[i32]) -> Result<()> {
+    /// Plans a new block table (an engine's allocator choosing the pages), checked against the
+    /// tokens each sequence holds (the rules of [`validate_block_table`]): a [`Growth`] of no
+    /// tokens, kept by [`Self::keep_table`] (a device cache copies it to the device first).
+    pub fn plan_table(&self, table: &[i32]) -> Result<Growth> {
         validate_block_table(
             &self.layout,
             table,
             self.max_pages,
             &self.lens,
             self.num_pages,
-        )
+        )?;
+        Ok(Growth {
+            table: table.to_vec(),
+            lens: self.lens.clone(),
+            tokens: 0,
+        })
     }
 
-    /// Replaces the block table (an engine's allocator choosing the pages), checked against
-    /// the tokens each sequence holds.
+    /// Replaces the block table ([`Self::plan_table`], then kept).
     pub fn set_block_table(&mut self, table: &[i32]) -> Result<()> {
-        self.check_block_table(table)?;
-        self.table.copy_from_slice(table);
+        let planned = self.plan_table(table)?;
+        self.keep_table(&planned);
         Ok(())
     }
 

@@ -138,9 +138,9 @@ impl CudaPagedKvCache {
     /// the tokens each sequence holds.
     pub fn set_block_table(&mut self, cuda: &Cuda, table: &[i32]) -> Result<()> {
         if table != self.block_table() {
-            self.book.check_block_table(table)?;
-            self.write_table(cuda, table)?;
-            self.book.set_block_table(table)?;
+            let planned = self.book.plan_table(table)?;
+            self.write_table(cuda, planned.table())?;
+            self.book.keep_table(&planned);
         }
         Ok(())
     }

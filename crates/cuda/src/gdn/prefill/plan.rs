@@ -30,11 +30,13 @@ pub(crate) const SEGMENT_FIELDS: usize = 5;
 pub(crate) const RELAY_LEAD_SHARE: f64 = 0.7;
 
 /// Where two waves of state blocks fit (the relay's regime), a sequence of at most this many
-/// chunks is walked whole: the relay's fork, hand-over and join cost more than its shorter
-/// walks save below ~40 chunks. On the H100 at Qwen3-Next's heads (kernel log, after row 40):
-/// whole against relayed 0.080 / 0.087 ms at T 1024, 0.108 / 0.112 at 1536, 0.143 / 0.147 at
-/// 2048, 0.169 / 0.169-0.170 at 2560, 0.199-0.200 / 0.194 at 3072, 0.260 / 0.250 at 4096.
-pub(crate) const RELAY_MIN_CHUNKS: usize = 40;
+/// chunks is walked whole. On the H200 at Qwen3-Next's heads (kernel log, short prompts;
+/// 2026-11-28) the relay wins from 16 chunks on: relayed against whole 0.071 / 0.073 ms at T
+/// 1024, 0.091 / 0.097 at 1536, 0.125-0.126 / 0.129-0.130 at 2048, 0.140 / 0.153 at 2560.
+/// Shorter sequences (at most 15 chunks) were not timed either way, so they keep the whole
+/// walk. (The H100 had the whole walk ahead up to ~40 chunks: its fork, hand-over and join
+/// cost more against its slower walks.)
+pub(crate) const RELAY_MIN_CHUNKS: usize = 15;
 
 /// How `Split::Auto` relays where the relay runs: the first segment's share of a sequence, and
 /// the longest sequence (in chunks) still walked whole.
@@ -375,8 +377,8 @@ mod tests {
     #[test]
     fn short_prompts_are_walked_whole_where_the_relay_would_run() {
         let share = Some(RelayRule::share(RELAY_LEAD_SHARE));
-        // 16 and 40 chunks at Qwen3-Next's heads: one segment each, no scan either.
-        for tokens in [1024, RELAY_MIN_CHUNKS * CHUNK] {
+        // 8 and 15 chunks at Qwen3-Next's heads: one segment each, no scan either.
+        for tokens in [512, RELAY_MIN_CHUNKS * CHUNK] {
             let plan = PrefillPlan::new(&spans(&[tokens]), 64, 132, Split::Auto, share);
             assert_eq!(
                 (plan.relayed, plan.segmented, plan.segment_count()),
@@ -388,14 +390,14 @@ mod tests {
         let plan = PrefillPlan::new(&spans(&[tokens]), 64, 132, Split::Auto, share);
         assert_eq!(plan.relayed, 1);
         // A short and a long sequence in one call: only the long one is relayed.
-        let plan = PrefillPlan::new(&spans(&[1024, 8192]), 64, 132, Split::Auto, share);
+        let plan = PrefillPlan::new(&spans(&[512, 8192]), 64, 132, Split::Auto, share);
         assert_eq!((plan.relayed, plan.segment_count()), (1, 3));
-        // A rule with a lower threshold relays the 16-chunk prompt too.
+        // A rule with a lower threshold relays the 8-chunk prompt too.
         let rule = RelayRule {
-            min_chunks: 8,
+            min_chunks: 4,
             ..RelayRule::share(RELAY_LEAD_SHARE)
         };
-        let plan = PrefillPlan::new(&spans(&[1024]), 64, 132, Split::Auto, Some(rule));
+        let plan = PrefillPlan::new(&spans(&[512]), 64, 132, Split::Auto, Some(rule));
         assert_eq!((plan.relayed, plan.segment_count()), (1, 2));
     }
 }

@@ -11,6 +11,19 @@
 #ifndef PF_MARK
 #define PF_MARK(phase)
 #endif
+// Timing trials (`DELTAKV_CUDA_DEFINES=PF_TRIAL=n`; wrong results on purpose, never a default):
+// each set bit leaves one part of the prepare out, so ncu's duration of the kernel without it
+// says what that part costs at full occupancy. 1: the stores of W, U, the scores and the k / q
+// chunks to device memory (the values are still formed: a store runs only when its first
+// value has one bit pattern no product forms); 2: the inverse (T is whatever A's and T's space
+// held); 4: the W and U products with their stores; 8: the products of T's lo halves in W and
+// U; 16: the fused l2 norm (raw rows copied in instead); 32: K K^T, Q K^T and the masked
+// stores of A and the scores.
+#ifndef PF_TRIAL
+#define PF_TRIAL 0
+#endif
+// True unless trial 1 leaves stores out (then only for one bit pattern of `x`).
+#define PF_KEEP_STORE(x) (!(PF_TRIAL & 1) || __float_as_uint(x) == 0x7fc01234u)
 #define PF_MAX_GROUP 4  // value heads per prepare block (ChunkGates records in shared memory)
 #define PF_PREPARE_THREADS 256  // 8 warps per block (the launcher's block size)
 // Prepare blocks per SM: 3, the library's (80 registers), or 2 (128 registers). A switch for
@@ -61,7 +74,7 @@ __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], co
                     a_mat[i * PF_LDF + j + 1] = a1;
                 }
             }
-            if (scores) {
+            if (scores && PF_KEEP_STORE(qk[n][2 * h])) {
                 *(unsigned*)(scores + swizzled(i, j, PF_CHUNK)) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
             }
         }
@@ -259,27 +272,28 @@ __device__ __forceinline__ void scaled_t_rows(const unsigned short* t_hi, const 
         unsigned hi[2][4], lo[2][4], b[2][4];
         const unsigned b_at = b_lane + 2u * n0;
         ldsm_x4_at(hi[0], hi_at);
-        ldsm_x4_at(lo[0], lo_at);
+        if (!(PF_TRIAL & 8)) ldsm_x4_at(lo[0], lo_at);
         ldsm_x4_trans_at(b[0], b_at);
 #pragma unroll
         for (int kb = 0; kb < KSTEPS; ++kb) {
             const int cur = kb & 1, next = cur ^ 1;
             if (kb + 1 < KSTEPS) {
                 ldsm_x4_at(hi[next], hi_at + 32u * (kb + 1));
-                ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
+                if (!(PF_TRIAL & 8)) ldsm_x4_at(lo[next], lo_at + 32u * (kb + 1));
                 ldsm_x4_trans_at(b[next], b_at + 2u * 16 * LD * (kb + 1));
             }
             const unsigned b0[2] = {b[cur][0], b[cur][1]}, b1[2] = {b[cur][2], b[cur][3]};
             mma_bf16_16816(acc0, hi[cur], b0);
-            mma_bf16_16816(acc0, lo[cur], b0);
+            if (!(PF_TRIAL & 8)) mma_bf16_16816(acc0, lo[cur], b0);
             mma_bf16_16816(acc1, hi[cur], b1);
-            mma_bf16_16816(acc1, lo[cur], b1);
+            if (!(PF_TRIAL & 8)) mma_bf16_16816(acc1, lo[cur], b1);
         }
         // U's tile n0 / 64 (W has one); n0 and n0 + 8 are in the same 64-column tile.
         const int tile = TILED ? n0 / PF_TILE : 0;
         const int c = n0 - PF_TILE * tile;
         const int piece = ((c >> 3) ^ out_row) & 7;
         unsigned short* row = lane_out + tile * PF_U_TILE_ELEMS + (c & ~63);
+        if (!PF_KEEP_STORE(acc0[0])) continue;
         *(unsigned*)(row + 8 * piece) = pack_bf16(acc0[0], acc0[1]);
         *(unsigned*)(row + 8 * LD_OUT + 8 * piece) = pack_bf16(acc0[2], acc0[3]);
         *(unsigned*)(row + 8 * (piece ^ 1)) = pack_bf16(acc1[0], acc1[1]);
@@ -398,7 +412,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
                         : 0.0f;
         }
     }
-    if (p.fused_qk_norm) {
+    if (p.fused_qk_norm && (PF_TRIAL & 16)) {
+        copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k_src + key_offset, key_stride, len);
+        if (with_scores) {
+            copy_rows_async<KP>(queries, LDK, (const unsigned short*)p.q_src + key_offset, key_stride, len);
+        }
+        cp_async_commit();
+    } else if (p.fused_qk_norm) {
         // The first group of the key head writes the normalised copy of q the lockstep pass
         // reads by rows (p.q, where set; the walks take k from k_chunks, stored below); q is
         // needed here only for the scores.
@@ -416,7 +436,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     fence_proxy_async();
     __syncthreads();
     PF_MARK(1);
-    if (group == 0 && threadIdx.x == 0 && p.k_chunks) {
+    if (group == 0 && threadIdx.x == 0 && p.k_chunks && !(PF_TRIAL & 1)) {
         // The chunk's k (and q) rows as the walks' stages hold them, one bulk copy each: q's
         // space is T's later (the copy has read it by then: bulk_store_wait_read below).
         const long long at = key_chunk_offset<KP>(p, chunk, key_head);
@@ -443,7 +463,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
         // Rows 0 .. 31 against columns 32 .. 63 (two of the eight warps' blocks) lie wholly
         // above the diagonal, where both products are masked to zero: those warps skip them.
-        const int k_end = row_tile + 16 <= 32 * half ? 0 : KP;
+        const int k_end = (PF_TRIAL & 32) || row_tile + 16 <= 32 * half ? 0 : KP;
 #pragma unroll
         for (int k0 = 0; k0 < k_end; k0 += 16) {
             unsigned a[4], aq[4];
@@ -462,7 +482,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
             }
         }
         // Every head's scores now (Q K^T's registers are free after them); A later, per head.
-        for (int j = 0; with_scores && j < count; ++j) {
+        for (int j = 0; with_scores && !(PF_TRIAL & 32) && j < count; ++j) {
             unsigned short* scores =
                 (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_SCORES_ELEMS;
             store_masked_products(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
@@ -473,12 +493,12 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
         // A of this head.
-        store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
         // The bulk copies of k and q have read them (T takes q's space).
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();
         PF_MARK(2 + 5 * j);
-        invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
+        if (!(PF_TRIAL & 2)) invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
@@ -490,11 +510,15 @@ __device__ void prepare_impl(const PrefillParams& p) {
         cp_async_wait_all();
         __syncthreads();
         const long long chunk_head = (long long)chunk * p.value_heads + head;
-        scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
-                                             (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);
+        if (!(PF_TRIAL & 4)) {
+            scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
+                                                 (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);
+        }
         PF_MARK(5 + 5 * j);
-        scaled_t_product<VP, LDV, PF_TILE, true>(
-            u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), warp, lane);
+        if (!(PF_TRIAL & 4)) {
+            scaled_t_product<VP, LDV, PF_TILE, true>(
+                u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), warp, lane);
+        }
         __syncthreads();
         PF_MARK(6 + 5 * j);
         // The next head's v into the buffer U has finished reading.

@@ -149,6 +149,46 @@ fn nvrtc_error(what: &str, source: &KernelSource, e: impl std::fmt::Debug) -> Er
     }
 }
 
+/// `DELTAKV_CUDA_DEFINES`: macro definitions (`NAME` or `NAME=VALUE`, separated by spaces or
+/// commas) passed to NVRTC as `-D` options for every kernel source. For timing trials of kernel
+/// variants only (e.g. `PF_TRIAL`, whose variants compute wrong results on purpose; see the
+/// kernel log): a serving process leaves it unset.
+fn trial_defines() -> Result<Vec<String>> {
+    let Ok(text) = std::env::var("DELTAKV_CUDA_DEFINES") else {
+        return Ok(Vec::new());
+    };
+    parse_defines(&text)
+}
+
+/// The `-D` options of a `DELTAKV_CUDA_DEFINES` value, each checked to be an identifier with an
+/// optional `=` and a value of letters, digits, `_`, `.` or `-`.
+fn parse_defines(text: &str) -> Result<Vec<String>> {
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+    };
+    text.split([' ', ','])
+        .filter(|d| !d.is_empty())
+        .map(|define| {
+            let (name, value) = define.split_once('=').unwrap_or((define, "1"));
+            let identifier = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if identifier && word(value) {
+                Ok(format!("-D{name}={value}"))
+            } else {
+                Err(Error::InvalidValue(format!(
+                    "DELTAKV_CUDA_DEFINES: `{define}` is not NAME or NAME=VALUE (letters, digits, \
+                     `_`, `.`, `-`)"
+                )))
+            }
+        })
+        .collect()
+}
+
 /// Compiles `source` for `arch` (e.g. `sm_90a`) into a CUBIN, with ptxas's resource report in
 /// the log. A compile error comes back as `Err` holding NVRTC's log.
 pub fn compile(source: &KernelSource, arch: &str) -> Result<Compiled> {
@@ -164,12 +204,13 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<Compiled> {
     let name = CString::new(source.name).map_err(|e| nvrtc_error("input", source, e))?;
     let prog =
         result::create_program(&src, Some(&name)).map_err(|e| nvrtc_error("setup", source, e))?;
-    let options = [
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--ptxas-options=-v".to_string(),
         "-lineinfo".to_string(),
     ];
+    options.extend(trial_defines()?);
     // SAFETY: `prog` was created above and is destroyed once, at the end.
     let outcome = unsafe {
         let compiled = result::compile_program(prog, &options);
@@ -203,4 +244,22 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<Compiled> {
     // SAFETY: `prog` is live and destroyed exactly once.
     let _ = unsafe { result::destroy_program(prog) };
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_defines;
+
+    #[test]
+    fn trial_defines_become_d_options_and_bad_ones_are_refused() {
+        assert_eq!(
+            parse_defines("PF_TRIAL=6, LAB").unwrap(),
+            vec!["-DPF_TRIAL=6".to_string(), "-DLAB=1".to_string()]
+        );
+        assert!(parse_defines("").unwrap().is_empty());
+        for bad in ["9X=1", "A=b;c", "A=", "-O3", "A B=$(x)"] {
+            let err = parse_defines(bad).unwrap_err().to_string();
+            assert!(err.contains("DELTAKV_CUDA_DEFINES"), "{bad}: {err}");
+        }
+    }
 }

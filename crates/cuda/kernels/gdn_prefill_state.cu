@@ -491,7 +491,9 @@ __device__ void state_impl(const PrefillParams& p) {
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_TRANSITION>(p);                                                   \
-    }                                                                                         \
+    }
+
+#define PF_LEAD_ENTRY_POINT(KP)                                                               \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
         wait_for_prepare();                                                                   \
@@ -501,3 +503,9 @@ __device__ void state_impl(const PrefillParams& p) {
 PF_STATE_ENTRY_POINTS(64)
 PF_STATE_ENTRY_POINTS(128)
 PF_STATE_ENTRY_POINTS(256)
+PF_LEAD_ENTRY_POINT(64)
+// gdn_prefill_lead_trial.cu defines the K = 128 lead under its timing trials.
+#if !defined(PF_LEAD_TRIAL) || PF_LEAD_TRIAL == 0 || !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+PF_LEAD_ENTRY_POINT(128)
+#endif
+PF_LEAD_ENTRY_POINT(256)

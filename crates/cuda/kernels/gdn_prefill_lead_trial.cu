@@ -13,6 +13,12 @@
 // for V and the product M for T diag(beta)^T), every A operand from registers and every B from
 // core-matrix buffers that nothing fills: the chain without the copies that row 38's register
 // lead spent its time on (kernel log, rows 38-40).
+//
+// PF_LEAD_TRIAL 3: the lead of 2, and the outputs walk in the same form on one warpgroup under
+// the name `gdn_prefill_state_k128` (run with DELTAKV_PREFILL_STATE=lockstep: the lockstep
+// pass's launch, 256 threads and its shared memory; warps 4-7 leave at once): O^T = S^T Q^T
+// beside X^T, then diag(d) on O^T's columns, Y M, and O^T += V'^T C beside the update, C
+// standing in for the scores' transpose; O^T stored to o by its columns (tokens).
 
 #ifndef PF_LEAD_TRIAL
 #define PF_LEAD_TRIAL 0
@@ -159,7 +165,7 @@ __device__ void lead_trial_impl(const PrefillParams& p) {
         wgmma_wait_all();
         wg_fence(x);
         wg_fence(a);
-        if (PF_LEAD_TRIAL == 2) {
+        if (PF_LEAD_TRIAL >= 2) {
             // Y = U^T - X^T diag(d) as the A fragments of V'^T = Y M, then V'^T in x.
             unsigned ya[4][4];
 #pragma unroll
@@ -240,6 +246,192 @@ __device__ void lead_trial_impl(const PrefillParams& p) {
         }
     }
 }
+
+#if PF_LEAD_TRIAL == 3
+// The outputs walk of trial 3 (see the top of the file).
+template <int KP>
+__device__ void outputs_trial_impl(const PrefillParams& p) {
+    static_assert(KP == 128, "two m64n64 halves of S^T");
+    constexpr int CM_ELEMS = (KP / 8) * LEAD_CM_BLOCK;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned short* w_cm = (unsigned short*)(stage_base + 2 * StateStage<KP>::BYTES);  // [64][KP]
+    unsigned short* k_cm = w_cm + CM_ELEMS;                                           // [64][KP]
+    unsigned long long* full = (unsigned long long*)(k_cm + CM_ELEMS);                // per stage
+    if (threadIdx.x >= 128) return;
+
+    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int col0 = tile * PF_TILE;
+    const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+    const SegmentRows rows(p, first_chunk, chunks);
+    auto stage_of = [&](int ci) { return StateStage<KP>(stage_base + (ci & 1) * StateStage<KP>::BYTES); };
+    // Chunk ci's inputs: gates, k, W and the U tile by thread 0's bulk copies, q's rows by the
+    // warpgroup's asynchronous copies.
+    auto issue = [&](int ci) {
+        issue_stage<KP, MODE_LEAD>(stage_of(ci), p, first_chunk + ci, 0, 0, head, key_head, col0, false,
+                                   &full[ci & 1]);
+        const long long key_row = (rows.row(ci) * p.key_heads + key_head) * KP;
+        copy_rows_async_team<KP, 128>(stage_of(ci).q, KP + PF_PAD, (const unsigned short*)p.q + key_row,
+                                      (long long)p.key_heads * KP, rows.len(ci));
+        cp_async_commit();
+    };
+
+    float state[2][8][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                float x = 0.0f;
+                if (p.use_segment_states) {
+                    x = ((const float*)p.segment_states)
+                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
+                } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+                    x = ((const float*)p.initial_state)
+                        [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+                }
+                state[h][j][e] = x;
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
+    }
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    if (chunks > 0) issue(0);
+    for (int ci = 0; ci < chunks; ++ci) {
+        const StateStage<KP> stage = stage_of(ci);
+        cp_async_wait_all();
+        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+        if (ci + 1 < chunks) issue(ci + 1);
+        const ChunkGates& gates = *stage.gates;
+        // X^T = S^T K^T and O^T = S^T Q^T, one group.
+        float x[8][4], o[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        }
+        unsigned a[8][4];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
+        wg_fence(x);
+        wg_fence(o);
+        wg_fence(a);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 8; ++s) lead_wgmma<0>(x, a[s], lead_desc<true>(k_cm, 0, 16 * s));
+#pragma unroll
+        for (int s = 0; s < 8; ++s) lead_wgmma<0>(o, a[s], lead_desc<true>(w_cm, 0, 16 * s));
+        wgmma_commit();
+        unsigned ut[4][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const int m = lane >> 3;
+            ldsm_x4_trans(ut[s], stage.u + swizzled(16 * s + 8 * (m >> 1) + (lane & 7), 16 * warp + 8 * (m & 1), PF_TILE));
+        }
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(o);
+        wg_fence(a);
+        // Y = V^T - X^T diag(d) (U's tile standing in for V), and diag(d) on O^T's columns.
+        unsigned ya[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i = 8 * j + 2 * (lane & 3);
+            const float d0 = gates.start_decay[i], d1 = gates.start_decay[i + 1];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned bits = ut[j >> 1][2 * (j & 1) + h];
+                const float u0 = bf16_to_f32((unsigned short)(bits & 0xffffu));
+                const float u1 = bf16_to_f32((unsigned short)(bits >> 16));
+                ya[j >> 1][2 * (j & 1) + h] = pack_bf16(u0 - d0 * x[j][2 * h], u1 - d1 * x[j][2 * h + 1]);
+                o[j][2 * h] *= d0;
+                o[j][2 * h + 1] *= d1;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+        wg_fence(x);
+        wg_fence(ya);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, ya[s], lead_desc<true>(w_cm, 0, 16 * s));
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(ya);
+        // P = V'^T diag(e) for the update, V'^T itself for the outputs.
+        unsigned pa[4][4], va[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i = 8 * j + 2 * (lane & 3);
+            const float e0 = gates.end_decay[i], e1 = gates.end_decay[i + 1];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                pa[j >> 1][2 * (j & 1) + h] = pack_bf16(x[j][2 * h] * e0, x[j][2 * h + 1] * e1);
+                va[j >> 1][2 * (j & 1) + h] = pack_bf16(x[j][2 * h], x[j][2 * h + 1]);
+            }
+        }
+        const float decay = gates.state_decay;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) state[h][j][e] *= decay;
+            }
+        }
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(o);
+        wg_fence(pa);
+        wg_fence(va);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            lead_wgmma<1>(state[0], pa[s], lead_desc<false>(k_cm, 16 * s, 0));
+            lead_wgmma<1>(state[1], pa[s], lead_desc<false>(k_cm, 16 * s, 64));
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(o, va[s], lead_desc<true>(w_cm, 0, 16 * s));
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(o);
+        wg_fence(pa);
+        wg_fence(va);
+        // O^T by its columns (the chunk's tokens) into o, bf16.
+        const long long first_row = rows.row(ci);
+        const int len = rows.len(ci);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 8 * j + 2 * (lane & 3) + (e & 1);
+                const int c = col0 + lead_value_col(warp, lane, e);
+                if (i < len && c < p.value_dim) {
+                    ((unsigned short*)p.o)[((first_row + i) * p.value_heads + head) * (long long)p.value_dim + c] =
+                        (unsigned short)(pack_bf16(o[j][e] * p.scale, 0.0f) & 0xffffu);
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) gdn_prefill_state_k128(PrefillParams p) {
+    wait_for_prepare();
+    outputs_trial_impl<128>(p);
+}
+#endif  // PF_LEAD_TRIAL == 3
 
 extern "C" __global__ void __launch_bounds__(256, 1) gdn_prefill_lead_k128(PrefillParams p) {
     wait_for_prepare();

@@ -481,18 +481,18 @@ __device__ void state_impl(const PrefillParams& p) {
     }
 }
 
-#define PF_STATE_ENTRY_POINTS(KP)                                                             \
+#define PF_STATE_ENTRY_POINT(KP)                                                              \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_state_k##KP(PrefillParams p) {                                            \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_OUTPUT>(p);                                                       \
-    }                                                                                         \
+    }
+#define PF_TRANSITION_ENTRY_POINT(KP)                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_TRANSITION>(p);                                                   \
     }
-
 #define PF_LEAD_ENTRY_POINT(KP)                                                               \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
@@ -500,12 +500,18 @@ __device__ void state_impl(const PrefillParams& p) {
         state_impl<KP, MODE_LEAD>(p);                                                         \
     }
 
-PF_STATE_ENTRY_POINTS(64)
-PF_STATE_ENTRY_POINTS(128)
-PF_STATE_ENTRY_POINTS(256)
+PF_STATE_ENTRY_POINT(64)
+PF_STATE_ENTRY_POINT(256)
+PF_TRANSITION_ENTRY_POINT(64)
+PF_TRANSITION_ENTRY_POINT(128)
+PF_TRANSITION_ENTRY_POINT(256)
 PF_LEAD_ENTRY_POINT(64)
-// gdn_prefill_lead_trial.cu defines the K = 128 lead under its timing trials.
+PF_LEAD_ENTRY_POINT(256)
+// gdn_prefill_lead_trial.cu defines the K = 128 lead under its timing trials, and the K = 128
+// outputs walk under trial 3.
 #if !defined(PF_LEAD_TRIAL) || PF_LEAD_TRIAL == 0 || !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 PF_LEAD_ENTRY_POINT(128)
 #endif
-PF_LEAD_ENTRY_POINT(256)
+#if !defined(PF_LEAD_TRIAL) || PF_LEAD_TRIAL != 3 || !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+PF_STATE_ENTRY_POINT(128)
+#endif

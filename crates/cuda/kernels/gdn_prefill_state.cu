@@ -13,12 +13,6 @@
 // diag(e) V' in wgmma's B layout (in spaces of [KP][64 + PAD] and [64][64 + PAD] bf16), the
 // scores [64][64 + PAD] and one mbarrier per stage. The host mirrors this in `state_smem`.
 
-// Timing trial of the lead's step (`DELTAKV_CUDA_DEFINES=PF_WALK_TRIAL=1`; wrong results on
-// purpose, never a default): see state_impl.
-#ifndef PF_WALK_TRIAL
-#define PF_WALK_TRIAL 0
-#endif
-
 // The rows of a segment's chunks: consecutive 64-row chunks of one sequence (the last maybe
 // shorter), so each chunk's first row and length follow from the segment's two ends, read
 // once, instead of a dependent load per chunk on the sequential path.
@@ -293,53 +287,7 @@ __device__ void state_impl(const PrefillParams& p) {
         constexpr int KSTEPS = KP / 16;
         constexpr int BATCH = wg_batch(KSTEPS);
         float out[NT][4];
-        if constexpr (MODE == MODE_LEAD && PF_WALK_TRIAL != 0) {
-            // Timing trial (wrong results): the lead's step in the form that needs no W or U,
-            // V' = T diag(beta) (V - diag(exp G) K S): X = K S, Y = U - X (U standing in for
-            // V) to V's B operand, the warpgroup's meeting, then V' = M Y with the U tile
-            // standing in for T diag(beta), one more dependent product than W S.
-            float x[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-            wg_product<NT, KSTEPS, BATCH, KP>(
-                x, [&](unsigned (&a)[4], int step) { frag_a(a, stage.k, LDK, row_tile, 16 * step, lane); },
-                state_s, 8 * n_first);
-            unsigned fresh[NT][2];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int r = row_tile + (lane >> 2) + 8 * h;
-                    int c = 8 * (n_first + n) + 2 * (lane & 3);
-                    unsigned bits = *(const unsigned*)(stage.u + swizzled(r, c, PF_TILE));
-                    const float d = gates.start_decay[r];
-                    fresh[n][h] = pack_bf16(bf16_to_f32((unsigned short)(bits & 0xffffu)) - d * x[n][2 * h],
-                                            bf16_to_f32((unsigned short)(bits >> 16)) - d * x[n][2 * h + 1]);
-                }
-            }
-            store_b_fragments<PF_CHUNK, NT>(fresh, new_values, n_first, row_tile / 8, lane);
-            fence_proxy_async();
-            // The warpgroup's four warps wrote every row of its columns of Y.
-            asm volatile("bar.sync %0, 128;" ::"r"(2 + (warp >> 2)) : "memory");
-#pragma unroll
-            for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-            wg_product<NT, PF_CHUNK / 16, PF_CHUNK / 16, PF_CHUNK>(
-                x,
-                [&](unsigned (&a)[4], int step) { frag_a_ldsm_swizzled(a, stage.u, PF_TILE, row_tile, 16 * step, lane); },
-                new_values, 8 * n_first);
-            unsigned decayed[NT][2];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int r = row_tile + (lane >> 2) + 8 * h;
-                    float e = gates.end_decay[r];
-                    decayed[n][h] = pack_bf16(x[n][2 * h] * e, x[n][2 * h + 1] * e);
-                }
-            }
-            store_b_fragments<PF_CHUNK, NT>(decayed, decayed_values, n_first, row_tile / 8, lane);
-            fence_proxy_async();
-        } else {
+        {
             float x[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;

@@ -73,6 +73,11 @@ struct PrefillParams {
                              // and k rows as the walks' stages hold them, padding included,
                              // stored by the prepare; q_chunks 0 where the walks do not take
                              // q from it (the lockstep pass), both 0 in the lab
+    u64 t_cm;             // bf16 [chunks, H, 2, PF_T_CM_ELEMS]: T diag(beta)'s hi and lo halves
+                          // in the core-matrix layout, stored by the prepare for the register
+                          // lead (gdn_prefill_lead_regs.cu); or 0
+    u64 k_cm;             // bf16 [chunks, Hg, KP / 8 * PF_CM_BLOCK]: each chunk's k rows in the
+                          // core-matrix layout, for the same lead; or 0
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;
@@ -345,6 +350,20 @@ __device__ __forceinline__ void wait_for_prepare() { asm volatile("griddepcontro
 template <int KP>
 __device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, int chunk, int key_head) {
     return ((long long)chunk * p.key_heads + key_head) * PF_CHUNK * (KP + PF_PAD);
+}
+
+// The core-matrix layout of a [64][cols] bf16 matrix: 8-column blocks of eight 8 x 8 core
+// matrices (128 contiguous bytes each, a row per 16 bytes), each block padded by 16 bytes so
+// consecutive blocks start on different banks. wgmma reads it by descriptor as a K-major B
+// (k along the columns) and as an MN-major one (k along the rows) alike. The prepare stores
+// k's chunk rows ([64][KP]) and T diag(beta)'s halves ([64][64] each) so for the register lead.
+#define PF_CM_BLOCK (PF_CHUNK * 8 + 8)
+// Elements of a [64][64] core-matrix matrix (T diag(beta)'s halves are two of them).
+#define PF_T_CM_ELEMS (8 * PF_CM_BLOCK)
+
+// Index of element (r, c) of a [64][cols] bf16 matrix in the core-matrix layout.
+__device__ __forceinline__ int cm_index(int r, int c) {
+    return (c >> 3) * PF_CM_BLOCK + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
 }
 
 // The thread's index in the block, read afresh: values derived from it are then formed where

@@ -443,6 +443,14 @@ __device__ void prepare_impl(const PrefillParams& p) {
         bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }
+    if (group == 0 && p.k_cm) {
+        // The chunk's k rows in the core-matrix layout, for the register lead.
+        unsigned short* to = (unsigned short*)p.k_cm + ((long long)chunk * p.key_heads + key_head) * (KP / 8) * PF_CM_BLOCK;
+        for (int piece = threadIdx.x; piece < PF_CHUNK * KP / 8; piece += PF_PREPARE_THREADS) {
+            const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
+            *(uint4*)(to + cm_index(i, c)) = *(const uint4*)(keys + i * LDK + c);
+        }
+    }
     {
         // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
         const unsigned* from = (const unsigned*)smem_raw;
@@ -510,6 +518,17 @@ __device__ void prepare_impl(const PrefillParams& p) {
         cp_async_wait_all();
         __syncthreads();
         const long long chunk_head = (long long)chunk * p.value_heads + head;
+        if (p.t_cm) {
+            // T diag(beta)'s halves (U's, built above) in the core-matrix layout, for the
+            // register lead: the blocks above T's diagonal blocks are zero.
+            unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
+            for (int piece = threadIdx.x; piece < 2 * PF_CHUNK * 8; piece += PF_PREPARE_THREADS) {
+                const int half = piece / (PF_CHUNK * 8), i = (piece / 8) % PF_CHUNK, c = 8 * (piece % 8);
+                uint4 bits = make_uint4(0u, 0u, 0u, 0u);
+                if (c / 16 <= i / 16) bits = *(const uint4*)((half ? u_lo : u_hi) + i * PF_LDC + c);
+                *(uint4*)(to + half * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
+            }
+        }
         if (!(PF_TRIAL & 4)) {
             scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
                                                  (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);

@@ -37,6 +37,8 @@ pub(super) struct PrefillParams {
     pub(super) k_src: u64,
     pub(super) q_chunks: u64,
     pub(super) k_chunks: u64,
+    pub(super) t_cm: u64,
+    pub(super) k_cm: u64,
     pub(super) key_heads: i32,
     pub(super) value_heads: i32,
     pub(super) key_dim: i32,
@@ -199,6 +201,44 @@ pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
         min_chunks,
         ..RelayRule::share(share)
     }))
+}
+
+/// Elements of one 8-column block of the core-matrix layout (the kernels' `PF_CM_BLOCK`).
+pub(super) const CM_BLOCK: usize = CHUNK * 8 + 8;
+
+/// Which walk carries the relay's state to the second segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lead {
+    /// `gdn_prefill_lead_k*`: the lockstep pass without outputs (every K), reading W and U.
+    Lockstep,
+    /// `gdn_prefill_lead_regs_k128`: one warpgroup with the state in registers, reading k and
+    /// T diag(beta) in the core-matrix layout and V's rows (sm_90a, K = 128).
+    Registers,
+}
+
+/// `DELTAKV_PREFILL_LEAD=registers` picks the register lead where it exists (K = 128 on
+/// sm_90a); unset or `lockstep`: the lockstep lead.
+pub(super) fn lead_from_env(kp: usize, arch: &str) -> Result<Lead> {
+    match std::env::var("DELTAKV_PREFILL_LEAD") {
+        Err(_) => Ok(Lead::Lockstep),
+        Ok(text) if text == "lockstep" => Ok(Lead::Lockstep),
+        Ok(text) if text == "registers" => Ok(if kp == 128 && arch == "sm_90a" {
+            Lead::Registers
+        } else {
+            Lead::Lockstep
+        }),
+        Ok(text) => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_LEAD={text}: expected `lockstep` or `registers`"
+        ))),
+    }
+}
+
+/// Shared memory of the register lead (mirrors `RegsStage` and `lead_regs_impl`): two stages
+/// of the gates, k ([64][KP] core-matrix), T diag(beta)'s halves ([64][64] core-matrix each)
+/// and V's tile rows ([64][TILE + PAD]), then an mbarrier per stage.
+pub(super) fn lead_regs_smem(kp: usize) -> usize {
+    let stage = gates_bytes() + 2 * (kp / 8 * CM_BLOCK + 2 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
+    2 * stage + 2 * 8
 }
 
 pub(super) fn lead_name(kp: usize) -> &'static str {

@@ -42,10 +42,10 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes, lead_name,
-    overlap_name, overlap_smem, prepare_group_limit_from_env, prepare_groups, prepare_name,
-    prepare_smem, relay_rule_from_env, segment_chunks_from_env, state_names, state_pass_kind,
-    state_smem, walk_grid,
+    CM_BLOCK, Lead, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes,
+    lead_from_env, lead_name, lead_regs_smem, overlap_name, overlap_smem,
+    prepare_group_limit_from_env, prepare_groups, prepare_name, prepare_smem, relay_rule_from_env,
+    segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -63,6 +63,7 @@ pub const SOURCE: KernelSource = KernelSource {
         include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu"),
+        include_str!("../../../kernels/gdn_prefill_lead_regs.cu"),
         include_str!("../../../kernels/gdn_prefill_lead_trial.cu")
     ),
 };
@@ -216,6 +217,16 @@ impl PrefillLaunch {
             .then(|| written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16))
             .transpose()?;
         let q_chunks = overlapped.then(key_chunks).transpose()?;
+        // The register lead's operands, which the prepare stores where it runs: T diag(beta)'s
+        // halves and k's chunk rows in the core-matrix layout.
+        let lead = lead_from_env(kp, cuda.arch())?;
+        let registers_lead = plan.relayed > 0 && lead == Lead::Registers;
+        let t_cm = registers_lead
+            .then(|| written(vec![chunks, heads, 2, 8 * CM_BLOCK], DType::BF16))
+            .transpose()?;
+        let k_cm = registers_lead
+            .then(|| written(vec![chunks, dims.key_heads, kp / 8 * CM_BLOCK], DType::BF16))
+            .transpose()?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -344,6 +355,8 @@ impl PrefillLaunch {
             k_src,
             q_chunks: q_chunks.as_ref().map_or(0, |t| t.device_address(cuda)),
             k_chunks: k_chunks.device_address(cuda),
+            t_cm: t_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
+            k_cm: k_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -396,10 +409,19 @@ impl PrefillLaunch {
                 rows: relayed_rows,
                 state_bytes: 4 * heads * dims.key_dim * dims.value_dim,
             });
-            let lead = (
-                cuda.function(&SOURCE, lead_name(kp))?,
-                state_smem(kp) as u32,
-            );
+            let lead = if registers_lead {
+                (
+                    cuda.function(&SOURCE, "gdn_prefill_lead_regs_k128")?,
+                    lead_regs_smem(kp) as u32,
+                    128,
+                )
+            } else {
+                (
+                    cuda.function(&SOURCE, lead_name(kp))?,
+                    state_smem(kp) as u32,
+                    2 * kp as u32,
+                )
+            };
             Some(RelayLaunch::new(
                 lead,
                 &params,
@@ -425,6 +447,8 @@ impl PrefillLaunch {
             transition_m,
         ];
         buffers.extend(scores);
+        buffers.extend(t_cm);
+        buffers.extend(k_cm);
         buffers.extend(q_chunks);
         buffers.extend(state_rows_buffer);
         buffers.extend(relay_final);

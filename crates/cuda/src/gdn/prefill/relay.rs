@@ -66,8 +66,8 @@ impl Kernel<'_> {
 
 /// What the relay launches beside the call's other kernels.
 pub(super) struct RelayLaunch {
-    /// `gdn_prefill_lead_k*` and its shared memory.
-    pub lead: (CudaFunction, u32),
+    /// The lead's kernel, its shared memory and threads per block.
+    pub lead: (CudaFunction, u32, u32),
     /// The first segments and whole sequences (table records 0 .. N): entry states from the
     /// initial states. The lead reads the same parameters (its records are the first R).
     pub first: PrefillParams,
@@ -97,7 +97,7 @@ impl RelayLaunch {
     /// address, `sequences` N, `relayed` R, `hand_over` the lead's states `[R, H, KP, VP]`;
     /// `staging` when the call writes final states.
     pub fn new(
-        lead: (CudaFunction, u32),
+        lead: (CudaFunction, u32, u32),
         params: &PrefillParams,
         table: u64,
         (sequences, relayed): (usize, usize),
@@ -162,7 +162,7 @@ impl RelayLaunch {
             function: &self.lead.0,
             params: &self.first,
             grid: walk_grid(relayed, heads, tiles),
-            threads: 2 * self.first.key_pad as u32,
+            threads: self.lead.2,
             shared_bytes: self.lead.1,
             name: "gdn_prefill_lead",
         };

@@ -1,0 +1,346 @@
+// GDN chunked prefill, the relay's lead walk on one warpgroup with the state in registers
+// (sm_90a, K = 128; `gdn_prefill_lead_regs_k128`), in the form that needs neither W nor U:
+//
+//   V' = T diag(beta) (V - diag(d) K S),   S <- exp(G_last) S + K^T diag(e) V'
+//
+// (the same V' as U - W S: W = T diag(beta d) K, U = T diag(beta) V), computed transposed so
+// the state never leaves the registers: the warpgroup holds S^T (the tile's 64 value columns as
+// rows, the 128 keys as columns) as the accumulators of two m64n64 wgmma, and per chunk
+//
+//   X^T = S^T K^T                 A = S^T (bf16 of the accumulators), B = k (K-major)
+//   Y   = V^T - X^T diag(d)       element-wise, as the next product's A fragments
+//   V'^T = Y (T diag(beta))^T     B = T diag(beta) (K-major), its bf16 hi and lo halves
+//   S^T <- exp(G_last) S^T + (V'^T diag(e)) K      B = k (MN-major)
+//
+// An accumulator's columns 16 s .. 16 s + 15 are, thread for thread, the A fragment of k-step
+// s of the next product, so nothing of the chain passes through shared memory. The prepare
+// stores k's chunk rows and T diag(beta)'s halves in the core-matrix layout (`cm_index`) that
+// wgmma reads K-major and MN-major alike, so each arrives by one bulk copy; V's tile rows come
+// by the warpgroup's asynchronous copies. The helpers below also serve the timing trials of
+// gdn_prefill_lead_trial.cu.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// The wgmma descriptor of the 16 x 64 operand at rows r0.., columns c0.. of a core-matrix
+// matrix: the leading byte offset is the next core matrix along k, the stride byte offset the
+// next along n, so k along the columns (K-major) takes a column block and a core matrix, k
+// along the rows (MN-major) the reverse.
+template <bool K_ALONG_COLUMNS>
+__device__ __forceinline__ unsigned long long lead_desc(const unsigned short* base, int r0, int c0) {
+    const unsigned address = shared_address(base + cm_index(r0, c0));
+    constexpr unsigned long long BLOCK = PF_CM_BLOCK * 2, CORE = 128;
+    constexpr unsigned long long LEADING = K_ALONG_COLUMNS ? BLOCK : CORE;
+    constexpr unsigned long long STRIDE = K_ALONG_COLUMNS ? CORE : BLOCK;
+    return (unsigned long long)((address & 0x3ffffu) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32);
+}
+
+// d += A (64 x 16, registers) B (16 x 64, shared memory by descriptor): TRANS_B 0 for a
+// K-major B, 1 for an MN-major one. Issued by the whole warpgroup; d is valid after the wait.
+template <int TRANS_B>
+__device__ __forceinline__ void lead_wgmma(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TRANS_B)
+        : "memory");
+}
+
+// The A fragment of k-step s (columns 16 s .. 16 s + 15) of a product whose A is the bf16 of
+// the m64n64 accumulators `d`.
+__device__ __forceinline__ void lead_a_from(unsigned (&a)[4], const float (&d)[8][4], int s) {
+    a[0] = pack_bf16(d[2 * s][0], d[2 * s][1]);
+    a[1] = pack_bf16(d[2 * s][2], d[2 * s][3]);
+    a[2] = pack_bf16(d[2 * s + 1][0], d[2 * s + 1][1]);
+    a[3] = pack_bf16(d[2 * s + 1][2], d[2 * s + 1][3]);
+}
+
+// Where a thread's accumulator element (n8 tile j, element e) of S^T sits: value column c of
+// the tile (the row of S^T) and key (its column; half h adds 64).
+__device__ __forceinline__ int lead_value_col(int warp, int lane, int e) {
+    return 16 * warp + (lane >> 2) + 8 * (e >> 1);
+}
+__device__ __forceinline__ int lead_key(int h, int j, int lane, int e) {
+    return 64 * h + 8 * j + 2 * (lane & 3) + (e & 1);
+}
+
+
+// A segment's entry state as S^T in the accumulators (load_entry_state's sources, transposed).
+template <int KP>
+__device__ __forceinline__ void regs_entry_state(float (&state)[2][8][4], const PrefillParams& p, int segment,
+                                                  long long state_row, int head, int col0, int warp,
+                                                  int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                float x = 0.0f;
+                if (p.use_segment_states) {
+                    x = ((const float*)p.segment_states)
+                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
+                } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+                    x = ((const float*)p.initial_state)
+                        [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+                }
+                state[h][j][e] = x;
+            }
+        }
+    }
+}
+
+// The chain's pieces (one warpgroup; fragments as lead_a_from's).
+
+// The A fragments of V^T (U's tile standing in) for k-steps 0..3 (chunk rows 16 s ..), the
+// warp's 16 value columns, by ldmatrix .trans.
+__device__ __forceinline__ void regs_v_fragments(unsigned (&vt)[4][4], const unsigned short* u_tile, int warp,
+                                                  int lane) {
+    const int m = lane >> 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        ldsm_x4_trans(vt[s], u_tile + swizzled(16 * s + 8 * (m >> 1) + (lane & 7), 16 * warp + 8 * (m & 1), PF_TILE));
+    }
+}
+
+// The same from V's tile rows in row-major shared memory with leading dimension `ld`.
+__device__ __forceinline__ void regs_v_fragments_rows(unsigned (&vt)[4][4], const unsigned short* v_rows, int ld,
+                                                      int warp, int lane) {
+    const int m = lane >> 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        ldsm_x4_trans(vt[s], v_rows + (16 * s + 8 * (m >> 1) + (lane & 7)) * ld + 16 * warp + 8 * (m & 1));
+    }
+}
+
+// out = bf16 of (V^T where WITH_V) + sign x diag(scale), as A fragments (x: an m64n64
+// accumulator whose columns are the chunk's rows).
+template <bool WITH_V>
+__device__ __forceinline__ void regs_fragments(unsigned (&out)[4][4], const unsigned (&vt)[4][4],
+                                                const float (&x)[8][4], const float* scale, float sign,
+                                                int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i = 8 * j + 2 * (lane & 3);
+        const float s0 = sign * scale[i], s1 = sign * scale[i + 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v0 = 0.0f, v1 = 0.0f;
+            if (WITH_V) {
+                const unsigned bits = vt[j >> 1][2 * (j & 1) + h];
+                v0 = bf16_to_f32((unsigned short)(bits & 0xffffu));
+                v1 = bf16_to_f32((unsigned short)(bits >> 16));
+            }
+            out[j >> 1][2 * (j & 1) + h] = pack_bf16(v0 + s0 * x[j][2 * h], v1 + s1 * x[j][2 * h + 1]);
+        }
+    }
+}
+
+// x += S^T B^T over the 128 keys (B K-major in `b_cm`) issued; the caller fences, commits and
+// waits.
+__device__ __forceinline__ void regs_issue_keys(float (&x)[8][4], const unsigned (&a)[8][4],
+                                                 const unsigned short* b_cm) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) lead_wgmma<0>(x, a[s], lead_desc<true>(b_cm, 0, 16 * s));
+}
+
+// x = y M over the chunk's 64 rows (M K-major in `m_cm`), waited for.
+__device__ __forceinline__ void regs_times_m(float (&x)[8][4], unsigned (&y)[4][4], const unsigned short* m_cm) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+    wg_fence(x);
+    wg_fence(y);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(m_cm, 0, 16 * s));
+    wgmma_commit();
+    wgmma_wait_all();
+    wg_fence(x);
+    wg_fence(y);
+}
+
+// S^T <- decay S^T + P K issued (K MN-major in `k_cm`; the caller fences, commits and waits).
+__device__ __forceinline__ void regs_issue_update(float (&state)[2][8][4], const unsigned (&pa)[4][4],
+                                                   const unsigned short* k_cm) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        lead_wgmma<1>(state[0], pa[s], lead_desc<false>(k_cm, 16 * s, 0));
+        lead_wgmma<1>(state[1], pa[s], lead_desc<false>(k_cm, 16 * s, 64));
+    }
+}
+
+__device__ __forceinline__ void regs_decay(float (&state)[2][8][4], float decay) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) state[h][j][e] *= decay;
+        }
+    }
+}
+
+// The lead's hand-over: S^T where the segment that follows reads its entry state.
+template <int KP>
+__device__ __forceinline__ void regs_hand_over(const float (&state)[2][8][4], const PrefillParams& p, int segment,
+                                                int head, int col0, int warp, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                ((float*)p.segment_states)[(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] =
+                    state[h][j][e];
+            }
+        }
+    }
+}
+
+
+// One stage of the register lead: the chunk's gates, k in the core-matrix layout ([64][KP]),
+// T diag(beta)'s hi and lo halves (core-matrix [64][64] each), and V's tile rows ([64][72]).
+template <int KP>
+struct RegsStage {
+    static constexpr int K_ELEMS = KP / 8 * PF_CM_BLOCK;
+    static constexpr int V_LD = PF_TILE + PF_PAD;
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * (K_ELEMS + 2 * PF_T_CM_ELEMS + PF_CHUNK * V_LD);
+    ChunkGates* gates;
+    unsigned short* k;
+    unsigned short* t_hi;
+    unsigned short* t_lo;
+    unsigned short* v;
+    __device__ RegsStage(unsigned char* base) {
+        gates = (ChunkGates*)base;
+        k = (unsigned short*)(base + PF_GATES_BYTES);
+        t_hi = k + K_ELEMS;
+        t_lo = t_hi + PF_T_CM_ELEMS;
+        v = t_lo + PF_T_CM_ELEMS;
+    }
+};
+
+// The register lead (see the top of the file): 128 threads, two stages, chunk c + 1's copies
+// issued while chunk c computes. Shared memory: the two stages, then an mbarrier per stage
+// (the host's `lead_regs_smem`).
+template <int KP>
+__device__ void lead_regs_impl(const PrefillParams& p) {
+    static_assert(KP == 128, "two m64n64 halves of S^T");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned long long* full = (unsigned long long*)(stage_base + 2 * RegsStage<KP>::BYTES);
+
+    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int col0 = tile * PF_TILE;
+    const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+    const SegmentRows rows(p, first_chunk, chunks);
+    auto stage_of = [&](int ci) { return RegsStage<KP>(stage_base + (ci & 1) * RegsStage<KP>::BYTES); };
+    // Chunk ci's inputs: gates, k and T's halves by thread 0's bulk copies completing on the
+    // stage's barrier, V's tile rows by the warpgroup's asynchronous copies (its own group).
+    auto issue = [&](int ci) {
+        const RegsStage<KP> stage = stage_of(ci);
+        const int chunk = first_chunk + ci;
+        if (threadIdx.x == 0) {
+            const long long chunk_head = (long long)chunk * p.value_heads + head;
+            unsigned long long* bar = &full[ci & 1];
+            // The warpgroup's reads of the stage's last chunk (ordered before by its barrier)
+            // come before the copies' writes.
+            fence_proxy_async();
+            bulk_expect(bar, PF_GATES_BYTES + 2u * (RegsStage<KP>::K_ELEMS + 2 * PF_T_CM_ELEMS));
+            bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES, bar);
+            bulk_load(stage.k,
+                      (const unsigned short*)p.k_cm + ((long long)chunk * p.key_heads + key_head) * RegsStage<KP>::K_ELEMS,
+                      2u * RegsStage<KP>::K_ELEMS, bar);
+            bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
+                      2u * 2 * PF_T_CM_ELEMS, bar);
+        }
+        const unsigned short* v_rows = (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
+        copy_rows_async_team<PF_TILE, 128>(stage.v, RegsStage<KP>::V_LD, v_rows,
+                                           (long long)p.value_heads * p.value_pad, rows.len(ci));
+        cp_async_commit();
+    };
+
+    float state[2][8][4];
+    regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
+    }
+    __syncthreads();
+    if (chunks > 0) issue(0);
+    for (int ci = 0; ci < chunks; ++ci) {
+        const RegsStage<KP> stage = stage_of(ci);
+        cp_async_wait_all();
+        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        // Every warp's V rows have landed and every warp is done with the other stage.
+        __syncthreads();
+        if (ci + 1 < chunks) issue(ci + 1);
+        const ChunkGates& gates = *stage.gates;
+        // X^T = S^T K^T.
+        float x[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+        unsigned a[8][4];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
+        wg_fence(x);
+        wg_fence(a);
+        wgmma_fence();
+        regs_issue_keys(x, a, stage.k);
+        wgmma_commit();
+        unsigned vt[4][4];
+        regs_v_fragments_rows(vt, stage.v, RegsStage<KP>::V_LD, warp, lane);
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(a);
+        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T, T's halves in turn.
+        unsigned y[4][4];
+        regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+        wg_fence(x);
+        wg_fence(y);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_lo, 0, 16 * s));
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_hi, 0, 16 * s));
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(y);
+        // S^T <- exp(G_last) S^T + (V'^T diag(e)) K.
+        unsigned pa[4][4];
+        regs_fragments<false>(pa, vt, x, gates.end_decay, 1.0f, lane);
+        regs_decay(state, gates.state_decay);
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(pa);
+        wgmma_fence();
+        regs_issue_update(state, pa, stage.k);
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(pa);
+    }
+    regs_hand_over<KP>(state, p, segment, head, col0, warp, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    lead_regs_impl<128>(p);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -78,6 +78,9 @@ struct PrefillParams {
                           // lead (gdn_prefill_lead_regs.cu); or 0
     u64 k_cm;             // bf16 [chunks, Hg, KP / 8 * PF_CM_BLOCK]: each chunk's k rows in the
                           // core-matrix layout, for the same lead; or 0
+    u64 q_cm;             // bf16 [chunks, Hg, KP / 8 * PF_CM_BLOCK]: q's the same, for the
+                          // register outputs walk; or 0. Where set, the scores are stored in
+                          // the core-matrix layout too ([chunks, H, PF_T_CM_ELEMS])
     int key_heads, value_heads, key_dim, value_dim;
     int key_pad, value_pad;  // KP, VP: K and V rounded up to the kernel's tile sizes
     int out_dtype, beta_dtype;

@@ -18,6 +18,14 @@
 // wgmma reads K-major and MN-major alike, so each arrives by one bulk copy; V's tile rows come
 // by the warpgroup's asynchronous copies. The helpers below also serve the timing trials of
 // gdn_prefill_lead_trial.cu.
+//
+// The outputs walk in the same form (`gdn_prefill_outputs_regs_k128`) adds, per chunk,
+//
+//   O^T = S^T Q^T diag(d) + V'^T C^T     C = Q K^T o D, the prepare's scores
+//
+// with S^T Q^T issued beside X^T (both take S^T as their A operand) and V'^T C^T beside the
+// update, so neither sits on the chain; q's chunk rows and the scores come in the core-matrix
+// layout too, and O^T goes to o by its columns (the chunk's tokens).
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -207,6 +215,27 @@ __device__ __forceinline__ void regs_hand_over(const float (&state)[2][8][4], co
 }
 
 
+// A register state S^T stored as row `state_row` of a [*, H, K, V] f32 tensor (its keys < K and
+// columns col0.. < V): the final states and checkpoints.
+template <int KP>
+__device__ __forceinline__ void regs_store_state(const float (&state)[2][8][4], float* dst, long long state_row,
+                                                 int head, int col0, int warp, int lane,
+                                                 const PrefillParams& p) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                if (r < p.key_dim && c < p.value_dim) {
+                    dst[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[h][j][e];
+                }
+            }
+        }
+    }
+}
+
 // One stage of the register lead: the chunk's gates, k in the core-matrix layout ([64][KP]),
 // T diag(beta)'s hi and lo halves (core-matrix [64][64] each), and V's tile rows ([64][72]).
 template <int KP>
@@ -341,6 +370,188 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
 extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(PrefillParams p) {
     wait_for_prepare();
     lead_regs_impl<128>(p);
+}
+
+// One stage of the register outputs walk: the lead's, with q's chunk rows ([64][KP]) and the
+// scores ([64][64]) in the core-matrix layout.
+template <int KP>
+struct OutStage {
+    static constexpr int K_ELEMS = KP / 8 * PF_CM_BLOCK;
+    static constexpr int V_LD = PF_TILE + PF_PAD;
+    static constexpr int BULK_HALFS = 2 * K_ELEMS + 3 * PF_T_CM_ELEMS;  // k, q, T's halves, scores
+    static constexpr int BYTES = PF_GATES_BYTES + 2 * (BULK_HALFS + PF_CHUNK * V_LD);
+    ChunkGates* gates;
+    unsigned short* k;
+    unsigned short* q;
+    unsigned short* t_hi;
+    unsigned short* t_lo;
+    unsigned short* scores;
+    unsigned short* v;
+    __device__ OutStage(unsigned char* base) {
+        gates = (ChunkGates*)base;
+        k = (unsigned short*)(base + PF_GATES_BYTES);
+        q = k + K_ELEMS;
+        t_hi = q + K_ELEMS;
+        t_lo = t_hi + PF_T_CM_ELEMS;
+        scores = t_lo + PF_T_CM_ELEMS;
+        v = scores + PF_T_CM_ELEMS;
+    }
+};
+
+// The register outputs walk (see the top of the file): 128 threads, two stages; the entry
+// state as every walk takes it (`regs_entry_state`), checkpoints after the chunks the table
+// names, the final state where the segment ends its sequence. Shared memory: the two stages,
+// then an mbarrier per stage (the host's `outputs_regs_smem`).
+template <int KP>
+__device__ void outputs_regs_impl(const PrefillParams& p) {
+    static_assert(KP == 128, "two m64n64 halves of S^T");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* stage_base = smem_raw;
+    unsigned long long* full = (unsigned long long*)(stage_base + 2 * OutStage<KP>::BYTES);
+
+    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
+    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const int col0 = tile * PF_TILE;
+    const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
+    const SegmentRows rows(p, first_chunk, chunks);
+    auto stage_of = [&](int ci) { return OutStage<KP>(stage_base + (ci & 1) * OutStage<KP>::BYTES); };
+    auto issue = [&](int ci) {
+        const OutStage<KP> stage = stage_of(ci);
+        const int chunk = first_chunk + ci;
+        if (threadIdx.x == 0) {
+            const long long chunk_head = (long long)chunk * p.value_heads + head;
+            const long long chunk_key = ((long long)chunk * p.key_heads + key_head) * OutStage<KP>::K_ELEMS;
+            unsigned long long* bar = &full[ci & 1];
+            fence_proxy_async();
+            bulk_expect(bar, PF_GATES_BYTES + 2u * OutStage<KP>::BULK_HALFS);
+            bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES, bar);
+            bulk_load(stage.k, (const unsigned short*)p.k_cm + chunk_key, 2u * OutStage<KP>::K_ELEMS, bar);
+            bulk_load(stage.q, (const unsigned short*)p.q_cm + chunk_key, 2u * OutStage<KP>::K_ELEMS, bar);
+            bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
+                      2u * 2 * PF_T_CM_ELEMS, bar);
+            bulk_load(stage.scores, (const unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS,
+                      2u * PF_T_CM_ELEMS, bar);
+        }
+        const unsigned short* v_rows = (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
+        copy_rows_async_team<PF_TILE, 128>(stage.v, OutStage<KP>::V_LD, v_rows,
+                                           (long long)p.value_heads * p.value_pad, rows.len(ci));
+        cp_async_commit();
+    };
+
+    float state[2][8][4];
+    regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
+    }
+    __syncthreads();
+    if (chunks > 0) issue(0);
+    for (int ci = 0; ci < chunks; ++ci) {
+        const OutStage<KP> stage = stage_of(ci);
+        cp_async_wait_all();
+        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        __syncthreads();
+        if (ci + 1 < chunks) issue(ci + 1);
+        const ChunkGates& gates = *stage.gates;
+        // X^T = S^T K^T and O^T = S^T Q^T, one group.
+        float x[8][4], o[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        }
+        unsigned a[8][4];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
+        wg_fence(x);
+        wg_fence(o);
+        wg_fence(a);
+        wgmma_fence();
+        regs_issue_keys(x, a, stage.k);
+        regs_issue_keys(o, a, stage.q);
+        wgmma_commit();
+        unsigned vt[4][4];
+        regs_v_fragments_rows(vt, stage.v, OutStage<KP>::V_LD, warp, lane);
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(o);
+        wg_fence(a);
+        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T; diag(d) on O^T's columns meanwhile.
+        unsigned y[4][4];
+        regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+            const int i = 8 * j + 2 * (lane & 3);
+            const float d0 = gates.start_decay[i], d1 = gates.start_decay[i + 1];
+            o[j][0] *= d0, o[j][1] *= d1, o[j][2] *= d0, o[j][3] *= d1;
+        }
+        wg_fence(x);
+        wg_fence(y);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_lo, 0, 16 * s));
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_hi, 0, 16 * s));
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(x);
+        wg_fence(y);
+        // The update and O^T += V'^T C^T, one group.
+        unsigned pa[4][4], va[4][4];
+        regs_fragments<false>(pa, vt, x, gates.end_decay, 1.0f, lane);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) va[j >> 1][2 * (j & 1) + h] = pack_bf16(x[j][2 * h], x[j][2 * h + 1]);
+        }
+        regs_decay(state, gates.state_decay);
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(o);
+        wg_fence(pa);
+        wg_fence(va);
+        wgmma_fence();
+        regs_issue_update(state, pa, stage.k);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) lead_wgmma<0>(o, va[s], lead_desc<true>(stage.scores, 0, 16 * s));
+        wgmma_commit();
+        wgmma_wait_all();
+        wg_fence(state[0]);
+        wg_fence(state[1]);
+        wg_fence(o);
+        wg_fence(pa);
+        wg_fence(va);
+        // O^T by its columns (the chunk's tokens) into o, scaled, in o's dtype.
+        const long long first_row = rows.row(ci);
+        const int len = rows.len(ci);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 8 * j + 2 * (lane & 3) + (e & 1);
+                const int c = col0 + lead_value_col(warp, lane, e);
+                if (i < len && c < p.value_dim) {
+                    store_float((void*)p.o, ((first_row + i) * p.value_heads + head) * (long long)p.value_dim + c,
+                                p.out_dtype, o[j][e] * p.scale);
+                }
+            }
+        }
+        if (p.checkpoints) {
+            const int checkpoint = ((const int*)p.chunk_checkpoint)[first_chunk + ci];
+            if (checkpoint >= 0) regs_store_state<KP>(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
+        }
+    }
+    if (p.final_state && segment_is_last(p, segment)) {
+        regs_store_state<KP>(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_outputs_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    outputs_regs_impl<128>(p);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -51,8 +51,8 @@ __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, in
 template <bool FACTORED>
 __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], const float (&qk)[4][4],
                                                      const ChunkGates& gates, float* a_mat,
-                                                     unsigned short* scores, int row_tile, int half,
-                                                     int lane, const FragmentDecays<4>& decay) {
+                                                     unsigned short* scores, bool scores_cm, int row_tile,
+                                                     int half, int lane, const FragmentDecays<4>& decay) {
     float beta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) beta[h] = a_mat ? gates.beta[row_tile + (lane >> 2) + 8 * h] : 0.0f;
@@ -75,7 +75,8 @@ __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], co
                 }
             }
             if (scores && PF_KEEP_STORE(qk[n][2 * h])) {
-                *(unsigned*)(scores + swizzled(i, j, PF_CHUNK)) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
+                const int at = scores_cm ? cm_index(i, j) : swizzled(i, j, PF_CHUNK);
+                *(unsigned*)(scores + at) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
             }
         }
     }
@@ -83,15 +84,16 @@ __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], co
 
 // store_masked_entries with the decays of `gates`: where they factor, every entry's D_ij is
 // up_i down_j from registers (one path without a branch per entry); otherwise the exact form.
+// The scores go `swizzled`, or in the core-matrix layout where `scores_cm`.
 __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
                                                       const ChunkGates& gates, float* a_mat,
-                                                      unsigned short* scores, int row_tile,
+                                                      unsigned short* scores, bool scores_cm, int row_tile,
                                                       int half, int lane) {
     const FragmentDecays<4> decay(gates, row_tile, 32 * half, lane);
     if (decay.factored) {
-        store_masked_entries<true>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
+        store_masked_entries<true>(kk, qk, gates, a_mat, scores, scores_cm, row_tile, half, lane, decay);
     } else {
-        store_masked_entries<false>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
+        store_masked_entries<false>(kk, qk, gates, a_mat, scores, scores_cm, row_tile, half, lane, decay);
     }
 }
 
@@ -444,11 +446,15 @@ __device__ void prepare_impl(const PrefillParams& p) {
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }
     if (group == 0 && p.k_cm) {
-        // The chunk's k rows in the core-matrix layout, for the register lead.
-        unsigned short* to = (unsigned short*)p.k_cm + ((long long)chunk * p.key_heads + key_head) * (KP / 8) * PF_CM_BLOCK;
+        // The chunk's k rows (and q's, for the register outputs walk) in the core-matrix
+        // layout, for the register walks.
+        const long long at = ((long long)chunk * p.key_heads + key_head) * (KP / 8) * PF_CM_BLOCK;
         for (int piece = threadIdx.x; piece < PF_CHUNK * KP / 8; piece += PF_PREPARE_THREADS) {
             const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
-            *(uint4*)(to + cm_index(i, c)) = *(const uint4*)(keys + i * LDK + c);
+            *(uint4*)((unsigned short*)p.k_cm + at + cm_index(i, c)) = *(const uint4*)(keys + i * LDK + c);
+            if (with_scores && p.q_cm) {
+                *(uint4*)((unsigned short*)p.q_cm + at + cm_index(i, c)) = *(const uint4*)(queries + i * LDK + c);
+            }
         }
     }
     {
@@ -491,9 +497,10 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
         // Every head's scores now (Q K^T's registers are free after them); A later, per head.
         for (int j = 0; with_scores && !(PF_TRIAL & 32) && j < count; ++j) {
-            unsigned short* scores =
-                (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_SCORES_ELEMS;
-            store_masked_products(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
+            const bool scores_cm = p.q_cm != 0;
+            unsigned short* scores = (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) *
+                                                                     (scores_cm ? PF_T_CM_ELEMS : PF_SCORES_ELEMS);
+            store_masked_products(kk, qk, gates_of(j), nullptr, scores, scores_cm, row_tile, half, lane);
         }
     }
 
@@ -501,7 +508,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
         // A of this head.
-        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, false, row_tile, half, lane);
         // The bulk copies of k and q have read them (T takes q's space).
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();

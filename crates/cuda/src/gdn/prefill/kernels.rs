@@ -39,6 +39,7 @@ pub(super) struct PrefillParams {
     pub(super) k_chunks: u64,
     pub(super) t_cm: u64,
     pub(super) k_cm: u64,
+    pub(super) q_cm: u64,
     pub(super) key_heads: i32,
     pub(super) value_heads: i32,
     pub(super) key_dim: i32,
@@ -146,17 +147,29 @@ pub(super) enum StatePass {
     /// `gdn_prefill_state_*`: every warp walks every product in turn (any K; the only one for
     /// K = 256, whose two groups would not fit a block's registers).
     Lockstep,
+    /// `gdn_prefill_outputs_regs_k128`: one warpgroup with the state in registers, reading k,
+    /// q, T diag(beta) and the scores in the core-matrix layout and V's rows (sm_90a, K = 128).
+    Registers,
 }
 
-/// The overlapped pass where it exists (K <= 128; both passes store checkpoints from their
-/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` asks for the other (for comparisons).
-pub(super) fn state_pass_kind(kp: usize) -> StatePass {
-    let lockstep = std::env::var("DELTAKV_PREFILL_STATE").is_ok_and(|v| v == "lockstep");
-    if kp <= 128 && !lockstep {
-        StatePass::Overlap
-    } else {
-        StatePass::Lockstep
+/// The overlapped pass where it exists (K <= 128; every pass stores checkpoints from its
+/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` or `registers` (K = 128 on sm_90a)
+/// asks for another (for comparisons).
+pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
+    match std::env::var("DELTAKV_PREFILL_STATE").as_deref() {
+        Ok("lockstep") => StatePass::Lockstep,
+        Ok("registers") if kp == 128 && arch == "sm_90a" => StatePass::Registers,
+        _ if kp <= 128 => StatePass::Overlap,
+        _ => StatePass::Lockstep,
     }
+}
+
+/// Shared memory of the register outputs walk (mirrors `OutStage` and `outputs_regs_impl`):
+/// the lead's stages with q's chunk rows and the scores added.
+pub(super) fn outputs_regs_smem(kp: usize) -> usize {
+    let stage =
+        gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
+    2 * stage + 2 * 8
 }
 
 pub(super) fn overlap_name(kp: usize) -> &'static str {
@@ -316,6 +329,21 @@ mod tests {
         assert_eq!(prepare_groups(8, default), (2, 4));
         assert_eq!(prepare_groups(2, 1), (2, 1));
         assert_eq!(prepare_groups(8, 3), (3, 3));
+    }
+
+    #[test]
+    fn register_walks_fit_the_sm() {
+        // Two stages each (RegsStage, OutStage): gates, k (and q), T's halves (and the
+        // scores) in the core-matrix layout, V's rows of 72; an mbarrier per stage.
+        assert_eq!(
+            lead_regs_smem(128),
+            2 * (1920 + 2 * (8320 + 8320 + 4608)) + 16
+        );
+        assert_eq!(
+            outputs_regs_smem(128),
+            2 * (1920 + 2 * (16_640 + 12_480 + 4608)) + 16
+        );
+        assert!(outputs_regs_smem(128) <= 227 * 1024);
     }
 
     #[test]

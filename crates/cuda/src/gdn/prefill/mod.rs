@@ -43,7 +43,7 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     CM_BLOCK, Lead, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes,
-    lead_from_env, lead_name, lead_regs_smem, overlap_name, overlap_smem,
+    lead_from_env, lead_name, lead_regs_smem, outputs_regs_smem, overlap_name, overlap_smem,
     prepare_group_limit_from_env, prepare_groups, prepare_name, prepare_smem, relay_rule_from_env,
     segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
@@ -209,24 +209,30 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = state_pass_kind(kp);
-        // The scores Q K^T o D and q's chunk copies, which the prepare kernel writes for the
-        // overlapped pass only.
+        let pass = state_pass_kind(kp, cuda.arch());
+        let registers_pass = pass == StatePass::Registers;
+        // The scores Q K^T o D, which the prepare kernel writes for the overlapped pass (and
+        // q's chunk copies) and for the register pass (in the core-matrix layout).
         let overlapped = pass == StatePass::Overlap;
-        let scores = overlapped
-            .then(|| written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16))
-            .transpose()?;
+        let scores = if overlapped {
+            Some(written(vec![chunks, heads, CHUNK, CHUNK], DType::BF16)?)
+        } else if registers_pass {
+            Some(written(vec![chunks, heads, 8 * CM_BLOCK], DType::BF16)?)
+        } else {
+            None
+        };
         let q_chunks = overlapped.then(key_chunks).transpose()?;
-        // The register lead's operands, which the prepare stores where it runs: T diag(beta)'s
-        // halves and k's chunk rows in the core-matrix layout.
+        // The register walks' operands, which the prepare stores where one runs: T diag(beta)'s
+        // halves and k's chunk rows (and q's, for the outputs walk) in the core-matrix layout.
         let lead = lead_from_env(kp, cuda.arch())?;
         let registers_lead = plan.relayed > 0 && lead == Lead::Registers;
-        let t_cm = registers_lead
+        let registers = registers_lead || registers_pass;
+        let key_cm = || written(vec![chunks, dims.key_heads, kp / 8 * CM_BLOCK], DType::BF16);
+        let t_cm = registers
             .then(|| written(vec![chunks, heads, 2, 8 * CM_BLOCK], DType::BF16))
             .transpose()?;
-        let k_cm = registers_lead
-            .then(|| written(vec![chunks, dims.key_heads, kp / 8 * CM_BLOCK], DType::BF16))
-            .transpose()?;
+        let k_cm = registers.then(key_cm).transpose()?;
+        let q_cm = registers_pass.then(key_cm).transpose()?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -289,7 +295,7 @@ impl PrefillLaunch {
             // overlapped pass; the lockstep pass reads q's rows from a normalised copy.
             let q = match pass {
                 StatePass::Lockstep => normalized_copy(cuda, inputs.q, kp, &mut operands)?,
-                StatePass::Overlap => (inputs.q.device_address(cuda), 0),
+                StatePass::Overlap | StatePass::Registers => (inputs.q.device_address(cuda), 0),
             };
             (q, (inputs.k.device_address(cuda), 0))
         } else {
@@ -357,6 +363,7 @@ impl PrefillLaunch {
             k_chunks: k_chunks.device_address(cuda),
             t_cm: t_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
             k_cm: k_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
+            q_cm: q_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
             key_heads: dims.key_heads as i32,
             value_heads: heads as i32,
             key_dim: dims.key_dim as i32,
@@ -391,6 +398,11 @@ impl PrefillLaunch {
                 cuda.function(&SOURCE, state)?,
                 state_smem(kp) as u32,
                 2 * kp as u32,
+            ),
+            StatePass::Registers => (
+                cuda.function(&SOURCE, "gdn_prefill_outputs_regs_k128")?,
+                outputs_regs_smem(kp) as u32,
+                128,
             ),
         };
         let relay = if plan.relayed > 0 {
@@ -449,6 +461,7 @@ impl PrefillLaunch {
         buffers.extend(scores);
         buffers.extend(t_cm);
         buffers.extend(k_cm);
+        buffers.extend(q_cm);
         buffers.extend(q_chunks);
         buffers.extend(state_rows_buffer);
         buffers.extend(relay_final);

@@ -51,7 +51,7 @@ struct PrefillParams {
     u64 beta;             // [rows, H] in beta_dtype
     u64 o;                // [rows, H, V] in out_dtype
     u64 w, u;             // bf16 [chunks, H, 64, KP] and [chunks, H, VP / 64, 64, 64] (swizzled,
-                          // PF_W_ELEMS)
+                          // PF_W_ELEMS); both 0 where the register walks run (no W, U)
     u64 chunk_first_row;  // i64 [chunks]
     u64 chunk_len;        // i32 [chunks]
     u64 segments;         // i32 [segments, SEG_FIELDS]

@@ -48,11 +48,11 @@ __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, in
 // row_tile.., columns 32 half..): A = strictly_lower(diag(beta) K K^T o D) into `a_mat` (f32)
 // when given, and the scores Q K^T o D (bf16) to `scores` when given. D_ij from `decay` when
 // FACTORED (the caller has checked that the chunk's decays factor), else the exact form.
-template <bool FACTORED>
+template <bool FACTORED, bool SCORES_CM>
 __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], const float (&qk)[4][4],
                                                      const ChunkGates& gates, float* a_mat,
-                                                     unsigned short* scores, bool scores_cm, int row_tile,
-                                                     int half, int lane, const FragmentDecays<4>& decay) {
+                                                     unsigned short* scores, int row_tile, int half,
+                                                     int lane, const FragmentDecays<4>& decay) {
     float beta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) beta[h] = a_mat ? gates.beta[row_tile + (lane >> 2) + 8 * h] : 0.0f;
@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], co
                 }
             }
             if (scores && PF_KEEP_STORE(qk[n][2 * h])) {
-                const int at = scores_cm ? cm_index(i, j) : swizzled(i, j, PF_CHUNK);
+                const int at = SCORES_CM ? cm_index(i, j) : swizzled(i, j, PF_CHUNK);
                 *(unsigned*)(scores + at) = pack_bf16(qk[n][2 * h] * d0, qk[n][2 * h + 1] * d1);
             }
         }
@@ -84,16 +84,17 @@ __device__ __forceinline__ void store_masked_entries(const float (&kk)[4][4], co
 
 // store_masked_entries with the decays of `gates`: where they factor, every entry's D_ij is
 // up_i down_j from registers (one path without a branch per entry); otherwise the exact form.
-// The scores go `swizzled`, or in the core-matrix layout where `scores_cm`.
+// The scores go `swizzled`, or in the core-matrix layout where SCORES_CM.
+template <bool SCORES_CM = false>
 __device__ __forceinline__ void store_masked_products(const float (&kk)[4][4], const float (&qk)[4][4],
                                                       const ChunkGates& gates, float* a_mat,
-                                                      unsigned short* scores, bool scores_cm, int row_tile,
+                                                      unsigned short* scores, int row_tile,
                                                       int half, int lane) {
     const FragmentDecays<4> decay(gates, row_tile, 32 * half, lane);
     if (decay.factored) {
-        store_masked_entries<true>(kk, qk, gates, a_mat, scores, scores_cm, row_tile, half, lane, decay);
+        store_masked_entries<true, SCORES_CM>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
     } else {
-        store_masked_entries<false>(kk, qk, gates, a_mat, scores, scores_cm, row_tile, half, lane, decay);
+        store_masked_entries<false, SCORES_CM>(kk, qk, gates, a_mat, scores, row_tile, half, lane, decay);
     }
 }
 
@@ -342,7 +343,7 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
 // space, for the l2 norm only); once T is complete, its bf16 halves for W ([64][LDC] twice)
 // take A's space and the 816 floats, and those for U the space after them, into T's rows.
 
-template <int KP, int VP>
+template <int KP, int VP, bool REGISTER_WALKS>
 __device__ void prepare_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
     constexpr int LDF = PF_LDF;  // f32 rows of A and T
@@ -445,14 +446,14 @@ __device__ void prepare_impl(const PrefillParams& p) {
         bulk_store_async((unsigned short*)p.k_chunks + at, keys, 2 * PF_CHUNK * LDK);
         if (p.q_chunks) bulk_store_async((unsigned short*)p.q_chunks + at, queries, 2 * PF_CHUNK * LDK);
     }
-    if (group == 0 && p.k_cm) {
+    if (REGISTER_WALKS && group == 0) {
         // The chunk's k rows (and q's, for the register outputs walk) in the core-matrix
         // layout, for the register walks.
         const long long at = ((long long)chunk * p.key_heads + key_head) * (KP / 8) * PF_CM_BLOCK;
         for (int piece = threadIdx.x; piece < PF_CHUNK * KP / 8; piece += PF_PREPARE_THREADS) {
             const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
             *(uint4*)((unsigned short*)p.k_cm + at + cm_index(i, c)) = *(const uint4*)(keys + i * LDK + c);
-            if (with_scores && p.q_cm) {
+            if (with_scores) {
                 *(uint4*)((unsigned short*)p.q_cm + at + cm_index(i, c)) = *(const uint4*)(queries + i * LDK + c);
             }
         }
@@ -497,10 +498,9 @@ __device__ void prepare_impl(const PrefillParams& p) {
         }
         // Every head's scores now (Q K^T's registers are free after them); A later, per head.
         for (int j = 0; with_scores && !(PF_TRIAL & 32) && j < count; ++j) {
-            const bool scores_cm = p.q_cm != 0;
             unsigned short* scores = (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) *
-                                                                     (scores_cm ? PF_T_CM_ELEMS : PF_SCORES_ELEMS);
-            store_masked_products(kk, qk, gates_of(j), nullptr, scores, scores_cm, row_tile, half, lane);
+                                                                     (REGISTER_WALKS ? PF_T_CM_ELEMS : PF_SCORES_ELEMS);
+            store_masked_products<REGISTER_WALKS>(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
         }
     }
 
@@ -508,7 +508,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
         // A of this head.
-        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, false, row_tile, half, lane);
+        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
         // The bulk copies of k and q have read them (T takes q's space).
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();
@@ -525,7 +525,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         cp_async_wait_all();
         __syncthreads();
         const long long chunk_head = (long long)chunk * p.value_heads + head;
-        if (p.t_cm) {
+        if (REGISTER_WALKS) {
             // T diag(beta)'s halves (U's, built above) in the core-matrix layout, for the
             // register lead: the blocks above T's diagonal blocks are zero.
             unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
@@ -536,12 +536,11 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 *(uint4*)(to + half * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
             }
         }
-        if (!(PF_TRIAL & 4)) {
+        // W and U, which the register walks do not read.
+        if (!(PF_TRIAL & 4) && !REGISTER_WALKS) {
             scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
                                                  (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);
-        }
-        PF_MARK(5 + 5 * j);
-        if (!(PF_TRIAL & 4)) {
+            PF_MARK(5 + 5 * j);
             scaled_t_product<VP, LDV, PF_TILE, true>(
                 u_hi, u_lo, values, (unsigned short*)p.u + u_tile_offset(chunk_head, VP / PF_TILE, 0), warp, lane);
         }
@@ -566,7 +565,14 @@ __device__ void prepare_impl(const PrefillParams& p) {
 #define PF_ENTRY_POINTS(KP, VP)                                                               \
     extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_PREPARE_BLOCKS_PER_SM) \
         gdn_prefill_prepare_mma_k##KP##_v##VP(PrefillParams p) {                              \
-        prepare_impl<KP, VP>(p);                                                              \
+        prepare_impl<KP, VP, false>(p);                                                       \
+    }
+// For the register walks (gdn_prefill_lead_regs.cu, K = 128): k's and q's chunk rows, T
+// diag(beta)'s halves and the scores in the core-matrix layout, and neither W nor U.
+#define PF_REGISTER_ENTRY_POINT(VP)                                                           \
+    extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_PREPARE_BLOCKS_PER_SM) \
+        gdn_prefill_prepare_regs_k128_v##VP(PrefillParams p) {                               \
+        prepare_impl<128, VP, true>(p);                                                       \
     }
 
 PF_ENTRY_POINTS(64, 64)
@@ -578,3 +584,6 @@ PF_ENTRY_POINTS(128, 256)
 PF_ENTRY_POINTS(256, 64)
 PF_ENTRY_POINTS(256, 128)
 PF_ENTRY_POINTS(256, 256)
+PF_REGISTER_ENTRY_POINT(64)
+PF_REGISTER_ENTRY_POINT(128)
+PF_REGISTER_ENTRY_POINT(256)

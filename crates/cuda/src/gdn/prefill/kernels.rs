@@ -148,13 +148,16 @@ pub(super) enum StatePass {
     /// K = 256, whose two groups would not fit a block's registers).
     Lockstep,
     /// `gdn_prefill_outputs_regs_k128`: one warpgroup with the state in registers, reading k,
-    /// q, T diag(beta) and the scores in the core-matrix layout and V's rows (sm_90a, K = 128).
+    /// q, T diag(beta) and the scores in the core-matrix layout and V's rows (sm_90a, K = 128),
+    /// with `gdn_prefill_lead_regs_k128` as the relay's lead and the prepare that forms
+    /// neither W nor U (`gdn_prefill_prepare_regs_*`); not where the plan runs the scan (its
+    /// transition reads W and U).
     Registers,
 }
 
 /// The overlapped pass where it exists (K <= 128; every pass stores checkpoints from its
-/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` or `registers` (K = 128 on sm_90a)
-/// asks for another (for comparisons).
+/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` or `registers` (K = 128 on sm_90a;
+/// the caller keeps the overlapped pass where the plan runs the scan) asks for another.
 pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
     match std::env::var("DELTAKV_PREFILL_STATE").as_deref() {
         Ok("lockstep") => StatePass::Lockstep,
@@ -219,33 +222,6 @@ pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
 /// Elements of one 8-column block of the core-matrix layout (the kernels' `PF_CM_BLOCK`).
 pub(super) const CM_BLOCK: usize = CHUNK * 8 + 8;
 
-/// Which walk carries the relay's state to the second segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Lead {
-    /// `gdn_prefill_lead_k*`: the lockstep pass without outputs (every K), reading W and U.
-    Lockstep,
-    /// `gdn_prefill_lead_regs_k128`: one warpgroup with the state in registers, reading k and
-    /// T diag(beta) in the core-matrix layout and V's rows (sm_90a, K = 128).
-    Registers,
-}
-
-/// `DELTAKV_PREFILL_LEAD=registers` picks the register lead where it exists (K = 128 on
-/// sm_90a); unset or `lockstep`: the lockstep lead.
-pub(super) fn lead_from_env(kp: usize, arch: &str) -> Result<Lead> {
-    match std::env::var("DELTAKV_PREFILL_LEAD") {
-        Err(_) => Ok(Lead::Lockstep),
-        Ok(text) if text == "lockstep" => Ok(Lead::Lockstep),
-        Ok(text) if text == "registers" => Ok(if kp == 128 && arch == "sm_90a" {
-            Lead::Registers
-        } else {
-            Lead::Lockstep
-        }),
-        Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_LEAD={text}: expected `lockstep` or `registers`"
-        ))),
-    }
-}
-
 /// Shared memory of the register lead (mirrors `RegsStage` and `lead_regs_impl`): two stages
 /// of the gates, k ([64][KP] core-matrix), T diag(beta)'s halves ([64][64] core-matrix each)
 /// and V's tile rows ([64][TILE + PAD]), then an mbarrier per stage.
@@ -282,6 +258,15 @@ pub(super) fn prepare_name(kp: usize, vp: usize) -> &'static str {
         (_, 64) => "gdn_prefill_prepare_mma_k256_v64",
         (_, 128) => "gdn_prefill_prepare_mma_k256_v128",
         (_, _) => "gdn_prefill_prepare_mma_k256_v256",
+    }
+}
+
+/// The prepare for the register walks (K = 128): `gdn_prefill_prepare_regs_k128_v*`.
+pub(super) fn prepare_regs_name(vp: usize) -> &'static str {
+    match vp {
+        64 => "gdn_prefill_prepare_regs_k128_v64",
+        128 => "gdn_prefill_prepare_regs_k128_v128",
+        _ => "gdn_prefill_prepare_regs_k128_v256",
     }
 }
 

@@ -42,9 +42,9 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    CM_BLOCK, Lead, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes,
-    lead_from_env, lead_name, lead_regs_smem, outputs_regs_smem, overlap_name, overlap_smem,
-    prepare_group_limit_from_env, prepare_groups, prepare_name, prepare_smem, relay_rule_from_env,
+    CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes, lead_name,
+    lead_regs_smem, outputs_regs_smem, overlap_name, overlap_smem, prepare_group_limit_from_env,
+    prepare_groups, prepare_name, prepare_regs_name, prepare_smem, relay_rule_from_env,
     segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
@@ -198,8 +198,6 @@ impl PrefillLaunch {
         let scratch = |shape: Vec<usize>, dtype| CudaTensor::zeros(cuda, shape, dtype);
         // W and U in the state passes' stage layouts (`PF_W_ELEMS` in the kernels: U by
         // 64-column tiles, rows swizzled), so each is one bulk copy per chunk there.
-        let w = written(vec![chunks, heads, CHUNK, kp], DType::BF16)?;
-        let u = written(vec![chunks, heads, vp / TILE, CHUNK, TILE], DType::BF16)?;
         let gates = written(vec![chunks, heads, gates_bytes() / 4], DType::F32)?;
         // Each chunk's k rows (and q's, for the overlapped pass) as the walks' stages hold them
         // (rows of kp + PAD, padding included), stored by the prepare.
@@ -209,7 +207,10 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = state_pass_kind(kp, cuda.arch());
+        let pass = match state_pass_kind(kp, cuda.arch()) {
+            StatePass::Registers if plan.segmented => StatePass::Overlap,
+            pass => pass,
+        };
         let registers_pass = pass == StatePass::Registers;
         // The scores Q K^T o D, which the prepare kernel writes for the overlapped pass (and
         // q's chunk copies) and for the register pass (in the core-matrix layout).
@@ -224,15 +225,20 @@ impl PrefillLaunch {
         let q_chunks = overlapped.then(key_chunks).transpose()?;
         // The register walks' operands, which the prepare stores where one runs: T diag(beta)'s
         // halves and k's chunk rows (and q's, for the outputs walk) in the core-matrix layout.
-        let lead = lead_from_env(kp, cuda.arch())?;
-        let registers_lead = plan.relayed > 0 && lead == Lead::Registers;
-        let registers = registers_lead || registers_pass;
         let key_cm = || written(vec![chunks, dims.key_heads, kp / 8 * CM_BLOCK], DType::BF16);
-        let t_cm = registers
+        let t_cm = registers_pass
             .then(|| written(vec![chunks, heads, 2, 8 * CM_BLOCK], DType::BF16))
             .transpose()?;
-        let k_cm = registers.then(key_cm).transpose()?;
+        let k_cm = registers_pass.then(key_cm).transpose()?;
         let q_cm = registers_pass.then(key_cm).transpose()?;
+        // W and U for every walk but the register walks.
+        let needs_w_u = !registers_pass;
+        let w = needs_w_u
+            .then(|| written(vec![chunks, heads, CHUNK, kp], DType::BF16))
+            .transpose()?;
+        let u = needs_w_u
+            .then(|| written(vec![chunks, heads, vp / TILE, CHUNK, TILE], DType::BF16))
+            .transpose()?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
         let chunk_len = upload_i32(cuda, plan.chunk_len.clone())?;
         let segment_table = upload_i32(cuda, plan.segments.clone())?;
@@ -334,8 +340,8 @@ impl PrefillLaunch {
             g,
             beta: inputs.beta.device_address(cuda),
             o: o.device_address_mut(cuda),
-            w: w.device_address(cuda),
-            u: u.device_address(cuda),
+            w: w.as_ref().map_or(0, |t| t.device_address(cuda)),
+            u: u.as_ref().map_or(0, |t| t.device_address(cuda)),
             chunk_first_row: chunk_first_row.device_address(cuda),
             chunk_len: chunk_len.device_address(cuda),
             segments: segment_table.device_address(cuda),
@@ -385,7 +391,12 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let prepare = cuda.function(&SOURCE_PREPARE_MMA, prepare_name(kp, vp))?;
+        let prepare_kernel = if registers_pass {
+            prepare_regs_name(vp)
+        } else {
+            prepare_name(kp, vp)
+        };
+        let prepare = cuda.function(&SOURCE_PREPARE_MMA, prepare_kernel)?;
         let prepare_bytes = prepare_smem(kp, vp, heads_per_block);
         let (state, transition, combine) = state_names(kp);
         let state_pass = match pass {
@@ -421,7 +432,7 @@ impl PrefillLaunch {
                 rows: relayed_rows,
                 state_bytes: 4 * heads * dims.key_dim * dims.value_dim,
             });
-            let lead = if registers_lead {
+            let lead = if registers_pass {
                 (
                     cuda.function(&SOURCE, "gdn_prefill_lead_regs_k128")?,
                     lead_regs_smem(kp) as u32,
@@ -446,8 +457,6 @@ impl PrefillLaunch {
             None
         };
         let mut buffers = vec![
-            w,
-            u,
             gates,
             k_chunks,
             chunk_first_row,
@@ -458,6 +467,8 @@ impl PrefillLaunch {
             transition_d,
             transition_m,
         ];
+        buffers.extend(w);
+        buffers.extend(u);
         buffers.extend(scores);
         buffers.extend(t_cm);
         buffers.extend(k_cm);

@@ -391,6 +391,8 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
     const long long value_stride = (long long)p.value_heads * VP;
 
+    // v for U's product. The register walks read V themselves, but leaving these copies out
+    // of their prepare made ptxas spill at the 80-register bound (NVRTC 13.0), so they stay.
     copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
     if (!p.fused_qk_norm) {
         copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + key_offset, key_stride, len);
@@ -439,7 +441,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     fence_proxy_async();
     __syncthreads();
     PF_MARK(1);
-    if (group == 0 && threadIdx.x == 0 && p.k_chunks && !(PF_TRIAL & 1)) {
+    if (!REGISTER_WALKS && group == 0 && threadIdx.x == 0 && p.k_chunks && !(PF_TRIAL & 1)) {
         // The chunk's k (and q) rows as the walks' stages hold them, one bulk copy each: q's
         // space is T's later (the copy has read it by then: bulk_store_wait_read below).
         const long long at = key_chunk_offset<KP>(p, chunk, key_head);
@@ -451,7 +453,9 @@ __device__ void prepare_impl(const PrefillParams& p) {
         // layout, for the register walks.
         const long long at = ((long long)chunk * p.key_heads + key_head) * (KP / 8) * PF_CM_BLOCK;
         for (int piece = threadIdx.x; piece < PF_CHUNK * KP / 8; piece += PF_PREPARE_THREADS) {
-            const int i = piece / (KP / 8), c = 8 * (piece % (KP / 8));
+            // Consecutive threads take consecutive rows: in the core-matrix layout their 16-byte
+            // pieces are adjacent.
+            const int i = piece % PF_CHUNK, c = 8 * (piece / PF_CHUNK);
             *(uint4*)((unsigned short*)p.k_cm + at + cm_index(i, c)) = *(const uint4*)(keys + i * LDK + c);
             if (with_scores) {
                 *(uint4*)((unsigned short*)p.q_cm + at + cm_index(i, c)) = *(const uint4*)(queries + i * LDK + c);
@@ -530,10 +534,10 @@ __device__ void prepare_impl(const PrefillParams& p) {
             // register lead: the blocks above T's diagonal blocks are zero.
             unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
             for (int piece = threadIdx.x; piece < 2 * PF_CHUNK * 8; piece += PF_PREPARE_THREADS) {
-                const int half = piece / (PF_CHUNK * 8), i = (piece / 8) % PF_CHUNK, c = 8 * (piece % 8);
+                const int part = piece / (PF_CHUNK * 8), i = piece % PF_CHUNK, c = 8 * ((piece / PF_CHUNK) % 8);
                 uint4 bits = make_uint4(0u, 0u, 0u, 0u);
-                if (c / 16 <= i / 16) bits = *(const uint4*)((half ? u_lo : u_hi) + i * PF_LDC + c);
-                *(uint4*)(to + half * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
+                if (c / 16 <= i / 16) bits = *(const uint4*)((part ? u_lo : u_hi) + i * PF_LDC + c);
+                *(uint4*)(to + part * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
             }
         }
         // W and U, which the register walks do not read.

@@ -461,6 +461,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 *(uint4*)((unsigned short*)p.q_cm + at + cm_index(i, c)) = *(const uint4*)(queries + i * LDK + c);
             }
         }
+        // The 16-byte pad after each 8-column block, never read by wgmma, zeroed so that the
+        // walks' bulk copies read only written memory.
+        if (threadIdx.x < KP / 8) {
+            const long long pad = at + threadIdx.x * PF_CM_BLOCK + PF_CHUNK * 8;
+            *(uint4*)((unsigned short*)p.k_cm + pad) = make_uint4(0u, 0u, 0u, 0u);
+            if (with_scores) *(uint4*)((unsigned short*)p.q_cm + pad) = make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     {
         // The chunk's gates for the state kernels, which copy them in with the chunk's inputs.
@@ -538,6 +545,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 uint4 bits = make_uint4(0u, 0u, 0u, 0u);
                 if (c / 16 <= i / 16) bits = *(const uint4*)((part ? u_lo : u_hi) + i * PF_LDC + c);
                 *(uint4*)(to + part * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
+            }
+            // The blocks' pads (see k's above), of T's halves and of this head's scores.
+            if (threadIdx.x < 24) {
+                const int block = threadIdx.x % 8, part = threadIdx.x / 8;
+                unsigned short* base = part < 2 ? to + part * PF_T_CM_ELEMS
+                                                : (unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS;
+                *(uint4*)(base + block * PF_CM_BLOCK + PF_CHUNK * 8) = make_uint4(0u, 0u, 0u, 0u);
             }
         }
         // W and U, which the register walks do not read.

@@ -539,7 +539,8 @@ for line in sys.stdin:
         .carry/tests/deltakv-cuda-kv_paged
     ;;
 prefill-variants)
-    # Each variant (PREFILL_VARIANTS, default "default DELTAKV_PREFILL_STATE=lockstep":
+    # Each variant (PREFILL_VARIANTS, default "default DELTAKV_PREFILL_STATE=overlap
+    # DELTAKV_PREFILL_STATE=lockstep":
     # `default` the library's defaults, `NAME=VALUE` that variable, e.g.
     # DELTAKV_PREFILL_RELAY=off; with
     # PREFILL_SUITES=first only the first variant runs the suites) through the prefill suites, then
@@ -556,7 +557,7 @@ prefill-variants)
     summary=()
     budget=${PREFILL_VARIANTS_BUDGET:-470}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-    variants=${PREFILL_VARIANTS:-default DELTAKV_PREFILL_STATE=lockstep}
+    variants=${PREFILL_VARIANTS:-default DELTAKV_PREFILL_STATE=overlap DELTAKV_PREFILL_STATE=lockstep}
     use() {
         unset DELTAKV_PREFILL_STATE DELTAKV_PREFILL_RELAY DELTAKV_PREFILL_RELAY_MIN_CHUNKS DELTAKV_PREFILL_SEGMENT_CHUNKS
         case "$1" in

@@ -16,8 +16,7 @@
 // s of the next product, so nothing of the chain passes through shared memory. The prepare
 // stores k's chunk rows and T diag(beta)'s halves in the core-matrix layout (`cm_index`) that
 // wgmma reads K-major and MN-major alike, so each arrives by one bulk copy; V's tile rows come
-// by the warpgroup's asynchronous copies. The helpers below also serve the timing trials of
-// gdn_prefill_lead_trial.cu.
+// by the warpgroup's asynchronous copies.
 //
 // The outputs walk in the same form (`gdn_prefill_outputs_regs_k128`) adds, per chunk,
 //
@@ -25,7 +24,8 @@
 //
 // with S^T Q^T issued beside X^T (both take S^T as their A operand) and V'^T C^T beside the
 // update, so neither sits on the chain; q's chunk rows and the scores come in the core-matrix
-// layout too, and O^T goes to o by its columns (the chunk's tokens).
+// layout too. O^T is staged transposed in shared memory (stmatrix) and goes to o by rows while
+// the next chunk's first products run.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -372,6 +372,76 @@ extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(
     lead_regs_impl<128>(p);
 }
 
+// One chunk's O staged for the outputs walk's row-wise stores: the chunk's tokens as rows, the
+// tile's 64 columns and 8 halves of pad (stmatrix's eight rows on distinct banks), in o's dtype.
+#define PF_O_LD (PF_TILE + PF_PAD)
+#define PF_O_STAGE_HALFS (PF_CHUNK * PF_O_LD)
+
+// Two floats rounded to f16 in one register, `lo` in the low half.
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+    unsigned packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+// The warp's part of O^T (its 16 value columns as rows, the chunk's tokens as columns), scaled
+// and rounded to bf16 or f16, stored transposed into `stage` (stage[token][column]) by four
+// stmatrix: matrix 2 jj + h of a call holds tokens 8 (j + jj) .. and columns 16 warp + 8 h ..
+__device__ __forceinline__ void regs_stage_o(unsigned short* stage, const float (&o)[8][4], float scale, bool f16,
+                                             int warp, int lane) {
+    const int m = lane >> 3, q = lane & 7;
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        unsigned r[4];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float lo = o[j + jj][2 * h] * scale, hi = o[j + jj][2 * h + 1] * scale;
+                r[2 * jj + h] = f16 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
+            }
+        }
+        stsm_x4_trans(stage + (8 * (j + (m >> 1)) + q) * PF_O_LD + 16 * warp + 8 * (m & 1), r[0], r[1], r[2], r[3]);
+    }
+}
+
+// A staged chunk's rows (those < len, from token row `first_row`) to o: 16-byte pieces where
+// o's rows are 16-byte aligned, else element by element. Every thread of the warpgroup takes
+// four of the chunk's 512 pieces.
+__device__ __forceinline__ void regs_write_o(const unsigned short* stage, const PrefillParams& p, long long first_row,
+                                             int len, int head, int col0) {
+    const bool pieces = (p.value_dim & 7) == 0 && ((unsigned long long)p.o & 15) == 0;
+#pragma unroll
+    for (int k = 0; k < PF_CHUNK * PF_TILE / 8 / 128; ++k) {
+        const int piece = threadIdx.x + 128 * k;
+        const int i = piece >> 3, c = col0 + 8 * (piece & 7);
+        if (i >= len || c >= p.value_dim) continue;
+        const unsigned short* from = stage + i * PF_O_LD + (c - col0);
+        unsigned short* to = (unsigned short*)p.o + ((first_row + i) * p.value_heads + head) * (long long)p.value_dim + c;
+        if (pieces) {
+            *(uint4*)to = *(const uint4*)from;
+        } else {
+            for (int e = 0; e < 8 && c + e < p.value_dim; ++e) to[e] = from[e];
+        }
+    }
+}
+
+// O^T's accumulators straight to an f32 o, scaled (the tile's columns < V, tokens < len).
+__device__ __forceinline__ void regs_store_o_f32(const float (&o)[8][4], const PrefillParams& p, long long first_row,
+                                                 int len, int head, int col0, int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 8 * j + 2 * (lane & 3) + (e & 1);
+            const int c = col0 + lead_value_col(warp, lane, e);
+            if (i < len && c < p.value_dim) {
+                ((float*)p.o)[((first_row + i) * p.value_heads + head) * (long long)p.value_dim + c] = o[j][e] * p.scale;
+            }
+        }
+    }
+}
+
 // One stage of the register outputs walk: the lead's, with q's chunk rows ([64][KP]) and the
 // scores ([64][64]) in the core-matrix layout.
 template <int KP>
@@ -401,13 +471,14 @@ struct OutStage {
 // The register outputs walk (see the top of the file): 128 threads, two stages; the entry
 // state as every walk takes it (`regs_entry_state`), checkpoints after the chunks the table
 // names, the final state where the segment ends its sequence. Shared memory: the two stages,
-// then an mbarrier per stage (the host's `outputs_regs_smem`).
+// two chunks' staged O, then an mbarrier per stage (the host's `outputs_regs_smem`).
 template <int KP>
 __device__ void outputs_regs_impl(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned long long* full = (unsigned long long*)(stage_base + 2 * OutStage<KP>::BYTES);
+    unsigned short* o_stage = (unsigned short*)(stage_base + 2 * OutStage<KP>::BYTES);  // two chunks' O
+    unsigned long long* full = (unsigned long long*)(o_stage + 2 * PF_O_STAGE_HALFS);
 
     const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -417,7 +488,12 @@ __device__ void outputs_regs_impl(const PrefillParams& p) {
     const int col0 = tile * PF_TILE;
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
     const SegmentRows rows(p, first_chunk, chunks);
+    const bool staged_o = p.out_dtype != DT_F32, f16_o = p.out_dtype == DT_F16;
     auto stage_of = [&](int ci) { return OutStage<KP>(stage_base + (ci & 1) * OutStage<KP>::BYTES); };
+    // Chunk ci's staged O to o (ordered after its stmatrix by a barrier at a chunk's start).
+    auto write_o = [&](int ci) {
+        regs_write_o(o_stage + (ci & 1) * PF_O_STAGE_HALFS, p, rows.row(ci), rows.len(ci), head, col0);
+    };
     auto issue = [&](int ci) {
         const OutStage<KP> stage = stage_of(ci);
         const int chunk = first_chunk + ci;
@@ -472,6 +548,9 @@ __device__ void outputs_regs_impl(const PrefillParams& p) {
         regs_issue_keys(x, a, stage.k);
         regs_issue_keys(o, a, stage.q);
         wgmma_commit();
+        // The last chunk's O leaves while the products run (its stage is rewritten two chunks
+        // on, after the barrier at that chunk's start).
+        if (staged_o && ci > 0) write_o(ci - 1);
         unsigned vt[4][4];
         regs_v_fragments_rows(vt, stage.v, OutStage<KP>::V_LD, warp, lane);
         wgmma_wait_all();
@@ -524,25 +603,20 @@ __device__ void outputs_regs_impl(const PrefillParams& p) {
         wg_fence(o);
         wg_fence(pa);
         wg_fence(va);
-        // O^T by its columns (the chunk's tokens) into o, scaled, in o's dtype.
-        const long long first_row = rows.row(ci);
-        const int len = rows.len(ci);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = 8 * j + 2 * (lane & 3) + (e & 1);
-                const int c = col0 + lead_value_col(warp, lane, e);
-                if (i < len && c < p.value_dim) {
-                    store_float((void*)p.o, ((first_row + i) * p.value_heads + head) * (long long)p.value_dim + c,
-                                p.out_dtype, o[j][e] * p.scale);
-                }
-            }
+        // O: staged in o's 2-byte dtype for the next chunk to write out, or straight to an f32 o.
+        if (staged_o) {
+            regs_stage_o(o_stage + (ci & 1) * PF_O_STAGE_HALFS, o, p.scale, f16_o, warp, lane);
+        } else {
+            regs_store_o_f32(o, p, rows.row(ci), rows.len(ci), head, col0, warp, lane);
         }
         if (p.checkpoints) {
             const int checkpoint = ((const int*)p.chunk_checkpoint)[first_chunk + ci];
             if (checkpoint >= 0) regs_store_state<KP>(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
         }
+    }
+    if (staged_o && chunks > 0) {
+        __syncthreads();
+        write_o(chunks - 1);
     }
     if (p.final_state && segment_is_last(p, segment)) {
         regs_store_state<KP>(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);

@@ -455,11 +455,5 @@ PF_TRANSITION_ENTRY_POINT(128)
 PF_TRANSITION_ENTRY_POINT(256)
 PF_LEAD_ENTRY_POINT(64)
 PF_LEAD_ENTRY_POINT(256)
-// gdn_prefill_lead_trial.cu defines the K = 128 lead under its timing trials, and the K = 128
-// outputs walk under trial 3.
-#if !defined(PF_LEAD_TRIAL) || PF_LEAD_TRIAL == 0 || !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 PF_LEAD_ENTRY_POINT(128)
-#endif
-#if !defined(PF_LEAD_TRIAL) || PF_LEAD_TRIAL != 3 || !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 PF_STATE_ENTRY_POINT(128)
-#endif

@@ -155,24 +155,29 @@ pub(super) enum StatePass {
     Registers,
 }
 
-/// The overlapped pass where it exists (K <= 128; every pass stores checkpoints from its
-/// registers), unless `DELTAKV_PREFILL_STATE=lockstep` or `registers` (K = 128 on sm_90a;
-/// the caller keeps the overlapped pass where the plan runs the scan) asks for another.
+/// The register walks where they exist (K = 128 on sm_90a; the caller keeps the overlapped pass
+/// where the plan runs the scan), else the overlapped pass (K <= 128), else the lockstep pass;
+/// `DELTAKV_PREFILL_STATE=overlap` or `lockstep` asks for one of the others (every pass stores
+/// checkpoints from its registers).
 pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
+    let registers = kp == 128 && arch == "sm_90a";
     match std::env::var("DELTAKV_PREFILL_STATE").as_deref() {
         Ok("lockstep") => StatePass::Lockstep,
-        Ok("registers") if kp == 128 && arch == "sm_90a" => StatePass::Registers,
+        Ok("overlap") if kp <= 128 => StatePass::Overlap,
+        _ if registers => StatePass::Registers,
         _ if kp <= 128 => StatePass::Overlap,
         _ => StatePass::Lockstep,
     }
 }
 
 /// Shared memory of the register outputs walk (mirrors `OutStage` and `outputs_regs_impl`):
-/// the lead's stages with q's chunk rows and the scores added.
+/// the lead's stages with q's chunk rows and the scores added, then two chunks' O staged in a
+/// 2-byte dtype (`PF_O_STAGE_HALFS`).
 pub(super) fn outputs_regs_smem(kp: usize) -> usize {
     let stage =
         gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
-    2 * stage + 2 * 8
+    let o_stage = 2 * CHUNK * (TILE + PAD);
+    2 * stage + 2 * o_stage + 2 * 8
 }
 
 pub(super) fn overlap_name(kp: usize) -> &'static str {
@@ -319,14 +324,15 @@ mod tests {
     #[test]
     fn register_walks_fit_the_sm() {
         // Two stages each (RegsStage, OutStage): gates, k (and q), T's halves (and the
-        // scores) in the core-matrix layout, V's rows of 72; an mbarrier per stage.
+        // scores) in the core-matrix layout, V's rows of 72; the outputs walk's two staged
+        // chunks of O (64 rows of 72); an mbarrier per stage.
         assert_eq!(
             lead_regs_smem(128),
             2 * (1920 + 2 * (8320 + 8320 + 4608)) + 16
         );
         assert_eq!(
             outputs_regs_smem(128),
-            2 * (1920 + 2 * (16_640 + 12_480 + 4608)) + 16
+            2 * (1920 + 2 * (16_640 + 12_480 + 4608)) + 2 * 2 * 4608 + 16
         );
         assert!(outputs_regs_smem(128) <= 227 * 1024);
     }

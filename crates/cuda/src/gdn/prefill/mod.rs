@@ -63,8 +63,7 @@ pub const SOURCE: KernelSource = KernelSource {
         include_str!("../../../kernels/gdn_prefill_wgmma.cu"),
         include_str!("../../../kernels/gdn_prefill_state.cu"),
         include_str!("../../../kernels/gdn_prefill_overlap.cu"),
-        include_str!("../../../kernels/gdn_prefill_lead_regs.cu"),
-        include_str!("../../../kernels/gdn_prefill_lead_trial.cu")
+        include_str!("../../../kernels/gdn_prefill_lead_regs.cu")
     ),
 };
 

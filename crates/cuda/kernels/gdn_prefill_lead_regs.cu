@@ -1,5 +1,6 @@
-// GDN chunked prefill, the relay's lead walk on one warpgroup with the state in registers
-// (sm_90a, K = 128; `gdn_prefill_lead_regs_k128`), in the form that needs neither W nor U:
+// GDN chunked prefill, the relay's lead walk (and the scan's transition, the same walk) on one
+// warpgroup with the state in registers (sm_90a, K = 128; `gdn_prefill_lead_regs_k128`,
+// `gdn_prefill_transition_regs_k128`), in the form that needs neither W nor U:
 //
 //   V' = T diag(beta) (V - diag(d) K S),   S <- exp(G_last) S + K^T diag(e) V'
 //
@@ -215,6 +216,30 @@ __device__ __forceinline__ void regs_hand_over(const float (&state)[2][8][4], co
 }
 
 
+// The transition's end state: a segment's map M (columns of the K x K map, `m_cols`) or its
+// D (value columns), as `combine` reads them.
+template <int KP>
+__device__ __forceinline__ void regs_store_transition(const float (&state)[2][8][4], const PrefillParams& p,
+                                                      int segment, int head, int col0, bool m_cols, int warp,
+                                                      int lane) {
+    const long long block = (long long)segment * p.value_heads + head;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                if (m_cols) {
+                    ((float*)p.transition_m)[(block * KP + r) * KP + c] = state[h][j][e];
+                } else {
+                    ((float*)p.transition_d)[(block * KP + r) * p.value_pad + c] = state[h][j][e];
+                }
+            }
+        }
+    }
+}
+
 // A register state S^T stored as row `state_row` of a [*, H, K, V] f32 tensor (its keys < K and
 // columns col0.. < V): the final states and checkpoints.
 template <int KP>
@@ -260,7 +285,12 @@ struct RegsStage {
 // The register lead (see the top of the file): 128 threads, two stages, chunk c + 1's copies
 // issued while chunk c computes. Shared memory: the two stages, then an mbarrier per stage
 // (the host's `lead_regs_smem`).
-template <int KP>
+//
+// TRANSITION: the scan's transition in the same walk. Blocks with tile < V / 64 walk value
+// columns from a zero state (the segment's D), the others columns of the K x K map from the
+// identity with no V (M: S_exit = M S_entry + D); the last segment of a sequence has no
+// successor and walks nothing.
+template <int KP, bool TRANSITION>
 __device__ void lead_regs_impl(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -272,7 +302,10 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
     const int key_head = head / (p.value_heads / p.key_heads);
-    const int col0 = tile * PF_TILE;
+    if (TRANSITION && segment_is_last(p, segment)) return;
+    const int tiles_v = p.value_pad / PF_TILE;
+    const bool m_cols = TRANSITION && tile >= tiles_v;
+    const int col0 = (m_cols ? tile - tiles_v : tile) * PF_TILE;
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
     const SegmentRows rows(p, first_chunk, chunks);
     auto stage_of = [&](int ci) { return RegsStage<KP>(stage_base + (ci & 1) * RegsStage<KP>::BYTES); };
@@ -295,14 +328,31 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
             bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
                       2u * 2 * PF_T_CM_ELEMS, bar);
         }
-        const unsigned short* v_rows = (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
-        copy_rows_async_team<PF_TILE, 128>(stage.v, RegsStage<KP>::V_LD, v_rows,
-                                           (long long)p.value_heads * p.value_pad, rows.len(ci));
+        if (!m_cols) {
+            const unsigned short* v_rows =
+                (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
+            copy_rows_async_team<PF_TILE, 128>(stage.v, RegsStage<KP>::V_LD, v_rows,
+                                               (long long)p.value_heads * p.value_pad, rows.len(ci));
+        }
         cp_async_commit();
     };
 
     float state[2][8][4];
-    regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    if (TRANSITION) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                    state[h][j][e] = (m_cols && r == c) ? 1.0f : 0.0f;
+                }
+            }
+        }
+    } else {
+        regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
     }
@@ -329,13 +379,17 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
         regs_issue_keys(x, a, stage.k);
         wgmma_commit();
         unsigned vt[4][4];
-        regs_v_fragments_rows(vt, stage.v, RegsStage<KP>::V_LD, warp, lane);
+        if (!m_cols) regs_v_fragments_rows(vt, stage.v, RegsStage<KP>::V_LD, warp, lane);
         wgmma_wait_all();
         wg_fence(x);
         wg_fence(a);
-        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T, T's halves in turn.
+        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T, T's halves in turn (no V for M's columns).
         unsigned y[4][4];
-        regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+        if (m_cols) {
+            regs_fragments<false>(y, vt, x, gates.start_decay, -1.0f, lane);
+        } else {
+            regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
         wg_fence(x);
@@ -364,12 +418,21 @@ __device__ void lead_regs_impl(const PrefillParams& p) {
         wg_fence(state[1]);
         wg_fence(pa);
     }
-    regs_hand_over<KP>(state, p, segment, head, col0, warp, lane);
+    if (TRANSITION) {
+        regs_store_transition<KP>(state, p, segment, head, col0, m_cols, warp, lane);
+    } else {
+        regs_hand_over<KP>(state, p, segment, head, col0, warp, lane);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(PrefillParams p) {
     wait_for_prepare();
-    lead_regs_impl<128>(p);
+    lead_regs_impl<128, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_transition_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    lead_regs_impl<128, true>(p);
 }
 
 // One chunk's O staged for the outputs walk's row-wise stores: the chunk's tokens as rows, the

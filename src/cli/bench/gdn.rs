@@ -36,8 +36,28 @@ pub struct GdnBenchArgs {
     /// multiple of 64), beside the prefill without them.
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<usize>,
+    /// Which serving shapes `--device cuda` times before --seq-lens (K = V = 128): t16384
+    /// (B 1, Hg 16, H 32), tp8 (B 1, T 65536, Hg 2, H 8), b8 (B 8, T 8192, Hg 16, H 32),
+    /// t4096 (B 1, Hg 16, H 32), or none.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "t16384,tp8,b8,t4096"
+    )]
+    pub serving: Vec<ServingArg>,
     #[command(flatten)]
     pub json: JsonArg,
+}
+
+/// A serving shape of `--serving` (the rows of [`SERVING_SHAPES`], in order), or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServingArg {
+    T16384,
+    Tp8,
+    B8,
+    T4096,
+    None,
 }
 
 /// (name, Hg, H, K, V) of the model shapes benchmarked.
@@ -58,6 +78,28 @@ pub const SERVING_SHAPES: [PrefillShape; 4] = [
     ("qwen3-next", 8, 8192, 16, 32, 128, 128),
     ("qwen3-next", 1, 4096, 16, 32, 128, 128),
 ];
+
+/// The serving shapes `--serving` names, in the table's order; `none` alone names none.
+#[cfg(feature = "cuda")]
+fn serving_shapes(names: &[ServingArg]) -> Result<Vec<PrefillShape>> {
+    if names.contains(&ServingArg::None) && names.len() > 1 {
+        return Err(deltakv::Error::InvalidValue(
+            "--serving: `none` cannot be combined with shapes".into(),
+        ));
+    }
+    let order = [
+        ServingArg::T16384,
+        ServingArg::Tp8,
+        ServingArg::B8,
+        ServingArg::T4096,
+    ];
+    Ok(order
+        .iter()
+        .zip(SERVING_SHAPES)
+        .filter(|(name, _)| names.contains(name))
+        .map(|(_, shape)| shape)
+        .collect())
+}
 
 /// Nominal flops of a prefill of `tokens` tokens per value head.
 pub fn prefill_flops(mode: PrefillMode, tokens: usize, key_dim: usize, value_dim: usize) -> f64 {
@@ -92,8 +134,8 @@ pub fn run(args: GdnBenchArgs) -> Result<()> {
         Device::Cpu => prefill(&args, &seq_lens, &mut records)?,
         #[cfg(feature = "cuda")]
         Device::Cuda => {
-            // The serving shapes, then Qwen3-Next's shape at each --seq-lens length.
-            let mut shapes = SERVING_SHAPES.to_vec();
+            // The serving shapes asked for, then Qwen3-Next's shape at each --seq-lens length.
+            let mut shapes = serving_shapes(&args.serving)?;
             shapes.extend(
                 seq_lens
                     .iter()
@@ -191,4 +233,18 @@ fn prefill(
         println!("{line}");
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_names_pick_rows_in_table_order() {
+        let picked = serving_shapes(&[ServingArg::T4096, ServingArg::Tp8]).unwrap();
+        assert_eq!(picked, vec![SERVING_SHAPES[1], SERVING_SHAPES[3]]);
+        assert!(serving_shapes(&[ServingArg::None]).unwrap().is_empty());
+        let err = serving_shapes(&[ServingArg::None, ServingArg::B8]).unwrap_err();
+        assert!(err.to_string().contains("--serving"), "{err}");
+    }
 }

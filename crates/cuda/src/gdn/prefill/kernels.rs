@@ -149,14 +149,14 @@ pub(super) enum StatePass {
     Lockstep,
     /// `gdn_prefill_outputs_regs_k128`: one warpgroup with the state in registers, reading k,
     /// q, T diag(beta) and the scores in the core-matrix layout and V's rows (sm_90a, K = 128),
-    /// with `gdn_prefill_lead_regs_k128` as the relay's lead and the prepare that forms
-    /// neither W nor U (`gdn_prefill_prepare_regs_*`); not where the plan runs the scan (its
-    /// transition reads W and U).
+    /// with `gdn_prefill_lead_regs_k128` as the relay's lead, `gdn_prefill_transition_regs_k128`
+    /// as the scan's transition and the prepare that forms neither W nor U
+    /// (`gdn_prefill_prepare_regs_*`).
     Registers,
 }
 
-/// The register walks where they exist (K = 128 on sm_90a; the caller keeps the overlapped pass
-/// where the plan runs the scan), else the overlapped pass (K <= 128), else the lockstep pass;
+/// The register walks where they exist (K = 128 on sm_90a), else the overlapped pass
+/// (K <= 128), else the lockstep pass;
 /// `DELTAKV_PREFILL_STATE=overlap` or `lockstep` asks for one of the others (every pass stores
 /// checkpoints from its registers).
 pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {

@@ -101,8 +101,8 @@ pub struct PrefillLaunch {
     prepare: (cudarc::driver::CudaFunction, u32),
     /// The state pass that writes the outputs, its shared memory and threads per block.
     state: (cudarc::driver::CudaFunction, u32, u32),
-    /// The transition pass and its shared memory.
-    transition: (cudarc::driver::CudaFunction, u32),
+    /// The scan's transition pass, its shared memory and threads per block.
+    transition: (cudarc::driver::CudaFunction, u32, u32),
     combine: cudarc::driver::CudaFunction,
     /// The relay's launches, when the plan relays some sequence.
     relay: Option<RelayLaunch>,
@@ -206,10 +206,7 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = match state_pass_kind(kp, cuda.arch()) {
-            StatePass::Registers if plan.segmented => StatePass::Overlap,
-            pass => pass,
-        };
+        let pass = state_pass_kind(kp, cuda.arch());
         let registers_pass = pass == StatePass::Registers;
         // The scores Q K^T o D, which the prepare kernel writes for the overlapped pass (and
         // q's chunk copies) and for the register pass (in the core-matrix layout).
@@ -485,7 +482,19 @@ impl PrefillLaunch {
             sequences: seqs.len() as u32,
             prepare: (prepare, prepare_bytes as u32),
             state: state_pass,
-            transition: (cuda.function(&SOURCE, transition)?, state_smem(kp) as u32),
+            transition: if registers_pass {
+                (
+                    cuda.function(&SOURCE, "gdn_prefill_transition_regs_k128")?,
+                    lead_regs_smem(kp) as u32,
+                    128,
+                )
+            } else {
+                (
+                    cuda.function(&SOURCE, transition)?,
+                    state_smem(kp) as u32,
+                    2 * kp as u32,
+                )
+            },
             combine: cuda.function(&SOURCE, combine)?,
             relay,
             plan,
@@ -501,7 +510,6 @@ impl PrefillLaunch {
         // Column tiles and threads follow from the padded sizes the kernels were picked for.
         let (key_pad, value_pad) = (self.params.key_pad as u32, self.params.value_pad as u32);
         let (tiles_v, tiles_k) = (value_pad / TILE as u32, key_pad / TILE as u32);
-        let transition_threads = 2 * key_pad;
         for conversion in &self.conversions {
             let mut builder = cuda.stream().launch_builder(&self.convert);
             builder.arg(&conversion.params);
@@ -551,7 +559,8 @@ impl PrefillLaunch {
         }
         // The scan: the transitions (the prepare's programmatic dependent), the combine, then
         // every segment's outputs.
-        let (transition, transition_bytes) = (&self.transition.0, self.transition.1);
+        let (transition, transition_bytes, transition_threads) =
+            (&self.transition.0, self.transition.1, self.transition.2);
         let grid = walk_grid(segments, heads, tiles_v + tiles_k);
         kernel(
             transition,

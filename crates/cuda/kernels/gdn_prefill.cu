@@ -571,28 +571,50 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prefill_convert(ConvertPar
 
 // ---------------------------------------------------------------------------------------
 // Combine: the entry state of every segment of one sequence, for one head and 16 columns:
-// S_0 = the initial state (or 0), S_{s+1} = M_s S_s + D_s. 256 threads; M is read through
-// shared memory 16 columns at a time.
+// S_0 = the initial state (or 0), S_{s+1} = M_s S_s + D_s, in f32. 256 threads, each with the
+// KP / 16 rows r = group + 16 i of one column. M comes through shared memory in tiles of KP rows
+// by COMBINE_M_COLS(KP) columns, double-buffered by cp.async: M does not depend on the chain,
+// so the next tile (the next step's first, at a step's end) lands while this one is used, and
+// only the products and one barrier per tile sit on the sequential chain.
 
 #define COMBINE_COLS 16
-#define COMBINE_M_COLS 16
+#define COMBINE_M_COLS(KP) ((KP) == 256 ? 8 : 32)
 
 template <int KP>
 __device__ void combine_impl(const PrefillParams& p) {
-    constexpr int ROWS_PER_PASS = 256 / COMBINE_COLS;  // each thread: one column, KP/16 rows
-    constexpr int ROWS_PER_THREAD = KP / ROWS_PER_PASS;
+    constexpr int ROW_GROUPS = 256 / COMBINE_COLS;
+    constexpr int ROWS = KP / ROW_GROUPS;  // rows per thread
+    constexpr int MC = COMBINE_M_COLS(KP);
+    constexpr int LD = MC + 4;  // 16-byte rows; neighbouring rows 4 banks apart
+    constexpr int TILES = KP / MC;
+    constexpr int PIECES = KP * MC / 4 / 256;  // 16-byte copies per thread and tile
+    static_assert(PIECES * 256 * 4 == KP * MC, "whole tiles of 16-byte pieces");
     __shared__ float entry[KP][COMBINE_COLS];
-    __shared__ float m_block[KP][COMBINE_M_COLS + 1];
+    __shared__ __align__(16) float m_tile[2][KP][LD];
     const int seq = blockIdx.x, head = blockIdx.y, col0 = blockIdx.z * COMBINE_COLS;
-    const int col = threadIdx.x % COMBINE_COLS, row_group = threadIdx.x / COMBINE_COLS;
+    const int col = threadIdx.x % COMBINE_COLS, group = threadIdx.x / COMBINE_COLS;
     const int first = ((const int*)p.seq_first_segment)[seq];
     const int count = ((const int*)p.seq_first_segment)[seq + 1] - first;
     const long long state_row =
         p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
     float* seg_states = (float*)p.segment_states;
+    const int total = (count - 1) * TILES;  // tiles over every step
+    // Tile k: columns (k % TILES) MC .. of M_{k / TILES} into buffer k & 1.
+    auto issue = [&](int k) {
+        const long long seg_head = (long long)(first + k / TILES) * p.value_heads + head;
+        const float* m = (const float*)p.transition_m + seg_head * KP * KP + (k % TILES) * MC;
+#pragma unroll
+        for (int q = 0; q < PIECES; ++q) {
+            const int piece = threadIdx.x + 256 * q;
+            const int r = piece / (MC / 4), c = 4 * (piece % (MC / 4));
+            cp_async16(&m_tile[k & 1][r][c], m + (long long)r * KP + c);
+        }
+        cp_async_commit();
+    };
+    if (total > 0) issue(0);
 
-    for (int i = 0; i < ROWS_PER_THREAD; ++i) {
-        int r = row_group + ROWS_PER_PASS * i, c = col0 + col;
+    for (int i = 0; i < ROWS; ++i) {
+        const int r = group + ROW_GROUPS * i, c = col0 + col;
         float x = 0.0f;
         if (p.initial_state && r < p.key_dim && c < p.value_dim) {
             x = ((const float*)p.initial_state)
@@ -601,34 +623,50 @@ __device__ void combine_impl(const PrefillParams& p) {
         entry[r][col] = x;
         seg_states[(((long long)first * p.value_heads + head) * KP + r) * p.value_pad + c] = x;
     }
-    __syncthreads();
-    for (int s = 0; s + 1 < count; ++s) {
-        const long long seg_head = (long long)(first + s) * p.value_heads + head;
-        const float* m = (const float*)p.transition_m + seg_head * KP * KP;
-        const float* d = (const float*)p.transition_d + seg_head * KP * p.value_pad;
-        float acc[ROWS_PER_THREAD];
-        for (int i = 0; i < ROWS_PER_THREAD; ++i) acc[i] = 0.0f;
-        for (int m0 = 0; m0 < KP; m0 += COMBINE_M_COLS) {
-            for (int idx = threadIdx.x; idx < KP * COMBINE_M_COLS; idx += blockDim.x) {
-                int r = idx / COMBINE_M_COLS, mm = idx % COMBINE_M_COLS;
-                m_block[r][mm] = m[(long long)r * KP + m0 + mm];
-            }
-            __syncthreads();
-            for (int i = 0; i < ROWS_PER_THREAD; ++i) {
-                int r = row_group + ROWS_PER_PASS * i;
-                float a = acc[i];
+    float acc[ROWS], d_values[ROWS];
+    for (int k = 0; k < total; ++k) {
+        const int step = k / TILES, tile = k % TILES;
+        const long long seg_head = (long long)(first + step) * p.value_heads + head;
+        if (tile == 0) {
+            // D_s's entries of this thread, loaded now and added after the step's last tile.
+            const float* d = (const float*)p.transition_d + seg_head * KP * p.value_pad;
 #pragma unroll
-                for (int mm = 0; mm < COMBINE_M_COLS; ++mm) a += m_block[r][mm] * entry[m0 + mm][col];
-                acc[i] = a;
+            for (int i = 0; i < ROWS; ++i) {
+                acc[i] = 0.0f;
+                d_values[i] = d[(long long)(group + ROW_GROUPS * i) * p.value_pad + col0 + col];
             }
+        }
+        if (k + 1 < total) {
+            issue(k + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        // Tile k has landed for every thread (and, at k = 0, the entry state is written).
+        __syncthreads();
+#pragma unroll
+        for (int mm = 0; mm < MC; mm += 4) {
+            float e[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) e[j] = entry[tile * MC + mm + j][col];
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) {
+                const float4 m = *(const float4*)&m_tile[k & 1][group + ROW_GROUPS * i][mm];
+                acc[i] += m.x * e[0] + m.y * e[1] + m.z * e[2] + m.w * e[3];
+            }
+        }
+        if (tile == TILES - 1) {
+            // Every thread is done with S_s before it becomes S_{s+1}.
             __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) {
+                const int r = group + ROW_GROUPS * i, c = col0 + col;
+                const float x = acc[i] + d_values[i];
+                entry[r][col] = x;
+                seg_states[((seg_head + p.value_heads) * KP + r) * p.value_pad + c] = x;
+            }
         }
-        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
-            int r = row_group + ROWS_PER_PASS * i, c = col0 + col;
-            float x = acc[i] + d[(long long)r * p.value_pad + c];
-            entry[r][col] = x;
-            seg_states[((seg_head + p.value_heads) * KP + r) * p.value_pad + c] = x;
-        }
+        // Buffer k & 1 is free for tile k + 2, and a new entry state is visible.
         __syncthreads();
     }
 }

@@ -27,6 +27,8 @@
 // update, so neither sits on the chain; q's chunk rows and the scores come in the core-matrix
 // layout too. O^T is staged transposed in shared memory (stmatrix) and goes to o by rows while
 // the next chunk's first products run.
+//
+// The three walks are one template, `regs_walk`, over the walk's mode.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -109,18 +111,8 @@ __device__ __forceinline__ void regs_entry_state(float (&state)[2][8][4], const 
 
 // The chain's pieces (one warpgroup; fragments as lead_a_from's).
 
-// The A fragments of V^T (U's tile standing in) for k-steps 0..3 (chunk rows 16 s ..), the
-// warp's 16 value columns, by ldmatrix .trans.
-__device__ __forceinline__ void regs_v_fragments(unsigned (&vt)[4][4], const unsigned short* u_tile, int warp,
-                                                  int lane) {
-    const int m = lane >> 3;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        ldsm_x4_trans(vt[s], u_tile + swizzled(16 * s + 8 * (m >> 1) + (lane & 7), 16 * warp + 8 * (m & 1), PF_TILE));
-    }
-}
-
-// The same from V's tile rows in row-major shared memory with leading dimension `ld`.
+// The A fragments of V^T for k-steps 0..3 (chunk rows 16 s ..), the warp's 16 value columns, by
+// ldmatrix .trans from V's tile rows in row-major shared memory with leading dimension `ld`.
 __device__ __forceinline__ void regs_v_fragments_rows(unsigned (&vt)[4][4], const unsigned short* v_rows, int ld,
                                                       int warp, int lane) {
     const int m = lane >> 3;
@@ -159,21 +151,6 @@ __device__ __forceinline__ void regs_issue_keys(float (&x)[8][4], const unsigned
                                                  const unsigned short* b_cm) {
 #pragma unroll
     for (int s = 0; s < 8; ++s) lead_wgmma<0>(x, a[s], lead_desc<true>(b_cm, 0, 16 * s));
-}
-
-// x = y M over the chunk's 64 rows (M K-major in `m_cm`), waited for.
-__device__ __forceinline__ void regs_times_m(float (&x)[8][4], unsigned (&y)[4][4], const unsigned short* m_cm) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-    wg_fence(x);
-    wg_fence(y);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(m_cm, 0, 16 * s));
-    wgmma_commit();
-    wgmma_wait_all();
-    wg_fence(x);
-    wg_fence(y);
 }
 
 // S^T <- decay S^T + P K issued (K MN-major in `k_cm`; the caller fences, commits and waits).
@@ -261,180 +238,6 @@ __device__ __forceinline__ void regs_store_state(const float (&state)[2][8][4], 
     }
 }
 
-// One stage of the register lead: the chunk's gates, k in the core-matrix layout ([64][KP]),
-// T diag(beta)'s hi and lo halves (core-matrix [64][64] each), and V's tile rows ([64][72]).
-template <int KP>
-struct RegsStage {
-    static constexpr int K_ELEMS = KP / 8 * PF_CM_BLOCK;
-    static constexpr int V_LD = PF_TILE + PF_PAD;
-    static constexpr int BYTES = PF_GATES_BYTES + 2 * (K_ELEMS + 2 * PF_T_CM_ELEMS + PF_CHUNK * V_LD);
-    ChunkGates* gates;
-    unsigned short* k;
-    unsigned short* t_hi;
-    unsigned short* t_lo;
-    unsigned short* v;
-    __device__ RegsStage(unsigned char* base) {
-        gates = (ChunkGates*)base;
-        k = (unsigned short*)(base + PF_GATES_BYTES);
-        t_hi = k + K_ELEMS;
-        t_lo = t_hi + PF_T_CM_ELEMS;
-        v = t_lo + PF_T_CM_ELEMS;
-    }
-};
-
-// The register lead (see the top of the file): 128 threads, two stages, chunk c + 1's copies
-// issued while chunk c computes. Shared memory: the two stages, then an mbarrier per stage
-// (the host's `lead_regs_smem`).
-//
-// TRANSITION: the scan's transition in the same walk. Blocks with tile < V / 64 walk value
-// columns from a zero state (the segment's D), the others columns of the K x K map from the
-// identity with no V (M: S_exit = M S_entry + D); the last segment of a sequence has no
-// successor and walks nothing.
-template <int KP, bool TRANSITION>
-__device__ void lead_regs_impl(const PrefillParams& p) {
-    static_assert(KP == 128, "two m64n64 halves of S^T");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    unsigned char* stage_base = smem_raw;
-    unsigned long long* full = (unsigned long long*)(stage_base + 2 * RegsStage<KP>::BYTES);
-
-    const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
-    const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
-    const int key_head = head / (p.value_heads / p.key_heads);
-    if (TRANSITION && segment_is_last(p, segment)) return;
-    const int tiles_v = p.value_pad / PF_TILE;
-    const bool m_cols = TRANSITION && tile >= tiles_v;
-    const int col0 = (m_cols ? tile - tiles_v : tile) * PF_TILE;
-    const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
-    const SegmentRows rows(p, first_chunk, chunks);
-    auto stage_of = [&](int ci) { return RegsStage<KP>(stage_base + (ci & 1) * RegsStage<KP>::BYTES); };
-    // Chunk ci's inputs: gates, k and T's halves by thread 0's bulk copies completing on the
-    // stage's barrier, V's tile rows by the warpgroup's asynchronous copies (its own group).
-    auto issue = [&](int ci) {
-        const RegsStage<KP> stage = stage_of(ci);
-        const int chunk = first_chunk + ci;
-        if (threadIdx.x == 0) {
-            const long long chunk_head = (long long)chunk * p.value_heads + head;
-            unsigned long long* bar = &full[ci & 1];
-            // The warpgroup's reads of the stage's last chunk (ordered before by its barrier)
-            // come before the copies' writes.
-            fence_proxy_async();
-            bulk_expect(bar, PF_GATES_BYTES + 2u * (RegsStage<KP>::K_ELEMS + 2 * PF_T_CM_ELEMS));
-            bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES, bar);
-            bulk_load(stage.k,
-                      (const unsigned short*)p.k_cm + ((long long)chunk * p.key_heads + key_head) * RegsStage<KP>::K_ELEMS,
-                      2u * RegsStage<KP>::K_ELEMS, bar);
-            bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
-                      2u * 2 * PF_T_CM_ELEMS, bar);
-        }
-        if (!m_cols) {
-            const unsigned short* v_rows =
-                (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
-            copy_rows_async_team<PF_TILE, 128>(stage.v, RegsStage<KP>::V_LD, v_rows,
-                                               (long long)p.value_heads * p.value_pad, rows.len(ci));
-        }
-        cp_async_commit();
-    };
-
-    float state[2][8][4];
-    if (TRANSITION) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                    state[h][j][e] = (m_cols && r == c) ? 1.0f : 0.0f;
-                }
-            }
-        }
-    } else {
-        regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
-    }
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
-    }
-    __syncthreads();
-    if (chunks > 0) issue(0);
-    for (int ci = 0; ci < chunks; ++ci) {
-        const RegsStage<KP> stage = stage_of(ci);
-        cp_async_wait_all();
-        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
-        // Every warp's V rows have landed and every warp is done with the other stage.
-        __syncthreads();
-        if (ci + 1 < chunks) issue(ci + 1);
-        const ChunkGates& gates = *stage.gates;
-        // X^T = S^T K^T.
-        float x[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-        unsigned a[8][4];
-#pragma unroll
-        for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
-        wg_fence(x);
-        wg_fence(a);
-        wgmma_fence();
-        regs_issue_keys(x, a, stage.k);
-        wgmma_commit();
-        unsigned vt[4][4];
-        if (!m_cols) regs_v_fragments_rows(vt, stage.v, RegsStage<KP>::V_LD, warp, lane);
-        wgmma_wait_all();
-        wg_fence(x);
-        wg_fence(a);
-        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T, T's halves in turn (no V for M's columns).
-        unsigned y[4][4];
-        if (m_cols) {
-            regs_fragments<false>(y, vt, x, gates.start_decay, -1.0f, lane);
-        } else {
-            regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-        wg_fence(x);
-        wg_fence(y);
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_lo, 0, 16 * s));
-#pragma unroll
-        for (int s = 0; s < 4; ++s) lead_wgmma<0>(x, y[s], lead_desc<true>(stage.t_hi, 0, 16 * s));
-        wgmma_commit();
-        wgmma_wait_all();
-        wg_fence(x);
-        wg_fence(y);
-        // S^T <- exp(G_last) S^T + (V'^T diag(e)) K.
-        unsigned pa[4][4];
-        regs_fragments<false>(pa, vt, x, gates.end_decay, 1.0f, lane);
-        regs_decay(state, gates.state_decay);
-        wg_fence(state[0]);
-        wg_fence(state[1]);
-        wg_fence(pa);
-        wgmma_fence();
-        regs_issue_update(state, pa, stage.k);
-        wgmma_commit();
-        wgmma_wait_all();
-        wg_fence(state[0]);
-        wg_fence(state[1]);
-        wg_fence(pa);
-    }
-    if (TRANSITION) {
-        regs_store_transition<KP>(state, p, segment, head, col0, m_cols, warp, lane);
-    } else {
-        regs_hand_over<KP>(state, p, segment, head, col0, warp, lane);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(PrefillParams p) {
-    wait_for_prepare();
-    lead_regs_impl<128, false>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_transition_regs_k128(PrefillParams p) {
-    wait_for_prepare();
-    lead_regs_impl<128, true>(p);
-}
-
 // One chunk's O staged for the outputs walk's row-wise stores: the chunk's tokens as rows, the
 // tile's 64 columns and 8 halves of pad (stmatrix's eight rows on distinct banks), in o's dtype.
 #define PF_O_LD (PF_TILE + PF_PAD)
@@ -505,130 +308,186 @@ __device__ __forceinline__ void regs_store_o_f32(const float (&o)[8][4], const P
     }
 }
 
-// One stage of the register outputs walk: the lead's, with q's chunk rows ([64][KP]) and the
-// scores ([64][64]) in the core-matrix layout.
-template <int KP>
-struct OutStage {
+// One stage of a register walk: the chunk's gates, k in the core-matrix layout ([64][KP]), for
+// the outputs q too, T diag(beta)'s hi and lo halves (core-matrix [64][64] each), for the
+// outputs the scores (core-matrix [64][64]), and V's tile rows ([64][72]); everything but V's
+// rows arrives by bulk copies in this order.
+template <int KP, bool OUTPUTS>
+struct RegsStage {
     static constexpr int K_ELEMS = KP / 8 * PF_CM_BLOCK;
     static constexpr int V_LD = PF_TILE + PF_PAD;
-    static constexpr int BULK_HALFS = 2 * K_ELEMS + 3 * PF_T_CM_ELEMS;  // k, q, T's halves, scores
+    static constexpr int BULK_HALFS = (OUTPUTS ? 2 : 1) * K_ELEMS + (OUTPUTS ? 3 : 2) * PF_T_CM_ELEMS;
     static constexpr int BYTES = PF_GATES_BYTES + 2 * (BULK_HALFS + PF_CHUNK * V_LD);
     ChunkGates* gates;
     unsigned short* k;
-    unsigned short* q;
+    unsigned short* q;  // OUTPUTS only
     unsigned short* t_hi;
     unsigned short* t_lo;
-    unsigned short* scores;
+    unsigned short* scores;  // OUTPUTS only
     unsigned short* v;
-    __device__ OutStage(unsigned char* base) {
+    __device__ RegsStage(unsigned char* base) {
         gates = (ChunkGates*)base;
         k = (unsigned short*)(base + PF_GATES_BYTES);
         q = k + K_ELEMS;
-        t_hi = q + K_ELEMS;
+        t_hi = OUTPUTS ? q + K_ELEMS : q;
         t_lo = t_hi + PF_T_CM_ELEMS;
         scores = t_lo + PF_T_CM_ELEMS;
-        v = scores + PF_T_CM_ELEMS;
+        v = OUTPUTS ? scores + PF_T_CM_ELEMS : scores;
     }
 };
 
-// The register outputs walk (see the top of the file): 128 threads, two stages; the entry
-// state as every walk takes it (`regs_entry_state`), checkpoints after the chunks the table
-// names, the final state where the segment ends its sequence. Shared memory: the two stages,
-// two chunks' staged O, then an mbarrier per stage (the host's `outputs_regs_smem`).
-template <int KP>
-__device__ void outputs_regs_impl(const PrefillParams& p) {
+#define REGS_LEAD 0
+#define REGS_TRANSITION 1
+#define REGS_OUTPUTS 2
+
+// The register walks (see the top of the file): 128 threads per (value columns tile, head,
+// segment), two stages, chunk c + 1's copies issued while chunk c computes. Shared memory: the
+// two stages, for the outputs two chunks' staged O, then an mbarrier per stage (the host's
+// `lead_regs_smem` and `outputs_regs_smem`).
+//
+// REGS_LEAD: the relay's lead, from the entry state to the hand-over (`regs_hand_over`).
+// REGS_TRANSITION: the scan's transition. Blocks with tile < V / 64 walk value columns from a
+// zero state (the segment's D), the others columns of the K x K map from the identity with no
+// V (M: S_exit = M S_entry + D); the last segment of a sequence has no successor and walks
+// nothing.
+// REGS_OUTPUTS: the outputs walk from the entry state (`regs_entry_state`): O^T per chunk,
+// checkpoints after the chunks the table names, the final state where the segment ends its
+// sequence.
+template <int KP, int MODE>
+__device__ void regs_walk(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
+    constexpr bool TRANSITION = MODE == REGS_TRANSITION, OUTPUTS = MODE == REGS_OUTPUTS;
+    using Stage = RegsStage<KP, OUTPUTS>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* o_stage = (unsigned short*)(stage_base + 2 * OutStage<KP>::BYTES);  // two chunks' O
-    unsigned long long* full = (unsigned long long*)(o_stage + 2 * PF_O_STAGE_HALFS);
+    unsigned short* o_stage = (unsigned short*)(stage_base + 2 * Stage::BYTES);  // two chunks' O
+    unsigned long long* full = (unsigned long long*)(o_stage + (OUTPUTS ? 2 * PF_O_STAGE_HALFS : 0));
 
     const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int* seg = (const int*)p.segments + SEG_FIELDS * segment;
     const int seq = seg[SEG_SEQ], first_chunk = seg[SEG_FIRST_CHUNK], chunks = seg[SEG_CHUNKS];
     const int key_head = head / (p.value_heads / p.key_heads);
-    const int col0 = tile * PF_TILE;
+    if (TRANSITION && segment_is_last(p, segment)) return;
+    const int tiles_v = p.value_pad / PF_TILE;
+    const bool m_cols = TRANSITION && tile >= tiles_v;
+    const int col0 = (m_cols ? tile - tiles_v : tile) * PF_TILE;
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
     const SegmentRows rows(p, first_chunk, chunks);
-    const bool staged_o = p.out_dtype != DT_F32, f16_o = p.out_dtype == DT_F16;
-    auto stage_of = [&](int ci) { return OutStage<KP>(stage_base + (ci & 1) * OutStage<KP>::BYTES); };
+    const bool staged_o = OUTPUTS && p.out_dtype != DT_F32, f16_o = p.out_dtype == DT_F16;
+    auto stage_of = [&](int ci) { return Stage(stage_base + (ci & 1) * Stage::BYTES); };
+    // Chunk ci's inputs: gates, k, (q,) T's halves (and the scores) by thread 0's bulk copies
+    // completing on the stage's barrier, V's tile rows by the warpgroup's asynchronous copies
+    // (its own group).
+    auto issue = [&](int ci) {
+        const Stage stage = stage_of(ci);
+        const int chunk = first_chunk + ci;
+        if (threadIdx.x == 0) {
+            const long long chunk_head = (long long)chunk * p.value_heads + head;
+            auto chunk_key = [&] { return ((long long)chunk * p.key_heads + key_head) * Stage::K_ELEMS; };
+            // k's offset formed before the copies in the outputs walk and at k's copy in the
+            // others: the placement ptxas schedules best for each.
+            const long long key_offset = OUTPUTS ? chunk_key() : 0;
+            unsigned long long* bar = &full[ci & 1];
+            // The warpgroup's reads of the stage's last chunk (ordered before by its barrier)
+            // come before the copies' writes.
+            fence_proxy_async();
+            bulk_expect(bar, PF_GATES_BYTES + 2u * Stage::BULK_HALFS);
+            bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES, bar);
+            const long long chunk_key_offset = OUTPUTS ? key_offset : chunk_key();
+            bulk_load(stage.k, (const unsigned short*)p.k_cm + chunk_key_offset, 2u * Stage::K_ELEMS, bar);
+            if (OUTPUTS) bulk_load(stage.q, (const unsigned short*)p.q_cm + chunk_key_offset, 2u * Stage::K_ELEMS, bar);
+            bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
+                      2u * 2 * PF_T_CM_ELEMS, bar);
+            if (OUTPUTS) {
+                bulk_load(stage.scores, (const unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS,
+                          2u * PF_T_CM_ELEMS, bar);
+            }
+        }
+        if (!m_cols) {
+            const unsigned short* v_rows =
+                (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
+            copy_rows_async_team<PF_TILE, 128>(stage.v, Stage::V_LD, v_rows,
+                                               (long long)p.value_heads * p.value_pad, rows.len(ci));
+        }
+        cp_async_commit();
+    };
     // Chunk ci's staged O to o (ordered after its stmatrix by a barrier at a chunk's start).
     auto write_o = [&](int ci) {
         regs_write_o(o_stage + (ci & 1) * PF_O_STAGE_HALFS, p, rows.row(ci), rows.len(ci), head, col0);
     };
-    auto issue = [&](int ci) {
-        const OutStage<KP> stage = stage_of(ci);
-        const int chunk = first_chunk + ci;
-        if (threadIdx.x == 0) {
-            const long long chunk_head = (long long)chunk * p.value_heads + head;
-            const long long chunk_key = ((long long)chunk * p.key_heads + key_head) * OutStage<KP>::K_ELEMS;
-            unsigned long long* bar = &full[ci & 1];
-            fence_proxy_async();
-            bulk_expect(bar, PF_GATES_BYTES + 2u * OutStage<KP>::BULK_HALFS);
-            bulk_load(stage.gates, (const unsigned char*)p.gates + chunk_head * PF_GATES_BYTES, PF_GATES_BYTES, bar);
-            bulk_load(stage.k, (const unsigned short*)p.k_cm + chunk_key, 2u * OutStage<KP>::K_ELEMS, bar);
-            bulk_load(stage.q, (const unsigned short*)p.q_cm + chunk_key, 2u * OutStage<KP>::K_ELEMS, bar);
-            bulk_load(stage.t_hi, (const unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS,
-                      2u * 2 * PF_T_CM_ELEMS, bar);
-            bulk_load(stage.scores, (const unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS,
-                      2u * PF_T_CM_ELEMS, bar);
-        }
-        const unsigned short* v_rows = (const unsigned short*)p.v + (rows.row(ci) * p.value_heads + head) * p.value_pad + col0;
-        copy_rows_async_team<PF_TILE, 128>(stage.v, OutStage<KP>::V_LD, v_rows,
-                                           (long long)p.value_heads * p.value_pad, rows.len(ci));
-        cp_async_commit();
-    };
 
     float state[2][8][4];
-    regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    if (TRANSITION) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
+                    state[h][j][e] = (m_cols && r == c) ? 1.0f : 0.0f;
+                }
+            }
+        }
+    } else {
+        regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
     }
     __syncthreads();
     if (chunks > 0) issue(0);
     for (int ci = 0; ci < chunks; ++ci) {
-        const OutStage<KP> stage = stage_of(ci);
+        const Stage stage = stage_of(ci);
         cp_async_wait_all();
         bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        // Every warp's V rows have landed and every warp is done with the other stage.
         __syncthreads();
         if (ci + 1 < chunks) issue(ci + 1);
         const ChunkGates& gates = *stage.gates;
-        // X^T = S^T K^T and O^T = S^T Q^T, one group.
+        // X^T = S^T K^T (and O^T = S^T Q^T in the same group).
         float x[8][4], o[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+            if (OUTPUTS) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
         }
         unsigned a[8][4];
 #pragma unroll
         for (int s = 0; s < 8; ++s) lead_a_from(a[s], state[s >> 2], s & 3);
         wg_fence(x);
-        wg_fence(o);
+        if (OUTPUTS) wg_fence(o);
         wg_fence(a);
         wgmma_fence();
         regs_issue_keys(x, a, stage.k);
-        regs_issue_keys(o, a, stage.q);
+        if (OUTPUTS) regs_issue_keys(o, a, stage.q);
         wgmma_commit();
         // The last chunk's O leaves while the products run (its stage is rewritten two chunks
         // on, after the barrier at that chunk's start).
         if (staged_o && ci > 0) write_o(ci - 1);
         unsigned vt[4][4];
-        regs_v_fragments_rows(vt, stage.v, OutStage<KP>::V_LD, warp, lane);
+        if (!m_cols) regs_v_fragments_rows(vt, stage.v, Stage::V_LD, warp, lane);
         wgmma_wait_all();
         wg_fence(x);
-        wg_fence(o);
+        if (OUTPUTS) wg_fence(o);
         wg_fence(a);
-        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T; diag(d) on O^T's columns meanwhile.
+        // V'^T = (V^T - X^T diag(d)) (T diag(beta))^T, T's halves in turn (no V for M's
+        // columns); diag(d) on O^T's columns meanwhile.
         unsigned y[4][4];
-        regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+        if (m_cols) {
+            regs_fragments<false>(y, vt, x, gates.start_decay, -1.0f, lane);
+        } else {
+            regs_fragments<true>(y, vt, x, gates.start_decay, -1.0f, lane);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-            const int i = 8 * j + 2 * (lane & 3);
-            const float d0 = gates.start_decay[i], d1 = gates.start_decay[i + 1];
-            o[j][0] *= d0, o[j][1] *= d1, o[j][2] *= d0, o[j][3] *= d1;
+            if (OUTPUTS) {
+                const int i = 8 * j + 2 * (lane & 3);
+                const float d0 = gates.start_decay[i], d1 = gates.start_decay[i + 1];
+                o[j][0] *= d0, o[j][1] *= d1, o[j][2] *= d0, o[j][3] *= d1;
+            }
         }
         wg_fence(x);
         wg_fence(y);
@@ -641,54 +500,79 @@ __device__ void outputs_regs_impl(const PrefillParams& p) {
         wgmma_wait_all();
         wg_fence(x);
         wg_fence(y);
-        // The update and O^T += V'^T C^T, one group.
+        // S^T <- exp(G_last) S^T + (V'^T diag(e)) K (and O^T += V'^T C^T in the same group).
         unsigned pa[4][4], va[4][4];
         regs_fragments<false>(pa, vt, x, gates.end_decay, 1.0f, lane);
+        if (OUTPUTS) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 8; ++j) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) va[j >> 1][2 * (j & 1) + h] = pack_bf16(x[j][2 * h], x[j][2 * h + 1]);
+                for (int h = 0; h < 2; ++h) va[j >> 1][2 * (j & 1) + h] = pack_bf16(x[j][2 * h], x[j][2 * h + 1]);
+            }
         }
         regs_decay(state, gates.state_decay);
         wg_fence(state[0]);
         wg_fence(state[1]);
-        wg_fence(o);
+        if (OUTPUTS) wg_fence(o);
         wg_fence(pa);
-        wg_fence(va);
+        if (OUTPUTS) wg_fence(va);
         wgmma_fence();
         regs_issue_update(state, pa, stage.k);
+        if (OUTPUTS) {
 #pragma unroll
-        for (int s = 0; s < 4; ++s) lead_wgmma<0>(o, va[s], lead_desc<true>(stage.scores, 0, 16 * s));
+            for (int s = 0; s < 4; ++s) lead_wgmma<0>(o, va[s], lead_desc<true>(stage.scores, 0, 16 * s));
+        }
         wgmma_commit();
         wgmma_wait_all();
         wg_fence(state[0]);
         wg_fence(state[1]);
-        wg_fence(o);
+        if (OUTPUTS) wg_fence(o);
         wg_fence(pa);
-        wg_fence(va);
-        // O: staged in o's 2-byte dtype for the next chunk to write out, or straight to an f32 o.
-        if (staged_o) {
-            regs_stage_o(o_stage + (ci & 1) * PF_O_STAGE_HALFS, o, p.scale, f16_o, warp, lane);
-        } else {
-            regs_store_o_f32(o, p, rows.row(ci), rows.len(ci), head, col0, warp, lane);
+        if (OUTPUTS) {
+            wg_fence(va);
+            // O: staged in o's 2-byte dtype for the next chunk to write out, or straight to an
+            // f32 o.
+            if (staged_o) {
+                regs_stage_o(o_stage + (ci & 1) * PF_O_STAGE_HALFS, o, p.scale, f16_o, warp, lane);
+            } else {
+                regs_store_o_f32(o, p, rows.row(ci), rows.len(ci), head, col0, warp, lane);
+            }
+            if (p.checkpoints) {
+                const int checkpoint = ((const int*)p.chunk_checkpoint)[first_chunk + ci];
+                if (checkpoint >= 0) {
+                    regs_store_state<KP>(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
+                }
+            }
         }
-        if (p.checkpoints) {
-            const int checkpoint = ((const int*)p.chunk_checkpoint)[first_chunk + ci];
-            if (checkpoint >= 0) regs_store_state<KP>(state, (float*)p.checkpoints, checkpoint, head, col0, warp, lane, p);
+    }
+    if (TRANSITION) {
+        regs_store_transition<KP>(state, p, segment, head, col0, m_cols, warp, lane);
+    } else if (OUTPUTS) {
+        if (staged_o && chunks > 0) {
+            __syncthreads();
+            write_o(chunks - 1);
         }
+        if (p.final_state && segment_is_last(p, segment)) {
+            regs_store_state<KP>(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
+        }
+    } else {
+        regs_hand_over<KP>(state, p, segment, head, col0, warp, lane);
     }
-    if (staged_o && chunks > 0) {
-        __syncthreads();
-        write_o(chunks - 1);
-    }
-    if (p.final_state && segment_is_last(p, segment)) {
-        regs_store_state<KP>(state, (float*)p.final_state, state_row, head, col0, warp, lane, p);
-    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_lead_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    regs_walk<128, REGS_LEAD>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_transition_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    regs_walk<128, REGS_TRANSITION>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_outputs_regs_k128(PrefillParams p) {
     wait_for_prepare();
-    outputs_regs_impl<128>(p);
+    regs_walk<128, REGS_OUTPUTS>(p);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -201,13 +201,14 @@ impl PrefillLaunch {
         // Each chunk's k rows (and q's, for the overlapped pass) as the walks' stages hold them
         // (rows of kp + PAD, padding included), stored by the prepare.
         let key_chunks = || written(vec![chunks, dims.key_heads, CHUNK, kp + PAD], DType::BF16);
-        let k_chunks = key_chunks()?;
         let checkpoint_plan = checkpoint_every
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
         let pass = state_pass_kind(kp, cuda.arch());
         let registers_pass = pass == StatePass::Registers;
+        // The register walks read k from its core-matrix copy (`k_cm`, below) instead.
+        let k_chunks = (!registers_pass).then(key_chunks).transpose()?;
         // The scores Q K^T o D, which the prepare kernel writes for the overlapped pass (and
         // q's chunk copies) and for the register pass (in the core-matrix layout).
         let overlapped = pass == StatePass::Overlap;
@@ -362,7 +363,7 @@ impl PrefillLaunch {
             q_src,
             k_src,
             q_chunks: q_chunks.as_ref().map_or(0, |t| t.device_address(cuda)),
-            k_chunks: k_chunks.device_address(cuda),
+            k_chunks: k_chunks.as_ref().map_or(0, |t| t.device_address(cuda)),
             t_cm: t_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
             k_cm: k_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
             q_cm: q_cm.as_ref().map_or(0, |t| t.device_address(cuda)),
@@ -454,7 +455,6 @@ impl PrefillLaunch {
         };
         let mut buffers = vec![
             gates,
-            k_chunks,
             chunk_first_row,
             chunk_len,
             segment_table,
@@ -463,6 +463,7 @@ impl PrefillLaunch {
             transition_d,
             transition_m,
         ];
+        buffers.extend(k_chunks);
         buffers.extend(w);
         buffers.extend(u);
         buffers.extend(scores);

@@ -170,7 +170,7 @@ pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
     }
 }
 
-/// Shared memory of the register outputs walk (mirrors `OutStage` and `outputs_regs_impl`):
+/// Shared memory of the register outputs walk (mirrors `RegsStage<KP, true>` and `regs_walk`):
 /// the lead's stages with q's chunk rows and the scores added, then two chunks' O staged in a
 /// 2-byte dtype (`PF_O_STAGE_HALFS`).
 pub(super) fn outputs_regs_smem(kp: usize) -> usize {
@@ -227,9 +227,10 @@ pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
 /// Elements of one 8-column block of the core-matrix layout (the kernels' `PF_CM_BLOCK`).
 pub(super) const CM_BLOCK: usize = CHUNK * 8 + 8;
 
-/// Shared memory of the register lead (mirrors `RegsStage` and `lead_regs_impl`): two stages
-/// of the gates, k ([64][KP] core-matrix), T diag(beta)'s halves ([64][64] core-matrix each)
-/// and V's tile rows ([64][TILE + PAD]), then an mbarrier per stage.
+/// Shared memory of the register lead and transition (mirrors `RegsStage<KP, false>` and
+/// `regs_walk`): two stages of the gates, k ([64][KP] core-matrix), T diag(beta)'s halves
+/// ([64][64] core-matrix each) and V's tile rows ([64][TILE + PAD]), then an mbarrier per
+/// stage.
 pub(super) fn lead_regs_smem(kp: usize) -> usize {
     let stage = gates_bytes() + 2 * (kp / 8 * CM_BLOCK + 2 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
     2 * stage + 2 * 8
@@ -323,7 +324,7 @@ mod tests {
 
     #[test]
     fn register_walks_fit_the_sm() {
-        // Two stages each (RegsStage, OutStage): gates, k (and q), T's halves (and the
+        // Two stages each (RegsStage without and with the outputs): gates, k (and q), T's halves (and the
         // scores) in the core-matrix layout, V's rows of 72; the outputs walk's two staged
         // chunks of O (64 rows of 72); an mbarrier per stage.
         assert_eq!(

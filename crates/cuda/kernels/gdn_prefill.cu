@@ -585,7 +585,7 @@ __device__ void combine_impl(const PrefillParams& p) {
     constexpr int ROW_GROUPS = 256 / COMBINE_COLS;
     constexpr int ROWS = KP / ROW_GROUPS;  // rows per thread
     constexpr int MC = COMBINE_M_COLS(KP);
-    constexpr int LD = MC + 4;  // 16-byte rows; neighbouring rows 4 banks apart
+    constexpr int LD = MC + 4;  // 16-byte rows; neighbouring rows on different banks (4 or 12 apart)
     constexpr int TILES = KP / MC;
     constexpr int PIECES = KP * MC / 4 / 256;  // 16-byte copies per thread and tile
     static_assert(PIECES * 256 * 4 == KP * MC, "whole tiles of 16-byte pieces");

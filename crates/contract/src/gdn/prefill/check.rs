@@ -1,8 +1,8 @@
 //! The prefill test suite's cases, written once for every backend: sequence lengths around the
 //! chunk size, a batch with initial states, varlen with length-one sequences, GQA ratios (more
 //! value heads per key head than one prepare block takes too), K != V and odd dims, strong and
-//! zero decay, beta 0 and 1, f32 / f16 inputs with a custom scale, and gates so negative they
-//! reset the state. Each backend runs every case against the f64 oracle with its own
+//! zero decay, beta 0 and 1, f32 / f16 inputs with a custom scale, f32 at K = V = 128, and
+//! gates so negative they reset the state. Each backend runs every case against the f64 oracle with its own
 //! tolerances (the CPU's f32 path, CUDA's bf16 tensor cores and wgpu's f32 shaders round
 //! differently).
 
@@ -137,6 +137,13 @@ pub fn prefill_suite() -> Vec<PrefillCheck> {
     add("f32 scale 0.3", &spec, scaled.clone(), 60);
     spec.dtype = DType::F16;
     add("f16 scale 0.3", &spec, scaled, 61);
+    // f32 o at K = V = 128 (CUDA's register walks store it from their accumulators, where
+    // 2-byte outputs go through shared memory), with initial states and the l2 norm.
+    let mut spec = GdnSpec::new(130, 1, 2, 128, 128);
+    spec.dtype = DType::F32;
+    spec.with_initial_state = true;
+    spec.raw_qk = true;
+    add("f32 K=V=128 l2 init", &spec, l2_options(true), 62);
     cases
 }
 

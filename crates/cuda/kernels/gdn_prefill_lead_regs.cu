@@ -83,6 +83,20 @@ __device__ __forceinline__ int lead_key(int h, int j, int lane, int e) {
 }
 
 
+// f(h, j, e, r, c) for each of the thread's S^T accumulator elements state[h][j][e]: key r (the
+// column of S^T) and value column c (col0 + its row).
+template <typename F>
+__device__ __forceinline__ void regs_each_element(int col0, int warp, int lane, F&& f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(h, j, e, lead_key(h, j, lane, e), col0 + lead_value_col(warp, lane, e));
+        }
+    }
+}
+
 // A segment's entry state as S^T in the accumulators (load_entry_state's sources, transposed).
 template <int KP>
 __device__ __forceinline__ void regs_entry_state(float (&state)[2][8][4], const PrefillParams& p, int segment,
@@ -200,21 +214,13 @@ __device__ __forceinline__ void regs_store_transition(const float (&state)[2][8]
                                                       int segment, int head, int col0, bool m_cols, int warp,
                                                       int lane) {
     const long long block = (long long)segment * p.value_heads + head;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                if (m_cols) {
-                    ((float*)p.transition_m)[(block * KP + r) * KP + c] = state[h][j][e];
-                } else {
-                    ((float*)p.transition_d)[(block * KP + r) * p.value_pad + c] = state[h][j][e];
-                }
-            }
+    regs_each_element(col0, warp, lane, [&](int h, int j, int e, int r, int c) {
+        if (m_cols) {
+            ((float*)p.transition_m)[(block * KP + r) * KP + c] = state[h][j][e];
+        } else {
+            ((float*)p.transition_d)[(block * KP + r) * p.value_pad + c] = state[h][j][e];
         }
-    }
+    });
 }
 
 // A register state S^T stored as row `state_row` of a [*, H, K, V] f32 tensor (its keys < K and
@@ -223,19 +229,11 @@ template <int KP>
 __device__ __forceinline__ void regs_store_state(const float (&state)[2][8][4], float* dst, long long state_row,
                                                  int head, int col0, int warp, int lane,
                                                  const PrefillParams& p) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                if (r < p.key_dim && c < p.value_dim) {
-                    dst[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[h][j][e];
-                }
-            }
+    regs_each_element(col0, warp, lane, [&](int h, int j, int e, int r, int c) {
+        if (r < p.key_dim && c < p.value_dim) {
+            dst[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c] = state[h][j][e];
         }
-    }
+    });
 }
 
 // One chunk's O staged for the outputs walk's row-wise stores: the chunk's tokens as rows, the
@@ -419,17 +417,9 @@ __device__ void regs_walk(const PrefillParams& p) {
 
     float state[2][8][4];
     if (TRANSITION) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                    state[h][j][e] = (m_cols && r == c) ? 1.0f : 0.0f;
-                }
-            }
-        }
+        regs_each_element(col0, warp, lane, [&](int h, int j, int e, int r, int c) {
+            state[h][j][e] = (m_cols && r == c) ? 1.0f : 0.0f;
+        });
     } else {
         regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
     }

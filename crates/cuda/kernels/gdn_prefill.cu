@@ -75,9 +75,9 @@ struct PrefillParams {
                              // q from it (the lockstep pass), both 0 in the lab
     u64 t_cm;             // bf16 [chunks, H, 2, PF_T_CM_ELEMS]: T diag(beta)'s hi and lo halves
                           // in the core-matrix layout, stored by the prepare for the register
-                          // lead (gdn_prefill_lead_regs.cu); or 0
+                          // walks (gdn_prefill_lead_regs.cu); or 0
     u64 k_cm;             // bf16 [chunks, Hg, KP / 8 * PF_CM_BLOCK]: each chunk's k rows in the
-                          // core-matrix layout, for the same lead; or 0
+                          // core-matrix layout, for the same walks; or 0
     u64 q_cm;             // bf16 [chunks, Hg, KP / 8 * PF_CM_BLOCK]: q's the same, for the
                           // register outputs walk; or 0. Where set, the scores are stored in
                           // the core-matrix layout too ([chunks, H, PF_T_CM_ELEMS])
@@ -359,7 +359,8 @@ __device__ __forceinline__ long long key_chunk_offset(const PrefillParams& p, in
 // matrices (128 contiguous bytes each, a row per 16 bytes), each block padded by 16 bytes so
 // consecutive blocks start on different banks. wgmma reads it by descriptor as a K-major B
 // (k along the columns) and as an MN-major one (k along the rows) alike. The prepare stores
-// k's chunk rows ([64][KP]) and T diag(beta)'s halves ([64][64] each) so for the register lead.
+// k's and q's chunk rows ([64][KP]), T diag(beta)'s halves and the scores ([64][64] each) so for
+// the register walks.
 #define PF_CM_BLOCK (PF_CHUNK * 8 + 8)
 // Elements of a [64][64] core-matrix matrix (T diag(beta)'s halves are two of them).
 #define PF_T_CM_ELEMS (8 * PF_CM_BLOCK)

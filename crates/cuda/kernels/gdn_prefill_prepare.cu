@@ -538,7 +538,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const long long chunk_head = (long long)chunk * p.value_heads + head;
         if (REGISTER_WALKS) {
             // T diag(beta)'s halves (U's, built above) in the core-matrix layout, for the
-            // register lead: the blocks above T's diagonal blocks are zero.
+            // register walks: the blocks above T's diagonal blocks are zero.
             unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
             for (int piece = threadIdx.x; piece < 2 * PF_CHUNK * 8; piece += PF_PREPARE_THREADS) {
                 const int part = piece / (PF_CHUNK * 8), i = piece % PF_CHUNK, c = 8 * ((piece / PF_CHUNK) % 8);

@@ -429,31 +429,23 @@ __device__ void state_impl(const PrefillParams& p) {
     }
 }
 
-#define PF_STATE_ENTRY_POINT(KP)                                                              \
+#define PF_STATE_ENTRY_POINTS(KP)                                                             \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_state_k##KP(PrefillParams p) {                                            \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_OUTPUT>(p);                                                       \
-    }
-#define PF_TRANSITION_ENTRY_POINT(KP)                                                         \
+    }                                                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_transition_k##KP(PrefillParams p) {                                       \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_TRANSITION>(p);                                                   \
-    }
-#define PF_LEAD_ENTRY_POINT(KP)                                                               \
+    }                                                                                         \
     extern "C" __global__ void __launch_bounds__(KP * 2, 1)                                  \
         gdn_prefill_lead_k##KP(PrefillParams p) {                                             \
         wait_for_prepare();                                                                   \
         state_impl<KP, MODE_LEAD>(p);                                                         \
     }
 
-PF_STATE_ENTRY_POINT(64)
-PF_STATE_ENTRY_POINT(256)
-PF_TRANSITION_ENTRY_POINT(64)
-PF_TRANSITION_ENTRY_POINT(128)
-PF_TRANSITION_ENTRY_POINT(256)
-PF_LEAD_ENTRY_POINT(64)
-PF_LEAD_ENTRY_POINT(256)
-PF_LEAD_ENTRY_POINT(128)
-PF_STATE_ENTRY_POINT(128)
+PF_STATE_ENTRY_POINTS(64)
+PF_STATE_ENTRY_POINTS(128)
+PF_STATE_ENTRY_POINTS(256)

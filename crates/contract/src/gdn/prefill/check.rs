@@ -2,9 +2,9 @@
 //! chunk size, a batch with initial states, varlen with length-one sequences, GQA ratios (more
 //! value heads per key head than one prepare block takes too), K != V and odd dims, strong and
 //! zero decay, beta 0 and 1, f32 / f16 inputs with a custom scale, f32 at K = V = 128, and
-//! gates so negative they reset the state. Each backend runs every case against the f64 oracle with its own
-//! tolerances (the CPU's f32 path, CUDA's bf16 tensor cores and wgpu's f32 shaders round
-//! differently).
+//! gates so negative they reset the state. Each backend runs every case against the f64 oracle
+//! with its own tolerances (the CPU's f32 path, CUDA's bf16 tensor cores and wgpu's f32 shaders
+//! round differently).
 
 use super::GdnOptions;
 use super::random::{BetaFill, GdnCase, GdnSpec};

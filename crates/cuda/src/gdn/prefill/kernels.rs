@@ -122,7 +122,7 @@ pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
 /// stages of inputs (the chunk's gates, q, k with padded rows, W, the U tile), then the state
 /// and three chunk-sized operands, then an mbarrier per stage.
-pub(super) fn state_smem(kp: usize) -> usize {
+fn state_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
     let stage = gates_bytes() + 2 * (2 * CHUNK * ldk + CHUNK * kp + CHUNK * TILE);
     let stages = if kp == 256 { 1 } else { 2 };
@@ -132,7 +132,7 @@ pub(super) fn state_smem(kp: usize) -> usize {
 /// Shared memory of the overlapped state pass (mirrors `OverlapStage` and `overlap_impl`): two
 /// stages (the chunk's gates, q, k with padded rows, W, the U tile, the scores), then S, V',
 /// diag(e) V' and five mbarriers.
-pub(super) fn overlap_smem(kp: usize) -> usize {
+fn overlap_smem(kp: usize) -> usize {
     let (ldk, ldc) = (kp + PAD, CHUNK + PAD);
     let stage = gates_bytes() + 2 * (2 * CHUNK * ldk + CHUNK * kp + CHUNK * TILE + CHUNK * CHUNK);
     2 * stage + 2 * (kp * ldc + 2 * CHUNK * ldc) + 5 * 8
@@ -173,14 +173,14 @@ pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
 /// Shared memory of the register outputs walk (mirrors `RegsStage<KP, true>` and `regs_walk`):
 /// the lead's stages with q's chunk rows and the scores added, then two chunks' O staged in a
 /// 2-byte dtype (`PF_O_STAGE_HALFS`).
-pub(super) fn outputs_regs_smem(kp: usize) -> usize {
+fn outputs_regs_smem(kp: usize) -> usize {
     let stage =
         gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
     let o_stage = 2 * CHUNK * (TILE + PAD);
     2 * stage + 2 * o_stage + 2 * 8
 }
 
-pub(super) fn overlap_name(kp: usize) -> &'static str {
+fn overlap_name(kp: usize) -> &'static str {
     if kp == 64 {
         "gdn_prefill_overlap_k64"
     } else {
@@ -231,12 +231,12 @@ pub(super) const CM_BLOCK: usize = CHUNK * 8 + 8;
 /// `regs_walk`): two stages of the gates, k ([64][KP] core-matrix), T diag(beta)'s halves
 /// ([64][64] core-matrix each) and V's tile rows ([64][TILE + PAD]), then an mbarrier per
 /// stage.
-pub(super) fn lead_regs_smem(kp: usize) -> usize {
+fn lead_regs_smem(kp: usize) -> usize {
     let stage = gates_bytes() + 2 * (kp / 8 * CM_BLOCK + 2 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
     2 * stage + 2 * 8
 }
 
-pub(super) fn lead_name(kp: usize) -> &'static str {
+fn lead_name(kp: usize) -> &'static str {
     match kp {
         64 => "gdn_prefill_lead_k64",
         128 => "gdn_prefill_lead_k128",
@@ -253,7 +253,7 @@ pub(super) fn segment_chunks_from_env() -> Option<usize> {
         .filter(|&n: &usize| n > 0)
 }
 
-pub(super) fn prepare_name(kp: usize, vp: usize) -> &'static str {
+fn prepare_name(kp: usize, vp: usize) -> &'static str {
     match (kp, vp) {
         (64, 64) => "gdn_prefill_prepare_mma_k64_v64",
         (64, 128) => "gdn_prefill_prepare_mma_k64_v128",
@@ -268,7 +268,7 @@ pub(super) fn prepare_name(kp: usize, vp: usize) -> &'static str {
 }
 
 /// The prepare for the register walks (K = 128): `gdn_prefill_prepare_regs_k128_v*`.
-pub(super) fn prepare_regs_name(vp: usize) -> &'static str {
+fn prepare_regs_name(vp: usize) -> &'static str {
     match vp {
         64 => "gdn_prefill_prepare_regs_k128_v64",
         128 => "gdn_prefill_prepare_regs_k128_v128",
@@ -276,7 +276,7 @@ pub(super) fn prepare_regs_name(vp: usize) -> &'static str {
     }
 }
 
-pub(super) fn state_names(kp: usize) -> (&'static str, &'static str, &'static str) {
+fn state_names(kp: usize) -> (&'static str, &'static str, &'static str) {
     match kp {
         64 => (
             "gdn_prefill_state_k64",
@@ -293,6 +293,63 @@ pub(super) fn state_names(kp: usize) -> (&'static str, &'static str, &'static st
             "gdn_prefill_transition_k256",
             "gdn_prefill_combine_k256",
         ),
+    }
+}
+
+/// A walk kernel: its name, shared memory and threads per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WalkKernel {
+    pub name: &'static str,
+    pub smem: usize,
+    pub threads: u32,
+}
+
+/// The kernels a state pass runs at (KP, VP): the prepare, the walk that writes the outputs,
+/// the relay's lead, the scan's transition and its combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PassKernels {
+    pub prepare: &'static str,
+    pub outputs: WalkKernel,
+    pub lead: WalkKernel,
+    pub transition: WalkKernel,
+    pub combine: &'static str,
+}
+
+pub(super) fn pass_kernels(pass: StatePass, kp: usize, vp: usize) -> PassKernels {
+    let (state, transition, combine) = state_names(kp);
+    let lockstep = |name| WalkKernel {
+        name,
+        smem: state_smem(kp),
+        threads: 2 * kp as u32,
+    };
+    let register_walk = |name, smem| WalkKernel {
+        name,
+        smem,
+        threads: 128,
+    };
+    match pass {
+        StatePass::Registers => PassKernels {
+            prepare: prepare_regs_name(vp),
+            outputs: register_walk("gdn_prefill_outputs_regs_k128", outputs_regs_smem(kp)),
+            lead: register_walk("gdn_prefill_lead_regs_k128", lead_regs_smem(kp)),
+            transition: register_walk("gdn_prefill_transition_regs_k128", lead_regs_smem(kp)),
+            combine,
+        },
+        StatePass::Overlap | StatePass::Lockstep => PassKernels {
+            prepare: prepare_name(kp, vp),
+            outputs: if pass == StatePass::Overlap {
+                WalkKernel {
+                    name: overlap_name(kp),
+                    smem: overlap_smem(kp),
+                    threads: 4 * kp as u32,
+                }
+            } else {
+                lockstep(state)
+            },
+            lead: lockstep(lead_name(kp)),
+            transition: lockstep(transition),
+            combine,
+        },
     }
 }
 
@@ -323,10 +380,54 @@ mod tests {
     }
 
     #[test]
+    fn each_pass_names_its_kernels() {
+        let registers = pass_kernels(StatePass::Registers, 128, 128);
+        assert_eq!(registers.prepare, "gdn_prefill_prepare_regs_k128_v128");
+        assert_eq!(
+            registers.outputs,
+            WalkKernel {
+                name: "gdn_prefill_outputs_regs_k128",
+                smem: outputs_regs_smem(128),
+                threads: 128
+            }
+        );
+        assert_eq!(registers.lead.name, "gdn_prefill_lead_regs_k128");
+        assert_eq!(
+            registers.transition.name,
+            "gdn_prefill_transition_regs_k128"
+        );
+        assert_eq!(registers.transition.smem, lead_regs_smem(128));
+        assert_eq!(registers.combine, "gdn_prefill_combine_k128");
+        let overlap = pass_kernels(StatePass::Overlap, 64, 256);
+        assert_eq!(overlap.prepare, "gdn_prefill_prepare_mma_k64_v256");
+        assert_eq!(
+            overlap.outputs,
+            WalkKernel {
+                name: "gdn_prefill_overlap_k64",
+                smem: overlap_smem(64),
+                threads: 256
+            }
+        );
+        assert_eq!(
+            overlap.lead,
+            WalkKernel {
+                name: "gdn_prefill_lead_k64",
+                smem: state_smem(64),
+                threads: 128
+            }
+        );
+        let lockstep = pass_kernels(StatePass::Lockstep, 256, 64);
+        assert_eq!(lockstep.outputs.name, "gdn_prefill_state_k256");
+        assert_eq!(lockstep.transition.name, "gdn_prefill_transition_k256");
+        assert_eq!(lockstep.transition.threads, 512);
+        assert_eq!(lockstep.combine, "gdn_prefill_combine_k256");
+    }
+
+    #[test]
     fn register_walks_fit_the_sm() {
-        // Two stages each (RegsStage without and with the outputs): gates, k (and q), T's halves (and the
-        // scores) in the core-matrix layout, V's rows of 72; the outputs walk's two staged
-        // chunks of O (64 rows of 72); an mbarrier per stage.
+        // Two stages each (RegsStage without and with the outputs): gates, k (and q), T's
+        // halves (and the scores) in the core-matrix layout, V's rows of 72; the outputs walk's
+        // two staged chunks of O (64 rows of 72); an mbarrier per stage.
         assert_eq!(
             lead_regs_smem(128),
             2 * (1920 + 2 * (8320 + 8320 + 4608)) + 16

@@ -42,10 +42,9 @@ use deltakv_contract::gdn::prefill::validate::{PrefillShapes, check_prefill_meta
 use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
-    CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, gates_bytes, lead_name,
-    lead_regs_smem, outputs_regs_smem, overlap_name, overlap_smem, prepare_group_limit_from_env,
-    prepare_groups, prepare_name, prepare_regs_name, prepare_smem, relay_rule_from_env,
-    segment_chunks_from_env, state_names, state_pass_kind, state_smem, walk_grid,
+    CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
+    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, prepare_smem,
+    relay_rule_from_env, segment_chunks_from_env, state_pass_kind, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -229,11 +228,10 @@ impl PrefillLaunch {
         let k_cm = registers_pass.then(key_cm).transpose()?;
         let q_cm = registers_pass.then(key_cm).transpose()?;
         // W and U for every walk but the register walks.
-        let needs_w_u = !registers_pass;
-        let w = needs_w_u
+        let w = (!registers_pass)
             .then(|| written(vec![chunks, heads, CHUNK, kp], DType::BF16))
             .transpose()?;
-        let u = needs_w_u
+        let u = (!registers_pass)
             .then(|| written(vec![chunks, heads, vp / TILE, CHUNK, TILE], DType::BF16))
             .transpose()?;
         let chunk_first_row = upload_i64(cuda, plan.chunk_first_row.clone())?;
@@ -388,31 +386,17 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let prepare_kernel = if registers_pass {
-            prepare_regs_name(vp)
-        } else {
-            prepare_name(kp, vp)
+        let names = pass_kernels(pass, kp, vp);
+        let walk = |kernel: WalkKernel| -> Result<_> {
+            Ok((
+                cuda.function(&SOURCE, kernel.name)?,
+                kernel.smem as u32,
+                kernel.threads,
+            ))
         };
-        let prepare = cuda.function(&SOURCE_PREPARE_MMA, prepare_kernel)?;
+        let prepare = cuda.function(&SOURCE_PREPARE_MMA, names.prepare)?;
         let prepare_bytes = prepare_smem(kp, vp, heads_per_block);
-        let (state, transition, combine) = state_names(kp);
-        let state_pass = match pass {
-            StatePass::Overlap => (
-                cuda.function(&SOURCE, overlap_name(kp))?,
-                overlap_smem(kp) as u32,
-                4 * kp as u32,
-            ),
-            StatePass::Lockstep => (
-                cuda.function(&SOURCE, state)?,
-                state_smem(kp) as u32,
-                2 * kp as u32,
-            ),
-            StatePass::Registers => (
-                cuda.function(&SOURCE, "gdn_prefill_outputs_regs_k128")?,
-                outputs_regs_smem(kp) as u32,
-                128,
-            ),
-        };
+        let state_pass = walk(names.outputs)?;
         let relay = if plan.relayed > 0 {
             let relayed_rows = plan
                 .segments
@@ -429,21 +413,8 @@ impl PrefillLaunch {
                 rows: relayed_rows,
                 state_bytes: 4 * heads * dims.key_dim * dims.value_dim,
             });
-            let lead = if registers_pass {
-                (
-                    cuda.function(&SOURCE, "gdn_prefill_lead_regs_k128")?,
-                    lead_regs_smem(kp) as u32,
-                    128,
-                )
-            } else {
-                (
-                    cuda.function(&SOURCE, lead_name(kp))?,
-                    state_smem(kp) as u32,
-                    2 * kp as u32,
-                )
-            };
             Some(RelayLaunch::new(
-                lead,
+                walk(names.lead)?,
                 &params,
                 segment_table.device_address(cuda),
                 (seqs.len(), plan.relayed),
@@ -483,20 +454,8 @@ impl PrefillLaunch {
             sequences: seqs.len() as u32,
             prepare: (prepare, prepare_bytes as u32),
             state: state_pass,
-            transition: if registers_pass {
-                (
-                    cuda.function(&SOURCE, "gdn_prefill_transition_regs_k128")?,
-                    lead_regs_smem(kp) as u32,
-                    128,
-                )
-            } else {
-                (
-                    cuda.function(&SOURCE, transition)?,
-                    state_smem(kp) as u32,
-                    2 * kp as u32,
-                )
-            },
-            combine: cuda.function(&SOURCE, combine)?,
+            transition: walk(names.transition)?,
+            combine: cuda.function(&SOURCE, names.combine)?,
             relay,
             plan,
             checkpoints,

@@ -32,6 +32,11 @@
 #ifndef PF_PREPARE_BLOCKS_PER_SM
 #define PF_PREPARE_BLOCKS_PER_SM 3
 #endif
+// The register walks' prepare (no v, W or U; 38-46 KB of shared memory): 4 blocks per SM,
+// 64 registers.
+#ifndef PF_REGS_PREPARE_BLOCKS_PER_SM
+#define PF_REGS_PREPARE_BLOCKS_PER_SM 4
+#endif
 
 // T = (I + A)^-1 of the chunk's strictly lower A (f32 [64][PF_LDF] in shared memory) into
 // t_mat (gdn_prefill_inverse.cu): the blocks below the diagonal blocks on tf32 tensor cores
@@ -144,6 +149,35 @@ __device__ __forceinline__ void build_scaled_halves(const float* t_mat, const Ch
         bf16_halves4(tb[step], hi, lo);
         *(uint2*)(u_hi + i * PF_LDC + m) = hi;
         *(uint2*)(u_lo + i * PF_LDC + m) = lo;
+    }
+}
+
+// T diag(beta) (T f32 [64][LDF] in shared memory, lower triangular by 16 x 16 blocks) as bf16
+// hi + lo halves, stored straight into `to` in the core-matrix layout the register walks read
+// (hi at `to`, lo PF_T_CM_ELEMS later; the blocks above T's diagonal blocks as zeros): each
+// thread takes 8 columns of a row per step (two 16-byte loads of T and of beta, one 16-byte
+// store per half); consecutive threads take consecutive rows, whose pieces are adjacent in that
+// layout. The halves equal build_scaled_halves's U halves bit for bit. Reads only shared
+// memory the caller has completed; no barrier.
+template <int LDF>
+__device__ __forceinline__ void store_t_beta_cm(const float* t_mat, const ChunkGates& gates, unsigned short* to) {
+    static_assert(LDF % 4 == 0, "16-byte rows");
+#pragma unroll
+    for (int step = 0; step < PF_CHUNK * 8 / PF_PREPARE_THREADS; ++step) {
+        const int piece = threadIdx.x + PF_PREPARE_THREADS * step;
+        const int i = piece % PF_CHUNK, c = 8 * (piece / PF_CHUNK);
+        uint2 hi[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)}, lo[2] = {hi[0], hi[1]};
+        if (c / 16 <= i / 16) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float4 t = *(const float4*)(t_mat + i * LDF + c + 4 * h);
+                const float4 b = *(const float4*)(gates.beta + c + 4 * h);
+                const float x[4] = {t.x * b.x, t.y * b.y, t.z * b.z, t.w * b.w};
+                bf16_halves4(x, hi[h], lo[h]);
+            }
+        }
+        *(uint4*)(to + cm_index(i, c)) = make_uint4(hi[0].x, hi[0].y, hi[1].x, hi[1].y);
+        *(uint4*)(to + PF_T_CM_ELEMS + cm_index(i, c)) = make_uint4(lo[0].x, lo[0].y, lo[1].x, lo[1].y);
     }
 }
 
@@ -354,8 +388,12 @@ __device__ void prepare_impl(const PrefillParams& p) {
     };
     unsigned short* keys = (unsigned short*)(smem_raw + group_heads * PF_GATES_BYTES);  // [64][LDK]
     unsigned short* values = keys + PF_CHUNK * LDK;                                    // [64][LDV]
-    float* a_mat = (float*)(values + PF_CHUNK * LDV);                                 // [64][LDF]
-    float* t_mat = a_mat + PF_CHUNK * LDF + 3 * 16 * 17;                // [64][LDF]
+    // The register walks' prepare has no v, W or U: A takes k's space once K K^T is formed,
+    // and T follows it (q's rows in T's space until then).
+    float* a_mat = REGISTER_WALKS ? (float*)keys : (float*)(values + PF_CHUNK * LDV);  // [64][LDF]
+    float* t_mat = a_mat + PF_CHUNK * LDF + (REGISTER_WALKS ? 0 : 3 * 16 * 17);       // [64][LDF]
+    static_assert(!REGISTER_WALKS || (KP == 128 && 2 * PF_CHUNK * LDK == 4 * PF_CHUNK * LDF),
+                  "the register walks' prepare: k's and q's rows fill A's and T's spaces");
     // T's bf16 halves for W and then U's, [64][LDC] each, from A's start once T is complete:
     // W's in A's space and the 816 floats (1.8 KB more than A), U's from there into T's rows.
     unsigned short* w_hi = (unsigned short*)a_mat;
@@ -369,7 +407,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
     // q's rows: at K <= 128 in the space T takes later (the scores read them after A's
     // space is written); at K > 128, which has no scores (the lockstep pass alone), only the
     // l2 norm stages them, in A's and T's space (38 KB against the 33 KB of 64 rows of 264).
-    unsigned short* queries = (unsigned short*)(KP <= 128 ? a_mat + PF_CHUNK * LDF : a_mat);  // [64][LDK]
+    unsigned short* queries = (unsigned short*)(REGISTER_WALKS ? t_mat : KP <= 128 ? a_mat + PF_CHUNK * LDF : a_mat);
     static_assert(KP <= 128 || 2 * PF_CHUNK * LDK <= 4 * (2 * PF_CHUNK * LDF + 3 * 16 * 17),
                   "q's staging rows fit in A's and T's space");
     static_assert(KP > 128 || 2 * PF_CHUNK * LDK <= 4 * PF_CHUNK * LDF, "q's rows fit in T's space");
@@ -391,9 +429,8 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
     const long long value_stride = (long long)p.value_heads * VP;
 
-    // v for U's product. The register walks read V themselves, but leaving these copies out
-    // of their prepare made ptxas spill at the 80-register bound (NVRTC 13.0), so they stay.
-    copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
+    // v for U's product (the register walks read v themselves).
+    if (!REGISTER_WALKS) copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
     if (!p.fused_qk_norm) {
         copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + key_offset, key_stride, len);
         if (with_scores) {
@@ -518,7 +555,9 @@ __device__ void prepare_impl(const PrefillParams& p) {
     for (int j = 0; j < count; ++j) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
-        // A of this head.
+        // A of this head (into k's space for the register walks, once every warp's products
+        // and the core-matrix copy have read k).
+        if (REGISTER_WALKS && j == 0) __syncthreads();
         if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
         // The bulk copies of k and q have read them (T takes q's space).
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
@@ -527,6 +566,23 @@ __device__ void prepare_impl(const PrefillParams& p) {
         if (!(PF_TRIAL & 2)) invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
+        const long long chunk_head = (long long)chunk * p.value_heads + head;
+        if constexpr (REGISTER_WALKS) {
+            // T diag(beta)'s halves in the core-matrix layout, the only product of T the
+            // register walks read, and the blocks' pads (see k's above) of T's halves and of
+            // this head's scores. The next head's A goes to A's space (the inverse ended with a
+            // barrier) and its T to T's space only after the barrier that follows A: no barrier.
+            unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
+            store_t_beta_cm<LDF>(t_mat, gates, to);
+            if (threadIdx.x < 24) {
+                const int block = threadIdx.x % 8, part = threadIdx.x / 8;
+                unsigned short* base = part < 2 ? to + part * PF_T_CM_ELEMS
+                                                : (unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS;
+                *(uint4*)(base + block * PF_CM_BLOCK + PF_CHUNK * 8) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            PF_MARK(6 + 5 * j);
+            continue;
+        }
         // W = (T diag(beta d)) K and U = (T diag(beta)) V, each as hi + lo bf16 halves of the
         // scaled T times the bf16 operand; W as [64][KP], U as 64-column tiles [VP / 64][64][64],
         // both `swizzled` (the state passes' stage layouts, see PF_W_ELEMS). Both products run
@@ -535,27 +591,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         // This head's v (copied in during the previous head's work) is in place.
         cp_async_wait_all();
         __syncthreads();
-        const long long chunk_head = (long long)chunk * p.value_heads + head;
-        if (REGISTER_WALKS) {
-            // T diag(beta)'s halves (U's, built above) in the core-matrix layout, for the
-            // register walks: the blocks above T's diagonal blocks are zero.
-            unsigned short* to = (unsigned short*)p.t_cm + chunk_head * 2 * PF_T_CM_ELEMS;
-            for (int piece = threadIdx.x; piece < 2 * PF_CHUNK * 8; piece += PF_PREPARE_THREADS) {
-                const int part = piece / (PF_CHUNK * 8), i = piece % PF_CHUNK, c = 8 * ((piece / PF_CHUNK) % 8);
-                uint4 bits = make_uint4(0u, 0u, 0u, 0u);
-                if (c / 16 <= i / 16) bits = *(const uint4*)((part ? u_lo : u_hi) + i * PF_LDC + c);
-                *(uint4*)(to + part * PF_T_CM_ELEMS + cm_index(i, c)) = bits;
-            }
-            // The blocks' pads (see k's above), of T's halves and of this head's scores.
-            if (threadIdx.x < 24) {
-                const int block = threadIdx.x % 8, part = threadIdx.x / 8;
-                unsigned short* base = part < 2 ? to + part * PF_T_CM_ELEMS
-                                                : (unsigned short*)p.scores + chunk_head * PF_T_CM_ELEMS;
-                *(uint4*)(base + block * PF_CM_BLOCK + PF_CHUNK * 8) = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-        // W and U, which the register walks do not read.
-        if (!(PF_TRIAL & 4) && !REGISTER_WALKS) {
+        if (!(PF_TRIAL & 4)) {
             scaled_t_product<KP, LDK, KP, false>(w_hi, w_lo, keys,
                                                  (unsigned short*)p.w + chunk_head * PF_W_ELEMS(KP), warp, lane);
             PF_MARK(5 + 5 * j);
@@ -588,7 +624,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
 // For the register walks (gdn_prefill_lead_regs.cu, K = 128): k's and q's chunk rows, T
 // diag(beta)'s halves and the scores in the core-matrix layout, and neither W nor U.
 #define PF_REGISTER_ENTRY_POINT(VP)                                                           \
-    extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_PREPARE_BLOCKS_PER_SM) \
+    extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_REGS_PREPARE_BLOCKS_PER_SM) \
         gdn_prefill_prepare_regs_k128_v##VP(PrefillParams p) {                               \
         prepare_impl<128, VP, true>(p);                                                       \
     }

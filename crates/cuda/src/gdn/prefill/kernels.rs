@@ -90,6 +90,17 @@ pub(super) fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usiz
         + 4 * (2 * CHUNK * ldf + 3 * 16 * 17)
 }
 
+/// Shared memory of the register walks' prepare (K = 128; mirrors `prepare_impl` with
+/// REGISTER_WALKS): one gates record per value head of the block's group, then k's rows (bf16,
+/// rows of 136), whose space A takes once K K^T is formed, and T (f32, rows of 68), whose space
+/// holds q's rows until then; no v, W or U. 38,656 bytes for two heads: 4 blocks per SM, as the
+/// kernel's 64 registers allow.
+pub(super) fn prepare_regs_smem(heads_per_block: usize) -> usize {
+    let ldf = CHUNK + 4;
+    debug_assert_eq!(2 * CHUNK * (128 + PAD), 4 * CHUNK * ldf);
+    heads_per_block * gates_bytes() + 2 * 4 * CHUNK * ldf
+}
+
 /// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
 const MAX_PREPARE_GROUP: usize = 4;
 
@@ -448,5 +459,8 @@ mod tests {
         // Qwen3-Next (two value heads per key head): 3 blocks per SM, as the registers.
         assert_eq!(per_sm(prepare_smem(128, 128, 2)), 3);
         assert_eq!(prepare_smem(128, 128, 2), 76_736);
+        // The register walks' prepare: 4 blocks per SM at any group (64 registers).
+        assert_eq!(prepare_regs_smem(2), 38_656);
+        assert!(per_sm(prepare_regs_smem(MAX_PREPARE_GROUP)) >= 4);
     }
 }

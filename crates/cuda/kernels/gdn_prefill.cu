@@ -92,7 +92,6 @@ struct PrefillParams {
                              // chunk copies; bf16, K == KP)
     float scale;
     float reset_gate;
-    int chunk_base;          // the prepare's first chunk (block x takes chunk chunk_base + x)
 };
 
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],

@@ -412,7 +412,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
                   "q's staging rows fit in A's and T's space");
     static_assert(KP > 128 || 2 * PF_CHUNK * LDK <= 4 * PF_CHUNK * LDF, "q's rows fit in T's space");
 
-    const int chunk = p.chunk_base + blockIdx.x;
+    const int chunk = blockIdx.x;
     const int key_head = blockIdx.y / p.head_groups, group = blockIdx.y - key_head * p.head_groups;
     const int ratio = p.value_heads / p.key_heads;
     const int head0 = key_head * ratio + group * group_heads;
@@ -566,11 +566,7 @@ __device__ void prepare_impl(const PrefillParams& p) {
         if (!(PF_TRIAL & 2)) invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
-        // The chunk index formed again from the block index (an opaque read), not held in a
-        // register through the block: at the 64-register bound that register spilled.
-        unsigned block_x;
-        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block_x));
-        const long long chunk_head = (long long)(p.chunk_base + (int)block_x) * p.value_heads + head;
+        const long long chunk_head = (long long)chunk * p.value_heads + head;
         if constexpr (REGISTER_WALKS) {
             // T diag(beta)'s halves in the core-matrix layout, the only product of T the
             // register walks read, and the blocks' pads (see k's above) of T's halves and of

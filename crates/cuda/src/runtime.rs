@@ -17,18 +17,6 @@ use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Side streams a handle keeps ([`Cuda::fork_side_at`]).
-pub const SIDE_STREAMS: usize = 2;
-
-/// How [`Cuda::launch_with`] queues a kernel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LaunchAttributes {
-    /// The programmatic dependent of the kernel queued before it on the same stream.
-    pub dependent: bool,
-    /// At the device's most urgent priority.
-    pub urgent: bool,
-}
-
 /// The GPU that deltakv's CUDA ops run on, with its stream and compiled kernels.
 pub struct Cuda {
     context: Arc<CudaContext>,
@@ -36,11 +24,9 @@ pub struct Cuda {
     name: String,
     arch: String,
     multiprocessors: usize,
-    /// The side streams of [`Cuda::fork_side_at`], each made on first use and shared with the
+    /// The second stream of [`Cuda::fork_side`], made on first use and shared with the
     /// handles of [`Cuda::on_stream`].
-    side: Arc<[OnceLock<Arc<CudaStream>>; SIDE_STREAMS]>,
-    /// The device's greatest (most urgent) launch priority, from the context's range.
-    urgent_priority: i32,
+    side: Arc<OnceLock<Arc<CudaStream>>>,
     /// Shared with the handles of [`Cuda::on_stream`]: a kernel is compiled once per process.
     modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
     functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
@@ -218,11 +204,6 @@ impl Cuda {
             .new_stream()
             .map_err(|e| driver_error("creating a stream", e))?;
         keep_pool_memory(&context, ordinal)?;
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: two writable ints; the context is current on this thread (new_stream above).
-        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
-            .result()
-            .map_err(|e| driver_error("reading the stream priority range", e))?;
         Ok(Cuda {
             context,
             stream,
@@ -230,7 +211,6 @@ impl Cuda {
             arch: arch_from_env(major, minor)?,
             multiprocessors,
             side: Arc::default(),
-            urgent_priority: greatest,
             modules: Arc::default(),
             functions: Arc::default(),
         })
@@ -256,7 +236,6 @@ impl Cuda {
             arch: self.arch.clone(),
             multiprocessors: self.multiprocessors,
             side: self.side.clone(),
-            urgent_priority: self.urgent_priority,
             modules: self.modules.clone(),
             functions: self.functions.clone(),
         }
@@ -302,25 +281,14 @@ impl Cuda {
     /// driver), so capture on one thread at a time. The stream is made at the first fork: make
     /// one call that forks (a relayed prefill) before capturing, as a warm-up launch does.
     pub fn fork_side(&self) -> Result<Arc<CudaStream>> {
-        self.fork_side_at(0)
-    }
-
-    /// [`Cuda::fork_side`] on side stream `index` (below [`SIDE_STREAMS`]): an op that runs
-    /// three paths at once forks two side streams, joining both before it returns.
-    pub fn fork_side_at(&self, index: usize) -> Result<Arc<CudaStream>> {
-        let slot = self.side.get(index).ok_or_else(|| {
-            Error::InvalidValue(format!(
-                "side stream {index} asked, the handle has {SIDE_STREAMS}"
-            ))
-        })?;
-        let side = match slot.get() {
+        let side = match self.side.get() {
             Some(side) => side.clone(),
             None => {
                 let made = self
                     .context
                     .new_stream()
-                    .map_err(|e| driver_error("creating a side stream", e))?;
-                slot.get_or_init(|| made).clone()
+                    .map_err(|e| driver_error("creating a second stream", e))?;
+                self.side.get_or_init(|| made).clone()
             }
         };
         let event = self
@@ -334,25 +302,25 @@ impl Cuda {
 
     /// Makes [`Cuda::stream`] wait for everything queued on `side` (from [`Cuda::fork_side`]).
     pub fn join_side(&self, side: &CudaStream) -> Result<()> {
-        self.order_after(&self.stream, side)
-    }
-
-    /// Makes `waiter` wait for everything queued on `on` so far (an event recorded on `on`).
-    pub fn order_after(&self, waiter: &CudaStream, on: &CudaStream) -> Result<()> {
-        let event = on
+        let event = side
             .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(|e| driver_error("recording an event", e))?;
-        waiter
+        self.stream
             .wait(&event)
-            .map_err(|e| driver_error("ordering two streams", e))
+            .map_err(|e| driver_error("joining the second stream", e))
     }
 
     /// Queues `function` on `stream` as the programmatic dependent of the kernel queued there
-    /// before it ([`Cuda::launch_with`], `dependent` alone).
+    /// before it (`cuLaunchKernelEx` with programmatic stream serialization, kept by CUDA graph
+    /// capture): it may launch once every block of that kernel has run
+    /// `griddepcontrol.launch_dependents` (or ended), and its blocks must run
+    /// `griddepcontrol.wait` before reading what that kernel writes. `param` is the kernel's
+    /// one argument, a parameter struct (plain data the kernel reads by value).
     ///
     /// # Safety
     ///
-    /// As for [`Cuda::launch_with`].
+    /// As for any kernel launch: `param` must be the struct `function` takes, pointing at live
+    /// buffers of the sizes the kernel indexes under `config`.
     pub unsafe fn launch_programmatic_dependent<P: DeviceRepr>(
         &self,
         stream: &CudaStream,
@@ -360,53 +328,13 @@ impl Cuda {
         config: LaunchConfig,
         param: &P,
     ) -> std::result::Result<(), DriverError> {
-        let how = LaunchAttributes {
-            dependent: true,
-            urgent: false,
-        };
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_with(stream, function, config, param, how) }
-    }
-
-    /// Queues `function` on `stream` (`cuLaunchKernelEx`) with `how`'s attributes, both kept by
-    /// CUDA graph capture: as the programmatic dependent of the kernel queued there before it
-    /// (`dependent`: it may launch once every block of that kernel has run
-    /// `griddepcontrol.launch_dependents` or ended, and its blocks must run
-    /// `griddepcontrol.wait` before reading what that kernel writes), and at the device's most
-    /// urgent priority (`urgent`: where blocks of several kernels wait for room on the SMs,
-    /// its go first). `param` is the kernel's one argument, a parameter struct (plain data the
-    /// kernel reads by value).
-    ///
-    /// # Safety
-    ///
-    /// As for any kernel launch: `param` must be the struct `function` takes, pointing at live
-    /// buffers of the sizes the kernel indexes under `config`.
-    pub unsafe fn launch_with<P: DeviceRepr>(
-        &self,
-        stream: &CudaStream,
-        function: &CudaFunction,
-        config: LaunchConfig,
-        param: &P,
-        how: LaunchAttributes,
-    ) -> std::result::Result<(), DriverError> {
         self.context.bind_to_thread()?;
         // SAFETY: an all-zero launch attribute is a valid value of the C struct; the id and
-        // the one union field each id reads are set below.
-        let mut attributes: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut count = 0;
-        if how.dependent {
-            let attribute = &mut attributes[count];
-            attribute.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attribute.value.programmaticStreamSerializationAllowed = 1;
-            count += 1;
-        }
-        if how.urgent {
-            let attribute = &mut attributes[count];
-            attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
-            attribute.value.priority = self.urgent_priority;
-            count += 1;
-        }
+        // the one union field this id reads are set below.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
         let launch = sys::CUlaunchConfig {
             gridDimX: config.grid_dim.0,
             gridDimY: config.grid_dim.1,
@@ -416,12 +344,12 @@ impl Cuda {
             blockDimZ: config.block_dim.2,
             sharedMemBytes: config.shared_mem_bytes,
             hStream: stream.cu_stream(),
-            attrs: attributes.as_mut_ptr(),
-            numAttrs: count as u32,
+            attrs: &mut attribute,
+            numAttrs: 1,
         };
         let mut args = [(param as *const P).cast_mut().cast::<std::ffi::c_void>()];
-        // SAFETY: the configuration and its attributes live through the call, which copies
-        // them and the argument it points at; the argument is the caller's (see # Safety).
+        // SAFETY: the configuration and its attribute live through the call, which copies them
+        // and the argument it points at; the argument is the caller's (see # Safety).
         unsafe {
             sys::cuLaunchKernelEx(
                 &launch,

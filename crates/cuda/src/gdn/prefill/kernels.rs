@@ -54,8 +54,6 @@ pub(super) struct PrefillParams {
     pub(super) fused_qk_norm: i32,
     pub(super) scale: f32,
     pub(super) reset_gate: f32,
-    /// The prepare's first chunk (its block x takes chunk `chunk_base + x`).
-    pub(super) chunk_base: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -258,24 +256,6 @@ fn lead_name(kp: usize) -> &'static str {
 }
 
 /// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
-/// Relayed sequences up to which the prepare of their second segments runs beside the first
-/// walks (`PrefillPlan::prepare_ranges`): each deferred or early range is one launch.
-pub(super) const MAX_DEFERRED_RELAYS: usize = 2;
-
-/// `DELTAKV_PREFILL_DEFER=off`: every chunk prepared before the state pass (the relay's second
-/// segments too), for timing the deferred prepare against it; unset or `on`: up to
-/// [`MAX_DEFERRED_RELAYS`].
-pub(super) fn deferred_relays_from_env() -> Result<usize> {
-    match std::env::var("DELTAKV_PREFILL_DEFER") {
-        Err(_) => Ok(MAX_DEFERRED_RELAYS),
-        Ok(text) if text == "on" => Ok(MAX_DEFERRED_RELAYS),
-        Ok(text) if text == "off" => Ok(0),
-        Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_DEFER={text}: expected `on` or `off`"
-        ))),
-    }
-}
-
 pub(super) fn segment_chunks_from_env() -> Option<usize> {
     std::env::var("DELTAKV_PREFILL_SEGMENT_CHUNKS")
         .ok()?

@@ -43,9 +43,8 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    deferred_relays_from_env, gates_bytes, pass_kernels, prepare_group_limit_from_env,
-    prepare_groups, prepare_regs_smem, prepare_smem, relay_rule_from_env, segment_chunks_from_env,
-    state_pass_kind, walk_grid,
+    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, prepare_regs_smem,
+    prepare_smem, relay_rule_from_env, segment_chunks_from_env, state_pass_kind, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -99,10 +98,6 @@ pub struct PrefillLaunch {
     value_heads: u32,
     sequences: u32,
     prepare: (cudarc::driver::CudaFunction, u32),
-    /// The prepare's launches before the state pass and beside it (`PrefillPlan::
-    /// prepare_ranges`): each one's parameters (its first chunk) and chunk count.
-    prepare_early: Vec<(PrefillParams, u32)>,
-    prepare_deferred: Vec<(PrefillParams, u32)>,
     /// The state pass that writes the outputs, its shared memory and threads per block.
     state: (cudarc::driver::CudaFunction, u32, u32),
     /// The scan's transition pass, its shared memory and threads per block.
@@ -384,23 +379,7 @@ impl PrefillLaunch {
             fused_qk_norm: i32::from(fused_qk_norm),
             scale,
             reset_gate: RESET_GATE,
-            chunk_base: 0,
         };
-        let ranges = plan.prepare_ranges(deferred_relays_from_env()?);
-        let launches = |ranges: &[std::ops::Range<usize>]| -> Vec<(PrefillParams, u32)> {
-            ranges
-                .iter()
-                .map(|range| {
-                    let params = PrefillParams {
-                        chunk_base: range.start as i32,
-                        ..params
-                    };
-                    (params, range.len() as u32)
-                })
-                .collect()
-        };
-        let (prepare_early, prepare_deferred) =
-            (launches(&ranges.early), launches(&ranges.deferred));
         if heads > 65535 || chunks > i32::MAX as usize {
             return Err(Error::Unsupported(format!(
                 "CUDA prefill takes at most 65535 value heads and 2^31 chunks, got H = {heads}, \
@@ -478,8 +457,6 @@ impl PrefillLaunch {
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
             prepare: (prepare, prepare_bytes as u32),
-            prepare_early,
-            prepare_deferred,
             state: state_pass,
             transition: walk(names.transition)?,
             combine: cuda.function(&SOURCE, names.combine)?,
@@ -491,7 +468,7 @@ impl PrefillLaunch {
     }
 
     /// Queues the call's kernels on deltakv's stream.
-    pub fn launch<'a>(&'a self, cuda: &Cuda) -> Result<()> {
+    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
         let heads = self.value_heads;
         let segments = self.plan.segment_count() as u32;
         // Column tiles and threads follow from the padded sizes the kernels were picked for.
@@ -518,27 +495,19 @@ impl PrefillLaunch {
             shared_bytes,
             name,
         };
-        // One prepare block per (chunk, key head, group of its value heads), over each range.
+        // One prepare block per (chunk, key head, group of its value heads).
         let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
-        let prepare = |ranges: &'a [(PrefillParams, u32)]| -> Vec<Kernel<'a>> {
-            ranges
-                .iter()
-                .map(|(params, chunks)| Kernel {
-                    function: &self.prepare.0,
-                    params,
-                    grid: (*chunks, prepare_rows, 1),
-                    threads: PREPARE_THREADS,
-                    shared_bytes: self.prepare.1,
-                    name: "gdn_prefill_prepare",
-                })
-                .collect()
-        };
-        for kernel in prepare(&self.prepare_early) {
-            kernel.launch(cuda.stream())?;
-        }
+        let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
+        kernel(
+            &self.prepare.0,
+            prepare_grid,
+            PREPARE_THREADS,
+            self.prepare.1,
+            "gdn_prefill_prepare",
+        )
+        .launch(cuda.stream())?;
         if let Some(relay) = &self.relay {
-            let deferred = prepare(&self.prepare_deferred);
-            return relay.launch(cuda, &self.state, heads, tiles_v, &deferred);
+            return relay.launch(cuda, &self.state, heads, tiles_v);
         }
         let (state, state_bytes, state_threads) = (&self.state.0, self.state.1, self.state.2);
         let walk = kernel(

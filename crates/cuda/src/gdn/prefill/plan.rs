@@ -81,15 +81,6 @@ pub enum Split {
     Relay(usize),
 }
 
-/// Chunk ranges of the prepare's launches ([`PrefillPlan::prepare_ranges`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PrepareRanges {
-    /// Prepared before any walk starts.
-    pub early: Vec<std::ops::Range<usize>>,
-    /// Prepared beside the first walks, before the walks that read them.
-    pub deferred: Vec<std::ops::Range<usize>>,
-}
-
 /// The chunks and segments of a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PrefillPlan {
@@ -258,43 +249,6 @@ impl PrefillPlan {
         }
     }
 
-    /// The chunk ranges the prepare runs before the state pass (`early`) and beside it
-    /// (`deferred`), each range one launch. The relay defers its second segments' chunks, which
-    /// no walk reads before the lead has walked the first segments (the prepare of them runs
-    /// beside the lead and the first segments' outputs); with more than `max_relayed` relayed
-    /// sequences, or without the relay, every chunk is early in one range.
-    pub(crate) fn prepare_ranges(&self, max_relayed: usize) -> PrepareRanges {
-        let all = PrepareRanges {
-            early: std::iter::once(0..self.chunks()).collect(),
-            deferred: Vec::new(),
-        };
-        if self.relayed == 0 || self.relayed > max_relayed {
-            return all;
-        }
-        let records = self.segment_count();
-        let mut deferred: Vec<std::ops::Range<usize>> = self.segments
-            [(records - self.relayed) * SEGMENT_FIELDS..]
-            .chunks(SEGMENT_FIELDS)
-            .map(|record| {
-                let first = record[1] as usize;
-                first..first + record[2] as usize
-            })
-            .collect();
-        deferred.sort_by_key(|range| range.start);
-        let mut early = Vec::new();
-        let mut next = 0;
-        for range in &deferred {
-            if range.start > next {
-                early.push(next..range.start);
-            }
-            next = range.end;
-        }
-        if next < self.chunks() {
-            early.push(next..self.chunks());
-        }
-        PrepareRanges { early, deferred }
-    }
-
     pub(crate) fn chunks(&self) -> usize {
         self.chunk_len.len()
     }
@@ -381,13 +335,6 @@ mod tests {
         assert!(!plan.segmented);
         assert_eq!(plan.relayed, 1);
         assert_eq!(plan.segments, vec![0, 0, 180, 0, 2, 0, 180, 76, 1, 2]);
-        let ranges = plan.prepare_ranges(2);
-        assert_eq!(
-            (ranges.early, ranges.deferred),
-            (vec![0..180], vec![180..256])
-        );
-        let scan = PrefillPlan::new(&spans(&[16384]), 64, 132, Split::Scan(32), None);
-        assert_eq!(scan.prepare_ranges(2).deferred, vec![]);
         // Relayed first segments, then whole sequences, then second segments in the first
         // segments' order.
         let plan = PrefillPlan::new(
@@ -420,13 +367,6 @@ mod tests {
             }
         }
         assert!(walked.iter().all(|&w| w == 1));
-        // The prepare defers the second segments' chunks (up to two relayed sequences).
-        let ranges = plan.prepare_ranges(2);
-        assert_eq!(ranges.early, vec![0..12, 81..92]);
-        assert_eq!(ranges.deferred, vec![12..81, 92..223]);
-        assert_eq!(plan.chunks(), 223);
-        let ranges = plan.prepare_ranges(1);
-        assert_eq!((ranges.early, ranges.deferred), (vec![0..223], vec![]));
         // A sequence no longer than the lead is walked whole; without a share Auto scans.
         let plan = PrefillPlan::new(&spans(&[640]), 0, 132, Split::Relay(10), None);
         assert_eq!((plan.relayed, plan.segment_count()), (0, 1));

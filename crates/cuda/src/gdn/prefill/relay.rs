@@ -16,7 +16,7 @@
 
 use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
-use crate::runtime::{Cuda, LaunchAttributes, driver_error};
+use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
 
@@ -49,23 +49,9 @@ impl Kernel<'_> {
     /// by CUDA graph capture): the prepare's blocks release it as they start, and its blocks
     /// wait in `griddepcontrol.wait` for the prepare's completion before reading anything.
     pub fn launch_dependent(&self, cuda: &Cuda, stream: &CudaStream) -> Result<()> {
-        let how = LaunchAttributes {
-            dependent: true,
-            urgent: false,
-        };
-        self.launch_with(cuda, stream, how)
-    }
-
-    /// Queues the kernel on `stream` with `how`'s attributes ([`Cuda::launch_with`]).
-    pub fn launch_with(
-        &self,
-        cuda: &Cuda,
-        stream: &CudaStream,
-        how: LaunchAttributes,
-    ) -> Result<()> {
         let config = self.config();
         // SAFETY: as in `launch`.
-        unsafe { cuda.launch_with(stream, self.function, config, self.params, how) }
+        unsafe { cuda.launch_programmatic_dependent(stream, self.function, config, self.params) }
             .map_err(|e| driver_error(&format!("launching {}", self.name), e))
     }
 
@@ -152,19 +138,15 @@ impl RelayLaunch {
         }
     }
 
-    /// Queues the state pass of a relayed call after its prepare's early launches: `state` is
-    /// the pass that writes the outputs (function, shared memory, threads), over `heads` and
-    /// `tiles` column tiles (`walk_grid`). `deferred` prepares the second segments' chunks on a
-    /// second side stream beside the lead and the first segments' walk, which then launch at
-    /// the most urgent priority so that their blocks take the SMs first; the second segments
-    /// wait for it.
+    /// Queues the state pass of a relayed call after its prepare: `state` is the pass that
+    /// writes the outputs (function, shared memory, threads), over `heads` and `tiles` column
+    /// tiles (`walk_grid`).
     pub fn launch(
         &self,
         cuda: &Cuda,
         state: &(CudaFunction, u32, u32),
         heads: u32,
         tiles: u32,
-        deferred: &[Kernel<'_>],
     ) -> Result<()> {
         let (sequences, relayed) = (self.sequences, self.relayed);
         let pass = |params, grid| Kernel {
@@ -175,11 +157,6 @@ impl RelayLaunch {
             shared_bytes: state.1,
             name: "gdn_prefill_state (relay)",
         };
-        let urgent = !deferred.is_empty();
-        let walk = LaunchAttributes {
-            dependent: false,
-            urgent,
-        };
         let side = cuda.fork_side()?;
         let lead = Kernel {
             function: &self.lead.0,
@@ -189,40 +166,18 @@ impl RelayLaunch {
             shared_bytes: self.lead.1,
             name: "gdn_prefill_lead",
         };
-        let mut prepare_side = None;
         let queued = lead
-            .launch_with(cuda, &side, walk)
+            .launch(&side)
+            .and_then(|()| pass(&self.second, walk_grid(relayed, heads, tiles)).launch(&side))
             .and_then(|()| {
-                if deferred.is_empty() {
-                    return Ok(());
-                }
-                let stream = prepare_side.insert(cuda.fork_side_at(1)?);
-                for kernel in deferred {
-                    kernel.launch(stream)?;
-                }
-                cuda.order_after(&side, stream)
-            })
-            .and_then(|()| {
-                pass(&self.second, walk_grid(relayed, heads, tiles)).launch_with(cuda, &side, walk)
-            })
-            .and_then(|()| {
-                let how = LaunchAttributes {
-                    dependent: true,
-                    urgent,
-                };
-                pass(&self.first, walk_grid(sequences, heads, tiles)).launch_with(
-                    cuda,
-                    cuda.stream(),
-                    how,
-                )
+                pass(&self.first, walk_grid(sequences, heads, tiles))
+                    .launch_dependent(cuda, cuda.stream())
             });
         // Joined whatever failed: the call's buffers are freed on its stream, after the work
-        // queued there, so the side streams' work must be part of that work.
+        // queued there, so the side stream's work must be part of that work.
         let joined = cuda.join_side(&side);
-        let joined_prepare = prepare_side.map_or(Ok(()), |stream| cuda.join_side(&stream));
         queued?;
         joined?;
-        joined_prepare?;
         for &(to, from, bytes) in &self.final_copies {
             // SAFETY: both ranges lie inside live f32 buffers of [*, H, K, V] states (the
             // caller's final states or pool, and the scratch sized for every sequence).

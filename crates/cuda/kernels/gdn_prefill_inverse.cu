@@ -13,40 +13,31 @@
 // (B-fragment loads and accumulator stores two ways).
 #define PF_LDF (PF_CHUNK + 4)
 
-// The diagonal blocks of T (and zeros above them). Thread 16 b + c of the first two warps
-// forward-substitutes column c of diagonal block b alone: T_rc = -sum_{m<r} A_rm T_mc with
-// T_mc = 0 above the diagonal, so the sum runs over every m < r (A is zero on and above its
-// diagonal), in order of m. A's rows are read four floats at a time (one address for the 16
-// threads of a block), the column's earlier entries back from t_mat, where each is stored as
-// it is formed (a 16-float column in registers beside K K^T's fragments spilled at 64
-// registers). The other six warps write the zeros above the diagonal blocks. 256 threads; no
-// barrier at the end.
+// The diagonal blocks of T (and zeros above them). Column j by the four lanes of a quad:
+// lane part p sums the terms m = p (mod 4) of T_ij = -sum_{m=j}^{i-1} A_im T_mj and keeps
+// those T_mj in registers, the quad's sum by two shuffles. 256 threads; no barrier at the end.
 __device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float* t_mat) {
-    if (threadIdx.x < 64) {
-        const int base = threadIdx.x & ~15, c = threadIdx.x & 15;
-        const float* a_block = a_mat + base * PF_LDF + base;
-        float* t_column = t_mat + base * PF_LDF + base + c;
-#pragma unroll 1
-        for (int r = 0; r < 16; ++r) {
-            float sum = 0.0f;
-#pragma unroll 1
-            for (int m4 = 0; m4 < r; m4 += 4) {
-                const float4 a = *(const float4*)(a_block + r * PF_LDF + m4);
-                sum = fmaf(a.x, t_column[m4 * PF_LDF], sum);
-                if (m4 + 1 < r) sum = fmaf(a.y, t_column[(m4 + 1) * PF_LDF], sum);
-                if (m4 + 2 < r) sum = fmaf(a.z, t_column[(m4 + 2) * PF_LDF], sum);
-                if (m4 + 3 < r) sum = fmaf(a.w, t_column[(m4 + 3) * PF_LDF], sum);
-            }
-            t_column[r * PF_LDF] = r < c ? 0.0f : (r == c ? 1.0f : -sum);
+    const int j = threadIdx.x >> 2, part = threadIdx.x & 3;
+    const int base = j & ~15, c = j & 15;
+    float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int m = 4 * q + part;
+            const float a = a_mat[(base + r) * PF_LDF + base + m];
+            sum += (m >= c && m < r) ? a * column[q] : 0.0f;
         }
-    } else {
-        // Rows above column j's diagonal block (r < j & ~15), j from 16: consecutive threads
-        // take consecutive columns.
-        for (int at = threadIdx.x - 64; at < 48 * 48; at += blockDim.x - 64) {
-            const int r = at / 48, j = 16 + at % 48;
-            if (r < (j & ~15)) t_mat[r * PF_LDF + j] = 0.0f;
-        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float t = r == c ? 1.0f : (r > c ? -sum : 0.0f);
+        if ((r & 3) == part) column[r >> 2] = t;
+        if (part == 0) t_mat[(base + r) * PF_LDF + j] = t;
     }
+    // The blocks above the diagonal blocks are zero (T is lower triangular); those below are
+    // written by the levels.
+    for (int r = part; r < base; r += 4) t_mat[r * PF_LDF + j] = 0.0f;
 }
 
 // ---------------------------------------------------------------------------------------

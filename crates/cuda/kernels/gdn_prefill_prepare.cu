@@ -376,6 +376,10 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
 // [64][LDF] (f32). q [64][LDK] takes the space after A until T is formed (at K > 128 A's
 // space, for the l2 norm only); once T is complete, its bf16 halves for W ([64][LDC] twice)
 // take A's space and the 816 floats, and those for U the space after them, into T's rows.
+//
+// REGISTER_WALKS (K = 128; prepare_regs_smem mirrors it): no v, W or U. The gates records, k
+// [64][LDK], whose space A takes once K K^T is formed, and T [64][LDF], whose space holds q's
+// rows until then; T diag(beta)'s halves go from T's rows straight to device memory.
 
 template <int KP, int VP, bool REGISTER_WALKS>
 __device__ void prepare_impl(const PrefillParams& p) {

@@ -94,6 +94,35 @@ struct PrefillParams {
     float reset_gate;
 };
 
+// Element (key r, value column c) of segment `segment`'s head `head` in an f32 [segments, H, KP,
+// VP] array (segment_states, transition_d).
+template <int KP>
+__device__ __forceinline__ long long segment_state_index(const PrefillParams& p, int segment, int head, int r,
+                                                         int c) {
+    return (((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c;
+}
+
+// Element (r, c) of the initial state of `state_row`'s head `head`: zero where the call has
+// none and in the padding (r >= K or c >= V).
+__device__ __forceinline__ float initial_state_element(const PrefillParams& p, long long state_row, int head, int r,
+                                                       int c) {
+    if (p.initial_state && r < p.key_dim && c < p.value_dim) {
+        return ((const float*)p.initial_state)[((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
+    }
+    return 0.0f;
+}
+
+// Element (r, c) of a segment's entry state: the combined state of the two-level scan when the
+// call is segmented, else the sequence's initial state (`state_row` of it).
+template <int KP>
+__device__ __forceinline__ float entry_state_element(const PrefillParams& p, int segment, long long state_row,
+                                                     int head, int r, int c) {
+    if (p.use_segment_states) {
+        return ((const float*)p.segment_states)[segment_state_index<KP>(p, segment, head, r, c)];
+    }
+    return initial_state_element(p, state_row, head, r, c);
+}
+
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
                                                const unsigned (&b)[2]) {
     asm volatile(
@@ -616,13 +645,9 @@ __device__ void combine_impl(const PrefillParams& p) {
 
     for (int i = 0; i < ROWS; ++i) {
         const int r = group + ROW_GROUPS * i, c = col0 + col;
-        float x = 0.0f;
-        if (p.initial_state && r < p.key_dim && c < p.value_dim) {
-            x = ((const float*)p.initial_state)
-                [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
-        }
+        const float x = initial_state_element(p, state_row, head, r, c);
         entry[r][col] = x;
-        seg_states[(((long long)first * p.value_heads + head) * KP + r) * p.value_pad + c] = x;
+        seg_states[segment_state_index<KP>(p, first, head, r, c)] = x;
     }
     float acc[ROWS], d_values[ROWS];
     for (int k = 0; k < total; ++k) {

@@ -97,30 +97,14 @@ __device__ __forceinline__ void regs_each_element(int col0, int warp, int lane, 
     }
 }
 
-// A segment's entry state as S^T in the accumulators (load_entry_state's sources, transposed).
+// A segment's entry state as S^T in the accumulators (entry_state_element, transposed).
 template <int KP>
 __device__ __forceinline__ void regs_entry_state(float (&state)[2][8][4], const PrefillParams& p, int segment,
                                                   long long state_row, int head, int col0, int warp,
                                                   int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                float x = 0.0f;
-                if (p.use_segment_states) {
-                    x = ((const float*)p.segment_states)
-                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
-                } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
-                    x = ((const float*)p.initial_state)
-                        [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
-                }
-                state[h][j][e] = x;
-            }
-        }
-    }
+    regs_each_element(col0, warp, lane, [&](int h, int j, int e, int r, int c) {
+        state[h][j][e] = entry_state_element<KP>(p, segment, state_row, head, r, c);
+    });
 }
 
 // The chain's pieces (one warpgroup; fragments as lead_a_from's).
@@ -192,18 +176,9 @@ __device__ __forceinline__ void regs_decay(float (&state)[2][8][4], float decay)
 template <int KP>
 __device__ __forceinline__ void regs_hand_over(const float (&state)[2][8][4], const PrefillParams& p, int segment,
                                                 int head, int col0, int warp, int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = lead_key(h, j, lane, e), c = col0 + lead_value_col(warp, lane, e);
-                ((float*)p.segment_states)[(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] =
-                    state[h][j][e];
-            }
-        }
-    }
+    regs_each_element(col0, warp, lane, [&](int h, int j, int e, int r, int c) {
+        ((float*)p.segment_states)[segment_state_index<KP>(p, segment, head, r, c)] = state[h][j][e];
+    });
 }
 
 

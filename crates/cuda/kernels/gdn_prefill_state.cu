@@ -138,15 +138,7 @@ __device__ __forceinline__ void load_entry_state(float (&state)[8][4], const Pre
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
-            float x = 0.0f;
-            if (p.use_segment_states) {
-                x = ((const float*)p.segment_states)
-                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c];
-            } else if (p.initial_state && r < p.key_dim && c < p.value_dim) {
-                x = ((const float*)p.initial_state)
-                    [((state_row * p.value_heads + head) * p.key_dim + r) * p.value_dim + c];
-            }
-            state[n][e] = x;
+            state[n][e] = entry_state_element<KP>(p, segment, state_row, head, r, c);
         }
     }
 }
@@ -408,7 +400,7 @@ __device__ void state_impl(const PrefillParams& p) {
                         [(((long long)segment * p.value_heads + head) * KP + r) * KP + c] = state[n][e];
                 } else {
                     ((float*)p.transition_d)
-                        [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
+                        [segment_state_index<KP>(p, segment, head, r, c)] = state[n][e];
                 }
             }
         }
@@ -421,7 +413,7 @@ __device__ void state_impl(const PrefillParams& p) {
             for (int e = 0; e < 4; ++e) {
                 const int r = state_row_of(warp, lane, e), c = state_col_of(col0, n, lane, e);
                 ((float*)p.segment_states)
-                    [(((long long)segment * p.value_heads + head) * KP + r) * p.value_pad + c] = state[n][e];
+                    [segment_state_index<KP>(p, segment, head, r, c)] = state[n][e];
             }
         }
     } else if (p.final_state && segment_is_last(p, segment)) {

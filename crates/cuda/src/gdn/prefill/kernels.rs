@@ -315,18 +315,30 @@ pub(super) struct WalkKernel {
     pub threads: u32,
 }
 
+/// A prepare kernel: its name and shared memory per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PrepareKernel {
+    pub name: &'static str,
+    pub smem: usize,
+}
+
 /// The kernels a state pass runs at (KP, VP): the prepare, the walk that writes the outputs,
 /// the relay's lead, the scan's transition and its combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct PassKernels {
-    pub prepare: &'static str,
+    pub prepare: PrepareKernel,
     pub outputs: WalkKernel,
     pub lead: WalkKernel,
     pub transition: WalkKernel,
     pub combine: &'static str,
 }
 
-pub(super) fn pass_kernels(pass: StatePass, kp: usize, vp: usize) -> PassKernels {
+pub(super) fn pass_kernels(
+    pass: StatePass,
+    kp: usize,
+    vp: usize,
+    heads_per_block: usize,
+) -> PassKernels {
     let (state, transition, combine) = state_names(kp);
     let lockstep = |name| WalkKernel {
         name,
@@ -340,14 +352,20 @@ pub(super) fn pass_kernels(pass: StatePass, kp: usize, vp: usize) -> PassKernels
     };
     match pass {
         StatePass::Registers => PassKernels {
-            prepare: prepare_regs_name(vp),
+            prepare: PrepareKernel {
+                name: prepare_regs_name(vp),
+                smem: prepare_regs_smem(heads_per_block),
+            },
             outputs: register_walk("gdn_prefill_outputs_regs_k128", outputs_regs_smem(kp)),
             lead: register_walk("gdn_prefill_lead_regs_k128", lead_regs_smem(kp)),
             transition: register_walk("gdn_prefill_transition_regs_k128", lead_regs_smem(kp)),
             combine,
         },
         StatePass::Overlap | StatePass::Lockstep => PassKernels {
-            prepare: prepare_name(kp, vp),
+            prepare: PrepareKernel {
+                name: prepare_name(kp, vp),
+                smem: prepare_smem(kp, vp, heads_per_block),
+            },
             outputs: if pass == StatePass::Overlap {
                 WalkKernel {
                     name: overlap_name(kp),
@@ -392,8 +410,14 @@ mod tests {
 
     #[test]
     fn each_pass_names_its_kernels() {
-        let registers = pass_kernels(StatePass::Registers, 128, 128);
-        assert_eq!(registers.prepare, "gdn_prefill_prepare_regs_k128_v128");
+        let registers = pass_kernels(StatePass::Registers, 128, 128, 2);
+        assert_eq!(
+            registers.prepare,
+            PrepareKernel {
+                name: "gdn_prefill_prepare_regs_k128_v128",
+                smem: prepare_regs_smem(2)
+            }
+        );
         assert_eq!(
             registers.outputs,
             WalkKernel {
@@ -409,8 +433,14 @@ mod tests {
         );
         assert_eq!(registers.transition.smem, lead_regs_smem(128));
         assert_eq!(registers.combine, "gdn_prefill_combine_k128");
-        let overlap = pass_kernels(StatePass::Overlap, 64, 256);
-        assert_eq!(overlap.prepare, "gdn_prefill_prepare_mma_k64_v256");
+        let overlap = pass_kernels(StatePass::Overlap, 64, 256, 4);
+        assert_eq!(
+            overlap.prepare,
+            PrepareKernel {
+                name: "gdn_prefill_prepare_mma_k64_v256",
+                smem: prepare_smem(64, 256, 4)
+            }
+        );
         assert_eq!(
             overlap.outputs,
             WalkKernel {
@@ -427,7 +457,7 @@ mod tests {
                 threads: 128
             }
         );
-        let lockstep = pass_kernels(StatePass::Lockstep, 256, 64);
+        let lockstep = pass_kernels(StatePass::Lockstep, 256, 64, 1);
         assert_eq!(lockstep.outputs.name, "gdn_prefill_state_k256");
         assert_eq!(lockstep.transition.name, "gdn_prefill_transition_k256");
         assert_eq!(lockstep.transition.threads, 512);

@@ -43,8 +43,8 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, prepare_regs_smem,
-    prepare_smem, relay_rule_from_env, segment_chunks_from_env, state_pass_kind, walk_grid,
+    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, relay_rule_from_env,
+    segment_chunks_from_env, state_pass_kind, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -386,7 +386,7 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let names = pass_kernels(pass, kp, vp);
+        let names = pass_kernels(pass, kp, vp, heads_per_block);
         let walk = |kernel: WalkKernel| -> Result<_> {
             Ok((
                 cuda.function(&SOURCE, kernel.name)?,
@@ -394,12 +394,8 @@ impl PrefillLaunch {
                 kernel.threads,
             ))
         };
-        let prepare = cuda.function(&SOURCE_PREPARE_MMA, names.prepare)?;
-        let prepare_bytes = if registers_pass {
-            prepare_regs_smem(heads_per_block)
-        } else {
-            prepare_smem(kp, vp, heads_per_block)
-        };
+        let prepare = cuda.function(&SOURCE_PREPARE_MMA, names.prepare.name)?;
+        let prepare_bytes = names.prepare.smem;
         let state_pass = walk(names.outputs)?;
         let relay = if plan.relayed > 0 {
             let relayed_rows = plan

@@ -40,6 +40,43 @@ __device__ __forceinline__ void invert_diagonal_blocks(const float* a_mat, float
     for (int r = part; r < base; r += 4) t_mat[r * PF_LDF + j] = 0.0f;
 }
 
+// The diagonal blocks of T (and zeros above them) by one thread per column, for callers with
+// registers to spare (at least 16 for the column beyond the quads' form above): thread 16 b + c
+// of the first two warps forward-substitutes column c of diagonal block b in registers, T_rc =
+// -sum_{m<r} A_rm T_mc with T_mc = 0 above the diagonal, so each sum runs over every m < r (A
+// is zero on and above its diagonal) in order of m; A's rows are read four floats at a time
+// (one address for the 16 threads of a block). The other six warps write the zeros above the
+// diagonal blocks. 256 threads; no barrier at the end.
+__device__ __forceinline__ void invert_diagonal_columns(const float* a_mat, float* t_mat) {
+    if (threadIdx.x < 64) {
+        const int base = threadIdx.x & ~15, c = threadIdx.x & 15;
+        const float* a_block = a_mat + base * PF_LDF + base;
+        float* t_column = t_mat + base * PF_LDF + base + c;
+        float t[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int m4 = 0; m4 < r; m4 += 4) {
+                const float4 a = *(const float4*)(a_block + r * PF_LDF + m4);
+                sum = fmaf(a.x, t[m4], sum);
+                if (m4 + 1 < r) sum = fmaf(a.y, t[m4 + 1], sum);
+                if (m4 + 2 < r) sum = fmaf(a.z, t[m4 + 2], sum);
+                if (m4 + 3 < r) sum = fmaf(a.w, t[m4 + 3], sum);
+            }
+            t[r] = r < c ? 0.0f : (r == c ? 1.0f : -sum);
+            t_column[r * PF_LDF] = t[r];
+        }
+    } else {
+        // Rows above column j's diagonal block (r < j & ~15), j from 16: consecutive threads
+        // take consecutive columns.
+        for (int at = threadIdx.x - 64; at < 48 * 48; at += blockDim.x - 64) {
+            const int r = at / 48, j = 16 + at % 48;
+            if (r < (j & ~15)) t_mat[r * PF_LDF + j] = 0.0f;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // tf32 tensor-core pieces. Fragments of m16n8k8 (g = lane / 4, t = lane % 4): A (16 x 8)
 // a0 = (g, t), a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4); B (8 x 8) b0 = (t, g),

@@ -42,8 +42,15 @@
 // t_mat (gdn_prefill_inverse.cu): the blocks below the diagonal blocks on tf32 tensor cores
 // (A only read). Every thread of the block (256) takes part; ends with a barrier. Marks `mark`
 // after the diagonal blocks.
+// COLUMNS: the diagonal blocks by one thread per column (invert_diagonal_columns), for callers
+// that hold no other registers through the inverse.
+template <bool COLUMNS = false>
 __device__ __forceinline__ void invert_unit_lower(float* a_mat, float* t_mat, int mark) {
-    invert_diagonal_blocks(a_mat, t_mat);
+    if constexpr (COLUMNS) {
+        invert_diagonal_columns(a_mat, t_mat);
+    } else {
+        invert_diagonal_blocks(a_mat, t_mat);
+    }
     __syncthreads();
     PF_MARK(mark);
     invert_below_mma(a_mat, t_mat);
@@ -381,7 +388,7 @@ __device__ __forceinline__ void scaled_t_product(const unsigned short* t_hi, con
 // [64][LDK], whose space A takes once K K^T is formed, and T [64][LDF], whose space holds q's
 // rows until then; T diag(beta)'s halves go from T's rows straight to device memory.
 
-template <int KP, int VP, bool REGISTER_WALKS>
+template <int KP, int VP, bool REGISTER_WALKS, bool PAIR = false>
 __device__ void prepare_impl(const PrefillParams& p) {
     constexpr int LDK = KP + PF_PAD, LDV = VP + PF_PAD;
     constexpr int LDF = PF_LDF;  // f32 rows of A and T
@@ -398,6 +405,10 @@ __device__ void prepare_impl(const PrefillParams& p) {
     float* t_mat = a_mat + PF_CHUNK * LDF + (REGISTER_WALKS ? 0 : 3 * 16 * 17);       // [64][LDF]
     static_assert(!REGISTER_WALKS || (KP == 128 && 2 * PF_CHUNK * LDK == 4 * PF_CHUNK * LDF),
                   "the register walks' prepare: k's and q's rows fill A's and T's spaces");
+    static_assert(!PAIR || REGISTER_WALKS, "the pair form is the register walks' prepare");
+    // PAIR (at most two value heads per block): the second head's A after T, both heads' A
+    // stored once K K^T and Q K^T are formed.
+    float* a_second = t_mat + PF_CHUNK * LDF;  // [64][LDF], PAIR only
     // T's bf16 halves for W and then U's, [64][LDC] each, from A's start once T is complete:
     // W's in A's space and the 816 floats (1.8 KB more than A), U's from there into T's rows.
     unsigned short* w_hi = (unsigned short*)a_mat;
@@ -548,11 +559,25 @@ __device__ void prepare_impl(const PrefillParams& p) {
                 }
             }
         }
-        // Every head's scores now (Q K^T's registers are free after them); A later, per head.
-        for (int j = 0; with_scores && !(PF_TRIAL & 32) && j < count; ++j) {
-            unsigned short* scores = (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) *
-                                                                     (REGISTER_WALKS ? PF_T_CM_ELEMS : PF_SCORES_ELEMS);
-            store_masked_products<REGISTER_WALKS>(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
+        if constexpr (PAIR) {
+            // Both heads' A and scores now, each entry's decay formed once for both (A into
+            // k's space once every warp's products and the core-matrix copy have read k);
+            // K K^T's and Q K^T's registers are free after them.
+            __syncthreads();
+            for (int j = 0; !(PF_TRIAL & 32) && j < count; ++j) {
+                unsigned short* scores =
+                    with_scores ? (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) * PF_T_CM_ELEMS
+                                : nullptr;
+                store_masked_products<true>(kk, qk, gates_of(j), j == 0 ? a_mat : a_second, scores, row_tile,
+                                            half, lane);
+            }
+        } else {
+            // Every head's scores now (Q K^T's registers are free after them); A later, per head.
+            for (int j = 0; with_scores && !(PF_TRIAL & 32) && j < count; ++j) {
+                unsigned short* scores = (unsigned short*)p.scores + ((long long)chunk * p.value_heads + head0 + j) *
+                                                                         (REGISTER_WALKS ? PF_T_CM_ELEMS : PF_SCORES_ELEMS);
+                store_masked_products<REGISTER_WALKS>(kk, qk, gates_of(j), nullptr, scores, row_tile, half, lane);
+            }
         }
     }
 
@@ -560,14 +585,17 @@ __device__ void prepare_impl(const PrefillParams& p) {
         const int head = head0 + j;
         const ChunkGates& gates = gates_of(j);
         // A of this head (into k's space for the register walks, once every warp's products
-        // and the core-matrix copy have read k).
-        if (REGISTER_WALKS && j == 0) __syncthreads();
-        if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
-        // The bulk copies of k and q have read them (T takes q's space).
+        // and the core-matrix copy have read k); the pair form stored both above.
+        if constexpr (!PAIR) {
+            if (REGISTER_WALKS && j == 0) __syncthreads();
+            if (!(PF_TRIAL & 32)) store_masked_products(kk, kk, gates, a_mat, nullptr, row_tile, half, lane);
+        }
+        // The bulk copies of k and q have read them (T takes q's space); in the pair form,
+        // the previous head's T has been read too.
         if (j == 0 && threadIdx.x == 0) bulk_store_wait_read();
         __syncthreads();
         PF_MARK(2 + 5 * j);
-        if (!(PF_TRIAL & 2)) invert_unit_lower(a_mat, t_mat, 3 + 5 * j);
+        if (!(PF_TRIAL & 2)) invert_unit_lower<PAIR>(PAIR && j > 0 ? a_second : a_mat, t_mat, 3 + 5 * j);
         PF_MARK(4 + 5 * j);
 
         const long long chunk_head = (long long)chunk * p.value_heads + head;
@@ -642,6 +670,17 @@ PF_ENTRY_POINTS(128, 256)
 PF_ENTRY_POINTS(256, 64)
 PF_ENTRY_POINTS(256, 128)
 PF_ENTRY_POINTS(256, 256)
+// The same for groups of at most two value heads, both heads' A stored with the scores
+// (`prepare_impl`'s PAIR) and T's diagonal blocks by one thread per column.
+#define PF_REGISTER_PAIR_ENTRY_POINT(VP)                                                      \
+    extern "C" __global__ void __launch_bounds__(PF_PREPARE_THREADS, PF_REGS_PREPARE_BLOCKS_PER_SM) \
+        gdn_prefill_prepare_regs_pair_k128_v##VP(PrefillParams p) {                          \
+        prepare_impl<128, VP, true, true>(p);                                                 \
+    }
+
+PF_REGISTER_PAIR_ENTRY_POINT(64)
+PF_REGISTER_PAIR_ENTRY_POINT(128)
+PF_REGISTER_PAIR_ENTRY_POINT(256)
 PF_REGISTER_ENTRY_POINT(64)
 PF_REGISTER_ENTRY_POINT(128)
 PF_REGISTER_ENTRY_POINT(256)

@@ -93,12 +93,14 @@ pub(super) fn prepare_smem(kp: usize, vp: usize, heads_per_block: usize) -> usiz
 /// Shared memory of the register walks' prepare (K = 128; mirrors `prepare_impl` with
 /// REGISTER_WALKS): one gates record per value head of the block's group, then k's rows (bf16,
 /// rows of 136), whose space A takes once K K^T is formed, and T (f32, rows of 68), whose space
-/// holds q's rows until then; no v, W or U. 38,656 bytes for two heads: 4 blocks per SM, as the
-/// kernel's 64 registers allow.
-pub(super) fn prepare_regs_smem(heads_per_block: usize) -> usize {
+/// holds q's rows until then; no v, W or U. The pair form (at most two heads) holds the second
+/// head's A after T. 38,656 bytes for two heads (56,064 in the pair form): 4 blocks per SM, as
+/// the kernel's 64 registers allow.
+pub(super) fn prepare_regs_smem(heads_per_block: usize, pair: bool) -> usize {
     let ldf = CHUNK + 4;
     debug_assert_eq!(2 * CHUNK * (128 + PAD), 4 * CHUNK * ldf);
-    heads_per_block * gates_bytes() + 2 * 4 * CHUNK * ldf
+    let matrices = if pair { 3 } else { 2 };
+    heads_per_block * gates_bytes() + matrices * 4 * CHUNK * ldf
 }
 
 /// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
@@ -278,13 +280,38 @@ fn prepare_name(kp: usize, vp: usize) -> &'static str {
     }
 }
 
-/// The prepare for the register walks (K = 128): `gdn_prefill_prepare_regs_k128_v*`.
-fn prepare_regs_name(vp: usize) -> &'static str {
-    match vp {
-        64 => "gdn_prefill_prepare_regs_k128_v64",
-        128 => "gdn_prefill_prepare_regs_k128_v128",
-        _ => "gdn_prefill_prepare_regs_k128_v256",
+/// The prepare for the register walks (K = 128): `gdn_prefill_prepare_regs_k128_v*`, or with
+/// `pair` (at most two value heads per block) `gdn_prefill_prepare_regs_pair_k128_v*`.
+fn prepare_regs_name(vp: usize, pair: bool) -> &'static str {
+    match (vp, pair) {
+        (64, false) => "gdn_prefill_prepare_regs_k128_v64",
+        (128, false) => "gdn_prefill_prepare_regs_k128_v128",
+        (_, false) => "gdn_prefill_prepare_regs_k128_v256",
+        (64, true) => "gdn_prefill_prepare_regs_pair_k128_v64",
+        (128, true) => "gdn_prefill_prepare_regs_pair_k128_v128",
+        (_, true) => "gdn_prefill_prepare_regs_pair_k128_v256",
     }
+}
+
+/// `DELTAKV_PREFILL_PREPARE_PAIR=off`: the register walks' prepare forms each head's A after
+/// the previous head's inverse even where a block has at most two heads (the pair form's
+/// timing against it in one binary); unset or `on`: the pair form there.
+pub(super) fn prepare_pair_from_env() -> Result<bool> {
+    match std::env::var("DELTAKV_PREFILL_PREPARE_PAIR") {
+        Err(_) => Ok(true),
+        Ok(text) if text == "on" => Ok(true),
+        Ok(text) if text == "off" => Ok(false),
+        Ok(text) => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_PREPARE_PAIR={text}: expected `on` or `off`"
+        ))),
+    }
+}
+
+/// A prepare kernel: its name and shared memory per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PrepareKernel {
+    pub name: &'static str,
+    pub smem: usize,
 }
 
 fn state_names(kp: usize) -> (&'static str, &'static str, &'static str) {
@@ -315,13 +342,6 @@ pub(super) struct WalkKernel {
     pub threads: u32,
 }
 
-/// A prepare kernel: its name and shared memory per block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct PrepareKernel {
-    pub name: &'static str,
-    pub smem: usize,
-}
-
 /// The kernels a state pass runs at (KP, VP): the prepare, the walk that writes the outputs,
 /// the relay's lead, the scan's transition and its combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,11 +353,15 @@ pub(super) struct PassKernels {
     pub combine: &'static str,
 }
 
+/// The kernels of `pass` at (KP, VP) with `heads_per_block` value heads per prepare block;
+/// `pair` lets the register walks' prepare take its pair form where a block has at most two
+/// heads.
 pub(super) fn pass_kernels(
     pass: StatePass,
     kp: usize,
     vp: usize,
     heads_per_block: usize,
+    pair: bool,
 ) -> PassKernels {
     let (state, transition, combine) = state_names(kp);
     let lockstep = |name| WalkKernel {
@@ -352,9 +376,12 @@ pub(super) fn pass_kernels(
     };
     match pass {
         StatePass::Registers => PassKernels {
-            prepare: PrepareKernel {
-                name: prepare_regs_name(vp),
-                smem: prepare_regs_smem(heads_per_block),
+            prepare: {
+                let pair = pair && heads_per_block <= 2;
+                PrepareKernel {
+                    name: prepare_regs_name(vp, pair),
+                    smem: prepare_regs_smem(heads_per_block, pair),
+                }
             },
             outputs: register_walk("gdn_prefill_outputs_regs_k128", outputs_regs_smem(kp)),
             lead: register_walk("gdn_prefill_lead_regs_k128", lead_regs_smem(kp)),
@@ -410,14 +437,19 @@ mod tests {
 
     #[test]
     fn each_pass_names_its_kernels() {
-        let registers = pass_kernels(StatePass::Registers, 128, 128, 2);
+        let registers = pass_kernels(StatePass::Registers, 128, 128, 2, true);
         assert_eq!(
             registers.prepare,
             PrepareKernel {
-                name: "gdn_prefill_prepare_regs_k128_v128",
-                smem: prepare_regs_smem(2)
+                name: "gdn_prefill_prepare_regs_pair_k128_v128",
+                smem: prepare_regs_smem(2, true)
             }
         );
+        let per_head = pass_kernels(StatePass::Registers, 128, 64, 4, true).prepare;
+        assert_eq!(per_head.name, "gdn_prefill_prepare_regs_k128_v64");
+        assert_eq!(per_head.smem, prepare_regs_smem(4, false));
+        let unpaired = pass_kernels(StatePass::Registers, 128, 128, 2, false).prepare;
+        assert_eq!(unpaired.name, "gdn_prefill_prepare_regs_k128_v128");
         assert_eq!(
             registers.outputs,
             WalkKernel {
@@ -433,14 +465,9 @@ mod tests {
         );
         assert_eq!(registers.transition.smem, lead_regs_smem(128));
         assert_eq!(registers.combine, "gdn_prefill_combine_k128");
-        let overlap = pass_kernels(StatePass::Overlap, 64, 256, 4);
-        assert_eq!(
-            overlap.prepare,
-            PrepareKernel {
-                name: "gdn_prefill_prepare_mma_k64_v256",
-                smem: prepare_smem(64, 256, 4)
-            }
-        );
+        let overlap = pass_kernels(StatePass::Overlap, 64, 256, 2, true);
+        assert_eq!(overlap.prepare.name, "gdn_prefill_prepare_mma_k64_v256");
+        assert_eq!(overlap.prepare.smem, prepare_smem(64, 256, 2));
         assert_eq!(
             overlap.outputs,
             WalkKernel {
@@ -457,7 +484,7 @@ mod tests {
                 threads: 128
             }
         );
-        let lockstep = pass_kernels(StatePass::Lockstep, 256, 64, 1);
+        let lockstep = pass_kernels(StatePass::Lockstep, 256, 64, 1, true);
         assert_eq!(lockstep.outputs.name, "gdn_prefill_state_k256");
         assert_eq!(lockstep.transition.name, "gdn_prefill_transition_k256");
         assert_eq!(lockstep.transition.threads, 512);
@@ -490,7 +517,9 @@ mod tests {
         assert_eq!(per_sm(prepare_smem(128, 128, 2)), 3);
         assert_eq!(prepare_smem(128, 128, 2), 76_736);
         // The register walks' prepare: 4 blocks per SM at any group (64 registers).
-        assert_eq!(prepare_regs_smem(2), 38_656);
-        assert!(per_sm(prepare_regs_smem(MAX_PREPARE_GROUP)) >= 4);
+        assert_eq!(prepare_regs_smem(2, false), 38_656);
+        assert!(per_sm(prepare_regs_smem(MAX_PREPARE_GROUP, false)) >= 4);
+        assert_eq!(prepare_regs_smem(2, true), 56_064);
+        assert_eq!(per_sm(prepare_regs_smem(2, true)), 4);
     }
 }

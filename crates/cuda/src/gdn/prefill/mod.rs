@@ -43,8 +43,8 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, relay_rule_from_env,
-    segment_chunks_from_env, state_pass_kind, walk_grid,
+    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, prepare_pair_from_env,
+    relay_rule_from_env, segment_chunks_from_env, state_pass_kind, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -386,7 +386,7 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let names = pass_kernels(pass, kp, vp, heads_per_block);
+        let names = pass_kernels(pass, kp, vp, heads_per_block, prepare_pair_from_env()?);
         let walk = |kernel: WalkKernel| -> Result<_> {
             Ok((
                 cuda.function(&SOURCE, kernel.name)?,

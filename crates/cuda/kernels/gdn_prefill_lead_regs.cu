@@ -326,14 +326,19 @@ struct RegsStage {
 // REGS_OUTPUTS: the outputs walk from the entry state (`regs_entry_state`): O^T per chunk,
 // checkpoints after the chunks the table names, the final state where the segment ends its
 // sequence.
-template <int KP, int MODE>
+//
+// STAGES: 2, chunk c + 1's copies issued at chunk c's start; 1 (the outputs walk only, where
+// its blocks fill more than a wave: half the shared memory, two blocks per SM), chunk c + 1's
+// copies issued once chunk c's last product has read the stage, their wait exposed.
+template <int KP, int MODE, int STAGES = 2>
 __device__ void regs_walk(const PrefillParams& p) {
     static_assert(KP == 128, "two m64n64 halves of S^T");
+    static_assert(STAGES == 2 || (STAGES == 1 && MODE == REGS_OUTPUTS), "one stage: the outputs walk");
     constexpr bool TRANSITION = MODE == REGS_TRANSITION, OUTPUTS = MODE == REGS_OUTPUTS;
     using Stage = RegsStage<KP, OUTPUTS>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* stage_base = smem_raw;
-    unsigned short* o_stage = (unsigned short*)(stage_base + 2 * Stage::BYTES);  // two chunks' O
+    unsigned short* o_stage = (unsigned short*)(stage_base + STAGES * Stage::BYTES);  // two chunks' O
     unsigned long long* full = (unsigned long long*)(o_stage + (OUTPUTS ? 2 * PF_O_STAGE_HALFS : 0));
 
     const int tile = blockIdx.x, head = blockIdx.y, segment = blockIdx.z;
@@ -348,7 +353,10 @@ __device__ void regs_walk(const PrefillParams& p) {
     const long long state_row = p.state_rows ? ((const long long*)p.state_rows)[seq] : (long long)seq;
     const SegmentRows rows(p, first_chunk, chunks);
     const bool staged_o = OUTPUTS && p.out_dtype != DT_F32, f16_o = p.out_dtype == DT_F16;
-    auto stage_of = [&](int ci) { return Stage(stage_base + (ci & 1) * Stage::BYTES); };
+    // The stage and mbarrier of chunk ci, and the barrier's phase parity at that chunk.
+    auto slot_of = [](int ci) { return STAGES == 2 ? ci & 1 : 0; };
+    auto parity_of = [](int ci) { return STAGES == 2 ? (ci >> 1) & 1 : ci & 1; };
+    auto stage_of = [&](int ci) { return Stage(stage_base + slot_of(ci) * Stage::BYTES); };
     // Chunk ci's inputs: gates, k, (q,) T's halves (and the scores) by thread 0's bulk copies
     // completing on the stage's barrier, V's tile rows by the warpgroup's asynchronous copies
     // (its own group).
@@ -361,7 +369,7 @@ __device__ void regs_walk(const PrefillParams& p) {
             // k's offset formed before the copies in the outputs walk and at k's copy in the
             // others: the placement ptxas schedules best for each.
             const long long key_offset = OUTPUTS ? chunk_key() : 0;
-            unsigned long long* bar = &full[ci & 1];
+            unsigned long long* bar = &full[slot_of(ci)];
             // The warpgroup's reads of the stage's last chunk (ordered before by its barrier)
             // come before the copies' writes.
             fence_proxy_async();
@@ -399,17 +407,17 @@ __device__ void regs_walk(const PrefillParams& p) {
         regs_entry_state<KP>(state, p, segment, state_row, head, col0, warp, lane);
     }
     if (threadIdx.x == 0) {
-        for (int s = 0; s < 2; ++s) bulk_barrier_init(&full[s]);
+        for (int s = 0; s < STAGES; ++s) bulk_barrier_init(&full[s]);
     }
     __syncthreads();
     if (chunks > 0) issue(0);
     for (int ci = 0; ci < chunks; ++ci) {
         const Stage stage = stage_of(ci);
         cp_async_wait_all();
-        bulk_wait(&full[ci & 1], (ci >> 1) & 1);
+        bulk_wait(&full[slot_of(ci)], parity_of(ci));
         // Every warp's V rows have landed and every warp is done with the other stage.
         __syncthreads();
-        if (ci + 1 < chunks) issue(ci + 1);
+        if (STAGES == 2 && ci + 1 < chunks) issue(ci + 1);
         const ChunkGates& gates = *stage.gates;
         // X^T = S^T K^T (and O^T = S^T Q^T in the same group).
         float x[8][4], o[8][4];
@@ -493,6 +501,11 @@ __device__ void regs_walk(const PrefillParams& p) {
         wg_fence(state[1]);
         if (OUTPUTS) wg_fence(o);
         wg_fence(pa);
+        if (STAGES == 1) {
+            // Every warp's products have read the one stage: the next chunk's copies may land.
+            __syncthreads();
+            if (ci + 1 < chunks) issue(ci + 1);
+        }
         if (OUTPUTS) {
             wg_fence(va);
             // O: staged in o's 2-byte dtype for the next chunk to write out, or straight to an
@@ -538,6 +551,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_transition_regs
 extern "C" __global__ void __launch_bounds__(128, 1) gdn_prefill_outputs_regs_k128(PrefillParams p) {
     wait_for_prepare();
     regs_walk<128, REGS_OUTPUTS>(p);
+}
+
+// The outputs walk with one stage (two blocks per SM), for walks of more than a wave.
+extern "C" __global__ void __launch_bounds__(128, 2) gdn_prefill_outputs1_regs_k128(PrefillParams p) {
+    wait_for_prepare();
+    regs_walk<128, REGS_OUTPUTS, 1>(p);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -193,6 +193,64 @@ fn outputs_regs_smem(kp: usize) -> usize {
     2 * stage + 2 * o_stage + 2 * 8
 }
 
+/// Shared memory of the one-stage outputs walk (`gdn_prefill_outputs1_regs_k128`): one stage,
+/// two chunks' staged O and the mbarriers, so two blocks fit an SM.
+fn outputs1_regs_smem(kp: usize) -> usize {
+    let stage =
+        gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
+    let o_stage = 2 * CHUNK * (TILE + PAD);
+    stage + 2 * o_stage + 2 * 8
+}
+
+/// How many stages the register outputs walk keeps (`DELTAKV_PREFILL_OUTPUT_STAGES`): `auto`
+/// (unset) one where its blocks fill more than one wave at one block per SM and no relay runs
+/// beside it, else two; `1` or `2` forces it (where the register walks run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OutputStages {
+    Auto,
+    One,
+    Two,
+}
+
+pub(super) fn output_stages_from_env() -> Result<OutputStages> {
+    match std::env::var("DELTAKV_PREFILL_OUTPUT_STAGES") {
+        Err(_) => Ok(OutputStages::Auto),
+        Ok(text) if text == "auto" => Ok(OutputStages::Auto),
+        Ok(text) if text == "1" => Ok(OutputStages::One),
+        Ok(text) if text == "2" => Ok(OutputStages::Two),
+        Ok(text) => Err(Error::InvalidValue(format!(
+            "DELTAKV_PREFILL_OUTPUT_STAGES={text}: expected `auto`, `1` or `2`"
+        ))),
+    }
+}
+
+/// The register outputs walk with one stage where `stages` asks for it: `blocks` outputs-walk
+/// blocks on `multiprocessors` SMs, `relayed` when the relay runs a lead beside it. Other passes
+/// keep `outputs`.
+pub(super) fn outputs_walk(
+    pass: StatePass,
+    outputs: WalkKernel,
+    stages: OutputStages,
+    blocks: usize,
+    multiprocessors: usize,
+    relayed: bool,
+) -> WalkKernel {
+    let one = match stages {
+        OutputStages::One => true,
+        OutputStages::Two => false,
+        OutputStages::Auto => !relayed && blocks > multiprocessors,
+    };
+    if pass == StatePass::Registers && one {
+        WalkKernel {
+            name: "gdn_prefill_outputs1_regs_k128",
+            smem: outputs1_regs_smem(128),
+            threads: 128,
+        }
+    } else {
+        outputs
+    }
+}
+
 fn overlap_name(kp: usize) -> &'static str {
     if kp == 64 {
         "gdn_prefill_overlap_k64"
@@ -505,6 +563,54 @@ mod tests {
             2 * (1920 + 2 * (16_640 + 12_480 + 4608)) + 2 * 2 * 4608 + 16
         );
         assert!(outputs_regs_smem(128) <= 227 * 1024);
+        // One stage: two blocks per SM (H100: 228 KB per SM, 1 KB reserved per block).
+        assert_eq!(233_472 / (outputs1_regs_smem(128) + 1024), 2);
+    }
+
+    #[test]
+    fn the_one_stage_outputs_walk_runs_past_one_wave_without_the_relay() {
+        let registers = pass_kernels(StatePass::Registers, 128, 128, 2, true);
+        let pick = |stages, blocks, relayed| {
+            outputs_walk(
+                StatePass::Registers,
+                registers.outputs,
+                stages,
+                blocks,
+                132,
+                relayed,
+            )
+            .name
+        };
+        assert_eq!(
+            pick(OutputStages::Auto, 512, false),
+            "gdn_prefill_outputs1_regs_k128"
+        );
+        assert_eq!(
+            pick(OutputStages::Auto, 128, false),
+            "gdn_prefill_outputs_regs_k128"
+        );
+        assert_eq!(
+            pick(OutputStages::Auto, 512, true),
+            "gdn_prefill_outputs_regs_k128"
+        );
+        assert_eq!(
+            pick(OutputStages::Two, 512, false),
+            "gdn_prefill_outputs_regs_k128"
+        );
+        assert_eq!(
+            pick(OutputStages::One, 64, true),
+            "gdn_prefill_outputs1_regs_k128"
+        );
+        let overlap = pass_kernels(StatePass::Overlap, 128, 128, 2, true);
+        let kept = outputs_walk(
+            StatePass::Overlap,
+            overlap.outputs,
+            OutputStages::One,
+            512,
+            132,
+            false,
+        );
+        assert_eq!(kept, overlap.outputs);
     }
 
     #[test]

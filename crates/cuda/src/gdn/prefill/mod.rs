@@ -43,8 +43,9 @@ use deltakv_contract::gdn::{GdnInputs, GdnOptions};
 use deltakv_contract::{DType, Error, HostTensor, Result};
 use kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    gates_bytes, pass_kernels, prepare_group_limit_from_env, prepare_groups, prepare_pair_from_env,
-    relay_rule_from_env, segment_chunks_from_env, state_pass_kind, walk_grid,
+    gates_bytes, output_stages_from_env, outputs_walk, pass_kernels, prepare_group_limit_from_env,
+    prepare_groups, prepare_pair_from_env, relay_rule_from_env, segment_chunks_from_env,
+    state_pass_kind, walk_grid,
 };
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
@@ -396,7 +397,18 @@ impl PrefillLaunch {
         };
         let prepare = cuda.function(&SOURCE_PREPARE_MMA, names.prepare.name)?;
         let prepare_bytes = names.prepare.smem;
-        let state_pass = walk(names.outputs)?;
+        // The outputs walk's blocks: every segment but the relay's second ones (those walk
+        // after the lead), each over every head and value tile.
+        let outputs_blocks = (plan.segment_count() - plan.relayed) * heads * (vp / TILE);
+        let outputs = outputs_walk(
+            pass,
+            names.outputs,
+            output_stages_from_env()?,
+            outputs_blocks,
+            cuda.multiprocessors(),
+            plan.relayed > 0,
+        );
+        let state_pass = walk(outputs)?;
         let relay = if plan.relayed > 0 {
             let relayed_rows = plan
                 .segments

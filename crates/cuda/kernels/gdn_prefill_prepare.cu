@@ -560,6 +560,8 @@ __device__ void prepare_impl(const PrefillParams& p) {
             }
         }
         if constexpr (PAIR) {
+            // The host launches the pair form for groups of at most two heads only.
+            if (count > 2) __trap();
             // Both heads' A and scores now, each entry's decay formed once for both (A into
             // k's space once every warp's products and the core-matrix copy have read k);
             // K K^T's and Q K^T's registers are free after them.

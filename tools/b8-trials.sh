@@ -4,13 +4,18 @@
 # Carries .carry/b8 (the release binary built with `--features cuda,wgpu` as .carry/b8/deltakv,
 # the CUDA prefill, checkpoint and stream tests, the pooled prefill and the CLI's device tests of
 # the same source in .carry/b8/tests), and .whl for FLA.
-# Every CUDA prefill suite with each form, racecheck and memcheck over the checkpoint tests with
-# both new forms, ncu's prepare and outputs-walk durations at B 8, `bench gdn` at the four
-# serving shapes in all four combinations, then FLA beside the default.
+# Two calls, each under the 600 s limit:
+#   tools/b8-trials.sh tests    every CUDA prefill suite with each form, racecheck and memcheck
+#                               over the checkpoint tests with both new forms
+#   tools/b8-trials.sh timing   ncu's prepare and outputs-walk durations at B 8, `bench gdn` at
+#                               the four serving shapes in all four combinations, alternating,
+#                               then FLA beside the default
 set -u
+mode=${1:-tests}
 out=${OUT:-gpu-check-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt"
+if [ "$mode" = tests ]; then
 forms=("" "DELTAKV_PREFILL_PREPARE_PAIR=off" "DELTAKV_PREFILL_OUTPUT_STAGES=1" "DELTAKV_PREFILL_OUTPUT_STAGES=2")
 for form in "${forms[@]}"; do
     for t in .carry/b8/tests/*; do
@@ -26,6 +31,8 @@ for tool in racecheck memcheck; do
         .carry/b8/tests/deltakv-cuda-gdn_prefill_checkpoints --test-threads=1 >/tmp/$tool.txt 2>&1
     echo "$tool rc $?: $(tail -n 1 /tmp/$tool.txt)"
 done | tee "$out/sanitizers.txt"
+exit 0
+fi
 for form in "" "DELTAKV_PREFILL_PREPARE_PAIR=off DELTAKV_PREFILL_OUTPUT_STAGES=2"; do
     env $form timeout 60 ncu --clock-control none -k regex:gdn_prefill -c 4 --metrics gpu__time_duration.sum \
         .carry/b8/deltakv bench gdn --device cuda --serving b8 --seq-lens 64 --decode-batches 1 >/tmp/ncu.txt 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the branch `b8-trials` (kernel log rows 61-62, written without a GPU): the
+# The GPU calls for the branch `b8-trials` (kernel log rows 61-62, written without a GPU): the
 # prepare's pair form and the one-stage outputs walk, each against its switch in one binary.
 # Carries .carry/b8 (the release binary built with `--features cuda,wgpu` as .carry/b8/deltakv,
 # the CUDA prefill, checkpoint and stream tests, the pooled prefill and the CLI's device tests of

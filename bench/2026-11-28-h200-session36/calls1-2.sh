@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU calls for the branch `b8-trials` (kernel log rows 61-62, written without a GPU): the
-# prepare's pair form and the one-stage outputs walk, each against its switch in one binary.
+# Session 36, calls 1 and 2 (H200): main d28b07c's build (kernel log rows 61-62): the prepare's
+# pair form and the one-stage outputs walk, each against its switch in one binary.
 # Carries .carry/b8 (the release binary built with `--features cuda,wgpu` as .carry/b8/deltakv,
 # the CUDA prefill, checkpoint and stream tests, the pooled prefill and the CLI's device tests of
 # the same source in .carry/b8/tests), and .whl for FLA.
 # Two calls, each under the 600 s limit:
-#   tools/b8-trials.sh tests    every CUDA prefill suite with each form, racecheck and memcheck
+#   calls1-2.sh tests  (call 1)    every CUDA prefill suite with each form, racecheck and memcheck
 #                               over the checkpoint tests with both new forms
-#   tools/b8-trials.sh timing   ncu's prepare and outputs-walk durations at B 8, `bench gdn` at
+#   calls1-2.sh timing (call 2)   ncu's prepare and outputs-walk durations at B 8, `bench gdn` at
 #                               the four serving shapes in all four combinations, alternating,
 #                               then FLA beside the default
 set -u

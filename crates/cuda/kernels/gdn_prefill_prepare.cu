@@ -441,11 +441,13 @@ __device__ void prepare_impl(const PrefillParams& p) {
     const int len = ((const int*)p.chunk_len)[chunk];
     const long long key_offset = (first_row * p.key_heads + key_head) * KP;
     const long long key_stride = (long long)p.key_heads * KP;
-    const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
     const long long value_stride = (long long)p.value_heads * VP;
 
     // v for U's product (the register walks read v themselves).
-    if (!REGISTER_WALKS) copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
+    if constexpr (!REGISTER_WALKS) {
+        const unsigned short* chunk_values = (const unsigned short*)p.v + first_row * p.value_heads * VP;
+        copy_rows_async<VP>(values, LDV, chunk_values + (long long)head0 * VP, value_stride, len);
+    }
     if (!p.fused_qk_norm) {
         copy_rows_async<KP>(keys, LDK, (const unsigned short*)p.k + key_offset, key_stride, len);
         if (with_scores) {

@@ -19,6 +19,7 @@
 mod checkpoint;
 mod host;
 mod kernels;
+mod launch;
 mod operand;
 mod plan;
 mod relay;
@@ -47,10 +48,11 @@ use kernels::{
     prepare_groups, prepare_pair_from_env, relay_rule_from_env, segment_chunks_from_env,
     state_pass_kind, walk_grid,
 };
+use launch::{Kernel, LoadedKernel};
 use operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 pub use plan::Split;
 use plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, TILE, padded_dim};
-use relay::{FinalStaging, Kernel, RelayLaunch};
+use relay::{FinalStaging, RelayLaunch};
 pub use states::PrefillStates;
 use states::{StateSources, state_sources};
 
@@ -98,11 +100,11 @@ pub struct PrefillLaunch {
     checkpoints: Option<CudaCheckpoints>,
     value_heads: u32,
     sequences: u32,
-    prepare: (cudarc::driver::CudaFunction, u32),
-    /// The state pass that writes the outputs, its shared memory and threads per block.
-    state: (cudarc::driver::CudaFunction, u32, u32),
-    /// The scan's transition pass, its shared memory and threads per block.
-    transition: (cudarc::driver::CudaFunction, u32, u32),
+    prepare: LoadedKernel,
+    /// The state pass that writes the outputs.
+    state: LoadedKernel,
+    /// The scan's transition pass.
+    transition: LoadedKernel,
     combine: cudarc::driver::CudaFunction,
     /// The relay's launches, when the plan relays some sequence.
     relay: Option<RelayLaunch>,
@@ -389,14 +391,17 @@ impl PrefillLaunch {
         }
         let names = pass_kernels(pass, kp, vp, heads_per_block, prepare_pair_from_env()?);
         let walk = |kernel: WalkKernel| -> Result<_> {
-            Ok((
-                cuda.function(&SOURCE, kernel.name)?,
-                kernel.smem as u32,
-                kernel.threads,
-            ))
+            Ok(LoadedKernel {
+                function: cuda.function(&SOURCE, kernel.name)?,
+                threads: kernel.threads,
+                shared_bytes: kernel.smem as u32,
+            })
         };
-        let prepare = cuda.function(&SOURCE_PREPARE_MMA, names.prepare.name)?;
-        let prepare_bytes = names.prepare.smem;
+        let prepare = LoadedKernel {
+            function: cuda.function(&SOURCE_PREPARE_MMA, names.prepare.name)?,
+            threads: PREPARE_THREADS,
+            shared_bytes: names.prepare.smem as u32,
+        };
         // The outputs walk's blocks: every segment but the relay's second ones (those walk
         // after the lead), each over every head and value tile.
         let outputs_blocks = (plan.segment_count() - plan.relayed) * heads * (vp / TILE);
@@ -464,7 +469,7 @@ impl PrefillLaunch {
             params,
             value_heads: heads as u32,
             sequences: seqs.len() as u32,
-            prepare: (prepare, prepare_bytes as u32),
+            prepare,
             state: state_pass,
             transition: walk(names.transition)?,
             combine: cuda.function(&SOURCE, names.combine)?,
@@ -495,55 +500,37 @@ impl PrefillLaunch {
             unsafe { builder.launch(config) }
                 .map_err(|e| driver_error("launching gdn_prefill_convert", e))?;
         }
-        let kernel = |function, grid, threads, shared_bytes, name| Kernel {
-            function,
-            params: &self.params,
-            grid,
-            threads,
-            shared_bytes,
-            name,
-        };
+        let params = &self.params;
         // One prepare block per (chunk, key head, group of its value heads).
-        let prepare_rows = (self.params.key_heads * self.params.head_groups) as u32;
+        let prepare_rows = (params.key_heads * params.head_groups) as u32;
         let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
-        kernel(
-            &self.prepare.0,
-            prepare_grid,
-            PREPARE_THREADS,
-            self.prepare.1,
-            "gdn_prefill_prepare",
-        )
-        .launch(cuda.stream())?;
+        (self.prepare)
+            .with(params, prepare_grid, "gdn_prefill_prepare")
+            .launch(cuda.stream())?;
         if let Some(relay) = &self.relay {
             return relay.launch(cuda, &self.state, heads, tiles_v);
         }
-        let (state, state_bytes, state_threads) = (&self.state.0, self.state.1, self.state.2);
-        let walk = kernel(
-            state,
-            walk_grid(segments, heads, tiles_v),
-            state_threads,
-            state_bytes,
-            "gdn_prefill_state",
-        );
+        let walk_blocks = walk_grid(segments, heads, tiles_v);
+        let walk = self.state.with(params, walk_blocks, "gdn_prefill_state");
         if !self.plan.segmented {
             // The one walk: the prepare's programmatic dependent.
             return walk.launch_dependent(cuda, cuda.stream());
         }
         // The scan: the transitions (the prepare's programmatic dependent), the combine, then
         // every segment's outputs.
-        let (transition, transition_bytes, transition_threads) =
-            (&self.transition.0, self.transition.1, self.transition.2);
         let grid = walk_grid(segments, heads, tiles_v + tiles_k);
-        kernel(
-            transition,
-            grid,
-            transition_threads,
-            transition_bytes,
-            "gdn_prefill_transition",
-        )
-        .launch_dependent(cuda, cuda.stream())?;
-        let grid = (self.sequences, heads, value_pad / 16);
-        kernel(&self.combine, grid, 256, 0, "gdn_prefill_combine").launch(cuda.stream())?;
+        (self.transition)
+            .with(params, grid, "gdn_prefill_transition")
+            .launch_dependent(cuda, cuda.stream())?;
+        let combine = Kernel {
+            function: &self.combine,
+            params,
+            grid: (self.sequences, heads, value_pad / 16),
+            threads: 256,
+            shared_bytes: 0,
+            name: "gdn_prefill_combine",
+        };
+        combine.launch(cuda.stream())?;
         walk.launch(cuda.stream())
     }
 

@@ -16,58 +16,14 @@
 
 use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
+use super::launch::LoadedKernel;
 use crate::runtime::{Cuda, driver_error};
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use deltakv_contract::Result;
-
-/// One kernel of a prefill call: the function, its parameters, grid, block and shared memory.
-pub(super) struct Kernel<'a> {
-    pub function: &'a CudaFunction,
-    pub params: &'a PrefillParams,
-    pub grid: (u32, u32, u32),
-    pub threads: u32,
-    pub shared_bytes: u32,
-    pub name: &'static str,
-}
-
-impl Kernel<'_> {
-    /// Queues the kernel on `stream`.
-    pub fn launch(&self, stream: &CudaStream) -> Result<()> {
-        let mut builder = stream.launch_builder(self.function);
-        builder.arg(self.params);
-        let config = self.config();
-        // SAFETY: the parameters point at live buffers of the sizes the kernels index: the
-        // inputs and outputs passed the contract's shape check, and the scratch buffers and
-        // tables were sized from the same plan the kernels walk.
-        unsafe { builder.launch(config) }
-            .map(|_| ())
-            .map_err(|e| driver_error(&format!("launching {}", self.name), e))
-    }
-
-    /// Queues the kernel on `stream` as the programmatic dependent of the kernel queued there
-    /// before it, the prepare (`cuLaunchKernelEx` with programmatic stream serialization, kept
-    /// by CUDA graph capture): the prepare's blocks release it as they start, and its blocks
-    /// wait in `griddepcontrol.wait` for the prepare's completion before reading anything.
-    pub fn launch_dependent(&self, cuda: &Cuda, stream: &CudaStream) -> Result<()> {
-        let config = self.config();
-        // SAFETY: as in `launch`.
-        unsafe { cuda.launch_programmatic_dependent(stream, self.function, config, self.params) }
-            .map_err(|e| driver_error(&format!("launching {}", self.name), e))
-    }
-
-    fn config(&self) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: self.grid,
-            block_dim: (self.threads, 1, 1),
-            shared_mem_bytes: self.shared_bytes,
-        }
-    }
-}
 
 /// What the relay launches beside the call's other kernels.
 pub(super) struct RelayLaunch {
-    /// The lead's kernel, its shared memory and threads per block.
-    pub lead: (CudaFunction, u32, u32),
+    /// The lead's kernel.
+    pub lead: LoadedKernel,
     /// The first segments and whole sequences (table records 0 .. N): entry states from the
     /// initial states. The lead reads the same parameters (its records are the first R).
     pub first: PrefillParams,
@@ -97,7 +53,7 @@ impl RelayLaunch {
     /// address, `sequences` N, `relayed` R, `hand_over` the lead's states `[R, H, KP, VP]`;
     /// `staging` when the call writes final states.
     pub fn new(
-        lead: (CudaFunction, u32, u32),
+        lead: LoadedKernel,
         params: &PrefillParams,
         table: u64,
         (sequences, relayed): (usize, usize),
@@ -139,33 +95,16 @@ impl RelayLaunch {
     }
 
     /// Queues the state pass of a relayed call after its prepare: `state` is the pass that
-    /// writes the outputs (function, shared memory, threads), over `heads` and `tiles` column
-    /// tiles (`walk_grid`).
-    pub fn launch(
-        &self,
-        cuda: &Cuda,
-        state: &(CudaFunction, u32, u32),
-        heads: u32,
-        tiles: u32,
-    ) -> Result<()> {
+    /// writes the outputs, over `heads` and `tiles` column tiles (`walk_grid`).
+    pub fn launch(&self, cuda: &Cuda, state: &LoadedKernel, heads: u32, tiles: u32) -> Result<()> {
         let (sequences, relayed) = (self.sequences, self.relayed);
-        let pass = |params, grid| Kernel {
-            function: &state.0,
-            params,
-            grid,
-            threads: state.2,
-            shared_bytes: state.1,
-            name: "gdn_prefill_state (relay)",
-        };
+        let pass = |params, grid| state.with(params, grid, "gdn_prefill_state (relay)");
         let side = cuda.fork_side()?;
-        let lead = Kernel {
-            function: &self.lead.0,
-            params: &self.first,
-            grid: walk_grid(relayed, heads, tiles),
-            threads: self.lead.2,
-            shared_bytes: self.lead.1,
-            name: "gdn_prefill_lead",
-        };
+        let lead = self.lead.with(
+            &self.first,
+            walk_grid(relayed, heads, tiles),
+            "gdn_prefill_lead",
+        );
         let queued = lead
             .launch(&side)
             .and_then(|()| pass(&self.second, walk_grid(relayed, heads, tiles)).launch(&side))

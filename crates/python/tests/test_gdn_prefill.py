@@ -151,12 +151,45 @@ def test_bad_shapes_raise_value_error_with_rust_message(func):
 
 
 @pytest.mark.parametrize("func", FUNCS)
-@pytest.mark.parametrize("kwarg", ["gk", "gv", "use_gate_in_kernel", "head_first", "chunk_indices"])
-def test_unsupported_kwargs_raise_not_implemented(func, kwarg):
+@pytest.mark.parametrize("kwarg, value", [
+    ("gk", np.zeros((1, 4, 1), np.float32)),
+    ("gv", np.zeros((1, 4, 1), np.float32)),
+    ("use_gate_in_kernel", True),
+    ("use_beta_sigmoid_in_kernel", True),
+    ("state_v_first", True),
+    ("chunk_size", 32),
+    ("chunk_indices", np.zeros(2, np.int64)),
+    ("head_first", False),
+    ("output_attentions", None),
+])
+def test_unsupported_kwargs_raise_not_implemented(func, kwarg, value):
     rng = np.random.default_rng(2)
     q, k, v, g, beta, _ = make_case(rng, 1, 4, 1, 1, 8, 8)
     with pytest.raises(NotImplementedError, match=f"`{kwarg}`"):
-        func(q, k, v, g, beta, **{kwarg: None})
+        func(q, k, v, g, beta, **{kwarg: value})
+
+
+@pytest.mark.parametrize("func", FUNCS)
+def test_fla_arguments_at_their_defaults_change_nothing(func):
+    rng = np.random.default_rng(3)
+    q, k, v, g, beta, _ = make_case(rng, 1, 70, 1, 2, 8, 8)
+    plain, _ = func(q, k, v, g, beta)
+    defaults = dict(use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                    state_v_first=False, chunk_size=64, cp_context=None, cu_seqlens_cpu=None,
+                    chunk_indices=None, gk=None, gv=None, A_log=None, dt_bias=None,
+                    use_gate_in_kernel=False)
+    with_defaults, _ = func(q, k, v, g, beta, **defaults)
+    np.testing.assert_array_equal(with_defaults, plain)
+
+
+def test_recurrent_beta_left_out_is_ones_as_in_fla():
+    rng = np.random.default_rng(5)
+    q, k, v, g, _, _ = make_case(rng, 1, 9, 1, 2, 8, 8)
+    ones = np.ones(v.shape[:3], np.float32)
+    expected, _ = deltakv.fused_recurrent_gated_delta_rule(q, k, v, g, ones)
+    left_out, _ = deltakv.fused_recurrent_gated_delta_rule(q, k, v, g)
+    np.testing.assert_array_equal(left_out, expected)
+    assert np.abs(expected).max() > 0
 
 
 class _FakeGpuTensor:

@@ -32,7 +32,13 @@ wait is the index check of decode (``slot_indices``) and of a varlen prefill
 (``cu_seqlens``), read back before launching: it waits for the caller's stream up to the call,
 never for the whole device. With an explicit ``stream=`` other than torch's current stream,
 keep the inputs alive until that stream has run the call (torch's ``record_stream`` rule: a
-tensor freed on its own stream may be reused there while the other stream still reads it).
+tensor freed on its own stream may be reused there while the other stream still reads it);
+the contiguous copies deltakv makes of non-contiguous torch inputs are recorded on that
+stream for you.
+
+Values are scanned on the CPU only: there a NaN, an infinity or a positive ``g`` is refused
+before anything is written; on CUDA the shapes, dtypes and indices are checked, the values
+are not (no device-wide scan on the caller's stream).
 
 Errors from deltakv carry its one-line message: ``ValueError`` for bad shapes, dtypes or
 values, ``NotImplementedError`` for what deltakv does not support, ``RuntimeError`` for a
@@ -40,7 +46,7 @@ backend failure.
 """
 
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _deltakv
 
@@ -142,31 +148,113 @@ def _as_kind_of(result: Any, like: Any) -> Any:
     return np.from_dlpack(result)
 
 
-def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
-             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs,
-             checkpoint_every=None):
-    for name in kwargs:
+# FLA arguments deltakv accepts at the value that asks for what deltakv computes (FLA's
+# defaults); any other value, or any other argument, raises NotImplementedError.
+_FLA_DEFAULTS = {
+    "use_beta_sigmoid_in_kernel": False,
+    "allow_neg_eigval": False,
+    "state_v_first": False,
+    "use_gate_in_kernel": False,
+    "chunk_size": 64,
+    "gk": None,
+    "gv": None,
+    "A_log": None,
+    "dt_bias": None,
+    "cp_context": None,
+    "cu_seqlens_cpu": None,
+    "chunk_indices": None,
+}
+
+
+def _check_fla_kwargs(fla_name: str, kwargs: Dict[str, Any]) -> None:
+    for name, value in kwargs.items():
         if name == "checkpoint_every":
             raise NotImplementedError(
                 f"{fla_name} takes no checkpoint_every (FLA's signature): call "
                 "deltakv.chunk_gated_delta_rule_checkpointed for the states every N tokens"
             )
+        if name in _FLA_DEFAULTS:
+            default = _FLA_DEFAULTS[name]
+            accepted = value is None if default is None else (
+                type(value) is type(default) and value == default)
+            if accepted:
+                continue
+            raise NotImplementedError(
+                f"deltakv supports the argument `{name}` of FLA's {fla_name} only at "
+                f"{default!r}, got {value!r}"
+            )
         raise NotImplementedError(
             f"deltakv does not support the argument `{name}` of FLA's {fla_name}"
         )
+
+
+def _ones_like_kind(like: Any, shape: Tuple[int, ...]) -> Any:
+    """float32 ones of ``shape``, of ``like``'s library on ``like``'s device."""
+    root = _root_module(like)
+    if root == "torch":
+        torch = sys.modules["torch"]
+        return torch.ones(shape, dtype=torch.float32, device=like.device)
+    if root == "cupy":
+        cupy = sys.modules["cupy"]
+        with like.device:
+            return cupy.ones(shape, dtype=cupy.float32)
+    if root == "numpy":
+        import numpy as np
+
+        return np.ones(shape, dtype=np.float32)
+    raise NotImplementedError(
+        f"beta=None builds ones for torch, CuPy and NumPy arrays only, got a {type(like)!r}: "
+        "pass beta"
+    )
+
+
+def _keep_for_stream(made: List[Any], handle: Optional[int]) -> None:
+    """Marks the torch CUDA tensors ``made`` here (on torch's current stream) as used by the
+    stream ``handle`` deltakv queued its reads of them on, so that torch's allocator does not
+    hand their memory out again before those reads are done."""
+    torch = sys.modules.get("torch")
+    if torch is None or handle is None:
+        return
+    for copy in made:
+        if _root_module(copy) != "torch" or not copy.is_cuda:
+            continue
+        if handle == torch.cuda.current_stream(copy.device).cuda_stream or (
+                handle == 1 and torch.cuda.current_stream(copy.device).cuda_stream == 0):
+            continue
+        copy.record_stream(torch.cuda.ExternalStream(handle, device=copy.device))
+
+
+def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
+             output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs,
+             checkpoint_every=None):
+    _check_fla_kwargs(fla_name, kwargs)
+    # Arrays made here (beta's ones, contiguous copies of non-contiguous torch tensors) must
+    # outlive deltakv's reads of them.
+    made = []
+    if beta is None:
+        beta = _ones_like_kind(v, tuple(v.shape[:3]))
+        made.append(beta)
+    given = (q, k, v, g, beta, initial_state, cu_seqlens)
+    arrays = [None if x is None else _contiguous_input(x) for x in given]
+    made += [x for x, original in zip(arrays, given)
+             if x is not None and _root_module(x) == "torch"
+             and x.data_ptr() != original.data_ptr()]
+    q_in, k_in, v_in, g_in, beta_in, initial_in, cu_in = arrays
     inputs = (
-        _contiguous_input(q),
-        _contiguous_input(k),
-        _contiguous_input(v),
-        _contiguous_input(g),
-        _contiguous_input(beta),
+        q_in,
+        k_in,
+        v_in,
+        g_in,
+        beta_in,
         None if scale is None else float(scale),
-        None if initial_state is None else _contiguous_input(initial_state),
-        None if cu_seqlens is None else _contiguous_input(cu_seqlens),
+        initial_in,
+        cu_in,
         bool(use_qk_l2norm_in_kernel),
         bool(output_final_state),
     )
     cuda_stream = _cuda_stream(q, stream)
+    if made and stream is not None:
+        _keep_for_stream(made, cuda_stream)
     if checkpoint_every is None:
         o, final_state = _deltakv.gdn_prefill(mode, *inputs, cuda_stream)
         return _as_kind_of(o, q), None if final_state is None else _as_kind_of(final_state, q)
@@ -225,7 +313,12 @@ def chunk_gated_delta_rule(
         stream: CUDA only: the stream to queue the work on (a ``torch.cuda.Stream``, a CuPy
             stream or a ``cudaStream_t`` integer); None means the current stream of torch /
             CuPy on the tensors' device (see the module's stream rule).
-        **kwargs: any other FLA argument raises NotImplementedError naming it.
+        **kwargs: FLA's other arguments are accepted at their defaults
+            (``use_beta_sigmoid_in_kernel=False``, ``allow_neg_eigval=False``,
+            ``state_v_first=False``, ``chunk_size=64``, ``cp_context=None``,
+            ``cu_seqlens_cpu=None``, ``chunk_indices=None``, and for the recurrent form ``gk``,
+            ``gv``, ``A_log``, ``dt_bias`` None and ``use_gate_in_kernel=False``); any other
+            value, or any other argument, raises NotImplementedError naming it.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype; final_state ``[N, H, K, V]``
@@ -322,7 +415,7 @@ def fused_recurrent_gated_delta_rule(
     k: Any,
     v: Any,
     g: Any,
-    beta: Any,
+    beta: Optional[Any] = None,
     scale: Optional[float] = None,
     initial_state: Optional[Any] = None,
     output_final_state: bool = False,
@@ -337,7 +430,8 @@ def fused_recurrent_gated_delta_rule(
 
     Same arguments, shapes and results as :func:`chunk_gated_delta_rule`:
     q, k ``[B, T, Hg, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; initial_state and
-    final_state ``[N, H, K, V]`` float32; cu_seqlens ``[N + 1]``; o ``[B, T, H, V]``.
+    final_state ``[N, H, K, V]`` float32; cu_seqlens ``[N + 1]``; o ``[B, T, H, V]``. As in
+    FLA, beta may be left out (None): ones, float32, of v's kind on v's device.
     On a CUDA GPU, T <= 16 without cu_seqlens (decode steps) runs deltakv's decode kernels
     (the recurrence in float32, from a copy of initial_state); longer or varlen calls run
     the chunked kernels (the same function, bf16 products).
@@ -383,7 +477,8 @@ def gated_delta_rule_decode(
     tokens (the recurrence of :func:`chunk_gated_delta_rule`), reading and writing the
     caller's pool memory directly; a negative index skips the row (its o is zeros, no slot is
     touched). Nothing is written when the inputs are invalid (an index out of range, two rows
-    on one slot, T > 16, NaN, g > 0, ...). A bfloat16 pool is widened once, runs all T tokens
+    on one slot, T > 16, and on the CPU NaN or g > 0: CUDA checks shapes and indices, not
+    values; see the module's note). A bfloat16 pool is widened once, runs all T tokens
     in float32 and is rounded once.
 
     Gating: either ``g`` and ``beta``, or fused from the layer's raw projections (Qwen3-Next's

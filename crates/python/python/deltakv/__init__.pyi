@@ -76,7 +76,7 @@ def fused_recurrent_gated_delta_rule(
     k: Any,
     v: Any,
     g: Any,
-    beta: Any,
+    beta: Optional[Any] = None,
     scale: Optional[float] = None,
     initial_state: Optional[Any] = None,
     output_final_state: bool = False,

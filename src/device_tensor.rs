@@ -100,7 +100,8 @@ impl Tensor {
     }
 
     /// A copy on `device`: an upload, a download, or a copy within the device when it is
-    /// already there (on the GPU without passing through the host).
+    /// already there (on the GPU without passing through the host); between the CUDA and wgpu
+    /// backends, a download then an upload.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         match self {
             Tensor::Host(host) => Self::copy_from_host(host, device),
@@ -108,13 +109,14 @@ impl Tensor {
             Tensor::Cuda(gpu) => match device {
                 Device::Cpu => Ok(Tensor::Host(gpu.download(deltakv_cuda::Cuda::get()?)?)),
                 Device::Cuda => Ok(Tensor::Cuda(gpu.copy(deltakv_cuda::Cuda::get()?)?)),
-                other => Err(no_tensors_on(other)),
+                // Another GPU backend: through the host.
+                other => Self::copy_from_host(&gpu.download(deltakv_cuda::Cuda::get()?)?, other),
             },
             #[cfg(feature = "wgpu")]
             Tensor::Wgpu(t) => match device {
                 Device::Cpu => Ok(Tensor::Host(t.download(deltakv_wgpu::Wgpu::get()?)?)),
                 Device::Wgpu => Ok(Tensor::Wgpu(t.copy(deltakv_wgpu::Wgpu::get()?)?)),
-                other => Err(no_tensors_on(other)),
+                other => Self::copy_from_host(&t.download(deltakv_wgpu::Wgpu::get()?)?, other),
             },
         }
     }

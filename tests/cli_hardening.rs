@@ -157,6 +157,30 @@ fn an_output_directory_that_does_not_exist_fails_before_the_work() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+#[test]
+fn a_directory_as_input_and_a_block_out_of_range_are_refused_up_front() {
+    let dir = scratch_dir("dirinput");
+    let run = run_file_op("gdn", &dir, &dir.join("out.safetensors"), &[]);
+    assert_one_error(&run, "is a directory, not a safetensors file");
+    for block in ["0", "70000"] {
+        let run = run_file_op(
+            "kv",
+            &dir.join("absent.safetensors"),
+            &dir.join("out.safetensors"),
+            &["--block-tokens", block],
+        );
+        // Refused by the argument parser, before the (absent) input is looked at.
+        assert_eq!(run.code, Some(2), "stderr: {}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!("{block} is outside 1..=65536")),
+            "{}",
+            run.stderr
+        );
+    }
+    assert!(entries(&dir).is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Runs `gdn` on `file` in a directory that also holds a user's `out.safetensors.tmp`; a
 /// failure must leave exactly the input and that file, both unchanged.
 fn gdn_fails_cleanly(test: &str, file: &TensorFile, fragment: &str) {

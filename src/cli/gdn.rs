@@ -47,7 +47,8 @@ pub struct GdnArgs {
     pub mode: ModeArg,
     /// Also write the state every N tokens of each sequence (N a positive multiple of 64):
     /// `checkpoints` [C,H,K,V] f32 and `checkpoint_offsets` [N+1] i64 (sequence n's are rows
-    /// offsets[n]..offsets[n+1], at tokens N, 2N, ... of the sequence). cpu and cuda.
+    /// offsets[n]..offsets[n+1], at tokens N, 2N, ... of the sequence). cpu, and chunk mode
+    /// on cuda and wgpu.
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<usize>,
 }

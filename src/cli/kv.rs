@@ -56,8 +56,8 @@ pub struct KvArgs {
     #[arg(long, value_enum, default_value_t)]
     pub codebook: CodebookArg,
     /// Tokens per flash-decoding block (split-K work unit; changes speed, not results beyond
-    /// f32 rounding).
-    #[arg(long, default_value_t = 512)]
+    /// f32 rounding; 1 to 65536). The GPU backends choose their own blocks.
+    #[arg(long, default_value_t = 512, value_parser = parse_block_tokens)]
     pub block_tokens: usize,
     /// Where to run: cpu (always built); cuda (with `--features cuda`) or wgpu (with
     /// `--features wgpu`): the compressed path, encoded into a paged cache on the device.
@@ -93,6 +93,20 @@ pub fn options(args: &KvArgs) -> KvOptions {
             ..AttnOptions::default()
         },
     }
+}
+
+/// `--block-tokens`: 1 ..= `MAX_BLOCK_TOKENS`, refused when parsed, before any file is read.
+pub fn parse_block_tokens(text: &str) -> std::result::Result<usize, String> {
+    let tokens: usize = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of tokens"))?;
+    if !(1..=deltakv::kv::MAX_BLOCK_TOKENS).contains(&tokens) {
+        return Err(format!(
+            "{tokens} is outside 1..={}",
+            deltakv::kv::MAX_BLOCK_TOKENS
+        ));
+    }
+    Ok(tokens)
 }
 
 pub fn run(args: KvArgs) -> Result<()> {

@@ -35,7 +35,7 @@ pub enum DeviceArg {
     /// The CPU backend (always built; the numerical reference).
     #[default]
     Cpu,
-    /// NVIDIA GPUs through CUDA (not built into this version: answers "not available").
+    /// NVIDIA GPUs through CUDA (with `--features cuda`; otherwise answers "not available").
     Cuda,
     /// Vulkan / Metal through wgpu (with `--features wgpu`; otherwise answers "not
     /// available").

@@ -124,10 +124,21 @@ impl OpenFile {
             message,
         };
         let mut file = File::open(path).map_err(io_err)?;
-        let file_len = file.metadata().map_err(io_err)?.len();
+        let metadata = file.metadata().map_err(io_err)?;
+        if metadata.is_dir() {
+            return Err(io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a safetensors file",
+            )));
+        }
+        let file_len = metadata.len();
         let mut prefix = [0u8; 8];
-        file.read_exact(&mut prefix)
-            .map_err(|_| format_err("shorter than the 8-byte header length".into()))?;
+        file.read_exact(&mut prefix).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                format_err("shorter than the 8-byte header length".into())
+            }
+            _ => io_err(e),
+        })?;
         let header_len = u64::from_le_bytes(prefix);
         if header_len > MAX_HEADER_BYTES || 8 + header_len > file_len {
             return Err(format_err(format!(
@@ -284,15 +295,7 @@ impl TensorFile {
     /// directory (`.NAME.PID.N.tmp`, never an existing file), then renamed over `path`. On any
     /// failure the temporary file is removed and `path` is untouched.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let bytes = self.to_bytes()?;
-        let mut temp = TempFile::create_beside(path)?;
-        let io_err = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        temp.file.write_all(&bytes).map_err(io_err)?;
-        temp.file.flush().map_err(io_err)?;
-        temp.persist(path)
+        write_atomically(path, &self.to_bytes()?)
     }
 
     pub fn insert(&mut self, name: &str, tensor: HostTensor) {
@@ -339,6 +342,20 @@ impl TensorFile {
             },
         }
     }
+}
+
+/// Writes `bytes` to `path` atomically: into a new, uniquely named temporary file in `path`'s
+/// directory, then renamed over `path`. On any failure the temporary file is removed and
+/// `path` is untouched (an existing file keeps its contents).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut temp = TempFile::create_beside(path)?;
+    let io_err = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    temp.file.write_all(bytes).map_err(io_err)?;
+    temp.file.flush().map_err(io_err)?;
+    temp.persist(path)
 }
 
 /// A temporary file beside an output, removed on drop unless persisted.
@@ -433,6 +450,13 @@ mod tests {
         assert_eq!(back.metadata_f32("scale").unwrap(), Some(0.25));
         assert_eq!(back.metadata_bool("use_qk_l2norm").unwrap(), Some(true));
         assert_eq!(back.metadata_bool("absent").unwrap(), None);
+    }
+
+    #[test]
+    fn a_directory_as_input_says_so() {
+        let dir = std::env::temp_dir();
+        let err = TensorFile::load(&dir).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
     }
 
     #[test]

@@ -117,7 +117,12 @@ pub struct HostTensor {
 impl HostTensor {
     /// Wraps `data` with `shape`; fails when the element count disagrees.
     pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Self> {
-        let expected: usize = shape.iter().product();
+        let expected = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                Error::InvalidValue(format!("shape {shape:?} holds more elements than usize"))
+            })?;
         if expected != data.len() {
             return Err(Error::InvalidValue(format!(
                 "shape {shape:?} holds {expected} elements but {} were given",
@@ -362,9 +367,17 @@ pub fn overflowed_result(
 
 /// Checks a result computed from finite inputs (a serial scan), failing with
 /// [`overflowed_result`] on its first NaN or infinity.
+/// An infinity in an f16 result is named as f16's range first: a value past 65504 that f32
+/// held becomes infinite only when it is rounded to f16.
 pub fn check_result_finite(name: &str, t: &HostTensor, axes: &str, cause: &str) -> Result<()> {
     match t.first_non_finite() {
         None => Ok(()),
+        Some((i, x)) if t.dtype() == DType::F16 && x.is_infinite() => {
+            Err(Error::InvalidValue(format!(
+                "the result `{name}` is {x} at [{axes}] = {:?} in its f16 output although every input was finite: a value beyond f16's range (65504), or an intermediate that overflowed f32 ({cause}); inputs in f32 or bf16 give a wider output",
+                unravel(i, t.shape())
+            )))
+        }
         Some((i, x)) => Err(overflowed_result(name, t.shape(), axes, i, x, cause)),
     }
 }
@@ -439,6 +452,26 @@ mod tests {
     fn shape_mismatch_is_an_error() {
         let err = HostTensor::from_f32(vec![2, 3], vec![0.0; 5]).unwrap_err();
         assert!(err.to_string().contains("holds 6 elements but 5"), "{err}");
+    }
+
+    #[test]
+    fn an_infinite_f16_result_names_f16s_range() {
+        let t = HostTensor::from_f32_as(vec![2], &[1.0, 70000.0], DType::F16).unwrap();
+        let err = check_result_finite("o", &t, "i", "cause").unwrap_err();
+        assert!(err.to_string().contains("f16's range (65504)"), "{err}");
+        let t = HostTensor::from_f32(vec![2], vec![1.0, f32::INFINITY]).unwrap();
+        let err = check_result_finite("o", &t, "i", "cause").unwrap_err();
+        assert!(err.to_string().contains("overflowed f32 (cause)"), "{err}");
+    }
+
+    #[test]
+    fn a_shape_whose_product_overflows_is_an_error() {
+        // 2^33 * 2^33 wraps to 0 in usize: it must not pass as the empty data's shape.
+        let err = HostTensor::from_f32(vec![1 << 33, 1 << 33], vec![]).unwrap_err();
+        assert!(
+            err.to_string().contains("more elements than usize"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -75,14 +75,12 @@ pub fn progress(total: usize) -> ProgressBar {
     bar
 }
 
-/// Writes benchmark records as a JSON list.
+/// Writes benchmark records as a JSON list (atomically: a failed write leaves an existing
+/// file as it was).
 pub fn write_json(path: &Path, records: &[serde_json::Value]) -> Result<()> {
     let text =
         serde_json::to_string_pretty(records).map_err(|e| Error::InvalidValue(e.to_string()))?;
-    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    deltakv::io::write_atomically(path, (text + "\n").as_bytes())
 }
 
 /// `--json FILE` shared by the benches.

@@ -181,7 +181,13 @@ fn build_launch(
     let intermediate = match intermediate_states {
         Some(t) => {
             expect("intermediate_states", t, &states_shape, DType::F32)?;
-            t.device_address_mut(cuda)
+            let address = t.device_address_mut(cuda);
+            if !address.is_multiple_of(16) {
+                return Err(Error::InvalidValue(format!(
+                    "intermediate_states: device address {address:#x} must be 16-byte aligned (the decode kernels store it in 16-byte pieces)"
+                )));
+            }
+            address
         }
         None => 0,
     };

@@ -75,6 +75,49 @@ impl GdnSpec {
     }
 }
 
+impl GdnSpec {
+    /// The f32 elements a case of this spec holds (q, k, v, g, beta and the initial states),
+    /// or an error when the count overflows.
+    fn elements(&self) -> Result<usize> {
+        let product = |factors: &[usize]| factors.iter().try_fold(1usize, |n, &f| n.checked_mul(f));
+        let sequences = self.seq_lens.as_ref().map_or(self.batch, Vec::len);
+        let parts = [
+            product(&[2, self.batch, self.tokens, self.key_heads, self.key_dim]),
+            product(&[self.batch, self.tokens, self.value_heads, self.value_dim]),
+            product(&[2, self.batch, self.tokens, self.value_heads]),
+            if self.with_initial_state {
+                product(&[sequences, self.value_heads, self.key_dim, self.value_dim])
+            } else {
+                Some(0)
+            },
+        ];
+        parts
+            .iter()
+            .try_fold(0usize, |sum, part| part.and_then(|p| sum.checked_add(p)))
+            .ok_or_else(|| {
+                Error::InvalidValue(format!(
+                    "a case of {} x {} tokens with these heads has more elements than memory can address",
+                    self.batch, self.tokens
+                ))
+            })
+    }
+
+    /// Refuses a spec whose inputs this machine cannot allocate, so that a size too large is
+    /// an error before anything is drawn, not an abort in the middle of drawing.
+    fn check_memory(&self) -> Result<()> {
+        let elements = self.elements()?;
+        let mut probe: Vec<f32> = Vec::new();
+        probe.try_reserve_exact(elements).map_err(|_| {
+            Error::InvalidValue(format!(
+                "a case of {} x {} tokens needs {:.1} GiB for its inputs, more than this machine can allocate",
+                self.batch,
+                self.tokens,
+                elements as f64 * 4.0 / (1u64 << 30) as f64
+            ))
+        })
+    }
+}
+
 /// Owned tensors of a random problem.
 #[derive(Clone, Debug)]
 pub struct GdnCase {
@@ -90,6 +133,7 @@ pub struct GdnCase {
 impl GdnCase {
     /// Draws a problem from `spec` with `seed`.
     pub fn random(spec: &GdnSpec, seed: u64) -> Result<Self> {
+        spec.check_memory()?;
         let mut rng = Rng::new(seed);
         let rows = spec.batch * spec.tokens;
         let qk_shape = vec![spec.batch, spec.tokens, spec.key_heads, spec.key_dim];
@@ -233,5 +277,21 @@ mod tests {
         assert!(beta.iter().all(|&x| x > 0.0 && x < 1.0));
         let mean = g.iter().sum::<f32>() / g.len() as f32;
         assert!(mean < -1.0, "mean g {mean}");
+    }
+
+    #[test]
+    fn a_case_too_large_to_hold_is_an_error_not_an_abort() {
+        // 2^50 tokens: the element count overflows nothing, the allocation cannot succeed.
+        let err = GdnCase::random(&GdnSpec::new(1 << 50, 16, 32, 128, 128), 1).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("more than this machine can allocate"),
+            "{err}"
+        );
+        let err = GdnCase::random(&GdnSpec::new(usize::MAX / 2, 16, 32, 128, 128), 1).unwrap_err();
+        assert!(
+            err.to_string().contains("more elements than memory"),
+            "{err}"
+        );
     }
 }

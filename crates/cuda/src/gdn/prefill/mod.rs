@@ -154,6 +154,27 @@ impl PrefillLaunch {
             [seqs.len(), dims.value_heads, dims.key_dim, dims.value_dim],
         );
         expect_buffer("o", o, &o_shape, inputs.v.dtype())?;
+        // The kernels move q, k, v, o and the states in 16-byte pieces (bulk and async
+        // copies, vector stores), which a misaligned address would fault on, poisoning the
+        // context: refused here instead. Buffers deltakv allocates are aligned; borrowed
+        // memory (DLPack views, `from_device_ptr`) may not be.
+        let borrowed = [
+            ("q", Some(inputs.q.device_address(cuda))),
+            ("k", Some(inputs.k.device_address(cuda))),
+            ("v", Some(inputs.v.device_address(cuda))),
+            ("o", Some(o.device_address(cuda))),
+            (
+                "initial_state",
+                inputs.initial_state.map(|t| t.device_address(cuda)),
+            ),
+            (
+                "final_state",
+                final_state.as_deref().map(|t| t.device_address(cuda)),
+            ),
+        ];
+        for (name, address) in borrowed {
+            check_aligned(name, address)?;
+        }
         if dims.tokens == 0 {
             return Err(Error::InvalidValue(
                 "prefill needs at least one token (T = 0)".to_string(),
@@ -629,4 +650,17 @@ pub fn gdn_prefill_checkpointed(
         final_state,
         checkpoints: launch.into_checkpoints(),
     })
+}
+
+/// Refuses a device `address` not aligned to 16 bytes, naming the tensor.
+pub(super) fn check_aligned(name: &str, address: Option<u64>) -> Result<()> {
+    match address {
+        Some(address) if !address.is_multiple_of(16) => Err(Error::InvalidValue(format!(
+            "tensor `{name}`: device address {address:#x} must be 16-byte aligned (the prefill \
+             kernels move it in 16-byte pieces); a view starting {} bytes past an aligned \
+             address needs a copy",
+            address % 16
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -172,7 +172,8 @@ fn a_directory_as_input_and_a_block_out_of_range_are_refused_up_front() {
         // Refused by the argument parser, before the (absent) input is looked at.
         assert_eq!(run.code, Some(2), "stderr: {}", run.stderr);
         assert!(
-            run.stderr.contains(&format!("{block} is outside 1..=65536")),
+            run.stderr
+                .contains(&format!("{block} is outside 1..=65536")),
             "{}",
             run.stderr
         );

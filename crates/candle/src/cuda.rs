@@ -271,7 +271,9 @@ pub(crate) fn prefill<'a>(
             PrefillExtras::default(),
         )
         .map_err(err)?;
-        launch.launch(&cuda).map_err(err)?;
+        // SAFETY: launched at once, while this function borrows every tensor it was
+        // prepared from (candle frees on the stream the launch is queued on).
+        unsafe { launch.launch(&cuda) }.map_err(err)?;
     }
     Ok((o_storage, o_shape))
 }
@@ -333,5 +335,6 @@ pub(crate) fn decode<'a>(
         states.as_mut().map(|s| &mut s.tensor),
     )
     .map_err(err)?;
-    launch.launch(&cuda).map_err(err)
+    // SAFETY: launched at once, while this function borrows every tensor it was prepared from.
+    unsafe { launch.launch(&cuda) }.map_err(err)
 }

@@ -246,7 +246,8 @@ fn attention_equals_the_oracle_and_the_cpu_path() {
                     kernel,
                 };
                 let launch = prepare_attend(cuda, &gpu, &q, Some(case.scale), &options).unwrap();
-                launch.launch(cuda).unwrap();
+                // SAFETY: the cache and q outlive the launch, the cache unchanged.
+                unsafe { launch.launch(cuda) }.unwrap();
                 let name = launch.kernel_name();
                 let o = launch
                     .output()
@@ -325,7 +326,9 @@ fn a_prepared_launch_follows_the_cache_as_it_grows() {
             };
             prepare_attend(cuda, &gpu, &q, None, &options).unwrap()
         });
-        launch.launch(cuda).unwrap();
+        // SAFETY: the cache and q live through the loop; the cache grows only by its own
+        // appends, which the launch follows.
+        unsafe { launch.launch(cuda) }.unwrap();
         let o = launch
             .output()
             .download(cuda)

@@ -107,11 +107,22 @@ pub struct DecodeLaunch {
 
 impl DecodeLaunch {
     /// Queues the kernel on deltakv's stream.
-    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// The launch holds device addresses, not borrows. When it is called, every
+    /// tensor it was prepared from (q, k, v, the gates, the slot indices, the pool, o and the
+    /// intermediate states) must be alive, and slot indices written in place since the
+    /// preparation must still pass its check: each below the pool's slot count (or negative,
+    /// to skip the row), no two rows on one slot.
+    /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
+    /// order, after the work queued here.
+    pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {
         let mut builder = cuda.stream().launch_builder(&self.function);
         builder.arg(&self.params);
-        // SAFETY: the parameters were built from live buffers of the sizes the kernel indexes
-        // (checked by `check_decode_shapes`), and slot indices were range-checked on the host.
+        // SAFETY: the parameters were built from buffers of the sizes the kernel indexes
+        // (checked by `check_decode_shapes`), slot indices were range-checked on the host, and
+        // the caller keeps both so (this function's contract).
         unsafe { builder.launch(self.config) }
             .map(|_| ())
             .map_err(|e| driver_error("launching gdn_decode", e))
@@ -403,7 +414,7 @@ fn run_validated(
     } else {
         None
     };
-    build_launch(
+    let launch = build_launch(
         cuda,
         inputs,
         state_pool,
@@ -411,8 +422,9 @@ fn run_validated(
         dims,
         &mut o,
         intermediate_states.as_mut(),
-    )?
-    .launch(cuda)?;
+    )?;
+    // SAFETY: launched at once, while this function borrows every tensor it was prepared from.
+    unsafe { launch.launch(cuda) }?;
     Ok(CudaDecodeOutput {
         o,
         intermediate_states,

@@ -175,12 +175,21 @@ pub struct AttendLaunch {
 
 impl AttendLaunch {
     /// Queues both passes on deltakv's stream.
-    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// The launch holds device addresses, not borrows. When it is called, the
+    /// cache and the query it was prepared from must be alive, and the cache's block table
+    /// and lengths must be ones its own methods wrote (appends through them are followed:
+    /// each launch reads the lengths the GPU holds when it runs).
+    /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
+    /// order, after the work queued here.
+    pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {
         let mut builder = cuda.stream().launch_builder(&self.pass1);
         builder.arg(&self.params);
-        // SAFETY: the parameters were built from live buffers of the sizes the kernels index
-        // (checked at preparation); the cache outlives the launch by the caller's borrow rules
-        // documented on `prepare_attend`.
+        // SAFETY: the parameters were built from buffers of the sizes the kernels index
+        // (checked at preparation); the caller keeps the cache and the query alive and the
+        // cache's table valid (this function's contract).
         unsafe { builder.launch(self.pass1_config) }
             .map_err(|e| driver_error("launching kv_attend (pass 1)", e))?;
         self.launch_merge(cuda)
@@ -418,7 +427,8 @@ pub fn attend(
     scale: Option<f32>,
 ) -> Result<CudaTensor> {
     let launch = prepare_attend(cuda, cache, q, scale, &CudaAttnOptions::default())?;
-    launch.launch(cuda)?;
+    // SAFETY: launched at once, while this function borrows the cache and the query.
+    unsafe { launch.launch(cuda) }?;
     Ok(launch.o)
 }
 

@@ -205,7 +205,8 @@ impl CudaPagedKvCache {
         let Some((launch, growth)) = self.prepare_encode(cuda, k, v, new_lens)? else {
             return Ok(false);
         };
-        launch.launch(cuda)?;
+        // SAFETY: launched at once, under this cache's `&mut` borrow and the chunks' borrows.
+        unsafe { launch.launch(cuda) }?;
         self.book.keep_lens(growth);
         if advance {
             self.advance(cuda)?;

@@ -77,12 +77,23 @@ pub struct EncodeLaunch {
 
 impl EncodeLaunch {
     /// Queues the encode kernel (or kernels) on deltakv's stream.
-    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// The launch holds device addresses, not borrows. When it is called, the
+    /// cache and the k and v chunks it was prepared from must be alive, and the cache must
+    /// not have been appended to, nor its block table changed, since the preparation: the
+    /// kernel writes at the lengths the GPU holds when it runs, through the table entries the
+    /// preparation checked.
+    /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
+    /// order, after the work queued here.
+    pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {
         let mut builder = cuda.stream().launch_builder(&self.function);
         builder.arg(&self.params);
-        // SAFETY: the parameters describe live buffers of the sizes the kernel indexes: the
-        // chunk's shape was checked, and every page a new token lands in was assigned and
-        // checked against the pool (assign_pages) before the table was written.
+        // SAFETY: the parameters describe buffers of the sizes the kernel indexes: the chunk's
+        // shape was checked, and every page a new token lands in was assigned and checked
+        // against the pool (assign_pages) before the table was written; the caller keeps them
+        // alive and unchanged (this function's contract).
         unsafe { builder.launch(self.config) }
             .map_err(|e| driver_error("launching kv_encode", e))?;
         if let Some((params, function)) = &self.two_bits {

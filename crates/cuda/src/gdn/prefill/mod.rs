@@ -502,7 +502,16 @@ impl PrefillLaunch {
     }
 
     /// Queues the call's kernels on deltakv's stream.
-    pub fn launch(&self, cuda: &Cuda) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// The launch holds device addresses, not borrows. When it is called, every
+    /// tensor it was prepared from (the inputs, `o`, the final states, or the pool and its
+    /// slot indices) must be alive, and slot indices written in place since the preparation
+    /// must still pass its check (in range, no two sequences on one slot).
+    /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
+    /// order, after the work queued here.
+    pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {
         let heads = self.value_heads;
         let segments = self.plan.segment_count() as u32;
         // Column tiles and threads follow from the padded sizes the kernels were picked for.
@@ -644,7 +653,8 @@ pub fn gdn_prefill_checkpointed(
             split,
         },
     )?;
-    launch.launch(cuda)?;
+    // SAFETY: launched at once, while this function borrows every tensor it was prepared from.
+    unsafe { launch.launch(cuda) }?;
     Ok(CudaPrefillOutput {
         o,
         final_state,

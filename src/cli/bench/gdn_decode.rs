@@ -70,7 +70,9 @@ pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Valu
         return Ok(());
     }
     let mut lines = Vec::new();
+    let bar = super::progress(cases.len());
     for (batch, tokens, pool_dtype, intermediate) in cases {
+        bar.set_message(format!("decode B={batch} T={tokens} pool {pool_dtype}"));
         let case = bench_case(batch, tokens, pool_dtype)?;
         let inputs = case.inputs()?;
         let mut pool = case.state_pool.clone();
@@ -133,7 +135,9 @@ pub fn run(device: Device, batches: &[usize], records: &mut Vec<serde_json::Valu
             "us_per_token": per_token_us, "state_gb_per_s": state_gb_s,
             "threads": rayon::current_num_threads(),
         }));
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     println!(
         "GDN decode on {device}, {} threads, bf16 q/k/v, fused gating, l2 norm, pool of B slots updated in place; median over samples of back-to-back calls (~2 ms each), per call",
         rayon::current_num_threads()

@@ -162,6 +162,10 @@ fn a_directory_as_input_and_a_block_out_of_range_are_refused_up_front() {
     let dir = scratch_dir("dirinput");
     let run = run_file_op("gdn", &dir, &dir.join("out.safetensors"), &[]);
     assert_one_error(&run, "is a directory, not a safetensors file");
+    for output in ["newname/", "./"] {
+        let run = run_file_op("gdn", &dir, Path::new(output), &[]);
+        assert_one_error(&run, &format!("--output `{output}` names no file"));
+    }
     for block in ["0", "70000"] {
         let run = run_file_op(
             "kv",

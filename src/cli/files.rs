@@ -19,9 +19,15 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
     check_creatable("--output", output)
 }
 
-/// Refuses a path whose directory does not exist, or which is itself a directory, so that a
-/// run fails before its work rather than after.
+/// Refuses a path that names no file, whose directory does not exist or cannot be written
+/// in, or which is itself a directory, so that a run fails before its work rather than after.
 pub fn check_creatable(flag: &str, path: &Path) -> Result<()> {
+    let text = path.as_os_str().to_string_lossy();
+    if path.file_name().is_none() || text.ends_with(std::path::MAIN_SEPARATOR) {
+        return Err(Error::InvalidValue(format!(
+            "{flag} `{text}` names no file"
+        )));
+    }
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -39,7 +45,31 @@ pub fn check_creatable(flag: &str, path: &Path) -> Result<()> {
             path.display()
         )));
     }
-    Ok(())
+    check_writable(flag, path, dir)
+}
+
+/// Creates and removes a fresh file in `dir` (never an existing one), so that a directory the
+/// run could not write its output into is refused before the work.
+fn check_writable(flag: &str, path: &Path, dir: &Path) -> Result<()> {
+    let probe = dir.join(format!(".deltakv-write-check.{}", std::process::id()));
+    match std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(file) => {
+            drop(file);
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        // Another run of this process's id left one: the directory is writable.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::InvalidValue(format!(
+            "{flag} {}: cannot write in the directory {}: {e}",
+            path.display(),
+            dir.display()
+        ))),
+    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

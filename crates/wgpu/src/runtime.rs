@@ -290,6 +290,40 @@ impl Wgpu {
         &self.queue
     }
 
+    /// A buffer holding `contents` (padded with zeros to whole 4-byte words), `usage` plus
+    /// `COPY_DST`. A size past the device's limit, out of memory or a lost device is an `Err`
+    /// (wgpu's `create_buffer_init` panics on a buffer that failed to be created).
+    pub fn buffer_with(
+        &self,
+        label: &str,
+        contents: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        let size = (contents.len().max(1).div_ceil(4) * 4) as u64;
+        let limit = self.device.limits().max_buffer_size;
+        if size > limit {
+            return Err(Error::Unsupported(format!(
+                "{label}: {size} bytes exceed this device's largest buffer ({limit} bytes)"
+            )));
+        }
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: usage | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.check(&format!("creating {label}"))?;
+        if contents.len() as u64 == size {
+            self.queue.write_buffer(&buffer, 0, contents);
+        } else {
+            let mut padded = contents.to_vec();
+            padded.resize(size as usize, 0);
+            self.queue.write_buffer(&buffer, 0, &padded);
+        }
+        self.check(&format!("writing {label}"))?;
+        Ok(buffer)
+    }
+
     /// A 16-byte storage buffer that no shader reads, bound where a kernel's optional output is
     /// not asked for (made once, so a call allocates nothing for it). `index` (below
     /// `PLACEHOLDERS`) tells them apart: a bind group with several such bindings takes a

@@ -9,7 +9,6 @@
 use crate::runtime::{ShaderSource, Wgpu, backend_error};
 use deltakv_contract::tensor::TensorMeta;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use wgpu::util::DeviceExt;
 
 /// The fill shader, behind [`WgpuTensor::poisoned`].
 pub const FILL: ShaderSource = ShaderSource {
@@ -53,16 +52,8 @@ const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 impl WgpuTensor {
     /// Copies a host tensor to the device.
     pub fn upload(wgpu: &Wgpu, host: &HostTensor) -> Result<Self> {
-        let mut bytes = host.to_le_bytes();
-        bytes.resize(padded(bytes.len()) as usize, 0);
-        let buffer = wgpu
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("deltakv tensor"),
-                contents: &bytes,
-                usage: USAGE,
-            });
-        wgpu.check("copying a tensor to the device")?;
+        let bytes = host.to_le_bytes();
+        let buffer = wgpu.buffer_with("deltakv tensor", &bytes, USAGE)?;
         Ok(Self {
             shape: host.shape().to_vec(),
             dtype: host.dtype(),
@@ -116,13 +107,7 @@ impl WgpuTensor {
             .iter()
             .flat_map(|w| w.to_le_bytes())
             .collect();
-        let uniform = wgpu
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("fill params"),
-                contents: &params,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let uniform = wgpu.buffer_with("fill params", &params, wgpu::BufferUsages::UNIFORM)?;
         let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("fill"),
             layout: &pipeline.get_bind_group_layout(0),
@@ -156,7 +141,8 @@ impl WgpuTensor {
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        encoder.copy_buffer_to_buffer(&self.buffer, 0, &copy.buffer, 0, self.buffer.size());
+        // The tensor's own bytes: a buffer given by the caller may be larger than the copy's.
+        encoder.copy_buffer_to_buffer(&self.buffer, 0, &copy.buffer, 0, copy.buffer.size());
         wgpu.queue().submit([encoder.finish()]);
         wgpu.check("copying a tensor on the device")?;
         Ok(copy)

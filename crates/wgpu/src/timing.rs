@@ -12,7 +12,6 @@
 use crate::runtime::{ShaderSource, Wgpu};
 use deltakv_contract::Result;
 use std::time::{Duration, Instant};
-use wgpu::util::DeviceExt;
 
 /// How long each timing dispatches its work before the samples that count.
 pub const WARM_UP: Duration = Duration::from_millis(1000);
@@ -116,13 +115,7 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
         .iter()
         .flat_map(|w| w.to_le_bytes())
         .collect();
-    let uniform = wgpu
-        .device()
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("copy params"),
-            contents: &params,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+    let uniform = wgpu.buffer_with("copy params", &params, wgpu::BufferUsages::UNIFORM)?;
     let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("copy"),
         layout: &pipeline.get_bind_group_layout(0),

@@ -20,6 +20,24 @@ fn host_round_trips_poison_and_device_copies() {
         let copy = on_device.copy(wgpu).unwrap();
         assert_eq!(copy.download(wgpu).unwrap(), host, "{dtype} copy");
     }
+    // A caller's buffer larger than its tensor: the copy takes the tensor's bytes only.
+    let host = HostTensor::from_f32(vec![5], values[..5].to_vec()).unwrap();
+    let big = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("caller's buffer"),
+        size: 256,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    wgpu.queue().write_buffer(&big, 0, &host.to_le_bytes());
+    let wrapped = WgpuTensor::from_buffer(big, vec![5], DType::F32).unwrap();
+    let copy = wrapped.copy(wgpu).unwrap();
+    assert_eq!(
+        copy.download(wgpu).unwrap(),
+        host,
+        "copy of a wrapped buffer"
+    );
     for host in [
         HostTensor::from_i32(vec![3], vec![-1, 7, 0]).unwrap(),
         HostTensor::from_i64(vec![2], vec![-5, 1 << 40]).unwrap(),

@@ -19,7 +19,6 @@ use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
 use deltakv_contract::gdn::prefill::validate::SeqSpan;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use wgpu::util::DeviceExt;
 
 /// Tokens per chunk (`CT` in the shaders).
 pub const CHUNK: usize = 32;
@@ -396,16 +395,14 @@ impl ChunkLaunch {
             trans_width as u32,
             (slots * heads * d.key_dim * trans_width) as u32,
         ];
-        let uniform = wgpu
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("gdn_chunk params"),
-                contents: &params
-                    .iter()
-                    .flat_map(|w| w.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let uniform = wgpu.buffer_with(
+            "gdn_chunk params",
+            &params
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>(),
+            wgpu::BufferUsages::UNIFORM,
+        )?;
         // Built without wgpu's loop bounding (the counter naga adds to every loop, which kept
         // the driver from unrolling and measured slower on the H100).
         // SAFETY: every loop of chunks.wgsl, chunks_prepare_staged.wgsl, chunks_state.wgsl,

@@ -71,7 +71,10 @@ impl DecodeTile {
 }
 
 /// A validated decode call, ready to submit any number of times (each submission advances the
-/// addressed slots again).
+/// addressed slots again). The slot indices were checked when it was prepared; values written
+/// into that tensor in place since must still pass the check (each below the pool's slot count
+/// or negative, no two rows on one slot): the shader does not check them again, and WGSL's
+/// bounds clamping would turn an index past the pool into a silent write to its last slot.
 pub struct DecodeLaunch {
     launch: RecurrentLaunch,
 }

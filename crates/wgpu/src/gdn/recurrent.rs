@@ -9,7 +9,6 @@ use crate::runtime::{ShaderSource, Wgpu};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::gdn::GdnDims;
 use deltakv_contract::{DType, Error, Result};
-use wgpu::util::DeviceExt;
 
 /// The shader for adapters with subgroup operations: the row-group sums by shuffles, the
 /// dtype helpers, then the kernel.
@@ -327,13 +326,11 @@ impl RecurrentLaunch {
             scale: call.scale,
             pad: [0; 2],
         };
-        let uniform = wgpu
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("gdn_recurrent params"),
-                contents: &params.to_bytes(),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let uniform = wgpu.buffer_with(
+            "gdn_recurrent params",
+            &params.to_bytes(),
+            wgpu::BufferUsages::UNIFORM,
+        )?;
         // A write-only binding nothing writes, when no intermediate states are asked for (one
         // vec4, the smallest the decode kernel's binding takes).
         let intermediate = match call.intermediate {

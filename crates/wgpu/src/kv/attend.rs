@@ -25,7 +25,6 @@ use deltakv_contract::kv::NormDType;
 use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};
 use deltakv_contract::{DType, Error, Result};
-use wgpu::util::DeviceExt;
 
 /// Tokens per tile of the general pass 1 (its workgroup size).
 const TILE: usize = 128;
@@ -181,13 +180,11 @@ pub fn prepare_attend(
         out_rows as u32,
         merge_groups as u32,
     ];
-    let uniform = wgpu
-        .device()
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("kv_attend params"),
-            contents: &uniform_bytes(&params),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+    let uniform = wgpu.buffer_with(
+        "kv_attend params",
+        &uniform_bytes(&params),
+        wgpu::BufferUsages::UNIFORM,
+    )?;
     let constants = [
         ("BITS_K", s.bits_k),
         ("BITS_V", s.bits_v),

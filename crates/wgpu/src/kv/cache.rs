@@ -23,7 +23,6 @@ use deltakv_contract::kv::book::{Growth, PagedBook, PagedCache, append_refusal};
 use deltakv_contract::kv::codec::words_for;
 use deltakv_contract::kv::paged::PagedLayout;
 use deltakv_contract::{DType, Error, HostTensor, Result};
-use wgpu::util::DeviceExt;
 
 /// A prepared encode dispatch (see [`WgpuPagedKvCache::prepare_append`]).
 pub struct EncodeLaunch {
@@ -160,19 +159,30 @@ impl WgpuPagedKvCache {
     ) -> Result<()> {
         let before = self.book.state();
         write_i32(wgpu, &self.flags, &[0]);
-        let Some((launch, growth)) = self.prepare_encode(wgpu, k, v, new_lens)? else {
-            return Ok(());
+        let encoded = self
+            .prepare_encode(wgpu, k, v, new_lens)
+            .and_then(|prepared| {
+                let Some((launch, growth)) = prepared else {
+                    return Ok(None);
+                };
+                launch.submit(wgpu, 1)?;
+                let flags = self.flags.download(wgpu)?.to_i64_vec("flags")?[0];
+                Ok(Some((growth, flags)))
+            });
+        let refusal = match encoded {
+            Ok(None) => return Ok(()),
+            Ok(Some((growth, 0))) => {
+                self.book.keep_lens(growth);
+                self.write_lens(wgpu);
+                return Ok(());
+            }
+            Ok(Some((_, flags))) => append_refusal(flags, self.layout().scheme.norm_dtype),
+            Err(e) => e,
         };
-        launch.submit(wgpu, 1)?;
-        let flags = self.flags.download(wgpu)?.to_i64_vec("flags")?[0];
-        if flags == 0 {
-            self.book.keep_lens(growth);
-            self.write_lens(wgpu);
-            return Ok(());
-        }
+        // Refused or failed: the pages the chunk was given go back, on the host and the device.
         self.book.restore(before);
         write_i32(wgpu, &self.table, self.block_table());
-        Err(append_refusal(flags, self.layout().scheme.norm_dtype))
+        Err(refusal)
     }
 
     /// [`Self::append`] without waiting for the input check: the dispatch is queued and the
@@ -184,18 +194,34 @@ impl WgpuPagedKvCache {
         v: &WgpuTensor,
         new_lens: &[usize],
     ) -> Result<()> {
-        if let Some((launch, growth)) = self.prepare_encode(wgpu, k, v, new_lens)? {
-            launch.submit(wgpu, 1)?;
-            self.book.keep_lens(growth);
-            self.write_lens(wgpu);
+        let before = self.book.state();
+        let queued =
+            self.prepare_encode(wgpu, k, v, new_lens)
+                .and_then(|prepared| match prepared {
+                    Some((launch, growth)) => launch.submit(wgpu, 1).map(|()| Some(growth)),
+                    None => Ok(None),
+                });
+        match queued {
+            Ok(Some(growth)) => {
+                self.book.keep_lens(growth);
+                self.write_lens(wgpu);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                self.book.restore(before);
+                write_i32(wgpu, &self.table, self.block_table());
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// Checks a chunk, assigns the pages it lands in (the block table on the device is
     /// updated) and prepares its encode dispatch, without moving any length: each submission
     /// encodes the chunk into the same rows after the tokens held now (for timing the encode
-    /// alone; an append is [`Self::append`]). `None` when every count is zero.
+    /// alone; an append is [`Self::append`]). `None` when every count is zero. The launch reads
+    /// the cache's lengths and block table when it is submitted: after any other append to the
+    /// cache it must not be submitted again (it would write where the tables now point).
     pub fn prepare_append(
         &mut self,
         wgpu: &Wgpu,
@@ -261,13 +287,11 @@ impl WgpuPagedKvCache {
             0,
             0,
         ];
-        let uniform = wgpu
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("kv_encode params"),
-                contents: &uniform_bytes(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let uniform = wgpu.buffer_with(
+            "kv_encode params",
+            &uniform_bytes(&params),
+            wgpu::BufferUsages::UNIFORM,
+        )?;
         // Built without wgpu's loop bounding, whose counters keep the driver from unrolling the
         // encode's loops (its sums, butterflies and level search; docs/wgpu.md, "KV encode on
         // the H100").

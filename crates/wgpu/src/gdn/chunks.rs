@@ -264,6 +264,13 @@ impl ChunkLaunch {
     /// scratch or the grid exceeds what the adapter allows in one binding or dispatch.
     pub fn new(wgpu: &Wgpu, call: &ChunkCall<'_>, plan: &StatePlan) -> Result<Option<Self>> {
         let d = &call.dims;
+        super::check_indexable([
+            ("q", call.q),
+            ("k", call.k),
+            ("v", call.v),
+            ("state", call.state),
+            ("o", call.o),
+        ])?;
         let heads = d.value_heads;
         plan.check()?;
         if plan.kernel == StateKernel::OnePass {

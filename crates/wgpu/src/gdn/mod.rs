@@ -16,3 +16,14 @@ pub use decode::{
 };
 pub use prefill::{PreparedPrefill, gdn_prefill, gdn_prefill_checkpointed, gdn_prefill_planned};
 pub use prefill_states::{gdn_prefill_host_into_pool, gdn_prefill_into_pool};
+
+/// Refuses a tensor with 2^32 elements or more: the shaders index with 32-bit element offsets,
+/// which would wrap where a binding may exceed 4 GiB (Metal; Vulkan caps bindings below it).
+fn check_indexable<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a crate::tensor::WgpuTensor)>,
+) -> deltakv_contract::Result<()> {
+    for (name, tensor) in tensors {
+        crate::kv::cache::u32_of(name, tensor.shape().iter().product())?;
+    }
+    Ok(())
+}

@@ -190,6 +190,17 @@ impl RecurrentLaunch {
     /// Validates the grid against the device's limits and builds the bindings.
     pub fn new(wgpu: &Wgpu, call: &RecurrentCall<'_>) -> Result<Self> {
         let d = &call.dims;
+        super::check_indexable(
+            [
+                ("q", call.q),
+                ("k", call.k),
+                ("v", call.v),
+                ("state pool", call.state),
+                ("o", call.o),
+            ]
+            .into_iter()
+            .chain(call.intermediate.map(|t| ("intermediate states", t))),
+        )?;
         let state_bf16 = call.state.dtype() == DType::BF16;
         if state_bf16 && !d.value_dim.is_multiple_of(2) {
             return Err(Error::Unsupported(format!(

@@ -238,6 +238,27 @@ impl CudaTensor {
         }
     }
 
+    /// Refuses the tensor when its device address is not a multiple of `align` bytes, naming
+    /// it and `why` the kernel needs that (buffers deltakv allocates always are; a borrowed
+    /// view may start anywhere its elements may). A kernel's misaligned wide access would
+    /// fault and poison the context.
+    pub(crate) fn check_aligned(
+        &self,
+        cuda: &Cuda,
+        name: &str,
+        align: u64,
+        why: &str,
+    ) -> Result<()> {
+        let address = self.device_address(cuda);
+        if address.is_multiple_of(align) {
+            return Ok(());
+        }
+        Err(Error::InvalidValue(format!(
+            "tensor `{name}`: device address {address:#x} must be {align}-byte aligned ({why}); a view starting {} bytes past such an address needs a copy",
+            address % align
+        )))
+    }
+
     /// The buffer's device address, for passing to a kernel that writes it.
     pub(crate) fn device_address_mut(&mut self, cuda: &Cuda) -> u64 {
         match &mut self.storage {

@@ -290,35 +290,53 @@ impl Wgpu {
         &self.queue
     }
 
-    /// A buffer holding `contents` (padded with zeros to whole 4-byte words), `usage` plus
-    /// `COPY_DST`. A size past the device's limit, out of memory or a lost device is an `Err`
-    /// (wgpu's `create_buffer_init` panics on a buffer that failed to be created).
+    /// A zeroed buffer of `bytes` rounded up to whole 4-byte words (at least one), `usage`. A
+    /// size past the adapter's largest buffer, out of memory or a lost device is an `Err`.
+    pub fn zeroed_buffer(
+        &self,
+        label: &str,
+        bytes: usize,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        let size = (bytes.max(1).div_ceil(4) * 4) as u64;
+        let max = self.device.limits().max_buffer_size;
+        if size > max {
+            return Err(backend_error(
+                &format!("allocating {bytes} bytes"),
+                format!("the adapter's largest buffer is {max} bytes"),
+            ));
+        }
+        // wgpu zero-fills new buffers.
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        });
+        self.check(&format!("allocating {bytes} bytes on the device"))?;
+        Ok(buffer)
+    }
+
+    /// A buffer holding `contents` (zero-padded to whole words), `usage` plus `COPY_DST`; errors
+    /// as [`Wgpu::zeroed_buffer`] (wgpu's `create_buffer_init` panics on a buffer that failed
+    /// to be created).
     pub fn buffer_with(
         &self,
         label: &str,
         contents: &[u8],
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
-        let size = (contents.len().max(1).div_ceil(4) * 4) as u64;
-        let limit = self.device.limits().max_buffer_size;
-        if size > limit {
-            return Err(Error::Unsupported(format!(
-                "{label}: {size} bytes exceed this device's largest buffer ({limit} bytes)"
-            )));
+        let buffer =
+            self.zeroed_buffer(label, contents.len(), usage | wgpu::BufferUsages::COPY_DST)?;
+        // write_buffer takes whole words; the tail past `contents` stays zero.
+        let whole = contents.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&buffer, 0, &contents[..whole]);
         }
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: usage | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.check(&format!("creating {label}"))?;
-        if contents.len() as u64 == size {
-            self.queue.write_buffer(&buffer, 0, contents);
-        } else {
-            let mut padded = contents.to_vec();
-            padded.resize(size as usize, 0);
-            self.queue.write_buffer(&buffer, 0, &padded);
+        if whole < contents.len() {
+            let mut tail = [0u8; 4];
+            tail[..contents.len() - whole].copy_from_slice(&contents[whole..]);
+            self.queue.write_buffer(&buffer, whole as u64, &tail);
         }
         self.check(&format!("writing {label}"))?;
         Ok(buffer)

@@ -64,21 +64,7 @@ impl WgpuTensor {
     /// A tensor of `shape` and `dtype` with every byte zero.
     pub fn zeros(wgpu: &Wgpu, shape: Vec<usize>, dtype: DType) -> Result<Self> {
         let len = byte_len(&shape, dtype)?;
-        let max = wgpu.device().limits().max_buffer_size;
-        if padded(len) > max {
-            return Err(backend_error(
-                &format!("allocating {len} bytes"),
-                format!("the adapter's largest buffer is {max} bytes"),
-            ));
-        }
-        // wgpu zero-fills new buffers.
-        let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("deltakv tensor"),
-            size: padded(len),
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
-        wgpu.check(&format!("allocating {len} bytes on the device"))?;
+        let buffer = wgpu.zeroed_buffer("deltakv tensor", len, USAGE)?;
         Ok(Self {
             shape,
             dtype,

@@ -37,6 +37,9 @@ const THREADS: u32 = 128;
 const COL_GROUPS: usize = 8;
 
 /// Mirrors `struct DecodeParams` in the kernel, field for field.
+/// Why the decode kernels need their pool and intermediate states 16-byte aligned.
+const DECODE_PIECES: &str = "the decode kernels move it in 16-byte pieces";
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct DecodeParams {
@@ -192,13 +195,8 @@ fn build_launch(
     let intermediate = match intermediate_states {
         Some(t) => {
             expect("intermediate_states", t, &states_shape, DType::F32)?;
-            let address = t.device_address_mut(cuda);
-            if !address.is_multiple_of(16) {
-                return Err(Error::InvalidValue(format!(
-                    "intermediate_states: device address {address:#x} must be 16-byte aligned (the decode kernels store it in 16-byte pieces)"
-                )));
-            }
-            address
+            t.check_aligned(cuda, "intermediate_states", 16, DECODE_PIECES)?;
+            t.device_address_mut(cuda)
         }
         None => 0,
     };
@@ -253,12 +251,8 @@ fn build_launch(
             dims.batch
         )));
     }
+    state_pool.check_aligned(cuda, "state_pool", 16, DECODE_PIECES)?;
     let pool_address = state_pool.device_address_mut(cuda);
-    if !pool_address.is_multiple_of(16) {
-        return Err(Error::InvalidValue(format!(
-            "state_pool: device address {pool_address:#x} must be 16-byte aligned (the decode kernels copy it in 16-byte pieces)"
-        )));
-    }
     let mut params = DecodeParams {
         q: inputs.q.device_address(cuda),
         k: inputs.k.device_address(cuda),

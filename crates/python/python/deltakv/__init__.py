@@ -218,8 +218,7 @@ def _keep_for_stream(made: List[Any], handle: Optional[int]) -> None:
     for copy in made:
         if _root_module(copy) != "torch" or not copy.is_cuda:
             continue
-        if handle == torch.cuda.current_stream(copy.device).cuda_stream or (
-                handle == 1 and torch.cuda.current_stream(copy.device).cuda_stream == 0):
+        if _stream_handle(torch.cuda.current_stream(copy.device)) == handle:
             continue
         copy.record_stream(torch.cuda.ExternalStream(handle, device=copy.device))
 

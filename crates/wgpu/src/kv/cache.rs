@@ -19,7 +19,7 @@ use super::{Dispatch, SOURCE_ENCODE, consts, submit, uniform_bytes, write_i32};
 use crate::runtime::{Wgpu, backend_error};
 use crate::tensor::WgpuTensor;
 use deltakv_contract::kv::NormDType;
-use deltakv_contract::kv::book::{Growth, PagedBook, PagedCache, append_refusal};
+use deltakv_contract::kv::book::{BookState, Growth, PagedBook, PagedCache, append_refusal};
 use deltakv_contract::kv::codec::words_for;
 use deltakv_contract::kv::paged::PagedLayout;
 use deltakv_contract::{DType, Error, HostTensor, Result};
@@ -179,9 +179,7 @@ impl WgpuPagedKvCache {
             Ok(Some((_, flags))) => append_refusal(flags, self.layout().scheme.norm_dtype),
             Err(e) => e,
         };
-        // Refused or failed: the pages the chunk was given go back, on the host and the device.
-        self.book.restore(before);
-        write_i32(wgpu, &self.table, self.block_table());
+        self.give_back(wgpu, before);
         Err(refusal)
     }
 
@@ -209,11 +207,17 @@ impl WgpuPagedKvCache {
             }
             Ok(None) => Ok(()),
             Err(e) => {
-                self.book.restore(before);
-                write_i32(wgpu, &self.table, self.block_table());
+                self.give_back(wgpu, before);
                 Err(e)
             }
         }
+    }
+
+    /// Undoes a refused or failed append: the pages the chunk was given go back, on the host
+    /// and in the device's block table.
+    fn give_back(&mut self, wgpu: &Wgpu, before: BookState) {
+        self.book.restore(before);
+        write_i32(wgpu, &self.table, self.block_table());
     }
 
     /// Checks a chunk, assigns the pages it lands in (the block table on the device is

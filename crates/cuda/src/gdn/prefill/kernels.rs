@@ -183,23 +183,14 @@ pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
     }
 }
 
-/// Shared memory of the register outputs walk (mirrors `RegsStage<KP, true>` and `regs_walk`):
-/// the lead's stages with q's chunk rows and the scores added, then two chunks' O staged in a
-/// 2-byte dtype (`PF_O_STAGE_HALFS`).
-fn outputs_regs_smem(kp: usize) -> usize {
+/// Shared memory of the register outputs walk with `stages` stages (mirrors `RegsStage<KP,
+/// true>` and `regs_walk`): the lead's stages with q's chunk rows and the scores added, then
+/// two chunks' O staged in a 2-byte dtype (`PF_O_STAGE_HALFS`), then two mbarrier words.
+fn outputs_regs_smem(kp: usize, stages: usize) -> usize {
     let stage =
         gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
     let o_stage = 2 * CHUNK * (TILE + PAD);
-    2 * stage + 2 * o_stage + 2 * 8
-}
-
-/// Shared memory of the one-stage outputs walk (`gdn_prefill_outputs1_regs_k128`): one stage,
-/// two chunks' staged O and the mbarriers, so two blocks fit an SM.
-fn outputs1_regs_smem(kp: usize) -> usize {
-    let stage =
-        gates_bytes() + 2 * (2 * (kp / 8 * CM_BLOCK) + 3 * 8 * CM_BLOCK + CHUNK * (TILE + PAD));
-    let o_stage = 2 * CHUNK * (TILE + PAD);
-    stage + 2 * o_stage + 2 * 8
+    stages * stage + 2 * o_stage + 2 * 8
 }
 
 /// How many stages the register outputs walk keeps (`DELTAKV_PREFILL_OUTPUT_STAGES`): `auto`
@@ -243,7 +234,7 @@ pub(super) fn outputs_walk(
     if pass == StatePass::Registers && one {
         WalkKernel {
             name: "gdn_prefill_outputs1_regs_k128",
-            smem: outputs1_regs_smem(128),
+            smem: outputs_regs_smem(128, 1),
             threads: 128,
         }
     } else {
@@ -441,7 +432,7 @@ pub(super) fn pass_kernels(
                     smem: prepare_regs_smem(heads_per_block, pair),
                 }
             },
-            outputs: register_walk("gdn_prefill_outputs_regs_k128", outputs_regs_smem(kp)),
+            outputs: register_walk("gdn_prefill_outputs_regs_k128", outputs_regs_smem(kp, 2)),
             lead: register_walk("gdn_prefill_lead_regs_k128", lead_regs_smem(kp)),
             transition: register_walk("gdn_prefill_transition_regs_k128", lead_regs_smem(kp)),
             combine,
@@ -512,7 +503,7 @@ mod tests {
             registers.outputs,
             WalkKernel {
                 name: "gdn_prefill_outputs_regs_k128",
-                smem: outputs_regs_smem(128),
+                smem: outputs_regs_smem(128, 2),
                 threads: 128
             }
         );
@@ -559,12 +550,12 @@ mod tests {
             2 * (1920 + 2 * (8320 + 8320 + 4608)) + 16
         );
         assert_eq!(
-            outputs_regs_smem(128),
+            outputs_regs_smem(128, 2),
             2 * (1920 + 2 * (16_640 + 12_480 + 4608)) + 2 * 2 * 4608 + 16
         );
-        assert!(outputs_regs_smem(128) <= 227 * 1024);
+        assert!(outputs_regs_smem(128, 2) <= 227 * 1024);
         // One stage: two blocks per SM (H100: 228 KB per SM, 1 KB reserved per block).
-        assert_eq!(233_472 / (outputs1_regs_smem(128) + 1024), 2);
+        assert_eq!(233_472 / (outputs_regs_smem(128, 1) + 1024), 2);
     }
 
     #[test]
@@ -581,26 +572,24 @@ mod tests {
             )
             .name
         };
-        assert_eq!(
-            pick(OutputStages::Auto, 512, false),
-            "gdn_prefill_outputs1_regs_k128"
+        let (one, two) = (
+            "gdn_prefill_outputs1_regs_k128",
+            "gdn_prefill_outputs_regs_k128",
         );
-        assert_eq!(
-            pick(OutputStages::Auto, 128, false),
-            "gdn_prefill_outputs_regs_k128"
-        );
-        assert_eq!(
-            pick(OutputStages::Auto, 512, true),
-            "gdn_prefill_outputs_regs_k128"
-        );
-        assert_eq!(
-            pick(OutputStages::Two, 512, false),
-            "gdn_prefill_outputs_regs_k128"
-        );
-        assert_eq!(
-            pick(OutputStages::One, 64, true),
-            "gdn_prefill_outputs1_regs_k128"
-        );
+        // (stages asked for, outputs-walk blocks, relayed) and the walk chosen on 132 SMs.
+        for (stages, blocks, relayed, expected) in [
+            (OutputStages::Auto, 512, false, one),
+            (OutputStages::Auto, 128, false, two),
+            (OutputStages::Auto, 512, true, two),
+            (OutputStages::Two, 512, false, two),
+            (OutputStages::One, 64, true, one),
+        ] {
+            assert_eq!(
+                pick(stages, blocks, relayed),
+                expected,
+                "{stages:?} {blocks} {relayed}"
+            );
+        }
         let overlap = pass_kernels(StatePass::Overlap, 128, 128, 2, true);
         let kept = outputs_walk(
             StatePass::Overlap,

@@ -154,33 +154,38 @@ impl PrefillLaunch {
             [seqs.len(), dims.value_heads, dims.key_dim, dims.value_dim],
         );
         expect_buffer("o", o, &o_shape, inputs.v.dtype())?;
-        // The kernels move q, k, v, o and the states in 16-byte pieces (bulk and async
-        // copies, vector stores), which a misaligned address would fault on, poisoning the
-        // context: refused here instead. Buffers deltakv allocates are aligned; borrowed
-        // memory (DLPack views, `from_device_ptr`) may not be.
-        let borrowed = [
-            ("q", Some(inputs.q.device_address(cuda))),
-            ("k", Some(inputs.k.device_address(cuda))),
-            ("v", Some(inputs.v.device_address(cuda))),
-            ("o", Some(o.device_address(cuda))),
-            (
-                "initial_state",
-                inputs.initial_state.map(|t| t.device_address(cuda)),
-            ),
-            (
-                "final_state",
-                final_state.as_deref().map(|t| t.device_address(cuda)),
-            ),
-        ];
-        for (name, address) in borrowed {
-            check_aligned(name, address)?;
+        // A bf16 q, k or v whose rows have a compiled size is read in place (or by the convert
+        // kernel's row path) in 16-byte pieces; the lockstep and overlapped passes store a
+        // 2-byte o in pairs. Other inputs are converted by element, the states read and
+        // written by element.
+        let (kp, vp) = (padded_dim(dims.key_dim), padded_dim(dims.value_dim));
+        for (name, t, dim, pad) in [
+            ("q", inputs.q, dims.key_dim, kp),
+            ("k", inputs.k, dims.key_dim, kp),
+            ("v", inputs.v, dims.value_dim, vp),
+        ] {
+            if t.dtype() == DType::BF16 && dim == pad {
+                t.check_aligned(
+                    cuda,
+                    name,
+                    16,
+                    "the kernels read its rows in 16-byte pieces",
+                )?;
+            }
+        }
+        if o.dtype() != DType::F32 {
+            o.check_aligned(
+                cuda,
+                "o",
+                4,
+                "the state passes store it in pairs of elements",
+            )?;
         }
         if dims.tokens == 0 {
             return Err(Error::InvalidValue(
                 "prefill needs at least one token (T = 0)".to_string(),
             ));
         }
-        let (kp, vp) = (padded_dim(dims.key_dim), padded_dim(dims.value_dim));
         let tiles_v = vp / TILE;
         let split = match (split, segment_chunks_from_env()) {
             (Split::Auto, Some(chunks)) => Split::Scan(chunks),
@@ -534,7 +539,7 @@ impl PrefillLaunch {
         // One prepare block per (chunk, key head, group of its value heads).
         let prepare_rows = (params.key_heads * params.head_groups) as u32;
         let prepare_grid = (self.plan.chunks() as u32, prepare_rows, 1);
-        (self.prepare)
+        self.prepare
             .with(params, prepare_grid, "gdn_prefill_prepare")
             .launch(cuda.stream())?;
         if let Some(relay) = &self.relay {
@@ -549,7 +554,7 @@ impl PrefillLaunch {
         // The scan: the transitions (the prepare's programmatic dependent), the combine, then
         // every segment's outputs.
         let grid = walk_grid(segments, heads, tiles_v + tiles_k);
-        (self.transition)
+        self.transition
             .with(params, grid, "gdn_prefill_transition")
             .launch_dependent(cuda, cuda.stream())?;
         let combine = Kernel {
@@ -660,17 +665,4 @@ pub fn gdn_prefill_checkpointed(
         final_state,
         checkpoints: launch.into_checkpoints(),
     })
-}
-
-/// Refuses a device `address` not aligned to 16 bytes, naming the tensor.
-pub(super) fn check_aligned(name: &str, address: Option<u64>) -> Result<()> {
-    match address {
-        Some(address) if !address.is_multiple_of(16) => Err(Error::InvalidValue(format!(
-            "tensor `{name}`: device address {address:#x} must be 16-byte aligned (the prefill \
-             kernels move it in 16-byte pieces); a view starting {} bytes past an aligned \
-             address needs a copy",
-            address % 16
-        ))),
-        _ => Ok(()),
-    }
 }

@@ -64,7 +64,6 @@ pub(super) fn state_sources(
                     .map(|slot| slot as i64)
                     .collect();
             let address = pool.device_address_mut(cuda);
-            super::check_aligned("state_pool", Some(address))?;
             Ok(StateSources {
                 initial: address,
                 final_address: address,

@@ -25,11 +25,19 @@
 // S_new^T q = S_dec^T q + q . k v'. A token costs two block barriers; q, k, v and the gates of
 // the next token are loaded while the current one is computed.
 //
-// A negative slot writes zeros to o (and to the intermediate states) and touches no slot.
+// A negative slot writes zeros to o (and to the intermediate states) and touches no slot. A slot
+// at or past the pool's slot count (possible only when a prepared launch is replayed after its
+// indices were rewritten on the device: every call checks them on the host) touches no slot
+// either and writes NaN, so the row's fault shows in its output instead of in another slot.
 
 #define MAX_K 256
 #define THREADS 128
 #define WARPS (THREADS / 32)
+
+// What a skipped row's outputs hold: zeros for a negative slot, NaN for one past the pool.
+__device__ __forceinline__ float skip_fill(long long slot) {
+    return slot < 0 ? 0.f : __int_as_float(0x7fc00000);
+}
 
 // The pool's element type: f32, or bf16 carried as its bits.
 template <bool BF16> struct Select { typedef float Elem; };
@@ -48,6 +56,7 @@ struct DecodeParams {
     int act_dtype, out_dtype, g_dtype, beta_dtype, a_dtype, b_dtype, a_log_dtype, dt_bias_dtype;
     int slot_dtype, fused_gating, l2norm;
     float scale;
+    long long pool_slots;        // S: a slot index at or past it is refused in the kernel too
 };
 
 // Asynchronous copy of BYTES (4, 8 or 16; 2 is copied synchronously) from global to shared
@@ -228,14 +237,15 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
     const i64 slot = load_index((const void*)p.slots, row_b, p.slot_dtype);
     float* inter = (float*)p.intermediate;
 
-    if (slot < 0) {
-        // Skipped row: zeros out, no slot read or written.
+    if (slot < 0 || slot >= p.pool_slots) {
+        // Skipped row: zeros out (NaN for an index past the pool), no slot read or written.
+        const float fill = skip_fill(slot);
         for (int t = 0; t < T; ++t) {
             const i64 o_row = ((i64)(row_b * T + t) * H + head) * V;
             if (row_group == 0 && col_in) {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j)
-                    if (col0 + j < V) store_float((void*)p.o, o_row + col0 + j, p.out_dtype, 0.f);
+                    if (col0 + j < V) store_float((void*)p.o, o_row + col0 + j, p.out_dtype, fill);
             }
             if (inter) {
                 const i64 base = ((i64)(row_b * T + t) * H + head) * K * V;
@@ -245,7 +255,7 @@ __device__ void gdn_decode_body(const DecodeParams& p) {
                     if (r < K && col_in)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            if (col0 + j < V) inter[base + (i64)r * V + col0 + j] = 0.f;
+                            if (col0 + j < V) inter[base + (i64)r * V + col0 + j] = fill;
                 }
             }
         }

@@ -128,13 +128,14 @@ __device__ void decode_bands_body(const DecodeParams& p) {
     if (tid == 0) gate_bits = load_gate_bits(p, (i64)row_b * H + head, head);
     float* inter = p.intermediate ? (float*)p.intermediate + v_row * 128 + warp * BAND : nullptr;
 
-    if (slot < 0) {  // skipped row: zeros out, no slot read or written
+    if (slot < 0 || slot >= p.pool_slots) {  // skipped row: no slot read or written
+        const float fill = skip_fill(slot);
         if (warp == 0)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) store_float((void*)p.o, v_row + col0 + j, p.out_dtype, 0.f);
+            for (int j = 0; j < 4; ++j) store_float((void*)p.o, v_row + col0 + j, p.out_dtype, fill);
         if (inter)
             for (int i = 0; i < BAND_ROWS; ++i)
-                *(float4*)(inter + i * 128 + col0) = make_float4(0.f, 0.f, 0.f, 0.f);
+                *(float4*)(inter + i * 128 + col0) = make_float4(fill, fill, fill, fill);
         return;
     }
 
@@ -233,15 +234,16 @@ __device__ void decode_registers_body(const DecodeParams& p) {
     if (tid == 0) gate_bits = load_gate_bits(p, (i64)row_b * H + head, head);
     float* inter = p.intermediate ? (float*)p.intermediate + v_row * 128 + col : nullptr;
 
-    if (slot < 0) {  // skipped row: zeros out, no slot read or written
+    if (slot < 0 || slot >= p.pool_slots) {  // skipped row: no slot read or written
+        const float fill = skip_fill(slot);
         if (row_group == 0) {
-            store_float((void*)p.o, v_row + col, p.out_dtype, 0.f);
-            store_float((void*)p.o, v_row + col + 1, p.out_dtype, 0.f);
+            store_float((void*)p.o, v_row + col, p.out_dtype, fill);
+            store_float((void*)p.o, v_row + col + 1, p.out_dtype, fill);
         }
         if (inter)
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                *(float2*)(inter + (row_group + 16 * i) * 128) = make_float2(0.f, 0.f);
+                *(float2*)(inter + (row_group + 16 * i) * 128) = make_float2(fill, fill);
         return;
     }
 

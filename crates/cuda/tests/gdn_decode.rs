@@ -10,7 +10,7 @@ use deltakv_contract::gdn::decode::oracle::gdn_decode_reference;
 use deltakv_contract::gdn::decode::random::{DecodeCase, DecodeSpec};
 use deltakv_contract::gdn::{DecodeInputs, DecodeOptions, DecodeOutput, Gating, GdnDims};
 use deltakv_contract::{DType, HostTensor, Result};
-use deltakv_cuda::gdn::{OneTokenKernel, gdn_decode, gdn_decode_checked};
+use deltakv_cuda::gdn::{OneTokenKernel, gdn_decode, gdn_decode_checked, prepare_decode_launch};
 use deltakv_cuda::{Cuda, CudaTensor};
 use std::io::Write;
 
@@ -269,6 +269,100 @@ fn bad_calls_are_refused_before_launch_and_leave_the_pool_alone() {
         (outcome, dev.pool.download(cuda).unwrap())
     })
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A prepared launch replayed after its slot indices were rewritten on the device (the host
+/// check cannot see that): an index past the pool touches no slot and leaves NaN in its row's
+/// o, a negative one zeros; every other row and the whole pool are what a checked call with
+/// that row skipped gives, bit for bit. Each decode kernel: one token at a small and a large
+/// batch (the register and band kernels at Qwen3-Next's heads), and three tokens.
+#[test]
+fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
+    let Some(cuda) = device("replayed slot indices") else {
+        return;
+    };
+    for (batch, tokens, seed) in [(4, 1, 9601), (64, 1, 9602), (5, 3, 9603)] {
+        let spec = DecodeSpec::new(batch, tokens, 16, 32, 128, 128);
+        let case = DecodeCase::random(&spec, seed).unwrap();
+        let opts = DecodeOptions::default();
+        let mut dev = DeviceCase::upload(cuda, &case).unwrap();
+        let slot_count = dev.pool.shape()[0] as i64;
+        let mut o = CudaTensor::zeros(cuda, vec![batch, tokens, 32, 128], case.v.dtype()).unwrap();
+        let gates = &dev.gates;
+        let gating =
+            Gating::from_lookup(|name| gates.iter().find(|(n, _)| n == name).map(|(_, t)| t))
+                .unwrap();
+        let inputs = DecodeInputs {
+            q: &dev.q,
+            k: &dev.k,
+            v: &dev.v,
+            gating,
+            slot_indices: &dev.slots,
+        };
+        let launch =
+            prepare_decode_launch(cuda, &inputs, &mut dev.pool, &opts.gdn, &mut o, None).unwrap();
+        // Row 1 skipped, row 2 past the pool (and past i32 for i64 indices' sake: the kernel
+        // compares the index as loaded).
+        let mut slots = case.slot_indices.to_i64_vec("slot_indices").unwrap();
+        slots[1] = -1;
+        slots[2] = slot_count + 7;
+        let rewritten =
+            HostTensor::from_i32(vec![batch], slots.iter().map(|&s| s as i32).collect()).unwrap();
+        dev.slots.copy_from_host(cuda, &rewritten).unwrap();
+        // SAFETY: every tensor the launch was prepared from is alive in `dev` and `o`; the
+        // rewritten indices are the point of the test (the kernel's own range check).
+        unsafe { launch.launch(cuda) }.unwrap();
+        cuda.synchronize().unwrap();
+        let got_o = o.download(cuda).unwrap().to_f32_vec("o").unwrap();
+        let got_pool = dev.pool.download(cuda).unwrap();
+        // The same rows through a checked call, row 2 skipped.
+        let mut skipped = case.clone();
+        slots[2] = -1;
+        skipped.slot_indices =
+            HostTensor::from_i32(vec![batch], slots.iter().map(|&s| s as i32).collect()).unwrap();
+        let mut reference = DeviceCase::upload(cuda, &skipped).unwrap();
+        let want = reference.run(cuda, &opts, false).unwrap();
+        let want_o = want.o.to_f32_vec("o").unwrap();
+        let row = tokens * 32 * 128;
+        for (b, (got, want)) in got_o.chunks(row).zip(want_o.chunks(row)).enumerate() {
+            if b == 2 {
+                assert!(
+                    got.iter().all(|x| x.is_nan()),
+                    "B={batch} T={tokens}: the row past the pool holds a non-NaN output"
+                );
+            } else {
+                let same = got
+                    .iter()
+                    .zip(want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "B={batch} T={tokens}: row {b} differs from the checked call"
+                );
+            }
+        }
+        assert!(
+            got_o[row..2 * row].iter().all(|&x| x == 0.0),
+            "B={batch} T={tokens}: the skipped row is not zero"
+        );
+        assert_eq!(
+            got_pool,
+            reference.pool.download(cuda).unwrap(),
+            "B={batch} T={tokens}: the pool differs from the checked call's"
+        );
+        let dims = GdnDims {
+            batch,
+            tokens,
+            key_heads: 16,
+            value_heads: 32,
+            key_dim: 128,
+            value_dim: 128,
+        };
+        let kernel = OneTokenKernel::select(&dims, cuda.multiprocessors());
+        println!(
+            "B={batch} T={tokens} ({kernel:?}): the row past the pool is NaN, the pool untouched by it"
+        );
+    }
 }
 
 #[test]

@@ -75,6 +75,7 @@ struct DecodeParams {
     fused_gating: i32,
     l2norm: i32,
     scale: f32,
+    pool_slots: i64,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
@@ -117,7 +118,9 @@ impl DecodeLaunch {
     /// tensor it was prepared from (q, k, v, the gates, the slot indices, the pool, o and the
     /// intermediate states) must be alive, and slot indices written in place since the
     /// preparation must still pass its check: each below the pool's slot count (or negative,
-    /// to skip the row), no two rows on one slot.
+    /// to skip the row), no two rows on one slot. (The kernel refuses an index at or past the
+    /// slot count itself: that row's o and intermediate states come out NaN and no slot is
+    /// touched. Two rows on one slot race.)
     /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
     /// order, after the work queued here.
     pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {
@@ -273,6 +276,9 @@ fn build_launch(
         slot_dtype: dtype_code(inputs.slot_indices.dtype()),
         l2norm: i32::from(options.use_qk_l2norm),
         scale,
+        // The pool's slot count (its first dimension), so that a replayed launch whose
+        // indices were rewritten past it writes NaN rows instead of another slot's memory.
+        pool_slots: state_pool.shape()[0] as i64,
         ..DecodeParams::default()
     };
     match inputs.gating {

@@ -182,6 +182,17 @@ def test_fla_arguments_at_their_defaults_change_nothing(func):
     np.testing.assert_array_equal(with_defaults, plain)
 
 
+@pytest.mark.parametrize("func", FUNCS)
+def test_a_flag_where_cu_seqlens_stands_names_the_positional_order(func):
+    # FLA 0.6's ninth positional argument is use_qk_l2norm_in_kernel; the contract's is
+    # cu_seqlens, so a positional FLA 0.6 call must fail loudly, not run without the norm.
+    rng = np.random.default_rng(6)
+    q, k, v, g, beta, _ = make_case(rng, 1, 9, 1, 2, 8, 8)
+    for flag in (True, False):
+        with pytest.raises(ValueError, match="pass flags by keyword"):
+            func(q, k, v, g, beta, None, None, False, flag)
+
+
 def test_recurrent_beta_left_out_is_ones_as_in_fla():
     rng = np.random.default_rng(5)
     q, k, v, g, _, _ = make_case(rng, 1, 9, 1, 2, 8, 8)

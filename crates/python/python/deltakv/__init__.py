@@ -227,6 +227,14 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
              output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, stream, kwargs,
              checkpoint_every=None):
     _check_fla_kwargs(fla_name, kwargs)
+    if isinstance(cu_seqlens, bool):
+        # FLA 0.6 takes use_qk_l2norm_in_kernel ninth, where the contract has cu_seqlens.
+        raise ValueError(
+            f"cu_seqlens is the bool {cu_seqlens}: {fla_name}'s ninth positional argument is "
+            "cu_seqlens here (q, k, v, g, beta, scale, initial_state, output_final_state, "
+            "cu_seqlens, use_qk_l2norm_in_kernel), not FLA 0.6's use_qk_l2norm_in_kernel; "
+            "pass flags by keyword"
+        )
     # Arrays made here (beta's ones, contiguous copies of non-contiguous torch tensors) must
     # outlive deltakv's reads of them.
     made = []

@@ -33,6 +33,7 @@
 //! one for `sm_90a` without a GPU.
 
 pub mod compile;
+mod env;
 pub mod gdn;
 pub mod kv;
 pub mod runtime;

@@ -81,14 +81,12 @@ fn keep_pool_memory(context: &CudaContext, ordinal: usize) -> Result<()> {
     if pools == 0 {
         return Ok(());
     }
-    let keep: u64 = match std::env::var("DELTAKV_CUDA_POOL_KEEP_BYTES") {
-        Ok(text) => text.trim().parse().map_err(|_| {
-            Error::InvalidValue(format!(
-                "DELTAKV_CUDA_POOL_KEEP_BYTES={text} is not a byte count"
-            ))
-        })?,
-        Err(_) => u64::MAX,
-    };
+    let keep = crate::env::number(
+        "DELTAKV_CUDA_POOL_KEEP_BYTES",
+        |_: &u64| true,
+        "a byte count",
+    )?
+    .unwrap_or(u64::MAX);
     let device = cudarc::driver::result::device::get(ordinal as i32)
         .map_err(|e| driver_error("opening the device", e))?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();

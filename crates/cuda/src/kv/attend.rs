@@ -20,6 +20,7 @@
 use super::cache::CudaPagedKvCache;
 use super::{SOURCE_ATTEND, SOURCES_ATTEND_MMA};
 use crate::compile::KernelSource;
+use crate::env;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -258,10 +259,20 @@ pub fn prepare_attend(
     // math's latency and the tiles form is kept.
     let pages_auto = mma_bits && 2 * pages_block <= per_sm;
     let form = match options.kernel {
-        AttnKernel::Auto => match std::env::var("DELTAKV_KV_ATTEND").as_deref() {
-            Ok("scalar") => Form::Scalar,
-            Ok("pages") if mma_bits && pages_fit => Form::Pages,
-            Ok("tiles") if mma_bits => Form::Tiles,
+        // `DELTAKV_KV_ATTEND` asks for a form (where it serves the scheme), `auto` for this one.
+        AttnKernel::Auto => match env::choice(
+            "DELTAKV_KV_ATTEND",
+            &[
+                ("auto", None),
+                ("scalar", Some(Form::Scalar)),
+                ("pages", Some(Form::Pages)),
+                ("tiles", Some(Form::Tiles)),
+            ],
+            None,
+        )? {
+            Some(Form::Scalar) => Form::Scalar,
+            Some(Form::Pages) if mma_bits && pages_fit => Form::Pages,
+            Some(Form::Tiles) if mma_bits => Form::Tiles,
             _ if pages_auto => Form::Pages,
             _ if mma_bits => Form::Tiles,
             _ => Form::Scalar,

@@ -98,7 +98,7 @@ impl CudaPagedKvCache {
             consts: CudaTensor::upload(cuda, &consts(k, v)?)?,
             flags: CudaTensor::zeros(cuda, vec![1], DType::I32)?,
             new_lens: CudaTensor::zeros(cuda, vec![batch], DType::I32)?,
-            lane_signs: lane_encode_signs(k, v),
+            lane_signs: lane_encode_signs(k, v)?,
             book,
         };
         // Stream-ordered allocations and fills are valid on other streams only once the

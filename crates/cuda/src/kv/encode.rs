@@ -2,6 +2,7 @@
 //! the kernel a scheme and input take, and the one-lane kernels' Hadamard sign words.
 
 use super::SOURCE_ENCODE;
+use crate::env;
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use deltakv_contract::kv::{KvScheme, Quantizer};
@@ -134,13 +135,20 @@ impl LaneSigns {
 /// rotation at d = 64 or 128, and both streams' nearest levels on their grids (bit widths up
 /// to 4). The eight-lane kernels take the rest, and every scheme when
 /// `DELTAKV_KV_ENCODE=lanes8` is set (for comparisons).
-pub(super) fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<LaneSigns> {
-    let signs = k.rotation.hadamard_signs()?;
+pub(super) fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Result<Option<LaneSigns>> {
+    let lanes8 = env::choice(
+        "DELTAKV_KV_ENCODE",
+        &[("auto", false), ("lanes8", true)],
+        false,
+    )?;
+    let Some(signs) = k.rotation.hadamard_signs() else {
+        return Ok(None);
+    };
     let serves = matches!(signs.len(), 64 | 128)
         && super::grid_enabled(k)
         && super::grid_enabled(v)
-        && std::env::var("DELTAKV_KV_ENCODE").as_deref() != Ok("lanes8");
-    serves.then(|| {
+        && !lanes8;
+    Ok(serves.then(|| {
         let mut elements = [0; LANE_SIGNS];
         for (bit, &sign) in elements.iter_mut().zip(signs) {
             *bit = sign.to_bits() & 0x8000_0000;
@@ -150,7 +158,7 @@ pub(super) fn lane_encode_signs(k: &Quantizer, v: &Quantizer) -> Option<LaneSign
             *word = (pair[0] >> 16) | pair[1];
         }
         LaneSigns { elements, pairs }
-    })
+    }))
 }
 
 /// The launch (or two) that encodes a chunk of `vectors` vectors per stream of scheme `s` from
@@ -280,7 +288,7 @@ mod tests {
             (96, 4, 2, false),
         ] {
             let (k, v) = quantizers(dim, bits_k, bits_v);
-            let signs = lane_encode_signs(&k, &v);
+            let signs = lane_encode_signs(&k, &v).unwrap();
             assert_eq!(signs.is_some(), serves, "d {dim}, {bits_k}/{bits_v} bits");
             if let Some(signs) = signs {
                 let bits = signs.words(DType::F32);

@@ -4,8 +4,9 @@
 //! variables that pick among them for experiments.
 
 use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TILE};
+use crate::env;
 use cudarc::driver::DeviceRepr;
-use deltakv_contract::{Error, Result};
+use deltakv_contract::Result;
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
 #[repr(C)]
@@ -120,16 +121,12 @@ pub(super) fn prepare_groups(ratio: usize, limit: usize) -> (usize, usize) {
 /// `MAX_PREPARE_GROUP` (for experiments: fewer heads per block make more, shorter blocks);
 /// unset: `MAX_PREPARE_GROUP`.
 pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
-    let Ok(text) = std::env::var("DELTAKV_PREFILL_PREPARE_GROUP") else {
-        return Ok(MAX_PREPARE_GROUP);
-    };
-    match text.parse::<usize>() {
-        Ok(limit) if (1..=MAX_PREPARE_GROUP).contains(&limit) => Ok(limit),
-        _ => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_PREPARE_GROUP={text}: expected 1 to {MAX_PREPARE_GROUP} value heads \
-             per prepare block"
-        ))),
-    }
+    let limit = env::number(
+        "DELTAKV_PREFILL_PREPARE_GROUP",
+        |limit| (1..=MAX_PREPARE_GROUP).contains(limit),
+        &format!("1 to {MAX_PREPARE_GROUP} value heads per prepare block"),
+    )?;
+    Ok(limit.unwrap_or(MAX_PREPARE_GROUP))
 }
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
@@ -170,17 +167,27 @@ pub(super) enum StatePass {
 
 /// The register walks where they exist (K = 128 on sm_90a), else the overlapped pass
 /// (K <= 128), else the lockstep pass;
-/// `DELTAKV_PREFILL_STATE=overlap` or `lockstep` asks for one of the others (every pass stores
-/// checkpoints from its registers).
-pub(super) fn state_pass_kind(kp: usize, arch: &str) -> StatePass {
+/// `DELTAKV_PREFILL_STATE=overlap` (where K <= 128) or `lockstep` asks for one of the others
+/// (every pass stores checkpoints from its registers), `auto` or `registers` for the default.
+pub(super) fn state_pass_kind(kp: usize, arch: &str) -> Result<StatePass> {
+    let asked = env::choice(
+        "DELTAKV_PREFILL_STATE",
+        &[
+            ("auto", None),
+            ("registers", None),
+            ("overlap", Some(StatePass::Overlap)),
+            ("lockstep", Some(StatePass::Lockstep)),
+        ],
+        None,
+    )?;
     let registers = kp == 128 && arch == "sm_90a";
-    match std::env::var("DELTAKV_PREFILL_STATE").as_deref() {
-        Ok("lockstep") => StatePass::Lockstep,
-        Ok("overlap") if kp <= 128 => StatePass::Overlap,
+    Ok(match asked {
+        Some(StatePass::Lockstep) => StatePass::Lockstep,
+        Some(StatePass::Overlap) if kp <= 128 => StatePass::Overlap,
         _ if registers => StatePass::Registers,
         _ if kp <= 128 => StatePass::Overlap,
         _ => StatePass::Lockstep,
-    }
+    })
 }
 
 /// Shared memory of the register outputs walk with `stages` stages (mirrors `RegsStage<KP,
@@ -204,15 +211,15 @@ pub(super) enum OutputStages {
 }
 
 pub(super) fn output_stages_from_env() -> Result<OutputStages> {
-    match std::env::var("DELTAKV_PREFILL_OUTPUT_STAGES") {
-        Err(_) => Ok(OutputStages::Auto),
-        Ok(text) if text == "auto" => Ok(OutputStages::Auto),
-        Ok(text) if text == "1" => Ok(OutputStages::One),
-        Ok(text) if text == "2" => Ok(OutputStages::Two),
-        Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_OUTPUT_STAGES={text}: expected `auto`, `1` or `2`"
-        ))),
-    }
+    env::choice(
+        "DELTAKV_PREFILL_OUTPUT_STAGES",
+        &[
+            ("auto", OutputStages::Auto),
+            ("1", OutputStages::One),
+            ("2", OutputStages::Two),
+        ],
+        OutputStages::Auto,
+    )
 }
 
 /// The register outputs walk with one stage where `stages` asks for it: `blocks` outputs-walk
@@ -259,27 +266,22 @@ pub(super) fn gates_bytes() -> usize {
 /// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: sequences of at most that many chunks are not relayed
 /// (both for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
 pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
-    let share = match std::env::var("DELTAKV_PREFILL_RELAY") {
-        Err(_) => RELAY_LEAD_SHARE,
-        Ok(text) if text == "off" => return Ok(None),
-        Ok(text) => match text.parse::<f64>() {
-            Ok(share) if share > 0.0 && share < 1.0 => share,
-            _ => {
-                return Err(Error::InvalidValue(format!(
-                    "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 \
-                     and 1"
-                )));
-            }
-        },
-    };
-    let min_chunks = match std::env::var("DELTAKV_PREFILL_RELAY_MIN_CHUNKS") {
-        Err(_) => RELAY_MIN_CHUNKS,
-        Ok(text) => text.parse::<usize>().map_err(|_| {
-            Error::InvalidValue(format!(
-                "DELTAKV_PREFILL_RELAY_MIN_CHUNKS={text}: expected a number of chunks"
-            ))
-        })?,
-    };
+    let relay = "DELTAKV_PREFILL_RELAY";
+    if std::env::var(relay).is_ok_and(|text| text == "off") {
+        return Ok(None);
+    }
+    let share = env::number(
+        relay,
+        |&share: &f64| share > 0.0 && share < 1.0,
+        "`off` or a share strictly between 0 and 1",
+    )?
+    .unwrap_or(RELAY_LEAD_SHARE);
+    let min_chunks = env::number(
+        "DELTAKV_PREFILL_RELAY_MIN_CHUNKS",
+        |_: &usize| true,
+        "a number of chunks",
+    )?
+    .unwrap_or(RELAY_MIN_CHUNKS);
     Ok(Some(RelayRule {
         min_chunks,
         ..RelayRule::share(share)
@@ -307,12 +309,12 @@ fn lead_name(kp: usize) -> &'static str {
 }
 
 /// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
-pub(super) fn segment_chunks_from_env() -> Option<usize> {
-    std::env::var("DELTAKV_PREFILL_SEGMENT_CHUNKS")
-        .ok()?
-        .parse()
-        .ok()
-        .filter(|&n: &usize| n > 0)
+pub(super) fn segment_chunks_from_env() -> Result<Option<usize>> {
+    env::number(
+        "DELTAKV_PREFILL_SEGMENT_CHUNKS",
+        |&chunks: &usize| chunks > 0,
+        "a positive number of chunks",
+    )
 }
 
 fn prepare_name(kp: usize, vp: usize) -> &'static str {
@@ -346,14 +348,11 @@ fn prepare_regs_name(vp: usize, pair: bool) -> &'static str {
 /// the previous head's inverse even where a block has at most two heads (the pair form's
 /// timing against it in one binary); unset or `on`: the pair form there.
 pub(super) fn prepare_pair_from_env() -> Result<bool> {
-    match std::env::var("DELTAKV_PREFILL_PREPARE_PAIR") {
-        Err(_) => Ok(true),
-        Ok(text) if text == "on" => Ok(true),
-        Ok(text) if text == "off" => Ok(false),
-        Ok(text) => Err(Error::InvalidValue(format!(
-            "DELTAKV_PREFILL_PREPARE_PAIR={text}: expected `on` or `off`"
-        ))),
-    }
+    env::choice(
+        "DELTAKV_PREFILL_PREPARE_PAIR",
+        &[("on", true), ("off", false)],
+        true,
+    )
 }
 
 /// A prepare kernel: its name and shared memory per block.

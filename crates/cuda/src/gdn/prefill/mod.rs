@@ -187,7 +187,7 @@ impl PrefillLaunch {
             ));
         }
         let tiles_v = vp / TILE;
-        let split = match (split, segment_chunks_from_env()) {
+        let split = match (split, segment_chunks_from_env()?) {
             (Split::Auto, Some(chunks)) => Split::Scan(chunks),
             (split, _) => split,
         };
@@ -233,7 +233,7 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = state_pass_kind(kp, cuda.arch());
+        let pass = state_pass_kind(kp, cuda.arch())?;
         let registers_pass = pass == StatePass::Registers;
         // The register walks read k from its core-matrix copy (`k_cm`, below) instead.
         let k_chunks = (!registers_pass).then(key_chunks).transpose()?;

@@ -291,6 +291,7 @@ impl Launch {
 
     /// Queues `repeat` dispatches in one submission (without waiting).
     fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -303,6 +304,6 @@ impl Launch {
             }
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("running a cooperative-matrix kernel")
+        scope.finish("running a cooperative-matrix kernel")
     }
 }

@@ -39,6 +39,7 @@ pub mod coop;
 pub mod gdn;
 pub mod kv;
 pub mod runtime;
+mod scope;
 pub mod tensor;
 pub mod timing;
 pub mod unroll;

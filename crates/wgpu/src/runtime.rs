@@ -5,10 +5,12 @@
 //! before a software rasteriser), or the first whose name contains `DELTAKV_WGPU_ADAPTER`
 //! (case-insensitive; `lavapipe` and `llvmpipe` both pick Mesa's software Vulkan). Opening it
 //! never panics: a machine without a Vulkan or Metal driver gets a one-line
-//! `DeviceUnavailable` error ("no wgpu adapter: ..."). wgpu reports validation errors and lost
-//! devices through callbacks; both are collected here and returned as `Err` by the call that
-//! caused them.
+//! `DeviceUnavailable` error ("no wgpu adapter: ..."). The wgpu calls of each operation run in
+//! error scopes of the calling thread, so a validation or out-of-memory error comes back as
+//! `Err` from the call that caused it, on its thread; a lost device is reported by every call
+//! from then on.
 
+use crate::scope::ErrorScope;
 use deltakv_contract::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,7 +46,12 @@ pub struct Wgpu {
     coop16: bool,
     /// Why the device has no cooperative matrices when they were asked for.
     coop_note: Option<String>,
-    errors: Arc<Mutex<Vec<String>>>,
+    /// Errors wgpu raised outside any error scope (wgpu calls a caller made through
+    /// [`Wgpu::device`] or [`Wgpu::queue`] without one), in order, until [`Wgpu::check`].
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Why the device was lost, once it is: a lost device stays lost, so every later check
+    /// and error scope reports it.
+    lost: Arc<OnceLock<String>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     /// Distinct 16-byte storage buffers that no shader reads ([`Wgpu::placeholder`]).
     placeholders: [wgpu::Buffer; PLACEHOLDERS],
@@ -202,14 +209,16 @@ impl Wgpu {
                 info.name
             ))
         })?;
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let sink = errors.clone();
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             lock(&sink).push(e.to_string());
         }));
-        let sink = errors.clone();
+        let lost = Arc::new(OnceLock::new());
+        let sink = lost.clone();
         device.set_device_lost_callback(move |reason, message| {
-            lock(&sink).push(format!("device lost ({reason:?}): {message}"));
+            // The first report stands: it says why.
+            let _ = sink.set(format!("device lost ({reason:?}): {message}"));
         });
         let placeholders = std::array::from_fn(|_| {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -226,7 +235,8 @@ impl Wgpu {
             subgroups,
             coop16,
             coop_note,
-            errors,
+            uncaptured,
+            lost,
             pipelines: Mutex::new(HashMap::new()),
             placeholders,
             scratch: Mutex::new(None),
@@ -307,13 +317,14 @@ impl Wgpu {
             ));
         }
         // wgpu zero-fills new buffers.
+        let scope = self.error_scope();
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage,
             mapped_at_creation: false,
         });
-        self.check(&format!("allocating {bytes} bytes on the device"))?;
+        scope.finish(&format!("allocating {bytes} bytes on the device"))?;
         Ok(buffer)
     }
 
@@ -329,6 +340,7 @@ impl Wgpu {
         let buffer =
             self.zeroed_buffer(label, contents.len(), usage | wgpu::BufferUsages::COPY_DST)?;
         // write_buffer takes whole words; the tail past `contents` stays zero.
+        let scope = self.error_scope();
         let whole = contents.len() / 4 * 4;
         if whole > 0 {
             self.queue.write_buffer(&buffer, 0, &contents[..whole]);
@@ -338,7 +350,7 @@ impl Wgpu {
             tail[..contents.len() - whole].copy_from_slice(&contents[whole..]);
             self.queue.write_buffer(&buffer, whole as u64, &tail);
         }
-        self.check(&format!("writing {label}"))?;
+        scope.finish(&format!("writing {label}"))?;
         Ok(buffer)
     }
 
@@ -364,13 +376,14 @@ impl Wgpu {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(SCRATCH_CACHE_DEFAULT_MIB);
+        let scope = self.error_scope();
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("deltakv scratch"),
             size: bytes.max(16),
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        self.check(&format!("allocating {bytes} bytes of scratch"))?;
+        scope.finish(&format!("allocating {bytes} bytes of scratch"))?;
         // A smaller kept buffer is released here (and freed once the launches holding it are).
         *kept = (bytes <= cap_mib << 20).then(|| buffer.clone());
         Ok(buffer)
@@ -401,34 +414,48 @@ impl Wgpu {
                 resource: buffer.as_entire_binding(),
             })
             .collect();
+        let scope = self.error_scope();
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &bound,
         });
-        self.check(&format!("binding {label}'s buffers"))?;
+        scope.finish(&format!("binding {label}'s buffers"))?;
         Ok(group)
     }
 
-    /// `Err` with the first error wgpu reported since the last check (validation, out of
-    /// memory, a lost device), naming `what` was being done.
-    pub fn check(&self, what: &str) -> Result<()> {
-        let mut errors = lock(&self.errors);
-        if errors.is_empty() {
-            return Ok(());
-        }
-        let first = errors.remove(0);
-        errors.clear();
-        // wgpu's messages span lines (an error, then its causes): one line for the user.
-        let message: Vec<&str> = first
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        Err(backend_error(what, message.join(": ")))
+    /// The error scopes of one operation's wgpu calls on this thread; its
+    /// [`ErrorScope::finish`] returns what they raised (see [`crate::scope`]).
+    pub(crate) fn error_scope(&self) -> ErrorScope<'_> {
+        ErrorScope::new(self)
     }
 
-    /// Waits until the queue is idle; a lost device or a validation error shows up here.
+    /// Why the device was lost, if it was.
+    pub(crate) fn lost(&self) -> Option<&str> {
+        self.lost.get().map(String::as_str)
+    }
+
+    /// `Err` naming `what` was being done when the device is lost, else with the first error
+    /// wgpu raised outside any error scope since the last check (validation, out of memory),
+    /// clearing them. deltakv's own operations report their errors themselves, each to its
+    /// caller; what is left here comes from wgpu calls made directly on [`Wgpu::device`] or
+    /// [`Wgpu::queue`] outside a scope, which have no owner: whichever thread checks next sees
+    /// them (wgpu's `Device::push_error_scope` keeps such calls' errors on their own thread).
+    pub fn check(&self, what: &str) -> Result<()> {
+        if let Some(lost) = self.lost() {
+            return Err(one_line_error(what, lost));
+        }
+        let mut uncaptured = lock(&self.uncaptured);
+        if uncaptured.is_empty() {
+            return Ok(());
+        }
+        let first = uncaptured.remove(0);
+        uncaptured.clear();
+        Err(one_line_error(what, &first))
+    }
+
+    /// Waits until the queue is idle; a lost device, or an error raised outside any error
+    /// scope ([`Wgpu::check`]), shows up here.
     pub fn synchronize(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -475,11 +502,11 @@ impl Wgpu {
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());
         }
-        self.check("before building a pipeline")?;
         let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(source.name),
             source: wgpu::ShaderSource::Wgsl(source.text.into()),
         };
+        let scope = self.error_scope();
         let module = if loop_bounding {
             self.device.create_shader_module(descriptor)
         } else {
@@ -489,8 +516,9 @@ impl Wgpu {
             // the shader ends; every other check stays on.
             unsafe { self.device.create_shader_module_trusted(descriptor, checks) }
         };
-        self.check(&format!("compiling shader `{}`", source.name))?;
+        scope.finish(&format!("compiling shader `{}`", source.name))?;
         let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+        let scope = self.error_scope();
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -504,7 +532,7 @@ impl Wgpu {
                 },
                 cache: None,
             });
-        self.check(&format!("building pipeline `{}`", source.name))?;
+        scope.finish(&format!("building pipeline `{}`", source.name))?;
         lock(&self.pipelines).insert(key, pipeline.clone());
         Ok(pipeline)
     }
@@ -534,6 +562,17 @@ fn pick_named(instance: &wgpu::Instance, name: &str) -> Result<wgpu::Adapter> {
                 }
             ))
         })
+}
+
+/// [`backend_error`] with wgpu's `message` folded onto one line: its messages span lines (an
+/// error, then "Caused by:" and its causes), joined here by ": ".
+pub(crate) fn one_line_error(what: &str, message: &str) -> Error {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(|l| l.trim().trim_end_matches(':'))
+        .filter(|l| !l.is_empty())
+        .collect();
+    backend_error(what, lines.join(": "))
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -94,6 +94,7 @@ impl WgpuTensor {
             .flat_map(|w| w.to_le_bytes())
             .collect();
         let uniform = wgpu.buffer_with("fill params", &params, wgpu::BufferUsages::UNIFORM)?;
+        let scope = wgpu.error_scope();
         let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("fill"),
             layout: &pipeline.get_bind_group_layout(0),
@@ -118,25 +119,27 @@ impl WgpuTensor {
             pass.dispatch_workgroups(row as u32, rows as u32, 1);
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("filling a device buffer")
+        scope.finish("filling a device buffer")
     }
 
     /// A copy in a new buffer, made on the device (no host round trip).
     pub fn copy(&self, wgpu: &Wgpu) -> Result<Self> {
         let copy = Self::zeros(wgpu, self.shape.clone(), self.dtype)?;
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         // The tensor's own bytes: a buffer given by the caller may be larger than the copy's.
         encoder.copy_buffer_to_buffer(&self.buffer, 0, &copy.buffer, 0, copy.buffer.size());
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("copying a tensor on the device")?;
+        scope.finish("copying a tensor on the device")?;
         Ok(copy)
     }
 
     /// Copies the tensor back to the host (waits for the device).
     pub fn download(&self, wgpu: &Wgpu) -> Result<HostTensor> {
         let size = self.buffer.size();
+        let scope = wgpu.error_scope();
         let staging = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some("deltakv download"),
             size,
@@ -153,6 +156,7 @@ impl WgpuTensor {
         slice.map_async(wgpu::MapMode::Read, move |result| {
             let _ = sender.send(result);
         });
+        scope.finish("copying a tensor from the device")?;
         wgpu.synchronize()?;
         receiver
             .recv()
@@ -162,7 +166,9 @@ impl WgpuTensor {
             .get_mapped_range()
             .map_err(|e| backend_error("reading a downloaded tensor", e))?[..self.byte_len()]
             .to_vec();
+        let scope = wgpu.error_scope();
         staging.unmap();
+        scope.finish("reading a downloaded tensor")?;
         HostTensor::from_le_bytes(self.shape.clone(), self.dtype, &bytes)
     }
 

@@ -92,10 +92,12 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
             mapped_at_creation: false,
         })
     };
+    let scope = wgpu.error_scope();
     let (src, dst) = (make(), make());
-    wgpu.check("allocating the copy-rate buffers")?;
+    scope.finish("allocating the copy-rate buffers")?;
     let rate = |us: f64| 2.0 * size as f64 / (us * 1e-6) / 1e12;
     let buffer_us = median_dispatch_us(wgpu, 20, 9, |n| {
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -103,7 +105,7 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
             encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("copying buffers")
+        scope.finish("copying buffers")
     })?;
 
     let words = size / 16;
@@ -116,6 +118,7 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
         .flat_map(|w| w.to_le_bytes())
         .collect();
     let uniform = wgpu.buffer_with("copy params", &params, wgpu::BufferUsages::UNIFORM)?;
+    let scope = wgpu.error_scope();
     let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("copy"),
         layout: &pipeline.get_bind_group_layout(0),
@@ -134,8 +137,9 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
             },
         ],
     });
-    wgpu.check("binding the copy shader")?;
+    scope.finish("binding the copy shader")?;
     let shader_us = median_dispatch_us(wgpu, 20, 9, |n| {
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -148,7 +152,7 @@ pub fn copy_rates(wgpu: &Wgpu, bytes: u64) -> Result<CopyRates> {
             }
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("running the copy shader")
+        scope.finish("running the copy shader")
     })?;
     Ok(CopyRates {
         shader: rate(shader_us),

@@ -350,14 +350,15 @@ impl ChunkLaunch {
                 && floats <= u32::MAX as usize
                 && table.units <= max_dim
             {
+                let scope = wgpu.error_scope();
                 let buffer = wgpu.device().create_buffer(&wgpu::BufferDescriptor {
                     label: Some("gdn_chunk walk states"),
                     size: bytes,
                     usage: wgpu::BufferUsages::STORAGE,
                     mapped_at_creation: false,
                 });
-                walk_states = wgpu
-                    .check(&format!("allocating {bytes} bytes of segment states"))
+                walk_states = scope
+                    .finish(&format!("allocating {bytes} bytes of segment states"))
                     .ok()
                     .map(|()| buffer);
             }
@@ -610,6 +611,7 @@ impl ChunkLaunch {
     /// Submits `repeat` rounds of `passes` back to back in one command buffer (without
     /// waiting).
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize, passes: ChunkPasses) -> Result<()> {
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -620,6 +622,6 @@ impl ChunkLaunch {
             }
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("running the chunked prefill")
+        scope.finish("running the chunked prefill")
     }
 }

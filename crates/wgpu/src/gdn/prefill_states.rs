@@ -83,6 +83,7 @@ fn copy_states(
     state_bytes: u64,
     what: &str,
 ) -> Result<()> {
+    let scope = wgpu.error_scope();
     let mut encoder = wgpu
         .device()
         .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -96,7 +97,7 @@ fn copy_states(
         );
     }
     wgpu.queue().submit([encoder.finish()]);
-    wgpu.check(what)
+    scope.finish(what)
 }
 
 /// GDN prefill of host inputs whose initial states are read from, and final states written to,

@@ -397,6 +397,7 @@ impl RecurrentLaunch {
 
     /// Submits `repeat` back-to-back dispatches in one command buffer (without waiting).
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
+        let scope = wgpu.error_scope();
         let mut encoder = wgpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -405,6 +406,6 @@ impl RecurrentLaunch {
             self.encode_repeated(&mut pass, repeat);
         }
         wgpu.queue().submit([encoder.finish()]);
-        wgpu.check("running gdn_recurrent")
+        scope.finish("running gdn_recurrent")
     }
 }

@@ -136,15 +136,15 @@ impl WgpuPagedKvCache {
     pub fn set_block_table(&mut self, wgpu: &Wgpu, table: &[i32]) -> Result<()> {
         if table != self.block_table() {
             self.book.set_block_table(table)?;
-            write_i32(wgpu, &self.table, self.block_table());
+            write_i32(wgpu, &self.table, self.block_table())?;
         }
         Ok(())
     }
 
     /// The book's lengths to the device.
-    fn write_lens(&self, wgpu: &Wgpu) {
+    fn write_lens(&self, wgpu: &Wgpu) -> Result<()> {
         let values: Vec<i32> = self.lens().iter().map(|&n| n as i32).collect();
-        write_i32(wgpu, &self.lens, &values);
+        write_i32(wgpu, &self.lens, &values)
     }
 
     /// Appends `new_lens[b]` tokens of `k, v [B, Tn, Hkv, d]` (f32, f16 or bf16, on the
@@ -158,7 +158,7 @@ impl WgpuPagedKvCache {
         new_lens: &[usize],
     ) -> Result<()> {
         let before = self.book.state();
-        write_i32(wgpu, &self.flags, &[0]);
+        write_i32(wgpu, &self.flags, &[0])?;
         let encoded = self
             .prepare_encode(wgpu, k, v, new_lens)
             .and_then(|prepared| {
@@ -173,8 +173,7 @@ impl WgpuPagedKvCache {
             Ok(None) => return Ok(()),
             Ok(Some((growth, 0))) => {
                 self.book.keep_lens(growth);
-                self.write_lens(wgpu);
-                return Ok(());
+                return self.write_lens(wgpu);
             }
             Ok(Some((_, flags))) => append_refusal(flags, self.layout().scheme.norm_dtype),
             Err(e) => e,
@@ -202,8 +201,7 @@ impl WgpuPagedKvCache {
         match queued {
             Ok(Some(growth)) => {
                 self.book.keep_lens(growth);
-                self.write_lens(wgpu);
-                Ok(())
+                self.write_lens(wgpu)
             }
             Ok(None) => Ok(()),
             Err(e) => {
@@ -217,7 +215,9 @@ impl WgpuPagedKvCache {
     /// and in the device's block table.
     fn give_back(&mut self, wgpu: &Wgpu, before: BookState) {
         self.book.restore(before);
-        write_i32(wgpu, &self.table, self.block_table());
+        // The caller returns the error that made it give the pages back; a failure to write
+        // the table on top of that would say less.
+        let _ = write_i32(wgpu, &self.table, self.block_table());
     }
 
     /// Checks a chunk, assigns the pages it lands in (the block table on the device is
@@ -256,10 +256,10 @@ impl WgpuPagedKvCache {
         u32_of("k's elements", k.shape().iter().product())?;
         if growth.table() != self.block_table() {
             self.book.keep_table(&growth);
-            write_i32(wgpu, &self.table, self.block_table());
+            write_i32(wgpu, &self.table, self.block_table())?;
         }
         let counts: Vec<i32> = new_lens.iter().map(|&n| n as i32).collect();
-        write_i32(wgpu, &self.new_lens, &counts);
+        write_i32(wgpu, &self.new_lens, &counts)?;
         let l = *self.layout();
         let vectors = u32_of("B x Tn x Hkv", batch * tokens * s.kv_heads)?;
         let max_groups = wgpu.device().limits().max_compute_workgroups_per_dimension;

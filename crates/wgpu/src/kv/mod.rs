@@ -104,9 +104,11 @@ pub(crate) fn uniform_bytes(words: &[u32]) -> Vec<u8> {
 }
 
 /// Writes `values` into an i32 tensor's buffer (queued before the next submission).
-pub(crate) fn write_i32(wgpu: &crate::Wgpu, t: &crate::WgpuTensor, values: &[i32]) {
+pub(crate) fn write_i32(wgpu: &crate::Wgpu, t: &crate::WgpuTensor, values: &[i32]) -> Result<()> {
     let bytes: Vec<u8> = values.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let scope = wgpu.error_scope();
     wgpu.queue().write_buffer(t.buffer(), 0, &bytes);
+    scope.finish("writing the KV cache's tables")
 }
 
 /// A prepared dispatch: pipeline, bindings and grid.
@@ -151,6 +153,7 @@ pub(crate) fn submit(
     repeat: usize,
     what: &str,
 ) -> Result<()> {
+    let scope = wgpu.error_scope();
     let mut encoder = wgpu
         .device()
         .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -163,5 +166,5 @@ pub(crate) fn submit(
         }
     }
     wgpu.queue().submit([encoder.finish()]);
-    wgpu.check(what)
+    scope.finish(what)
 }

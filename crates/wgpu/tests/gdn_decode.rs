@@ -329,3 +329,100 @@ fn a_tensor_beyond_one_storage_binding_is_refused_by_name() {
     );
     println!("binding limit: {message}");
 }
+
+/// A prepared launch submitted after its slot indices were rewritten on the device (the host
+/// check cannot see that): an index past the pool touches no slot (wgpu's clamped indexing
+/// would have written the last one) and leaves NaN in its row's o, a negative one zeros; every
+/// other row and the whole pool are what a call with that row skipped gives, bit for bit. Both
+/// tiles, one token and three.
+#[test]
+fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
+    let Some(wgpu) = common::device("replayed slot indices") else {
+        return;
+    };
+    let batch = 5;
+    for tile in DecodeTile::COMPARED {
+        for tokens in [1, 3] {
+            let spec = DecodeSpec::new(batch, tokens, 2, 4, 32, 64);
+            let case = DecodeCase::random(&spec, 9700 + tokens as u64).unwrap();
+            let opts = DecodeOptions::default();
+            let mut dev = DeviceCase::upload(wgpu, &case).unwrap();
+            let slot_count = dev.pool.shape()[0] as i32;
+            let mut o =
+                WgpuTensor::poisoned(wgpu, vec![batch, tokens, 4, 64], case.v.dtype()).unwrap();
+            let inputs = dev.inputs.get().unwrap();
+            let launch = prepare_decode_launch_tiled(
+                wgpu,
+                &inputs,
+                &mut dev.pool,
+                &opts.gdn,
+                &mut o,
+                None,
+                tile,
+            )
+            .unwrap();
+            let mut slots: Vec<i32> = case
+                .slot_indices
+                .to_i64_vec("slot_indices")
+                .unwrap()
+                .iter()
+                .map(|&s| s as i32)
+                .collect();
+            slots[1] = -1;
+            slots[2] = slot_count + 3;
+            let bytes: Vec<u8> = slots.iter().flat_map(|s| s.to_le_bytes()).collect();
+            wgpu.queue()
+                .write_buffer(dev.inputs.slots.buffer(), 0, &bytes);
+            launch.submit(wgpu, 1).unwrap();
+            let got_o = o.download(wgpu).unwrap().to_f32_vec("o").unwrap();
+            let got_pool = dev.pool.download(wgpu).unwrap();
+            let mut skipped = case.clone();
+            slots[2] = -1;
+            skipped.slot_indices = HostTensor::from_i32(vec![batch], slots.clone()).unwrap();
+            // The same tile, so that the rows compare bit for bit.
+            let mut reference = DeviceCase::upload(wgpu, &skipped).unwrap();
+            let mut want_o =
+                WgpuTensor::poisoned(wgpu, vec![batch, tokens, 4, 64], case.v.dtype()).unwrap();
+            let reference_inputs = reference.inputs.get().unwrap();
+            prepare_decode_launch_tiled(
+                wgpu,
+                &reference_inputs,
+                &mut reference.pool,
+                &opts.gdn,
+                &mut want_o,
+                None,
+                tile,
+            )
+            .unwrap()
+            .submit(wgpu, 1)
+            .unwrap();
+            let want_o = want_o.download(wgpu).unwrap().to_f32_vec("o").unwrap();
+            let row = tokens * 4 * 64;
+            let name = tile.label();
+            for (b, (got, want)) in got_o.chunks(row).zip(want_o.chunks(row)).enumerate() {
+                if b == 2 {
+                    assert!(
+                        got.iter().all(|x| x.is_nan()),
+                        "{name} T={tokens}: the row past the pool holds a non-NaN output"
+                    );
+                } else {
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{name} T={tokens}: row {b} differs from the checked call"
+                    );
+                }
+            }
+            assert!(got_o[row..2 * row].iter().all(|&x| x == 0.0));
+            assert_eq!(
+                got_pool,
+                reference.pool.download(wgpu).unwrap(),
+                "{name} T={tokens}: the pool differs from the checked call's"
+            );
+        }
+    }
+    println!("replayed slot indices: rows past the pool NaN, pools untouched by them");
+}

@@ -31,7 +31,10 @@
 // The launcher writes the loops over a thread's rows out row by row (constant indices into
 // `s`), so the state stays in registers whatever the driver's compiler does with loops.
 //
-// A negative slot writes zeros to o and the intermediate states and touches no slot.
+// A negative slot writes zeros to o and the intermediate states and touches no slot. A slot at
+// or past the pool's slot count (possible only when a prepared launch is replayed over indices
+// rewritten on the device: every call checks them on the host) touches no slot either and
+// writes NaN, so the row's fault shows in its output instead of in another slot.
 
 // The slot of row `row` (i32 or i64 slot indices); negative skips the row.
 fn slot_of(row: u32) -> i32 {
@@ -84,18 +87,21 @@ fn gdn_decode_bands(
     // Read by every invocation at one address; uniform for the barriers below.
     let slot = slot_of(row);
 
-    if slot < 0 {
+    if slot < 0 || u32(slot) >= p.states {
+        // Zeros for a skipped row, NaN past the pool (its bits from a run-time select, so that
+        // no constant NaN reaches the shader compiler).
+        let fill = bitcast<f32>(select(0x7fc00000u, 0u, slot < 0));
         for (var t = 0u; t < p.tokens; t++) {
             let token = row * p.tokens + t;
             if band == 0u && col_ok {
-                store_o4((token * heads + head) * vd + col, vec4<f32>(0.0));
+                store_o4((token * heads + head) * vd + col, vec4<f32>(fill));
             }
             if p.intermediate != 0u && col_ok {
                 for (var i = 0u; i < ROWS; i++) {
                     let r = first_row + i;
                     if r < kd {
                         intermediate[(((token * heads + head) * kd + r) * vd + col) >> 2u] =
-                            vec4<f32>(0.0);
+                            vec4<f32>(fill);
                     }
                 }
             }

@@ -30,7 +30,7 @@ struct Params {
     l2norm: u32,
     intermediate: u32,
     scale: f32,
-    pad0: u32,
+    states: u32,        // S, the states (slots) of `state`: a slot index at or past it is refused
     pad1: u32,
 }
 

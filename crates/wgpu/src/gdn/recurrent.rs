@@ -104,7 +104,8 @@ struct Params {
     l2norm: u32,
     intermediate: u32,
     scale: f32,
-    pad: [u32; 2],
+    states: u32,
+    pad: u32,
 }
 
 impl Params {
@@ -128,8 +129,8 @@ impl Params {
             self.l2norm,
             self.intermediate,
             self.scale.to_bits(),
-            self.pad[0],
-            self.pad[1],
+            self.states,
+            self.pad,
         ];
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
@@ -335,7 +336,14 @@ impl RecurrentLaunch {
             l2norm: u32::from(call.l2norm),
             intermediate: u32::from(call.intermediate.is_some()),
             scale: call.scale,
-            pad: [0; 2],
+            // The kernels refuse a slot index at or past the pool's slot count (a replayed
+            // launch over rewritten indices), where wgpu's clamped indexing would write the
+            // last slot; dense and varlen rows are their own states.
+            states: match call.row_source {
+                Rows::Slots(_) => u32::try_from(call.state.shape()[0]).unwrap_or(u32::MAX),
+                Rows::Dense | Rows::Offsets(_) => u32::MAX,
+            },
+            pad: 0,
         };
         let uniform = wgpu.buffer_with(
             "gdn_recurrent params",

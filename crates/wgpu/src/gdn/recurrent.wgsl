@@ -100,21 +100,23 @@ fn gdn_recurrent(
     let range = workgroupUniformLoad(&row_range);
     let slot = workgroupUniformLoad(&row_slot);
 
-    if slot < 0 {
-        // A skipped row: zero outputs, no state touched.
+    if slot < 0 || u32(slot) >= p.states {
+        // A skipped row: zero outputs (NaN for a slot past the pool: a replayed launch over
+        // indices rewritten on the device), no state touched.
+        let fill = select(0x7fc00000u, 0u, slot < 0);
         for (var t = 0u; t < range.y; t++) {
             let token = range.x + t;
             if rg == 0u && col_ok.x {
-                store_o((token * heads + head) * vd + col, vec2<f32>(0.0), col_ok.y);
+                store_o((token * heads + head) * vd + col, vec2<f32>(bitcast<f32>(fill)), col_ok.y);
             }
             if p.intermediate != 0u {
                 for (var i = 0u; i < ROWS; i++) {
                     let r = rg + ROW_GROUPS * i;
                     if r < kd && col_ok.x {
                         let at = ((token * heads + head) * kd + r) * vd + col;
-                        intermediate[at] = 0u;
+                        intermediate[at] = fill;
                         if col_ok.y {
-                            intermediate[at + 1u] = 0u;
+                            intermediate[at + 1u] = fill;
                         }
                     }
                 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 37, call 1 (H200): main 495983f's build as submitted for issue 11 (release binary
-# `--features cuda,wgpu`, stripped, and the test executables of `--features cuda`, under
-# .carry/s37): the CUDA prefill suite with its printed errors; `bench gdn --device cuda` beside
+# Session 37, call 1 (H200): main 495983f's build as submitted for issue 11 (the release binary
+# and test executables of `cargo test --release --features cuda --workspace --no-run`,
+# stripped, under .carry/s37): the CUDA prefill suite with its printed errors; `bench gdn --device cuda` beside
 # FLA 0.6 (tools/compare_fla_prefill.py: CUDA graphs on both sides) and its accuracy part (f64
 # recurrence; drift 4k -> 128k); memcheck and racecheck over the checkpoint tests (default
 # outputs walk and the one-stage walk); then the other CUDA suites while the call's time lasts.

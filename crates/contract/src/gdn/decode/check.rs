@@ -289,6 +289,52 @@ pub fn run_decode_check(
     Ok(errors)
 }
 
+/// What a replayed decode launch must have written after its slot indices were rewritten on
+/// the device, written once for every backend: row `past` (an index at or past the pool's slot
+/// count) all NaN, row `skipped` (a negative index) all zeros, and every other batch row of `o`
+/// bit for bit `reference`'s, the same kernel's output for the call with both rows skipped.
+/// (The pools are compared by the caller: the row past the pool must touch none.)
+pub fn check_refused_slot_rows(
+    o: &HostTensor,
+    reference: &HostTensor,
+    past: usize,
+    skipped: usize,
+) -> std::result::Result<(), String> {
+    let got = o.to_f32_vec("o").map_err(|e| e.to_string())?;
+    let want = reference
+        .to_f32_vec("reference o")
+        .map_err(|e| e.to_string())?;
+    let batch = o.shape().first().copied().unwrap_or(0);
+    if o.shape() != reference.shape() || batch <= past.max(skipped) {
+        return Err(format!(
+            "o {:?} and reference {:?} must match with more than {} rows",
+            o.shape(),
+            reference.shape(),
+            past.max(skipped)
+        ));
+    }
+    let row = got.len() / batch;
+    for (b, (got, want)) in got.chunks(row).zip(want.chunks(row)).enumerate() {
+        let fine = if b == past {
+            got.iter().all(|x| x.is_nan())
+        } else if b == skipped {
+            got.iter().all(|&x| x == 0.0)
+        } else {
+            got.iter()
+                .zip(want)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        if !fine {
+            return Err(match b {
+                _ if b == past => format!("row {b}, whose slot is past the pool, is not all NaN"),
+                _ if b == skipped => format!("row {b}, whose slot is negative, is not all zero"),
+                _ => format!("row {b} differs from the call with the refused rows skipped"),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +358,33 @@ mod tests {
         });
         assert!(touched.unwrap_err().contains("changed the pool"));
         assert!(check_refusals(&|case, _| (Err(every.into()), case.state_pool.clone())).is_ok());
+    }
+
+    #[test]
+    fn refused_slot_rows_must_be_nan_zero_and_otherwise_the_references() {
+        let reference: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 + 1.0).collect();
+        type Edit<'a> = &'a dyn Fn(&mut Vec<f32>);
+        let written = |edit: Edit| {
+            let mut o = reference.clone();
+            o[3..6].fill(0.0);
+            o[6..9].fill(f32::NAN);
+            edit(&mut o);
+            HostTensor::from_f32(vec![4, 1, 1, 3], o).unwrap()
+        };
+        let want = HostTensor::from_f32(vec![4, 1, 1, 3], reference.clone()).unwrap();
+        let check = |o: &HostTensor| check_refused_slot_rows(o, &want, 2, 1);
+        assert!(check(&written(&|_| {})).is_ok());
+        let cases: [(Edit, &str); 3] = [
+            (&|o| o[7] = 0.0, "past the pool"),
+            (&|o| o[4] = 1.0, "negative"),
+            (
+                &|o| o[10] = f32::from_bits(o[10].to_bits() + 1),
+                "row 3 differs",
+            ),
+        ];
+        for (edit, fragment) in cases {
+            let err = check(&written(edit)).unwrap_err();
+            assert!(err.contains(fragment), "{err}");
+        }
     }
 }

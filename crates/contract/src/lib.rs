@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod env;
 pub mod error;
 pub mod gdn;
 pub mod io;

@@ -33,7 +33,6 @@
 //! one for `sm_90a` without a GPU.
 
 pub mod compile;
-mod env;
 pub mod gdn;
 pub mod kv;
 pub mod runtime;

@@ -81,7 +81,7 @@ fn keep_pool_memory(context: &CudaContext, ordinal: usize) -> Result<()> {
     if pools == 0 {
         return Ok(());
     }
-    let keep = crate::env::number(
+    let keep = deltakv_contract::env::number(
         "DELTAKV_CUDA_POOL_KEEP_BYTES",
         |_: &u64| true,
         "a byte count",

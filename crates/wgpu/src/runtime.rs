@@ -11,7 +11,7 @@
 //! from then on.
 
 use crate::scope::ErrorScope;
-use deltakv_contract::{Error, Result};
+use deltakv_contract::{Error, Result, env};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const ADAPTER_ENV: &str = "DELTAKV_WGPU_ADAPTER";
 
 /// Set to `0`, the environment variable that keeps the shaders off subgroup operations (the
-/// workgroup-memory path, as on an adapter without them).
+/// workgroup-memory path, as on an adapter without them); `1` or unset: subgroups where the
+/// adapter has them. Other values are an error (as for every `DELTAKV_*` switch).
 pub const SUBGROUPS_ENV: &str = "DELTAKV_WGPU_SUBGROUPS";
 
 /// A size in MiB, the environment variable that caps the scratch buffer the runtime keeps
@@ -32,7 +33,7 @@ const SCRATCH_CACHE_DEFAULT_MIB: u64 = 2048;
 /// Set to `1`, the environment variable that opens the device with cooperative matrices (wgpu's
 /// experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`) where the adapter has the configuration the
 /// kernels of [`crate::coop`] use. Off by default: wgpu marks the feature experimental, and on
-/// the H100 the state pass built on it is slower than the f32 one.
+/// the H100 the state pass built on it is slower than the f32 one (`0` or unset).
 pub const COOP_ENV: &str = "DELTAKV_WGPU_COOP";
 
 /// The GPU (or software device) that deltakv's wgpu ops run on.
@@ -136,9 +137,10 @@ impl Wgpu {
         let info = adapter.get_info();
         // The largest buffers the adapter allows (a state pool of B = 256 Qwen3-Next rows is
         // 512 MiB), and subgroup operations where it has them.
+        let subgroups_allowed = env::choice(SUBGROUPS_ENV, &[("0", false), ("1", true)], true)?;
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
-            && std::env::var(SUBGROUPS_ENV).map_or(true, |v| v.trim() != "0");
+            && subgroups_allowed;
         let required_features = if subgroups {
             wgpu::Features::SUBGROUP
         } else {
@@ -149,7 +151,7 @@ impl Wgpu {
         let coop_features =
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
         // The kernels take subgroups of exactly 32 invocations.
-        let asked = std::env::var(COOP_ENV).is_ok_and(|v| v.trim() == "1");
+        let asked = env::choice(COOP_ENV, &[("0", false), ("1", true)], false)?;
         let coop_missing = if !adapter.features().contains(coop_features) {
             Some("the adapter has no cooperative matrices or f16 shaders".to_string())
         } else if !adapter
@@ -372,9 +374,7 @@ impl Wgpu {
         if let Some(buffer) = kept.as_ref().filter(|b| b.size() >= bytes) {
             return Ok(buffer.clone());
         }
-        let cap_mib = std::env::var(SCRATCH_CACHE_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        let cap_mib = env::number(SCRATCH_CACHE_ENV, |_: &u64| true, "a size in MiB")?
             .unwrap_or(SCRATCH_CACHE_DEFAULT_MIB);
         let scope = self.error_scope();
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {

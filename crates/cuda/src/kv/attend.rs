@@ -20,10 +20,10 @@
 use super::cache::CudaPagedKvCache;
 use super::{SOURCE_ATTEND, SOURCES_ATTEND_MMA};
 use crate::compile::KernelSource;
-use crate::env;
 use crate::runtime::{Cuda, driver_error};
 use crate::tensor::CudaTensor;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::env;
 use deltakv_contract::kv::NormDType;
 use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};

@@ -2,9 +2,9 @@
 //! the kernel a scheme and input take, and the one-lane kernels' Hadamard sign words.
 
 use super::SOURCE_ENCODE;
-use crate::env;
 use crate::runtime::{Cuda, driver_error};
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use deltakv_contract::env;
 use deltakv_contract::kv::{KvScheme, Quantizer};
 use deltakv_contract::{DType, Result};
 

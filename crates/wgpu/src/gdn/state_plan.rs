@@ -1,7 +1,7 @@
 //! How the chunked prefill's state pass is shaped ([`StatePlan`]): its column tile, row groups,
 //! kernels and segments, from the launcher's defaults or the environment variables below.
 
-use deltakv_contract::{Error, Result};
+use deltakv_contract::{Error, Result, env};
 use std::sync::OnceLock;
 
 /// Set to 16 or 32, the environment variable that fixes the state pass's column tile (see
@@ -97,28 +97,15 @@ impl StatePlan {
     /// [`SEGMENT_ENV`] give (unset or empty: the default), or an error naming a variable whose
     /// value is not one of its choices.
     pub fn from_env() -> Result<Self> {
-        let read = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
+        let number = |name: &str, choices: &[usize]| {
+            env::number(
+                name,
+                |n| choices.contains(n),
+                &format!("one of {choices:?}"),
+            )
         };
-        let number = |name: &str, choices: &[usize]| -> Result<Option<usize>> {
-            match read(name) {
-                None => Ok(None),
-                Some(v) => v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| choices.contains(n))
-                    .map(Some)
-                    .ok_or_else(|| {
-                        Error::InvalidValue(format!("{name}={v}: expected one of {choices:?}"))
-                    }),
-            }
-        };
-        let kernel = named_choice(
+        let kernel = env::choice(
             STATE_KERNEL_ENV,
-            read(STATE_KERNEL_ENV),
             &[
                 ("auto", StateKernel::Auto),
                 ("general", StateKernel::General),
@@ -126,24 +113,22 @@ impl StatePlan {
                 ("coop", StateKernel::Coop),
                 ("one-pass", StateKernel::OnePass),
             ],
+            StateKernel::Auto,
         )?;
-        let prepare = named_choice(
+        let prepare = env::choice(
             PREPARE_KERNEL_ENV,
-            read(PREPARE_KERNEL_ENV),
             &[
                 ("auto", PrepareKernel::Auto),
                 ("general", PrepareKernel::General),
                 ("staged", PrepareKernel::Staged),
             ],
+            PrepareKernel::Auto,
         )?;
-        let segment_chunks = match read(SEGMENT_ENV) {
-            None => None,
-            Some(v) => Some(v.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                Error::InvalidValue(format!(
-                    "{SEGMENT_ENV}={v}: expected a number of chunks, at least 1"
-                ))
-            })?),
-        };
+        let segment_chunks = env::number(
+            SEGMENT_ENV,
+            |&chunks: &usize| chunks >= 1,
+            "a number of chunks, at least 1",
+        )?;
         // The combination is checked where every plan is, at launch.
         Ok(StatePlan {
             tile: number(TILE_ENV, &[16, 32])?,
@@ -186,46 +171,5 @@ impl StatePlan {
             )));
         }
         Ok(())
-    }
-}
-
-/// The choice `value` names among `choices` (the first when unset), or an error naming the
-/// variable `name` and its choices.
-fn named_choice<T: Copy>(name: &str, value: Option<String>, choices: &[(&str, T)]) -> Result<T> {
-    let Some(value) = value else {
-        return Ok(choices[0].1);
-    };
-    choices
-        .iter()
-        .find(|(word, _)| *word == value)
-        .map(|&(_, choice)| choice)
-        .ok_or_else(|| {
-            let words: Vec<&str> = choices.iter().map(|(word, _)| *word).collect();
-            Error::InvalidValue(format!(
-                "{name}={value}: expected one of {}",
-                words.join(", ")
-            ))
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kernel_variable_names_one_of_its_choices() {
-        let choices = [
-            ("auto", PrepareKernel::Auto),
-            ("general", PrepareKernel::General),
-            ("staged", PrepareKernel::Staged),
-        ];
-        let pick = |value: Option<&str>| named_choice("VAR", value.map(String::from), &choices);
-        assert_eq!(pick(None).unwrap(), PrepareKernel::Auto);
-        assert_eq!(pick(Some("staged")).unwrap(), PrepareKernel::Staged);
-        let err = pick(Some("fast")).unwrap_err().to_string();
-        assert!(
-            err.contains("VAR=fast") && err.contains("auto, general, staged"),
-            "{err}"
-        );
     }
 }

@@ -4,9 +4,9 @@
 //! variables that pick among them for experiments.
 
 use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TILE};
-use crate::env;
 use cudarc::driver::DeviceRepr;
 use deltakv_contract::Result;
+use deltakv_contract::env;
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
 #[repr(C)]

@@ -8,7 +8,7 @@ set -u
 bin="$PWD/.carry/s37c/deltakv"
 device_header
 for t in .carry/s37c/tests/deltakv-cuda-gdn_decode .carry/s37c/tests/*; do
-    case " $ran " in *" $t "*) continue ;; esac
+    case " ${ran:-} " in *" $t "*) continue ;; esac
     ran="${ran:-} $t"
     [ "$SECONDS" -lt 330 ] || { echo "$(basename "$t") not run: the call's time"; continue; }
     run_suite "$bin" "$t"

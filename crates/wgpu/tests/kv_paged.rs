@@ -323,3 +323,53 @@ fn a_failed_append_changes_nothing() {
         .unwrap();
     assert_eq!(gpu.lens(), &[40]);
 }
+
+/// A prepared append submitted after another append moved the sequence past the pages the
+/// preparation assigned (its `# Safety`-style misuse): the tokens whose page is not in the
+/// table (an unassigned entry, or past the table's row) are refused by the shader, so the pool
+/// stays as it was, where the clamped and defaulted indexing wrote page 0 or the next row's
+/// pages. Both: a table with spare entries and a full one.
+#[test]
+fn a_prepared_append_submitted_after_the_table_moved_writes_no_page() {
+    let Some(wgpu) = common::device("a_prepared_append_after_the_table_moved") else {
+        return;
+    };
+    let (hkv, d, page) = (2, 64, 16);
+    let layout = PagedLayout::new(KvScheme::new(d, hkv, 4, 2), page).unwrap();
+    let up = |tn: usize, value: f32| {
+        let x: Vec<f32> = (0..2 * tn * hkv * d)
+            .map(|i| value + (i % 7) as f32 * 0.01)
+            .collect();
+        WgpuTensor::upload(wgpu, &HostTensor::from_f32(vec![2, tn, hkv, d], x).unwrap()).unwrap()
+    };
+    for max_pages in [4, 8] {
+        let mut gpu = WgpuPagedKvCache::new(wgpu, layout, 2, max_pages, 2 * max_pages).unwrap();
+        gpu.append(wgpu, &up(page, 0.5), &up(page, 0.25), &[page, page])
+            .unwrap();
+        let launch = gpu
+            .prepare_append(wgpu, &up(page, 2.0), &up(page, 3.0), &[page, 0])
+            .unwrap()
+            .expect("one sequence appends");
+        // Sequence 0 grows to four pages: the prepared tokens now fall on entry 4.
+        gpu.append(
+            wgpu,
+            &up(3 * page, 0.75),
+            &up(3 * page, 0.5),
+            &[3 * page, 0],
+        )
+        .unwrap();
+        let before = gpu.download_pool(wgpu).unwrap();
+        launch.submit(wgpu, 1).unwrap();
+        let after = gpu.download_pool(wgpu).unwrap();
+        assert!(
+            before == after,
+            "max_pages {max_pages}: a page changed ({} of {} words)",
+            before.iter().zip(&after).filter(|(a, b)| a != b).count(),
+            before.len()
+        );
+        // The cache goes on: a checked append still lands where it should.
+        gpu.append(wgpu, &up(1, 1.0), &up(1, 1.0), &[0, 1]).unwrap();
+        assert_eq!(gpu.lens(), &[4 * page, page + 1]);
+    }
+    println!("prepared append after the table moved: no page written");
+}

@@ -281,10 +281,15 @@ impl PagedCache for PagedBook {
 }
 
 /// The refusal of a device append whose encode raised `flags` (bit 0: an input held a
-/// non-finite value; any other bit: a norm beyond its `norm` storage); nothing was appended.
+/// non-finite value; bit 2, wgpu's: a token whose page is not in the pool; any other bit: a norm
+/// beyond its `norm` storage); nothing was appended.
 pub fn append_refusal(flags: i64, norm: NormDType) -> Error {
     Error::InvalidValue(if flags & 1 != 0 {
         "tensor `k` or `v` holds a non-finite value; nothing was appended".to_string()
+    } else if flags & 4 != 0 {
+        "a token's page is not in the pool (the block table moved after the encode was \
+         prepared); nothing was appended"
+            .to_string()
     } else if norm == NormDType::F16 {
         "a vector's norm is beyond the f16 norm storage (at most 65504); use f32 norms; nothing \
          was appended"

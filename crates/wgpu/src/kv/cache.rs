@@ -225,7 +225,8 @@ impl WgpuPagedKvCache {
     /// encodes the chunk into the same rows after the tokens held now (for timing the encode
     /// alone; an append is [`Self::append`]). `None` when every count is zero. The launch reads
     /// the cache's lengths and block table when it is submitted: after any other append to the
-    /// cache it must not be submitted again (it would write where the tables now point).
+    /// cache it must not be submitted again (it would write where the tables now point; a token
+    /// whose page is then not in the table is refused by the shader and written nowhere).
     pub fn prepare_append(
         &mut self,
         wgpu: &Wgpu,
@@ -287,7 +288,9 @@ impl WgpuPagedKvCache {
             (1.0 / (s.dim as f32).sqrt()).to_bits(),
             0,
             groups,
-            0,
+            // The shader refuses a table entry outside the pool (flag bit 2) instead of
+            // writing the page wgpu's clamped indexing would pick.
+            u32_of("pages", self.num_pages())?,
             0,
             0,
         ];

@@ -41,7 +41,7 @@ struct EncodeParams {
     hadamard_norm: f32, // 1 / sqrt(d) as the CPU rounds it
     never: u32,         // always 0: an opaque condition (see exact_product)
     groups: u32,        // workgroups along x
-    pad0: u32,
+    num_pages: u32,     // pages in the pool: a table entry outside [0, num_pages) is refused
     pad1: u32,
     pad2: u32,
 }
@@ -56,7 +56,8 @@ struct EncodeParams {
 @group(0) @binding(6) var<storage, read> new_lens: array<i32>;
 // Levels K at 0, boundaries K at 256, levels V at 512, boundaries V at 768, rotation at 1024.
 @group(0) @binding(7) var<storage, read> consts: array<f32>;
-// Bit 0: a non-finite input; bit 1: a norm beyond its storage.
+// Bit 0: a non-finite input; bit 1: a norm beyond its storage; bit 2: a token whose page is not
+// in the pool (a prepared launch submitted after the tables moved), whose vector is not written.
 @group(0) @binding(8) var<storage, read_write> flags: atomic<u32>;
 
 const WG: u32 = 64u;
@@ -417,7 +418,17 @@ fn kv_encode(
         workgroupBarrier();
         // Destination row and norm section.
         let at = u32(seq_lens[b]) + t;
-        let page = u32(max(block_table[b * p.max_pages + at / p.page_tokens], 0));
+        let page_index = at / p.page_tokens;
+        var entry = -1;
+        if page_index < p.max_pages {
+            entry = block_table[b * p.max_pages + page_index];
+        }
+        let page_ok = entry >= 0 && u32(entry) < p.num_pages;
+        if valid && !page_ok && tid == 0u {
+            atomicOr(&flags, 4u);
+        }
+        let store = valid && page_ok;
+        let page = select(0u, u32(entry), page_ok);
         let slot = at % p.page_tokens;
         let head = page * p.page_words + h * p.head_words;
         let kcodes = p.page_tokens * p.row_words_k;
@@ -428,7 +439,7 @@ fn kv_encode(
             row = head + kcodes + slot * p.row_words_v;
             norms += p.norm_words;
         }
-        for (var w = tid; valid && w < row_words; w += WG) {
+        for (var w = tid; store && w < row_words; w += WG) {
             // Word w holds bits 32w .. 32w + 31 of the LSB-first stream.
             var word = 0u;
             if w < words {
@@ -442,7 +453,7 @@ fn kv_encode(
             }
             atomicStore(&pool[row + w], word);
         }
-        if valid && tid == 0u {
+        if store && tid == 0u {
             let norm = scalars[1];
             if p.norm_f16 != 0u {
                 let hbits = f16_bits(norm);

@@ -87,24 +87,9 @@ impl Drop for ErrorScope<'_> {
 mod tests {
     use super::*;
     use crate::WgpuTensor;
+    use crate::testing::device;
     use deltakv_contract::HostTensor;
-    use std::io::Write;
     use std::sync::Barrier;
-
-    /// The device, or `None` after a visible "skipped" line (a panic under `CI=true`, where
-    /// lavapipe must be installed), as the integration tests' `common::device`.
-    fn device(test: &str) -> Option<&'static Wgpu> {
-        match Wgpu::get() {
-            Ok(wgpu) => Some(wgpu),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("{test}: no wgpu adapter in CI (CI=true): {e}")
-            }
-            Err(e) => {
-                let _ = writeln!(std::io::stderr(), "{test}: skipped (no wgpu adapter): {e}");
-                None
-            }
-        }
-    }
 
     /// A buffer with no usage: wgpu raises a validation error ("usages can't be empty").
     fn provoke(wgpu: &Wgpu) {

@@ -48,28 +48,16 @@ pub fn check_creatable(flag: &str, path: &Path) -> Result<()> {
     check_writable(flag, path, dir)
 }
 
-/// Creates and removes a fresh file in `dir` (never an existing one), so that a directory the
-/// run could not write its output into is refused before the work.
+/// Refuses, before the work, an output whose directory the run could not write into (a
+/// temporary file made and removed beside it, as the atomic write will).
 fn check_writable(flag: &str, path: &Path, dir: &Path) -> Result<()> {
-    let probe = dir.join(format!(".deltakv-write-check.{}", std::process::id()));
-    match std::fs::File::options()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(file) => {
-            drop(file);
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        // Another run of this process's id left one: the directory is writable.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(Error::InvalidValue(format!(
+    deltakv::io::check_writable_beside(path).map_err(|e| {
+        Error::InvalidValue(format!(
             "{flag} {}: cannot write in the directory {}: {e}",
             path.display(),
             dir.display()
-        ))),
-    }
+        ))
+    })
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 /// The value of `name` as the switches read it: trimmed, `None` when unset or empty; a value
 /// that is not UTF-8 is an error.
-fn text_of(name: &str) -> Result<Option<String>> {
+pub fn text(name: &str) -> Result<Option<String>> {
     match std::env::var(name) {
         Ok(text) => Ok(normalized(Some(&text))),
         Err(VarError::NotPresent) => Ok(None),
@@ -30,7 +30,7 @@ fn normalized(raw: Option<&str>) -> Option<String> {
 /// What `name` selects among `choices` (each a value's text and what it selects); unset:
 /// `unset`. Any other value is an error listing the choices.
 pub fn choice<T: Copy>(name: &str, choices: &[(&str, T)], unset: T) -> Result<T> {
-    choice_in(name, text_of(name)?, choices, unset)
+    choice_in(name, text(name)?, choices, unset)
 }
 
 /// The number `name` holds, where `accept` takes it (`expected` says what it takes, for the
@@ -40,7 +40,7 @@ pub fn number<T: FromStr>(
     accept: impl Fn(&T) -> bool,
     expected: &str,
 ) -> Result<Option<T>> {
-    number_in(name, text_of(name)?, accept, expected)
+    number_in(name, text(name)?, accept, expected)
 }
 
 /// [`choice`] of a value already read.

@@ -358,6 +358,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     temp.persist(path)
 }
 
+/// Creates and removes a temporary file beside `target` (never opening an existing file), so
+/// that an output whose directory cannot be written in is refused before the work.
+pub fn check_writable_beside(target: &Path) -> Result<()> {
+    TempFile::create_beside(target).map(drop)
+}
+
 /// A temporary file beside an output, removed on drop unless persisted.
 struct TempFile {
     path: PathBuf,

@@ -117,18 +117,7 @@ pub struct HostTensor {
 impl HostTensor {
     /// Wraps `data` with `shape`; fails when the element count disagrees.
     pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Self> {
-        let expected = shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| {
-                Error::InvalidValue(format!("shape {shape:?} holds more elements than usize"))
-            })?;
-        if expected != data.len() {
-            return Err(Error::InvalidValue(format!(
-                "shape {shape:?} holds {expected} elements but {} were given",
-                data.len()
-            )));
-        }
+        crate::view::check_count(&shape, data.len())?;
         Ok(Self { shape, data })
     }
 

@@ -191,11 +191,15 @@ impl HostDataMut for HostTensor {
     }
 }
 
-fn check_count(shape: &[usize], len: usize) -> Result<()> {
+/// An error unless `shape` holds exactly `len` elements (its product overflowing usize
+/// included).
+pub(crate) fn check_count(shape: &[usize], len: usize) -> Result<()> {
     let expected = shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| Error::InvalidValue(format!("shape {shape:?} overflows usize")))?;
+        .ok_or_else(|| {
+            Error::InvalidValue(format!("shape {shape:?} holds more elements than usize"))
+        })?;
     if expected == len {
         Ok(())
     } else {

@@ -302,8 +302,7 @@ fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
         };
         let launch =
             prepare_decode_launch(cuda, &inputs, &mut dev.pool, &opts.gdn, &mut o, None).unwrap();
-        // Row 1 skipped, row 2 past the pool (and past i32 for i64 indices' sake: the kernel
-        // compares the index as loaded).
+        // Row 1 skipped, row 2 past the pool.
         let mut slots = case.slot_indices.to_i64_vec("slot_indices").unwrap();
         slots[1] = -1;
         slots[2] = slot_count + 7;

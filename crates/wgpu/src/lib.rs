@@ -41,6 +41,7 @@ pub mod kv;
 pub mod runtime;
 mod scope;
 pub mod tensor;
+#[doc(hidden)]
 pub mod testing;
 pub mod timing;
 pub mod unroll;

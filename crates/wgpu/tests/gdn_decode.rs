@@ -335,7 +335,7 @@ fn a_tensor_beyond_one_storage_binding_is_refused_by_name() {
 /// check cannot see that): an index past the pool touches no slot (wgpu's clamped indexing
 /// would have written the last one) and leaves NaN in its row's o, a negative one zeros; every
 /// other row and the whole pool are what a call with that row skipped gives, bit for bit. Both
-/// tiles, one token and three.
+/// tiles, one token and three, and i64 indices (one past 2^32, so its high word is set).
 #[test]
 fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
     let Some(wgpu) = common::device("replayed slot indices") else {
@@ -343,12 +343,16 @@ fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
     };
     let batch = 5;
     for tile in DecodeTile::COMPARED {
-        for tokens in [1, 3] {
+        for (tokens, wide) in [(1, false), (3, false), (1, true)] {
             let spec = DecodeSpec::new(batch, tokens, 2, 4, 32, 64);
-            let case = DecodeCase::random(&spec, 9700 + tokens as u64).unwrap();
+            let mut case = DecodeCase::random(&spec, 9700 + tokens as u64).unwrap();
+            let mut slots = case.slot_indices.to_i64_vec("slot_indices").unwrap();
+            if wide {
+                case.slot_indices = HostTensor::from_i64(vec![batch], slots.clone()).unwrap();
+            }
             let opts = DecodeOptions::default();
             let mut dev = DeviceCase::upload(wgpu, &case).unwrap();
-            let slot_count = dev.pool.shape()[0] as i32;
+            let slot_count = dev.pool.shape()[0] as i64;
             let mut o =
                 WgpuTensor::poisoned(wgpu, vec![batch, tokens, 4, 64], case.v.dtype()).unwrap();
             let inputs = dev.inputs.get().unwrap();
@@ -362,16 +366,16 @@ fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
                 tile,
             )
             .unwrap();
-            let mut slots: Vec<i32> = case
-                .slot_indices
-                .to_i64_vec("slot_indices")
-                .unwrap()
-                .iter()
-                .map(|&s| s as i32)
-                .collect();
             slots[1] = -1;
-            slots[2] = slot_count + 3;
-            let bytes: Vec<u8> = slots.iter().flat_map(|s| s.to_le_bytes()).collect();
+            slots[2] = if wide { (1 << 33) + 1 } else { slot_count + 3 };
+            let bytes: Vec<u8> = if wide {
+                slots.iter().flat_map(|s| s.to_le_bytes()).collect()
+            } else {
+                slots
+                    .iter()
+                    .flat_map(|&s| (s as i32).to_le_bytes())
+                    .collect()
+            };
             wgpu.queue()
                 .write_buffer(dev.inputs.slots.buffer(), 0, &bytes);
             launch.submit(wgpu, 1).unwrap();
@@ -379,7 +383,7 @@ fn a_replayed_launch_refuses_slot_indices_past_the_pool() {
             let got_pool = dev.pool.download(wgpu).unwrap();
             let mut skipped = case.clone();
             slots[2] = -1;
-            skipped.slot_indices = HostTensor::from_i32(vec![batch], slots.clone()).unwrap();
+            skipped.slot_indices = HostTensor::from_i64(vec![batch], slots.clone()).unwrap();
             // The same tile, so that the rows compare bit for bit.
             let mut reference = DeviceCase::upload(wgpu, &skipped).unwrap();
             let mut want_o =

@@ -36,10 +36,10 @@ pub const SOURCE: KernelSource = KernelSource {
 const THREADS: u32 = 128;
 const COL_GROUPS: usize = 8;
 
-/// Mirrors `struct DecodeParams` in the kernel, field for field.
 /// Why the decode kernels need their pool and intermediate states 16-byte aligned.
 const DECODE_PIECES: &str = "the decode kernels move it in 16-byte pieces";
 
+/// Mirrors `struct DecodeParams` in the kernel, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct DecodeParams {
@@ -117,10 +117,9 @@ impl DecodeLaunch {
     /// The launch holds device addresses, not borrows. When it is called, every
     /// tensor it was prepared from (q, k, v, the gates, the slot indices, the pool, o and the
     /// intermediate states) must be alive, and slot indices written in place since the
-    /// preparation must still pass its check: each below the pool's slot count (or negative,
-    /// to skip the row), no two rows on one slot. (The kernel refuses an index at or past the
-    /// slot count itself: that row's o and intermediate states come out NaN and no slot is
-    /// touched. Two rows on one slot race.)
+    /// preparation must not put two rows on one slot (they would race). An index at or past
+    /// the pool's slot count is refused by the kernel itself: that row's o and intermediate
+    /// states come out NaN and no slot is touched.
     /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
     /// order, after the work queued here.
     pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {

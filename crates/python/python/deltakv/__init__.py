@@ -208,19 +208,20 @@ def _ones_like_kind(like: Any, shape: Tuple[int, ...]) -> Any:
     )
 
 
-def _keep_for_stream(made: List[Any], handle: Optional[int]) -> None:
-    """Marks the torch CUDA tensors ``made`` here (on torch's current stream) as used by the
-    stream ``handle`` deltakv queued its reads of them on, so that torch's allocator does not
-    hand their memory out again before those reads are done."""
+def _keep_for_stream(made: List[Any], handle: int) -> None:
+    """Marks the torch CUDA tensors ``made`` here (on torch's current stream; all on one
+    device) as used by the stream ``handle`` deltakv queued its reads of them on, so that
+    torch's allocator does not hand their memory out again before those reads are done."""
     torch = sys.modules.get("torch")
-    if torch is None or handle is None:
+    made = [x for x in made if _root_module(x) == "torch" and x.is_cuda]
+    if torch is None or not made:
         return
+    device = made[0].device
+    if _stream_handle(torch.cuda.current_stream(device)) == handle:
+        return
+    stream = torch.cuda.ExternalStream(handle, device=device)
     for copy in made:
-        if _root_module(copy) != "torch" or not copy.is_cuda:
-            continue
-        if _stream_handle(torch.cuda.current_stream(copy.device)) == handle:
-            continue
-        copy.record_stream(torch.cuda.ExternalStream(handle, device=copy.device))
+        copy.record_stream(stream)
 
 
 def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
@@ -243,24 +244,19 @@ def _prefill(mode: str, fla_name: str, q, k, v, g, beta, scale, initial_state,
         made.append(beta)
     given = (q, k, v, g, beta, initial_state, cu_seqlens)
     arrays = [None if x is None else _contiguous_input(x) for x in given]
-    made += [x for x, original in zip(arrays, given)
-             if x is not None and _root_module(x) == "torch"
-             and x.data_ptr() != original.data_ptr()]
-    q_in, k_in, v_in, g_in, beta_in, initial_in, cu_in = arrays
     inputs = (
-        q_in,
-        k_in,
-        v_in,
-        g_in,
-        beta_in,
+        *arrays[:5],
         None if scale is None else float(scale),
-        initial_in,
-        cu_in,
+        *arrays[5:],
         bool(use_qk_l2norm_in_kernel),
         bool(output_final_state),
     )
     cuda_stream = _cuda_stream(q, stream)
-    if made and stream is not None:
+    if stream is not None:
+        # The copies made here, which torch's allocator must keep for deltakv's stream.
+        made += [x for x, original in zip(arrays, given)
+                 if x is not None and _root_module(x) == "torch"
+                 and x.data_ptr() != original.data_ptr()]
         _keep_for_stream(made, cuda_stream)
     if checkpoint_every is None:
         o, final_state = _deltakv.gdn_prefill(mode, *inputs, cuda_stream)

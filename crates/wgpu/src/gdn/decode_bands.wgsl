@@ -39,7 +39,7 @@
 // The slot of row `row` (i32 or i64 slot indices); negative skips the row.
 fn slot_of(row: u32) -> i32 {
     if p.row_mode == 2u {
-        return select(bitcast<i32>(row_info[2u * row]), -1, row_info[2u * row + 1u] != 0u);
+        return i64_slot(row_info[2u * row], row_info[2u * row + 1u]);
     }
     return bitcast<i32>(row_info[row]);
 }

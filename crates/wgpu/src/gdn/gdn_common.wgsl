@@ -89,3 +89,16 @@ fn gates(token: u32, head: u32) -> vec2<f32> {
     let bias = widen(dt_bias[word_of(head, p.dt_bias_dtype)], head, p.dt_bias_dtype);
     return vec2<f32>(rate * softplus(x + bias), 1.0 / (1.0 + exp(-y)));
 }
+
+// An i64 slot index from its low and high words, as the kernels compare it: negative (skip
+// the row) stays -1, one at or past 2^31 becomes i32's largest (past any pool, so refused),
+// any other its value.
+fn i64_slot(lo: u32, hi: u32) -> i32 {
+    if (hi & 0x80000000u) != 0u {
+        return -1;
+    }
+    if hi != 0u || lo >= 0x80000000u {
+        return 0x7fffffff;
+    }
+    return i32(lo);
+}

@@ -336,13 +336,11 @@ impl RecurrentLaunch {
             l2norm: u32::from(call.l2norm),
             intermediate: u32::from(call.intermediate.is_some()),
             scale: call.scale,
-            // The kernels refuse a slot index at or past the pool's slot count (a replayed
-            // launch over rewritten indices), where wgpu's clamped indexing would write the
-            // last slot; dense and varlen rows are their own states.
-            states: match call.row_source {
-                Rows::Slots(_) => u32::try_from(call.state.shape()[0]).unwrap_or(u32::MAX),
-                Rows::Dense | Rows::Offsets(_) => u32::MAX,
-            },
+            // The kernels refuse a slot index at or past the state count (a replayed launch
+            // over rewritten indices), where wgpu's clamped indexing would write the last slot;
+            // dense and varlen rows are below it by construction. (The state's elements fit
+            // u32: `check_indexable`.)
+            states: call.state.shape()[0] as u32,
             pad: 0,
         };
         let uniform = wgpu.buffer_with(

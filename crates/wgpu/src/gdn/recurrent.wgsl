@@ -90,7 +90,7 @@ fn gdn_recurrent(
         if p.row_mode == 1u {
             slot = bitcast<i32>(row_info[row]);
         } else if p.row_mode == 2u {
-            slot = select(bitcast<i32>(row_info[2u * row]), -1, row_info[2u * row + 1u] != 0u);
+            slot = i64_slot(row_info[2u * row], row_info[2u * row + 1u]);
         } else if p.row_mode == 3u {
             range = vec2<u32>(row_info[row], row_info[row + 1u] - row_info[row]);
         }

@@ -240,8 +240,25 @@ impl WgpuPagedKvCache {
     }
 
     /// [`Self::prepare_append`], also returning the planned growth (the table kept, the
-    /// lengths not yet).
+    /// lengths not yet). A preparation that fails gives the pages it assigned back.
     fn prepare_encode(
+        &mut self,
+        wgpu: &Wgpu,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        new_lens: &[usize],
+    ) -> Result<Option<(EncodeLaunch, Growth)>> {
+        let before = self.book.state();
+        let prepared = self.assign_and_prepare(wgpu, k, v, new_lens);
+        if prepared.is_err() {
+            self.give_back(wgpu, before);
+        }
+        prepared
+    }
+
+    /// [`Self::prepare_encode`]'s work: the chunk's pages assigned (host and device tables),
+    /// its counts written and its dispatch built.
+    fn assign_and_prepare(
         &mut self,
         wgpu: &Wgpu,
         k: &WgpuTensor,

@@ -305,31 +305,38 @@ pub fn check_refused_slot_rows(
         .to_f32_vec("reference o")
         .map_err(|e| e.to_string())?;
     let batch = o.shape().first().copied().unwrap_or(0);
-    if o.shape() != reference.shape() || batch <= past.max(skipped) {
+    if o.shape() != reference.shape()
+        || got.is_empty()
+        || past == skipped
+        || batch <= past.max(skipped)
+    {
         return Err(format!(
-            "o {:?} and reference {:?} must match with more than {} rows",
+            "o {:?} and reference {:?} must match, hold elements and have rows {past} and \
+             {skipped} (two different ones)",
             o.shape(),
-            reference.shape(),
-            past.max(skipped)
+            reference.shape()
         ));
     }
     let row = got.len() / batch;
     for (b, (got, want)) in got.chunks(row).zip(want.chunks(row)).enumerate() {
-        let fine = if b == past {
-            got.iter().all(|x| x.is_nan())
-        } else if b == skipped {
-            got.iter().all(|&x| x == 0.0)
-        } else {
-            got.iter()
-                .zip(want)
-                .all(|(x, y)| x.to_bits() == y.to_bits())
+        let (fine, what) = match b {
+            _ if b == past => (
+                got.iter().all(|x| x.is_nan()),
+                ", whose slot is past the pool, is not all NaN",
+            ),
+            _ if b == skipped => (
+                got.iter().all(|&x| x == 0.0),
+                ", whose slot is negative, is not all zero",
+            ),
+            _ => (
+                got.iter()
+                    .zip(want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                " differs from the call with the refused rows skipped",
+            ),
         };
         if !fine {
-            return Err(match b {
-                _ if b == past => format!("row {b}, whose slot is past the pool, is not all NaN"),
-                _ if b == skipped => format!("row {b}, whose slot is negative, is not all zero"),
-                _ => format!("row {b} differs from the call with the refused rows skipped"),
-            });
+            return Err(format!("row {b}{what}"));
         }
     }
     Ok(())

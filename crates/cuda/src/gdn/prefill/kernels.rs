@@ -5,8 +5,8 @@
 
 use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TILE};
 use cudarc::driver::DeviceRepr;
-use deltakv_contract::Result;
 use deltakv_contract::env;
+use deltakv_contract::{Error, Result};
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
 #[repr(C)]
@@ -266,16 +266,20 @@ pub(super) fn gates_bytes() -> usize {
 /// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: sequences of at most that many chunks are not relayed
 /// (both for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
 pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
-    let relay = "DELTAKV_PREFILL_RELAY";
-    if std::env::var(relay).is_ok_and(|text| text == "off") {
-        return Ok(None);
-    }
-    let share = env::number(
-        relay,
-        |&share: &f64| share > 0.0 && share < 1.0,
-        "`off` or a share strictly between 0 and 1",
-    )?
-    .unwrap_or(RELAY_LEAD_SHARE);
+    let share = match env::text("DELTAKV_PREFILL_RELAY")? {
+        None => RELAY_LEAD_SHARE,
+        Some(text) if text == "off" => return Ok(None),
+        Some(text) => text
+            .parse::<f64>()
+            .ok()
+            .filter(|&share| share > 0.0 && share < 1.0)
+            .ok_or_else(|| {
+                Error::InvalidValue(format!(
+                    "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 \
+                     and 1"
+                ))
+            })?,
+    };
     let min_chunks = env::number(
         "DELTAKV_PREFILL_RELAY_MIN_CHUNKS",
         |_: &usize| true,

@@ -511,9 +511,9 @@ impl PrefillLaunch {
     /// # Safety
     ///
     /// The launch holds device addresses, not borrows. When it is called, every
-    /// tensor it was prepared from (the inputs, `o`, the final states, or the pool and its
-    /// slot indices) must be alive, and slot indices written in place since the preparation
-    /// must still pass its check (in range, no two sequences on one slot).
+    /// tensor it was prepared from (the inputs, `o`, the final states, or the pool) must be
+    /// alive. The pool's slots are the ones checked at preparation, which copied the indices:
+    /// rewriting the index tensor afterwards changes nothing.
     /// Dropping a tensor after the call is fine: deltakv frees device memory in its stream's
     /// order, after the work queued here.
     pub unsafe fn launch(&self, cuda: &Cuda) -> Result<()> {

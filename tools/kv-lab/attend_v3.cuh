@@ -79,7 +79,12 @@ __device__ __forceinline__ void kv3_load(const KvAttnParams& p, const unsigned* 
 
 // MOVE_ONLY: the same page movement with no math (each lane reads one word per tile): the
 // data-movement floor of this structure; its outputs are not attention (no check).
-template <int BK, int BV, int DP, int STAGES, bool QREG, bool MOVE_ONLY = false>
+// LOOKUP_ONLY: the movement, each tile's codes and norms in registers, and every level-table
+// read the products need (a 4-byte hi | lo word per key code, an 8-byte pair per two 2-bit
+// value codes), folded by XOR into one word and no other math: the floor of any pass 1 that
+// reads a level per code from shared memory; its outputs are not attention (no check).
+template <int BK, int BV, int DP, int STAGES, bool QREG, bool MOVE_ONLY = false,
+          bool LOOKUP_ONLY = false>
 __device__ __forceinline__ void kv3_pass1(const KvAttnParams& p) {
     constexpr int ROWS = 4;
     constexpr int KM = DP / 8;
@@ -199,6 +204,26 @@ __device__ __forceinline__ void kv3_pass1(const KvAttnParams& p) {
             }
             KvmTile<KW, VW> cur;
             kv3_load<BK, BV, DP>(p, sec, off, first, len, gid, tig, cur);
+            if (LOOKUP_ONLY) {
+                unsigned folded = __float_as_uint(cur.kn[0]) ^ __float_as_uint(cur.vn[1]);
+#pragma unroll
+                for (int m = 0; m < KM; ++m)
+                    folded ^= kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m)) ^
+                              kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m)) ^
+                              kvm_table(table_k, kvm_off<BK>(cur.k[0], 2 * m + 1)) ^
+                              kvm_table(table_k, kvm_off<BK>(cur.k[1], 2 * m + 1));
+#pragma unroll
+                for (int c = 0; c < VM; ++c) {
+#pragma unroll
+                    for (int st = 0; st < 2; ++st) {
+                        const uint2 x = kvm_pair(table_v2, cur.v[2 * st][c / 8], c % 8);
+                        const uint2 y = kvm_pair(table_v2, cur.v[2 * st + 1][c / 8], c % 8);
+                        folded ^= x.x ^ x.y ^ y.x ^ y.y;
+                    }
+                }
+                acc[0][0] += __uint_as_float(folded & 0x3fffffffu);
+                continue;
+            }
             float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
             for (int m = 0; m < KM; ++m) {
@@ -356,5 +381,8 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kv3_k4v2_d128_s3_qre
 }
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_move(KvAttnParams p) {
     kv3_pass1<4, 2, 128, 2, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 3) kv3_k4v2_d128_s2_lookups(KvAttnParams p) {
+    kv3_pass1<4, 2, 128, 2, true, false, true>(p);
 }
 

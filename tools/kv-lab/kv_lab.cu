@@ -480,7 +480,11 @@ static AttnRun make_run(const Cache& c, float scale, const std::string& name, co
 static void launch_attend(const AttnRun& r, int batch, int hq, int dp, cudaStream_t s) {
     void* args[] = {(void*)&r.params};
     CHECK(cudaLaunchKernel(r.pass1, r.grid, dim3(KV_THREADS), args, r.smem, s));
-    CHECK(cudaLaunchKernel((const void*)kv_attend_merge, dim3(batch * hq), dim3(dp), args, 0, s));
+    // As the library launches pass 2: groups of dp threads, each merging a run of eight or more
+    // splits (at most four groups), and one merge weight per split in dynamic shared memory.
+    const int groups = std::min(std::max((r.params.splits + 7) / 8, 1), 4);
+    CHECK(cudaLaunchKernel((const void*)kv_attend_merge, dim3(batch * hq), dim3(groups * dp), args,
+                           4 * (size_t)r.params.splits, s));
 }
 
 static double median_graph_us(const std::function<void(cudaStream_t)>& body, int per_graph,
@@ -585,6 +589,9 @@ static void attend_shape(const char* label, int batch, int len, int hq, int hkv,
                                 (const void*)kv_attend_pages_k4v2_d128, pages_smem, c.page_tokens, -2));
         runs.push_back(make_run(c, scale, "v3 movement only (no math; not checked)",
                                 (const void*)kv3_k4v2_d128_s2_move, v3s2, c.page_tokens, 0));
+        runs.back().check = false;
+        runs.push_back(make_run(c, scale, "v3 level lookups only (no products; not checked)",
+                                (const void*)kv3_k4v2_d128_s2_lookups, v3s2, c.page_tokens, 0));
         runs.back().check = false;
     } else {
         runs.push_back(make_run(c, scale, "v2 library kv_attend_mma_k4v2_d256 (fixed)",

@@ -8,6 +8,7 @@
 //! the prepare pass writes every word the state pass reads); a call whose scratch would not
 //! fit one storage binding returns `None` and the caller runs the single-pass kernel instead.
 
+pub use super::chunk_sources::{COMBINE, PREPARE, PREPARE_STAGED, STATE, STATE_COOP, STATE_STAGED};
 use super::chunk_table::chunk_table;
 use super::recurrent::dtype_code;
 pub use super::state_plan::{
@@ -22,83 +23,6 @@ use deltakv_contract::{DType, Error, HostTensor, Result};
 
 /// Tokens per chunk (`CT` in the shaders).
 pub const CHUNK: usize = 32;
-
-/// The prepare pass.
-pub const PREPARE: ShaderSource = ShaderSource {
-    name: "gdn_chunk_prepare",
-    text: concat!(include_str!("../dtype.wgsl"), include_str!("chunks.wgsl")),
-    entry_point: "gdn_chunk_prepare",
-};
-
-/// The prepare pass for 16-bit q, k and v with K and V even and at most 128, the chunk's rows
-/// staged in workgroup memory (`chunks_prepare_staged.wgsl`).
-pub const PREPARE_STAGED: ShaderSource = ShaderSource {
-    name: "gdn_chunk_prepare_staged",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_prepare_staged.wgsl")
-    ),
-    entry_point: "gdn_chunk_prepare_staged",
-};
-
-/// The state pass (`WALK` 0: the outputs walk; 1: the transition walk of segments).
-pub const STATE: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl")
-    ),
-    entry_point: "gdn_chunk_state",
-};
-
-/// The state pass with W, Qd and Kd staged in workgroup memory (both walks), the tile of S in
-/// columns.
-pub const STATE_STAGED: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_staged",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("staged_s_columns.wgsl"),
-        include_str!("chunks_state_staged.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_staged",
-};
-
-/// The state pass on cooperative matrices (`chunks_state_coop.wgsl`; both walks).
-pub const STATE_COOP: ShaderSource = ShaderSource {
-    name: "gdn_chunk_state_coop",
-    text: concat!(
-        include_str!("../coop_enable.wgsl"),
-        include_str!("../coop_split_step.wgsl"),
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o_plain.wgsl"),
-        include_str!("chunks_state_coop.wgsl")
-    ),
-    entry_point: "gdn_chunk_state_coop",
-};
-
-/// The entry states of split sequences' segments, between the two walks.
-pub const COMBINE: ShaderSource = ShaderSource {
-    name: "gdn_chunk_combine",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("chunks_combine.wgsl")
-    ),
-    entry_point: "gdn_chunk_combine",
-};
 
 /// Workgroup memory of `gdn_chunk_state_coop` (its arrays and the walk's unit span).
 const COOP_WORKGROUP_BYTES: u32 = 45_064;

@@ -1,5 +1,6 @@
 //! Gated DeltaNet on wgpu. The math and layouts are the contract's, in `deltakv_contract::gdn`.
 
+mod chunk_sources;
 mod chunk_table;
 pub mod chunks;
 pub mod decode;

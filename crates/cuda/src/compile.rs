@@ -154,10 +154,10 @@ fn nvrtc_error(what: &str, source: &KernelSource, e: impl std::fmt::Debug) -> Er
 /// variants only (e.g. `PF_TRIAL`, whose variants compute wrong results on purpose; see the
 /// kernel log): a serving process leaves it unset.
 fn trial_defines() -> Result<Vec<String>> {
-    let Ok(text) = std::env::var("DELTAKV_CUDA_DEFINES") else {
-        return Ok(Vec::new());
-    };
-    parse_defines(&text)
+    match deltakv_contract::env::text("DELTAKV_CUDA_DEFINES")? {
+        Some(text) => parse_defines(&text),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The `-D` options of a `DELTAKV_CUDA_DEFINES` value, each checked to be an identifier with an

@@ -125,10 +125,10 @@ pub fn arch_for(major: i32, minor: i32) -> String {
 /// device's own compute capability, with or without the `a`.
 fn arch_from_env(major: i32, minor: i32) -> Result<String> {
     let own = format!("sm_{major}{minor}");
-    match std::env::var("DELTAKV_CUDA_ARCH") {
-        Err(_) => Ok(arch_for(major, minor)),
-        Ok(arch) if arch == own || arch == format!("{own}a") => Ok(arch),
-        Ok(arch) => Err(Error::InvalidValue(format!(
+    match deltakv_contract::env::text("DELTAKV_CUDA_ARCH")? {
+        None => Ok(arch_for(major, minor)),
+        Some(arch) if arch == own || arch == format!("{own}a") => Ok(arch),
+        Some(arch) => Err(Error::InvalidValue(format!(
             "DELTAKV_CUDA_ARCH={arch}: expected {own} or {own}a for this device"
         ))),
     }
@@ -163,19 +163,13 @@ impl Cuda {
         if count < 1 {
             return Err(unavailable("no CUDA device: the driver reports no GPU"));
         }
-        let ordinal = match std::env::var("DELTAKV_CUDA_DEVICE") {
-            Ok(text) => text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&o| o < count as usize)
-                .ok_or_else(|| {
-                    unavailable(format!(
-                        "DELTAKV_CUDA_DEVICE={text} is not a GPU index below {count}"
-                    ))
-                })?,
-            Err(_) => 0,
-        };
+        let ordinal = deltakv_contract::env::number(
+            "DELTAKV_CUDA_DEVICE",
+            |&o: &usize| o < count as usize,
+            &format!("a GPU index below {count}"),
+        )
+        .map_err(|e| unavailable(e.to_string()))?
+        .unwrap_or(0);
         if !compile::nvrtc_present() {
             return Err(unavailable(compile::nvrtc_missing()));
         }

@@ -14,15 +14,25 @@ static POISON_SCRATCH: AtomicBool = AtomicBool::new(false);
 
 /// Makes [`CudaTensor::scratch`] fill new scratch memory with 0xFF bytes (NaN in every float
 /// type), so a kernel that reads an element it never wrote shows it: the GPU test suites turn
-/// it on. `DELTAKV_POISON_SCRATCH=1` turns it on for a whole process.
+/// it on. `DELTAKV_POISON_SCRATCH=1` turns it on for a whole process (`0` or unset: off; any
+/// other value makes every scratch allocation an error naming the values it takes).
 pub fn poison_scratch(on: bool) {
     POISON_SCRATCH.store(on, Ordering::Relaxed);
 }
 
-fn scratch_poisoned() -> bool {
-    static FROM_ENV: OnceLock<bool> = OnceLock::new();
-    POISON_SCRATCH.load(Ordering::Relaxed)
-        || *FROM_ENV.get_or_init(|| std::env::var("DELTAKV_POISON_SCRATCH").is_ok_and(|v| v == "1"))
+fn scratch_poisoned() -> Result<bool> {
+    static FROM_ENV: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    if POISON_SCRATCH.load(Ordering::Relaxed) {
+        return Ok(true);
+    }
+    FROM_ENV
+        .get_or_init(|| {
+            let choices = [("1", true), ("0", false)];
+            deltakv_contract::env::choice("DELTAKV_POISON_SCRATCH", &choices, false)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(Error::InvalidValue)
 }
 
 enum Storage {
@@ -116,7 +126,7 @@ impl CudaTensor {
     /// they read them: not cleared, since a clear would be one more pass over device memory on
     /// every call. Poisoned instead (every byte 0xFF) when [`poison_scratch`] is on.
     pub fn scratch(cuda: &Cuda, shape: Vec<usize>, dtype: DType) -> Result<Self> {
-        if scratch_poisoned() {
+        if scratch_poisoned()? {
             return Self::poisoned(cuda, shape, dtype);
         }
         let len = byte_len(&shape, dtype)?;

@@ -14,9 +14,9 @@
 //! rows after the join: a final state that shares memory with an initial state (a state pool,
 //! whose slots are both) must not be written while the side stream may still be reading it.
 
-use super::SEGMENT_FIELDS;
 use super::kernels::{PrefillParams, walk_grid};
 use super::launch::LoadedKernel;
+use super::plan::SEGMENT_FIELDS;
 use crate::runtime::{Cuda, driver_error};
 use deltakv_contract::Result;
 

@@ -1,7 +1,7 @@
 //! Where a prefill call's states come from and go: the caller's `initial_state` and
 //! `final_state` tensors, or a state pool read and written in place through slot indices.
 
-use super::{expect_buffer, upload_i64};
+use super::prepared::{expect_buffer, upload_i64};
 use crate::runtime::Cuda;
 use crate::tensor::CudaTensor;
 use deltakv_contract::gdn::prefill::pool::{pool_slots, refuse_initial_state};

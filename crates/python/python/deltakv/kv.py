@@ -7,7 +7,37 @@ from . import _deltakv
 from ._interop import _as_kind_of, _cuda_stream, _device_stream, _input
 
 
-class KvCache:
+class _CacheQueries:
+    """What both caches answer from the native cache they hold (``self._cache``)."""
+
+    _cache: Any
+
+    def bytes(self) -> int:
+        """Bytes of codes and norms of the tokens held (keys and values, every sequence and
+        head)."""
+        return self._cache.bytes()
+
+    def seq_len(self, seq: int) -> int:
+        """Tokens cached for sequence ``seq``."""
+        return self._cache.seq_len(seq)
+
+    @property
+    def dim(self) -> int:
+        """d, the head dimension."""
+        return self._cache.dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, KV heads."""
+        return self._cache.kv_heads
+
+    @property
+    def batch(self) -> int:
+        """Sequences in the cache."""
+        return self._cache.batch
+
+
+class KvCache(_CacheQueries):
     """The compressed KV cache of one attention layer, on the CPU (CPU arrays only; a CUDA
     tensor raises ValueError).
 
@@ -57,29 +87,6 @@ class KvCache:
         return _as_kind_of(self._cache.attend(_input(q), None if scale is None else float(scale)),
                            q)
 
-    def bytes(self) -> int:
-        """Bytes of codes and norms held (keys and values, every sequence and head)."""
-        return self._cache.bytes()
-
-    def seq_len(self, seq: int) -> int:
-        """Tokens cached for sequence ``seq``."""
-        return self._cache.seq_len(seq)
-
-    @property
-    def dim(self) -> int:
-        """d, the head dimension."""
-        return self._cache.dim
-
-    @property
-    def kv_heads(self) -> int:
-        """Hkv, KV heads."""
-        return self._cache.kv_heads
-
-    @property
-    def batch(self) -> int:
-        """Sequences in the cache."""
-        return self._cache.batch
-
     @property
     def bits_k(self) -> int:
         """Bits per key coordinate."""
@@ -91,7 +98,7 @@ class KvCache:
         return self._cache.bits_v
 
 
-class CudaKvCache:
+class CudaKvCache(_CacheQueries):
     """The paged compressed KV cache of one attention layer on a CUDA GPU (a build with the
     cargo feature ``cuda``), byte for byte what the CPU's paged cache holds.
 
@@ -151,27 +158,3 @@ class CudaKvCache:
         o = self._cache.attend(_input(q), None if scale is None else float(scale),
                                _cuda_stream(q, stream))
         return _as_kind_of(o, q)
-
-    def bytes(self) -> int:
-        """Bytes of codes and norms of the tokens held (keys and values, every sequence and
-        head)."""
-        return self._cache.bytes()
-
-    def seq_len(self, seq: int) -> int:
-        """Tokens cached for sequence ``seq``."""
-        return self._cache.seq_len(seq)
-
-    @property
-    def dim(self) -> int:
-        """d, the head dimension."""
-        return self._cache.dim
-
-    @property
-    def kv_heads(self) -> int:
-        """Hkv, KV heads."""
-        return self._cache.kv_heads
-
-    @property
-    def batch(self) -> int:
-        """Sequences in the cache."""
-        return self._cache.batch

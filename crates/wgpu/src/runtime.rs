@@ -100,13 +100,47 @@ pub struct ShaderSource {
     pub entry_point: &'static str,
 }
 
+unsafe extern "C" {
+    /// The C library's exit hook (every platform wgpu runs on has it).
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Makes the process wait, when it exits, until the device has finished the work queued on
+/// it. Mesa's lavapipe runs a queue's work, and compiles its shaders with LLVM, on threads of
+/// its own; a process that exits while one of them compiles (a call refused after its output
+/// was poisoned, say, and a test that ends there) had LLVM's exit-time destructors run under
+/// that thread, which crashed in `exit` now and then with a cold shader cache. Exit hooks run
+/// in the reverse order of registration and this one is registered after the driver loaded
+/// LLVM, so the queue is drained first. Registered once, by [`Wgpu::get`]'s first success.
+fn drain_at_exit() {
+    extern "C" fn drain() {
+        // A panic must not cross the C boundary; a poll that fails has nothing to wait for.
+        let _ = std::panic::catch_unwind(|| {
+            if let Ok(wgpu) = Wgpu::get() {
+                let _ = wgpu.device.poll(wgpu::PollType::wait_indefinitely());
+            }
+        });
+    }
+    // SAFETY: `drain` is a plain function with no arguments, callable at any time, as atexit
+    // requires; a failed registration (no slot left) only leaves the exit as it was.
+    unsafe {
+        atexit(drain);
+    }
+}
+
 impl Wgpu {
     /// The process's wgpu device, opened on first use. A machine without an adapter gets
     /// `DeviceUnavailable` with the reason, every time it asks.
     pub fn get() -> Result<&'static Wgpu> {
         static DEVICE: OnceLock<std::result::Result<Wgpu, String>> = OnceLock::new();
         DEVICE
-            .get_or_init(|| Wgpu::open().map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                let opened = Wgpu::open().map_err(|e| e.to_string());
+                if opened.is_ok() {
+                    drain_at_exit();
+                }
+                opened
+            })
             .as_ref()
             .map_err(|message| {
                 let prefix = "device `wgpu` is not available: ";

@@ -152,6 +152,112 @@ impl ScratchLayout {
     }
 }
 
+/// The state pass's kernel (never `Auto`), column tile and row groups for a call.
+struct StateChoice {
+    kernel: StateKernel,
+    tile: usize,
+    row_groups: usize,
+}
+
+/// Chooses the state pass of a call of `sequences` sequences, or refuses a plan that names a
+/// kernel the call or the device cannot take.
+fn choose_state(
+    wgpu: &Wgpu,
+    d: &GdnDims,
+    sequences: usize,
+    plan: &StatePlan,
+) -> Result<StateChoice> {
+    // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
+    // at 32). Counted over sequences, not walk units, so that segments do not change the
+    // tile (and with it the kernel).
+    let narrow_tiles = d.key_dim > 128
+        || match plan.tile {
+            Some(tile) => tile == 16,
+            None => {
+                plan.row_groups == Some(32)
+                    || plan.kernel == StateKernel::Coop
+                    || sequences * d.value_heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW
+            }
+        };
+    let tile = if narrow_tiles { 16 } else { 32 };
+    // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
+    // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
+    // threads of 16 groups for the same products.
+    let row_groups = plan.row_groups.unwrap_or(if tile == 16 { 32 } else { 16 });
+    let kp4 = d.key_dim.div_ceil(4);
+    let staged_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
+    let kernel = match plan.kernel {
+        StateKernel::Auto if staged_shape => StateKernel::Staged,
+        StateKernel::Auto => StateKernel::General,
+        StateKernel::Staged if !staged_shape => {
+            return Err(Error::InvalidValue(format!(
+                "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
+                plan.kernel, d.key_dim
+            )));
+        }
+        StateKernel::Coop
+            if !(tile == 16
+                && matches!(d.key_dim, 64 | 128)
+                && d.value_dim.is_multiple_of(2)
+                && wgpu.device().limits().max_compute_workgroup_storage_size
+                    >= COOP_WORKGROUP_BYTES
+                && wgpu.has_coop16()
+                && wgpu.has_subgroups()) =>
+        {
+            return Err(Error::Unsupported(format!(
+                "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32), subgroups and 44 KiB of workgroup memory, 16-column tiles, K = 64 or 128 and an even V; this call has {tile} columns, K = {}, V = {} on {}",
+                d.key_dim,
+                d.value_dim,
+                wgpu.describe()
+            )));
+        }
+        other => other,
+    };
+    Ok(StateChoice {
+        kernel,
+        tile,
+        row_groups,
+    })
+}
+
+/// Whether the staged prepare kernel takes a call: 16-bit q, k and v, K and V even and at most
+/// 128.
+fn staged_prepare_fits(dtype: DType, d: &GdnDims) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+        && d.key_dim.is_multiple_of(2)
+        && d.value_dim.is_multiple_of(2)
+        && d.key_dim <= 128
+        && d.value_dim <= 128
+}
+
+fn staged_prepare_refusal(dtype: DType, d: &GdnDims) -> Error {
+    Error::InvalidValue(format!(
+        "the staged prepare kernel takes bf16 or f16 q, k and v with K and V even and at most 128; this call has {dtype:?} inputs, K = {}, V = {}",
+        d.key_dim, d.value_dim
+    ))
+}
+
+/// Refuses, before anything is uploaded or queued, a plan the chunked kernels cannot run for
+/// a call of `sequences` sequences with `dtype` inputs on this device (`ChunkLaunch::new`
+/// makes the same choices).
+pub(crate) fn check_chunk_plan(
+    wgpu: &Wgpu,
+    d: &GdnDims,
+    sequences: usize,
+    dtype: DType,
+    plan: &StatePlan,
+) -> Result<()> {
+    plan.check()?;
+    if plan.kernel == StateKernel::OnePass {
+        return Ok(());
+    }
+    choose_state(wgpu, d, sequences, plan)?;
+    if plan.prepare == PrepareKernel::Staged && !staged_prepare_fits(dtype, d) {
+        return Err(staged_prepare_refusal(dtype, d));
+    }
+    Ok(())
+}
+
 /// Refuses, before any input reaches the device, a checkpointed call whose checkpoints no walk
 /// would store: the two-pass kernels store them, so not under the one-pass plan, nor where the
 /// chunk scratch exceeds one storage binding (the call then runs another kernel), nor on the
@@ -211,52 +317,12 @@ impl ChunkLaunch {
         };
         let limits = wgpu.device().limits();
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
-        // 32 row groups take 16-column tiles (256 threads at most; `check` refuses both fixed
-        // at 32). Counted over sequences, not walk units, so that segments do not change the
-        // tile (and with it the kernel).
-        let narrow_tiles = d.key_dim > 128
-            || match plan.tile {
-                Some(tile) => tile == 16,
-                None => {
-                    plan.row_groups == Some(32)
-                        || plan.kernel == StateKernel::Coop
-                        || call.seqs.len() * heads * d.value_dim.div_ceil(32) < NARROW_TILES_BELOW
-                }
-            };
-        let tile = if narrow_tiles { 16 } else { 32 };
-        // 32 row groups (256 threads) where the tile allows it: each thread then keeps one
-        // 4-row block of S, and the walk over chunks, which bounds the pass, has twice the
-        // threads of 16 groups for the same products.
-        let row_groups = plan.row_groups.unwrap_or(if tile == 16 { 32 } else { 16 });
+        let StateChoice {
+            kernel,
+            tile,
+            row_groups,
+        } = choose_state(wgpu, d, call.seqs.len(), plan)?;
         let row_blocks = kp4.div_ceil(row_groups) as u32;
-        let staged_shape = tile == 16 && row_groups == 32 && kp4 <= 32 && kp4.is_multiple_of(4);
-        let kernel = match plan.kernel {
-            StateKernel::Auto if staged_shape => StateKernel::Staged,
-            StateKernel::Auto => StateKernel::General,
-            StateKernel::Staged if !staged_shape => {
-                return Err(Error::InvalidValue(format!(
-                    "the {:?} state kernel takes 16-column tiles, 32 row groups and K <= 128 a multiple of 16; this call has {tile} columns, {row_groups} groups, K = {}",
-                    plan.kernel, d.key_dim
-                )));
-            }
-            StateKernel::Coop
-                if !(tile == 16
-                    && matches!(d.key_dim, 64 | 128)
-                    && d.value_dim.is_multiple_of(2)
-                    && wgpu.device().limits().max_compute_workgroup_storage_size
-                        >= COOP_WORKGROUP_BYTES
-                    && wgpu.has_coop16()
-                    && wgpu.has_subgroups()) =>
-            {
-                return Err(Error::Unsupported(format!(
-                    "the coop state kernel takes a device with cooperative matrices (DELTAKV_WGPU_COOP=1 on an adapter with 16x16x16 f16 -> f32), subgroups and 44 KiB of workgroup memory, 16-column tiles, K = 64 or 128 and an even V; this call has {tile} columns, K = {}, V = {} on {}",
-                    d.key_dim,
-                    d.value_dim,
-                    wgpu.describe()
-                )));
-            }
-            other => other,
-        };
         // The split sequences' transitions and entry states (f32; chunks_state.wgsl), or, where
         // they would not fit one binding, the grid or the device's memory, every sequence
         // walked whole.
@@ -344,29 +410,20 @@ impl ChunkLaunch {
         let pipeline = |source: &ShaderSource, constants: &[(&'static str, u32)]| unsafe {
             wgpu.pipeline_without_loop_bounding(source, constants)
         };
-        let half_inputs = matches!(call.q.dtype(), DType::BF16 | DType::F16);
-        let staged_prepare = half_inputs
-            && d.key_dim.is_multiple_of(2)
-            && d.value_dim.is_multiple_of(2)
-            && d.key_dim <= 128
-            && d.value_dim <= 128;
         let prepare = match plan.prepare {
-            PrepareKernel::Auto | PrepareKernel::Staged if staged_prepare => pipeline(
-                &PREPARE_STAGED,
-                &[
-                    ("KW", (d.key_dim / 2) as u32),
-                    ("VW", (d.value_dim / 2) as u32),
-                    ("HALF_DTYPE", dtype_code(call.q.dtype())),
-                ],
-            )?,
-            PrepareKernel::Staged => {
-                return Err(Error::InvalidValue(format!(
-                    "the staged prepare kernel takes bf16 or f16 q, k and v with K and V even and at most 128; this call has {:?} inputs, K = {}, V = {}",
-                    call.q.dtype(),
-                    d.key_dim,
-                    d.value_dim
-                )));
+            PrepareKernel::Auto | PrepareKernel::Staged
+                if staged_prepare_fits(call.q.dtype(), d) =>
+            {
+                pipeline(
+                    &PREPARE_STAGED,
+                    &[
+                        ("KW", (d.key_dim / 2) as u32),
+                        ("VW", (d.value_dim / 2) as u32),
+                        ("HALF_DTYPE", dtype_code(call.q.dtype())),
+                    ],
+                )?
             }
+            PrepareKernel::Staged => return Err(staged_prepare_refusal(call.q.dtype(), d)),
             _ => pipeline(&PREPARE, &[])?,
         };
         // A checkpointed call never reaches the coop kernel (refuse_unstored_checkpoints).

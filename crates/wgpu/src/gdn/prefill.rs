@@ -15,7 +15,8 @@
 //! State checkpoints and prefills over a device state pool are in `prefill_states.rs`.
 
 use super::chunks::{
-    ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan, refuse_unstored_checkpoints,
+    ChunkCall, ChunkLaunch, ChunkPasses, StateKernel, StatePlan, check_chunk_plan,
+    refuse_unstored_checkpoints,
 };
 use super::prefill_states::DeviceCheckpoints;
 use super::recurrent::{Kernel, RecurrentCall, RecurrentLaunch, Rows};
@@ -117,8 +118,13 @@ impl PreparedPrefill {
             ));
         }
         let d = shapes.dims;
+        // Calls and plans the kernels cannot run are refused here, before anything is uploaded
+        // or queued.
         if checkpoint_plan.is_some() {
             refuse_unstored_checkpoints(wgpu, &d, &shapes.seqs, plan)?;
+        }
+        if mode == PrefillMode::Chunk {
+            check_chunk_plan(wgpu, &d, shapes.seqs.len(), inputs.q.dtype(), plan)?;
         }
         let sequences = shapes.seqs.len();
         let up = |t: &HostTensor| WgpuTensor::upload(wgpu, t);

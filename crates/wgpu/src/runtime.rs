@@ -100,13 +100,16 @@ pub struct ShaderSource {
     pub entry_point: &'static str,
 }
 
+/// The longest the process waits at exit for the device's queued work.
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 unsafe extern "C" {
     /// The C library's exit hook (every platform wgpu runs on has it).
     fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
 }
 
 /// Makes the process wait, when it exits, until the device has finished the work queued on
-/// it. Mesa's lavapipe runs a queue's work, and compiles its shaders with LLVM, on threads of
+/// it (at most [`EXIT_DRAIN`]: a device that never finishes does not hold the exit). Mesa's lavapipe runs a queue's work, and compiles its shaders with LLVM, on threads of
 /// its own; a process that exits while one of them compiles (a call refused after its output
 /// was poisoned, say, and a test that ends there) had LLVM's exit-time destructors run under
 /// that thread, which crashed in `exit` now and then with a cold shader cache. Exit hooks run
@@ -117,7 +120,10 @@ fn drain_at_exit() {
         // A panic must not cross the C boundary; a poll that fails has nothing to wait for.
         let _ = std::panic::catch_unwind(|| {
             if let Ok(wgpu) = Wgpu::get() {
-                let _ = wgpu.device.poll(wgpu::PollType::wait_indefinitely());
+                let _ = wgpu.device.poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(EXIT_DRAIN),
+                });
             }
         });
     }

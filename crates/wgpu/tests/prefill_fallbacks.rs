@@ -1,5 +1,6 @@
 //! The chunked prefill's paths besides the two passes, against the f64 oracle: a call whose
-//! scratch exceeds the two passes' limit runs the token loop (the same recurrence), and the
+//! scratch exceeds the two passes' limit runs the token loop (the same recurrence) unless its
+//! plan names a kernel the call cannot take (then it is refused, as below the limit), and the
 //! one-pass kernel (`chunk.wgsl`, only where a plan asks for `StateKernel::OnePass`) at odd
 //! lengths, varlen with a length-1 sequence, GQA, K != V, K = 256 (8-token chunks) and every
 //! input dtype, then past 900 tokens of a sequence, where lavapipe loses its state (that case
@@ -13,7 +14,7 @@ use deltakv_contract::gdn::random::{GdnCase, GdnSpec};
 use deltakv_contract::gdn::{GdnOptions, PrefillMode};
 use deltakv_contract::metrics::rel_rms;
 use deltakv_wgpu::Wgpu;
-use deltakv_wgpu::gdn::{PreparedPrefill, StateKernel, StatePlan};
+use deltakv_wgpu::gdn::{PrepareKernel, PreparedPrefill, StateKernel, StatePlan};
 
 fn options(l2: bool) -> GdnOptions {
     GdnOptions {
@@ -94,6 +95,32 @@ fn a_call_past_the_scratch_limit_runs_the_token_loop() {
     // Past 900 tokens at K = 128, where the one-pass kernel fails on lavapipe.
     let case = GdnCase::random(&GdnSpec::new(1000, 1, 2, 128, 128), 610).unwrap();
     check_outside_the_two_passes(wgpu, "token loop T=1000", &case, &options(false), &plan);
+    // A plan naming a kernel the call cannot take is refused before anything runs, whether its
+    // scratch fits or not: the limit does not turn the refusal into the token loop.
+    let mut spec = GdnSpec::new(100, 1, 2, 64, 64);
+    spec.dtype = DType::F32;
+    let case = GdnCase::random(&spec, 611).unwrap();
+    for scratch_limit in [None, Some(1)] {
+        let forced = StatePlan {
+            scratch_limit,
+            prepare: PrepareKernel::Staged,
+            ..StatePlan::default()
+        };
+        let refused = PreparedPrefill::planned(
+            wgpu,
+            &case.inputs(),
+            &options(false),
+            PrefillMode::Chunk,
+            &forced,
+        )
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.contains("staged prepare kernel"),
+            "{scratch_limit:?}: {refused}"
+        );
+    }
 }
 
 #[test]

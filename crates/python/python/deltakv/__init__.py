@@ -50,10 +50,14 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _deltakv
 from ._interop import (_as_kind_of, _contiguous_input, _cuda_stream, _input, _keep_for_stream,
                        _ones_like_kind, _root_module)
-from .kv import CudaKvCache, KvCache
+from ._kv import CudaKvCache, KvCache
 
 CUDA_BUILT: bool = _deltakv.CUDA_BUILT
 """True when this build runs CUDA arrays (the cargo feature ``cuda``)."""
+
+# The classes are the package's (their repr, help and doctests), wherever they are defined.
+KvCache.__module__ = __name__
+CudaKvCache.__module__ = __name__
 
 __all__ = [
     "chunk_gated_delta_rule",

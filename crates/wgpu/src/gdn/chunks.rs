@@ -239,7 +239,9 @@ fn staged_prepare_refusal(dtype: DType, d: &GdnDims) -> Error {
 
 /// Refuses, before anything is uploaded or queued, a plan the chunked kernels cannot run for
 /// a call of `sequences` sequences with `dtype` inputs on this device (`ChunkLaunch::new`
-/// makes the same choices).
+/// makes the same choices). A plan naming such a kernel is refused whatever the call's size:
+/// a call past the scratch limit runs the token loop only under a plan that could have run
+/// the two passes.
 pub(crate) fn check_chunk_plan(
     wgpu: &Wgpu,
     d: &GdnDims,

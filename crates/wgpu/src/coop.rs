@@ -291,19 +291,12 @@ impl Launch {
 
     /// Queues `repeat` dispatches in one submission (without waiting).
     fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
-        let scope = wgpu.error_scope();
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        wgpu.submit_pass("running a cooperative-matrix kernel", |pass| {
             pass.set_pipeline(&self.pipeline);
             pass.set_bind_group(0, &self.group, &[]);
             for _ in 0..repeat {
                 pass.dispatch_workgroups(self.entries, 1, 1);
             }
-        }
-        wgpu.queue().submit([encoder.finish()]);
-        scope.finish("running a cooperative-matrix kernel")
+        })
     }
 }

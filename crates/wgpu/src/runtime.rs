@@ -109,12 +109,13 @@ unsafe extern "C" {
 }
 
 /// Makes the process wait, when it exits, until the device has finished the work queued on
-/// it (at most [`EXIT_DRAIN`]: a device that never finishes does not hold the exit). Mesa's lavapipe runs a queue's work, and compiles its shaders with LLVM, on threads of
-/// its own; a process that exits while one of them compiles (a call refused after its output
-/// was poisoned, say, and a test that ends there) had LLVM's exit-time destructors run under
-/// that thread, which crashed in `exit` now and then with a cold shader cache. Exit hooks run
-/// in the reverse order of registration and this one is registered after the driver loaded
-/// LLVM, so the queue is drained first. Registered once, by [`Wgpu::get`]'s first success.
+/// it (at most [`EXIT_DRAIN`]: a device that never finishes does not hold the exit). Mesa's
+/// lavapipe runs a queue's work, and compiles its shaders with LLVM, on threads of its own; a
+/// process that exits while one of them compiles (a call refused after its output was
+/// poisoned, say, and a test that ends there) had LLVM's exit-time destructors run under that
+/// thread, which crashed in `exit` now and then with a cold shader cache. Exit hooks run in the
+/// reverse order of registration and this one is registered after the driver loaded LLVM, so
+/// the queue is drained first. Registered once, by [`Wgpu::get`]'s first success.
 fn drain_at_exit() {
     extern "C" fn drain() {
         // A panic must not cross the C boundary; a poll that fails has nothing to wait for.
@@ -468,6 +469,33 @@ impl Wgpu {
     /// [`ErrorScope::finish`] returns what they raised (see [`crate::scope`]).
     pub(crate) fn error_scope(&self) -> ErrorScope<'_> {
         ErrorScope::new(self)
+    }
+
+    /// Records commands into one command buffer with `record`, submits it (without waiting)
+    /// and returns what wgpu raised doing so, naming `what`.
+    pub(crate) fn submit_commands(
+        &self,
+        what: &str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> Result<()> {
+        let scope = self.error_scope();
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        record(&mut encoder);
+        self.queue.submit([encoder.finish()]);
+        scope.finish(what)
+    }
+
+    /// [`Wgpu::submit_commands`] of one compute pass that `record` fills.
+    pub(crate) fn submit_pass(
+        &self,
+        what: &str,
+        record: impl FnOnce(&mut wgpu::ComputePass<'_>),
+    ) -> Result<()> {
+        self.submit_commands(what, |encoder| {
+            record(&mut encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default()));
+        })
     }
 
     /// Why the device was lost, if it was.

@@ -94,45 +94,25 @@ impl WgpuTensor {
             .flat_map(|w| w.to_le_bytes())
             .collect();
         let uniform = wgpu.buffer_with("fill params", &params, wgpu::BufferUsages::UNIFORM)?;
-        let scope = wgpu.error_scope();
-        let bind_group = wgpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("fill"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: uniform.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: self.buffer.as_entire_binding(),
-                },
-            ],
-        });
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let bind_group = wgpu.bind_group(
+            "fill",
+            &pipeline,
+            &[(0, "params", &uniform), (1, "the buffer", &self.buffer)],
+        )?;
+        wgpu.submit_pass("filling a device buffer", |pass| {
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(row as u32, rows as u32, 1);
-        }
-        wgpu.queue().submit([encoder.finish()]);
-        scope.finish("filling a device buffer")
+        })
     }
 
     /// A copy in a new buffer, made on the device (no host round trip).
     pub fn copy(&self, wgpu: &Wgpu) -> Result<Self> {
         let copy = Self::zeros(wgpu, self.shape.clone(), self.dtype)?;
-        let scope = wgpu.error_scope();
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        // The tensor's own bytes: a buffer given by the caller may be larger than the copy's.
-        encoder.copy_buffer_to_buffer(&self.buffer, 0, &copy.buffer, 0, copy.buffer.size());
-        wgpu.queue().submit([encoder.finish()]);
-        scope.finish("copying a tensor on the device")?;
+        wgpu.submit_commands("copying a tensor on the device", |encoder| {
+            // The tensor's own bytes: a buffer given by the caller may be larger than the copy's.
+            encoder.copy_buffer_to_buffer(&self.buffer, 0, &copy.buffer, 0, copy.buffer.size());
+        })?;
         Ok(copy)
     }
 

@@ -7,6 +7,11 @@ from . import _deltakv
 from ._interop import _as_kind_of, _cuda_stream, _device_stream, _input
 
 
+def _native(name: str, doc: str) -> Any:
+    """A read-only property answered by the native cache's attribute ``name``."""
+    return property(lambda self: getattr(self._cache, name), doc=doc)
+
+
 class _CacheQueries:
     """What both caches answer from the native cache they hold (``self._cache``)."""
 
@@ -21,20 +26,9 @@ class _CacheQueries:
         """Tokens cached for sequence ``seq``."""
         return self._cache.seq_len(seq)
 
-    @property
-    def dim(self) -> int:
-        """d, the head dimension."""
-        return self._cache.dim
-
-    @property
-    def kv_heads(self) -> int:
-        """Hkv, KV heads."""
-        return self._cache.kv_heads
-
-    @property
-    def batch(self) -> int:
-        """Sequences in the cache."""
-        return self._cache.batch
+    dim = _native("dim", "d, the head dimension.")
+    kv_heads = _native("kv_heads", "Hkv, KV heads.")
+    batch = _native("batch", "Sequences in the cache.")
 
 
 class KvCache(_CacheQueries):
@@ -87,15 +81,8 @@ class KvCache(_CacheQueries):
         return _as_kind_of(self._cache.attend(_input(q), None if scale is None else float(scale)),
                            q)
 
-    @property
-    def bits_k(self) -> int:
-        """Bits per key coordinate."""
-        return self._cache.bits_k
-
-    @property
-    def bits_v(self) -> int:
-        """Bits per value coordinate."""
-        return self._cache.bits_v
+    bits_k = _native("bits_k", "Bits per key coordinate.")
+    bits_v = _native("bits_v", "Bits per value coordinate.")
 
 
 class CudaKvCache(_CacheQueries):

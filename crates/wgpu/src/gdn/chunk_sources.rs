@@ -4,10 +4,29 @@
 
 use crate::runtime::ShaderSource;
 
+/// The dtype helpers and `chunks.wgsl`, then `pieces` (files beside this one).
+macro_rules! chunk_text {
+    ($($piece:literal),*) => {
+        concat!(
+            include_str!("../dtype.wgsl"),
+            include_str!("chunks.wgsl")
+            $(, include_str!($piece))*
+        )
+    };
+}
+
+/// [`chunk_text`] with the state walks' common pieces (the walk, o's rows and their store)
+/// before `pieces`.
+macro_rules! state_text {
+    ($($piece:literal),*) => {
+        chunk_text!("chunks_state.wgsl", "chunks_o.wgsl", "store_o.wgsl" $(, $piece)*)
+    };
+}
+
 /// The prepare pass.
 pub const PREPARE: ShaderSource = ShaderSource {
     name: "gdn_chunk_prepare",
-    text: concat!(include_str!("../dtype.wgsl"), include_str!("chunks.wgsl")),
+    text: chunk_text!(),
     entry_point: "gdn_chunk_prepare",
 };
 
@@ -15,24 +34,14 @@ pub const PREPARE: ShaderSource = ShaderSource {
 /// staged in workgroup memory (`chunks_prepare_staged.wgsl`).
 pub const PREPARE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_prepare_staged",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_prepare_staged.wgsl")
-    ),
+    text: chunk_text!("chunks_prepare_staged.wgsl"),
     entry_point: "gdn_chunk_prepare_staged",
 };
 
 /// The state pass (`WALK` 0: the outputs walk; 1: the transition walk of segments).
 pub const STATE: ShaderSource = ShaderSource {
     name: "gdn_chunk_state",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl")
-    ),
+    text: state_text!(),
     entry_point: "gdn_chunk_state",
 };
 
@@ -40,15 +49,7 @@ pub const STATE: ShaderSource = ShaderSource {
 /// columns.
 pub const STATE_STAGED: ShaderSource = ShaderSource {
     name: "gdn_chunk_state_staged",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("staged_s_columns.wgsl"),
-        include_str!("chunks_state_staged.wgsl")
-    ),
+    text: state_text!("staged_s_columns.wgsl", "chunks_state_staged.wgsl"),
     entry_point: "gdn_chunk_state_staged",
 };
 
@@ -70,13 +71,6 @@ pub const STATE_COOP: ShaderSource = ShaderSource {
 /// The entry states of split sequences' segments, between the two walks.
 pub const COMBINE: ShaderSource = ShaderSource {
     name: "gdn_chunk_combine",
-    text: concat!(
-        include_str!("../dtype.wgsl"),
-        include_str!("chunks.wgsl"),
-        include_str!("chunks_state.wgsl"),
-        include_str!("chunks_o.wgsl"),
-        include_str!("store_o.wgsl"),
-        include_str!("chunks_combine.wgsl")
-    ),
+    text: state_text!("chunks_combine.wgsl"),
     entry_point: "gdn_chunk_combine",
 };

@@ -594,17 +594,10 @@ impl ChunkLaunch {
     /// Submits `repeat` rounds of `passes` back to back in one command buffer (without
     /// waiting).
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize, passes: ChunkPasses) -> Result<()> {
-        let scope = wgpu.error_scope();
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        wgpu.submit_pass("running the chunked prefill", |pass| {
             for _ in 0..repeat {
-                self.encode(&mut pass, passes);
+                self.encode(pass, passes);
             }
-        }
-        wgpu.queue().submit([encoder.finish()]);
-        scope.finish("running the chunked prefill")
+        })
     }
 }

@@ -83,21 +83,17 @@ fn copy_states(
     state_bytes: u64,
     what: &str,
 ) -> Result<()> {
-    let scope = wgpu.error_scope();
-    let mut encoder = wgpu
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-    for (from_row, to_row) in rows {
-        encoder.copy_buffer_to_buffer(
-            from.buffer(),
-            from_row as u64 * state_bytes,
-            to.buffer(),
-            to_row as u64 * state_bytes,
-            state_bytes,
-        );
-    }
-    wgpu.queue().submit([encoder.finish()]);
-    scope.finish(what)
+    wgpu.submit_commands(what, |encoder| {
+        for (from_row, to_row) in rows {
+            encoder.copy_buffer_to_buffer(
+                from.buffer(),
+                from_row as u64 * state_bytes,
+                to.buffer(),
+                to_row as u64 * state_bytes,
+                state_bytes,
+            );
+        }
+    })
 }
 
 /// GDN prefill of host inputs whose initial states are read from, and final states written to,

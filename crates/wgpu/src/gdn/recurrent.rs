@@ -403,15 +403,8 @@ impl RecurrentLaunch {
 
     /// Submits `repeat` back-to-back dispatches in one command buffer (without waiting).
     pub fn submit(&self, wgpu: &Wgpu, repeat: usize) -> Result<()> {
-        let scope = wgpu.error_scope();
-        let mut encoder = wgpu
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            self.encode_repeated(&mut pass, repeat);
-        }
-        wgpu.queue().submit([encoder.finish()]);
-        scope.finish("running gdn_recurrent")
+        wgpu.submit_pass("running gdn_recurrent", |pass| {
+            self.encode_repeated(pass, repeat)
+        })
     }
 }

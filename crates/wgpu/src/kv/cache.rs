@@ -234,31 +234,21 @@ impl WgpuPagedKvCache {
         v: &WgpuTensor,
         new_lens: &[usize],
     ) -> Result<Option<EncodeLaunch>> {
-        Ok(self
-            .prepare_encode(wgpu, k, v, new_lens)?
-            .map(|(launch, _)| launch))
-    }
-
-    /// [`Self::prepare_append`], also returning the planned growth (the table kept, the
-    /// lengths not yet). A preparation that fails gives the pages it assigned back.
-    fn prepare_encode(
-        &mut self,
-        wgpu: &Wgpu,
-        k: &WgpuTensor,
-        v: &WgpuTensor,
-        new_lens: &[usize],
-    ) -> Result<Option<(EncodeLaunch, Growth)>> {
+        // A preparation that fails gives the pages it assigned back.
         let before = self.book.state();
-        let prepared = self.assign_and_prepare(wgpu, k, v, new_lens);
-        if prepared.is_err() {
-            self.give_back(wgpu, before);
+        match self.prepare_encode(wgpu, k, v, new_lens) {
+            Ok(prepared) => Ok(prepared.map(|(launch, _)| launch)),
+            Err(e) => {
+                self.give_back(wgpu, before);
+                Err(e)
+            }
         }
-        prepared
     }
 
-    /// [`Self::prepare_encode`]'s work: the chunk's pages assigned (host and device tables),
-    /// its counts written and its dispatch built.
-    fn assign_and_prepare(
+    /// The chunk's pages assigned (host and device tables), its counts written and its
+    /// dispatch built, with the planned growth (the table kept, the lengths not yet). On an
+    /// error the caller gives the pages back.
+    fn prepare_encode(
         &mut self,
         wgpu: &Wgpu,
         k: &WgpuTensor,

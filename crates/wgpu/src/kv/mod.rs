@@ -153,18 +153,11 @@ pub(crate) fn submit(
     repeat: usize,
     what: &str,
 ) -> Result<()> {
-    let scope = wgpu.error_scope();
-    let mut encoder = wgpu
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+    wgpu.submit_pass(what, |pass| {
         for _ in 0..repeat {
             for d in dispatches {
-                d.encode(&mut pass);
+                d.encode(pass);
             }
         }
-    }
-    wgpu.queue().submit([encoder.finish()]);
-    scope.finish(what)
+    })
 }

@@ -22,17 +22,17 @@ pub fn poison_scratch(on: bool) {
 
 fn scratch_poisoned() -> Result<bool> {
     static FROM_ENV: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
-    if POISON_SCRATCH.load(Ordering::Relaxed) {
-        return Ok(true);
-    }
-    FROM_ENV
+    // The variable is checked even where `poison_scratch(true)` already decided, so that a
+    // value it does not take is never ignored.
+    let from_env = FROM_ENV
         .get_or_init(|| {
             let choices = [("1", true), ("0", false)];
             deltakv_contract::env::choice("DELTAKV_POISON_SCRATCH", &choices, false)
                 .map_err(|e| e.to_string())
         })
         .clone()
-        .map_err(Error::InvalidValue)
+        .map_err(Error::InvalidValue)?;
+    Ok(from_env || POISON_SCRATCH.load(Ordering::Relaxed))
 }
 
 enum Storage {

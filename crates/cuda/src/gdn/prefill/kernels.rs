@@ -7,6 +7,42 @@ use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TIL
 use cudarc::driver::DeviceRepr;
 use deltakv_contract::env;
 use deltakv_contract::{Error, Result};
+use std::sync::OnceLock;
+
+/// The prefill's `DELTAKV_PREFILL_*` switches (for experiments and comparisons), read from the
+/// environment once per process: each prepared call takes them from here rather than reading
+/// seven variables again.
+pub(super) struct Switches {
+    pub prepare_group_limit: usize,
+    /// The state pass asked for (`None`: the default).
+    pub state_pass: Option<StatePass>,
+    pub output_stages: OutputStages,
+    /// `None`: the relay is off.
+    pub relay: Option<RelayRule>,
+    pub segment_chunks: Option<usize>,
+    pub prepare_pair: bool,
+}
+
+/// The process's [`Switches`]; a value a switch does not take is the same error every call.
+pub(super) fn switches() -> Result<&'static Switches> {
+    static SWITCHES: OnceLock<std::result::Result<Switches, String>> = OnceLock::new();
+    SWITCHES
+        .get_or_init(|| {
+            let read = || -> Result<Switches> {
+                Ok(Switches {
+                    prepare_group_limit: prepare_group_limit_from_env()?,
+                    state_pass: state_pass_from_env()?,
+                    output_stages: output_stages_from_env()?,
+                    relay: relay_rule_from_env()?,
+                    segment_chunks: segment_chunks_from_env()?,
+                    prepare_pair: prepare_pair_from_env()?,
+                })
+            };
+            read().map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|message| Error::InvalidValue(message.clone()))
+}
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
 #[repr(C)]
@@ -120,7 +156,7 @@ pub(super) fn prepare_groups(ratio: usize, limit: usize) -> (usize, usize) {
 /// `DELTAKV_PREFILL_PREPARE_GROUP`: the most value heads per prepare block, 1 to
 /// `MAX_PREPARE_GROUP` (for experiments: fewer heads per block make more, shorter blocks);
 /// unset: `MAX_PREPARE_GROUP`.
-pub(super) fn prepare_group_limit_from_env() -> Result<usize> {
+fn prepare_group_limit_from_env() -> Result<usize> {
     let limit = env::number(
         "DELTAKV_PREFILL_PREPARE_GROUP",
         |limit| (1..=MAX_PREPARE_GROUP).contains(limit),
@@ -169,8 +205,20 @@ pub(super) enum StatePass {
 /// (K <= 128), else the lockstep pass;
 /// `DELTAKV_PREFILL_STATE=overlap` (where K <= 128) or `lockstep` asks for one of the others
 /// (every pass stores checkpoints from its registers), `auto` or `registers` for the default.
-pub(super) fn state_pass_kind(kp: usize, arch: &str) -> Result<StatePass> {
-    let asked = env::choice(
+pub(super) fn state_pass_kind(asked: Option<StatePass>, kp: usize, arch: &str) -> StatePass {
+    let registers = kp == 128 && arch == "sm_90a";
+    match asked {
+        Some(StatePass::Lockstep) => StatePass::Lockstep,
+        Some(StatePass::Overlap) if kp <= 128 => StatePass::Overlap,
+        _ if registers => StatePass::Registers,
+        _ if kp <= 128 => StatePass::Overlap,
+        _ => StatePass::Lockstep,
+    }
+}
+
+/// The pass `DELTAKV_PREFILL_STATE` asks for (`None`: the default; see [`state_pass_kind`]).
+fn state_pass_from_env() -> Result<Option<StatePass>> {
+    env::choice(
         "DELTAKV_PREFILL_STATE",
         &[
             ("auto", None),
@@ -179,15 +227,7 @@ pub(super) fn state_pass_kind(kp: usize, arch: &str) -> Result<StatePass> {
             ("lockstep", Some(StatePass::Lockstep)),
         ],
         None,
-    )?;
-    let registers = kp == 128 && arch == "sm_90a";
-    Ok(match asked {
-        Some(StatePass::Lockstep) => StatePass::Lockstep,
-        Some(StatePass::Overlap) if kp <= 128 => StatePass::Overlap,
-        _ if registers => StatePass::Registers,
-        _ if kp <= 128 => StatePass::Overlap,
-        _ => StatePass::Lockstep,
-    })
+    )
 }
 
 /// Shared memory of the register outputs walk with `stages` stages (mirrors `RegsStage<KP,
@@ -210,7 +250,7 @@ pub(super) enum OutputStages {
     Two,
 }
 
-pub(super) fn output_stages_from_env() -> Result<OutputStages> {
+fn output_stages_from_env() -> Result<OutputStages> {
     env::choice(
         "DELTAKV_PREFILL_OUTPUT_STAGES",
         &[
@@ -265,7 +305,7 @@ pub(super) fn gates_bytes() -> usize {
 /// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1), and
 /// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: sequences of at most that many chunks are not relayed
 /// (both for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
-pub(super) fn relay_rule_from_env() -> Result<Option<RelayRule>> {
+fn relay_rule_from_env() -> Result<Option<RelayRule>> {
     let share = match env::text("DELTAKV_PREFILL_RELAY")? {
         None => RELAY_LEAD_SHARE,
         Some(text) if text == "off" => return Ok(None),
@@ -313,7 +353,7 @@ fn lead_name(kp: usize) -> &'static str {
 }
 
 /// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
-pub(super) fn segment_chunks_from_env() -> Result<Option<usize>> {
+fn segment_chunks_from_env() -> Result<Option<usize>> {
     env::number(
         "DELTAKV_PREFILL_SEGMENT_CHUNKS",
         |&chunks: &usize| chunks > 0,
@@ -351,7 +391,7 @@ fn prepare_regs_name(vp: usize, pair: bool) -> &'static str {
 /// `DELTAKV_PREFILL_PREPARE_PAIR=off`: the register walks' prepare forms each head's A after
 /// the previous head's inverse even where a block has at most two heads (the pair form's
 /// timing against it in one binary); unset or `on`: the pair form there.
-pub(super) fn prepare_pair_from_env() -> Result<bool> {
+fn prepare_pair_from_env() -> Result<bool> {
     env::choice(
         "DELTAKV_PREFILL_PREPARE_PAIR",
         &[("on", true), ("off", false)],

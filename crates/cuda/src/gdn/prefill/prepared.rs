@@ -5,9 +5,7 @@
 use super::checkpoint::{CudaCheckpoints, chunk_checkpoints};
 use super::kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    gates_bytes, output_stages_from_env, outputs_walk, pass_kernels, prepare_group_limit_from_env,
-    prepare_groups, prepare_pair_from_env, relay_rule_from_env, segment_chunks_from_env,
-    state_pass_kind, walk_grid,
+    gates_bytes, outputs_walk, pass_kernels, prepare_groups, state_pass_kind, switches, walk_grid,
 };
 use super::launch::{Kernel, LoadedKernel};
 use super::operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
@@ -121,7 +119,8 @@ impl PrefillLaunch {
             ));
         }
         let tiles_v = vp / TILE;
-        let split = match (split, segment_chunks_from_env()?) {
+        let switches = switches()?;
+        let split = match (split, switches.segment_chunks) {
             (Split::Auto, Some(chunks)) => Split::Scan(chunks),
             (split, _) => split,
         };
@@ -132,7 +131,7 @@ impl PrefillLaunch {
             split,
             // Only an automatic split consults the variable.
             match split {
-                Split::Auto => relay_rule_from_env()?,
+                Split::Auto => switches.relay,
                 _ => None,
             },
         );
@@ -167,7 +166,7 @@ impl PrefillLaunch {
             .map(|every| CheckpointPlan::new(every, &seqs))
             .transpose()?;
         let storing_checkpoints = checkpoint_plan.as_ref().is_some_and(|c| c.total() > 0);
-        let pass = state_pass_kind(kp, cuda.arch())?;
+        let pass = state_pass_kind(switches.state_pass, kp, cuda.arch());
         let registers_pass = pass == StatePass::Registers;
         // The register walks read k from its core-matrix copy (`k_cm`, below) instead.
         let k_chunks = (!registers_pass).then(key_chunks).transpose()?;
@@ -275,7 +274,7 @@ impl PrefillLaunch {
             |t: &CudaTensor, form| kernel_operand(cuda, t, form, &mut conversions, &mut operands);
         let (v, g) = (operand(inputs.v, value)?, operand(inputs.g, gate)?);
         let (head_groups, heads_per_block) =
-            prepare_groups(heads / dims.key_heads, prepare_group_limit_from_env()?);
+            prepare_groups(heads / dims.key_heads, switches.prepare_group_limit);
         // Checkpoints: a buffer poisoned until the launch writes it, and the row of each chunk.
         let mut checkpoints = match checkpoint_plan {
             Some(plan) => Some(CudaCheckpoints {
@@ -349,7 +348,7 @@ impl PrefillLaunch {
                  {chunks} chunks"
             )));
         }
-        let names = pass_kernels(pass, kp, vp, heads_per_block, prepare_pair_from_env()?);
+        let names = pass_kernels(pass, kp, vp, heads_per_block, switches.prepare_pair);
         let walk = |kernel: WalkKernel| -> Result<_> {
             Ok(LoadedKernel {
                 function: cuda.function(&SOURCE, kernel.name)?,
@@ -368,7 +367,7 @@ impl PrefillLaunch {
         let outputs = outputs_walk(
             pass,
             names.outputs,
-            output_stages_from_env()?,
+            switches.output_stages,
             outputs_blocks,
             cuda.multiprocessors(),
             plan.relayed > 0,

@@ -28,6 +28,7 @@ use deltakv_contract::kv::NormDType;
 use deltakv_contract::kv::book::PagedCache;
 use deltakv_contract::kv::paged::{QueryHeads, attention_scale, check_query_tensor};
 use deltakv_contract::{DType, Error, Result};
+use std::sync::OnceLock;
 
 /// Mirrors `struct KvAttnParams` in `kernels/kv_attend.cu`, field for field.
 #[repr(C)]
@@ -102,6 +103,28 @@ enum Form {
     Scalar,
     Tiles,
     Pages,
+}
+
+/// The form `DELTAKV_KV_ATTEND` asks for (where it serves the scheme; unset or `auto`: none),
+/// read once per process.
+fn asked_form() -> Result<Option<Form>> {
+    static ASKED: OnceLock<std::result::Result<Option<Form>, String>> = OnceLock::new();
+    ASKED
+        .get_or_init(|| {
+            env::choice(
+                "DELTAKV_KV_ATTEND",
+                &[
+                    ("auto", None),
+                    ("scalar", Some(Form::Scalar)),
+                    ("pages", Some(Form::Pages)),
+                    ("tiles", Some(Form::Tiles)),
+                ],
+                None,
+            )
+            .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(Error::InvalidValue)
 }
 
 /// Warps of a tensor-core block and the pages form's ring stages (`KVM_WARPS`, `KVP_STAGES`).
@@ -259,17 +282,7 @@ pub fn prepare_attend(
     // math's latency and the tiles form is kept.
     let pages_auto = mma_bits && 2 * pages_block <= per_sm;
     let form = match options.kernel {
-        // `DELTAKV_KV_ATTEND` asks for a form (where it serves the scheme), `auto` for this one.
-        AttnKernel::Auto => match env::choice(
-            "DELTAKV_KV_ATTEND",
-            &[
-                ("auto", None),
-                ("scalar", Some(Form::Scalar)),
-                ("pages", Some(Form::Pages)),
-                ("tiles", Some(Form::Tiles)),
-            ],
-            None,
-        )? {
+        AttnKernel::Auto => match asked_form()? {
             Some(Form::Scalar) => Form::Scalar,
             Some(Form::Pages) if mma_bits && pages_fit => Form::Pages,
             Some(Form::Tiles) if mma_bits => Form::Tiles,

@@ -1,48 +1,10 @@
 //! Which kernels a prefill call runs and what they need: the kernel names for the padded K
-//! and V, the prepare kernel's form and grouping of value heads, the state pass (overlapped or
-//! lockstep), the shared memory of each (mirroring the kernels' carve-ups), and the `DELTAKV_*`
-//! variables that pick among them for experiments.
+//! and V, the prepare kernel's form and grouping of value heads, the state pass, and the shared
+//! memory of each (mirroring the kernels' carve-ups). The `DELTAKV_PREFILL_*` variables that
+//! pick among them for experiments are read in `switches.rs`.
 
-use super::plan::{CHUNK, PAD, RELAY_LEAD_SHARE, RELAY_MIN_CHUNKS, RelayRule, TILE};
+use super::plan::{CHUNK, PAD, TILE};
 use cudarc::driver::DeviceRepr;
-use deltakv_contract::env;
-use deltakv_contract::{Error, Result};
-use std::sync::OnceLock;
-
-/// The prefill's `DELTAKV_PREFILL_*` switches (for experiments and comparisons), read from the
-/// environment once per process: each prepared call takes them from here rather than reading
-/// seven variables again.
-pub(super) struct Switches {
-    pub prepare_group_limit: usize,
-    /// The state pass asked for (`None`: the default).
-    pub state_pass: Option<StatePass>,
-    pub output_stages: OutputStages,
-    /// `None`: the relay is off.
-    pub relay: Option<RelayRule>,
-    pub segment_chunks: Option<usize>,
-    pub prepare_pair: bool,
-}
-
-/// The process's [`Switches`]; a value a switch does not take is the same error every call.
-pub(super) fn switches() -> Result<&'static Switches> {
-    static SWITCHES: OnceLock<std::result::Result<Switches, String>> = OnceLock::new();
-    SWITCHES
-        .get_or_init(|| {
-            let read = || -> Result<Switches> {
-                Ok(Switches {
-                    prepare_group_limit: prepare_group_limit_from_env()?,
-                    state_pass: state_pass_from_env()?,
-                    output_stages: output_stages_from_env()?,
-                    relay: relay_rule_from_env()?,
-                    segment_chunks: segment_chunks_from_env()?,
-                    prepare_pair: prepare_pair_from_env()?,
-                })
-            };
-            read().map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|message| Error::InvalidValue(message.clone()))
-}
 
 /// Mirrors `struct PrefillParams` in the kernel, field for field.
 #[repr(C)]
@@ -141,7 +103,7 @@ pub(super) fn prepare_regs_smem(heads_per_block: usize, pair: bool) -> usize {
 }
 
 /// Most value heads one prepare block takes (the kernel's `PF_MAX_GROUP`).
-const MAX_PREPARE_GROUP: usize = 4;
+pub(super) const MAX_PREPARE_GROUP: usize = 4;
 
 /// How the prepare kernel splits the `ratio` value heads of each key head: blocks per key head
 /// and value heads per block (near-equal groups of at most `limit`, itself at most
@@ -151,18 +113,6 @@ pub(super) fn prepare_groups(ratio: usize, limit: usize) -> (usize, usize) {
     let limit = limit.clamp(1, MAX_PREPARE_GROUP);
     let per_block = ratio.div_ceil(ratio.div_ceil(limit));
     (ratio.div_ceil(per_block), per_block)
-}
-
-/// `DELTAKV_PREFILL_PREPARE_GROUP`: the most value heads per prepare block, 1 to
-/// `MAX_PREPARE_GROUP` (for experiments: fewer heads per block make more, shorter blocks);
-/// unset: `MAX_PREPARE_GROUP`.
-fn prepare_group_limit_from_env() -> Result<usize> {
-    let limit = env::number(
-        "DELTAKV_PREFILL_PREPARE_GROUP",
-        |limit| (1..=MAX_PREPARE_GROUP).contains(limit),
-        &format!("1 to {MAX_PREPARE_GROUP} value heads per prepare block"),
-    )?;
-    Ok(limit.unwrap_or(MAX_PREPARE_GROUP))
 }
 
 /// Shared memory of the state kernels (mirrors `StateStage` and `state_impl`): one or two
@@ -216,20 +166,6 @@ pub(super) fn state_pass_kind(asked: Option<StatePass>, kp: usize, arch: &str) -
     }
 }
 
-/// The pass `DELTAKV_PREFILL_STATE` asks for (`None`: the default; see [`state_pass_kind`]).
-fn state_pass_from_env() -> Result<Option<StatePass>> {
-    env::choice(
-        "DELTAKV_PREFILL_STATE",
-        &[
-            ("auto", None),
-            ("registers", None),
-            ("overlap", Some(StatePass::Overlap)),
-            ("lockstep", Some(StatePass::Lockstep)),
-        ],
-        None,
-    )
-}
-
 /// Shared memory of the register outputs walk with `stages` stages (mirrors `RegsStage<KP,
 /// true>` and `regs_walk`): the lead's stages with q's chunk rows and the scores added, then
 /// two chunks' O staged in a 2-byte dtype (`PF_O_STAGE_HALFS`), then two mbarrier words.
@@ -248,18 +184,6 @@ pub(super) enum OutputStages {
     Auto,
     One,
     Two,
-}
-
-fn output_stages_from_env() -> Result<OutputStages> {
-    env::choice(
-        "DELTAKV_PREFILL_OUTPUT_STAGES",
-        &[
-            ("auto", OutputStages::Auto),
-            ("1", OutputStages::One),
-            ("2", OutputStages::Two),
-        ],
-        OutputStages::Auto,
-    )
 }
 
 /// The register outputs walk with one stage where `stages` asks for it: `blocks` outputs-walk
@@ -302,36 +226,6 @@ pub(super) fn gates_bytes() -> usize {
     (7 * CHUNK * 4 + 8).next_multiple_of(128)
 }
 
-/// `DELTAKV_PREFILL_RELAY`: `off`, or the relay's first-segment share in (0, 1), and
-/// `DELTAKV_PREFILL_RELAY_MIN_CHUNKS`: sequences of at most that many chunks are not relayed
-/// (both for experiments); unset: [`RELAY_LEAD_SHARE`] and [`RELAY_MIN_CHUNKS`].
-fn relay_rule_from_env() -> Result<Option<RelayRule>> {
-    let share = match env::text("DELTAKV_PREFILL_RELAY")? {
-        None => RELAY_LEAD_SHARE,
-        Some(text) if text == "off" => return Ok(None),
-        Some(text) => text
-            .parse::<f64>()
-            .ok()
-            .filter(|&share| share > 0.0 && share < 1.0)
-            .ok_or_else(|| {
-                Error::InvalidValue(format!(
-                    "DELTAKV_PREFILL_RELAY={text}: expected `off` or a share strictly between 0 \
-                     and 1"
-                ))
-            })?,
-    };
-    let min_chunks = env::number(
-        "DELTAKV_PREFILL_RELAY_MIN_CHUNKS",
-        |_: &usize| true,
-        "a number of chunks",
-    )?
-    .unwrap_or(RELAY_MIN_CHUNKS);
-    Ok(Some(RelayRule {
-        min_chunks,
-        ..RelayRule::share(share)
-    }))
-}
-
 /// Elements of one 8-column block of the core-matrix layout (the kernels' `PF_CM_BLOCK`).
 pub(super) const CM_BLOCK: usize = CHUNK * 8 + 8;
 
@@ -350,15 +244,6 @@ fn lead_name(kp: usize) -> &'static str {
         128 => "gdn_prefill_lead_k128",
         _ => "gdn_prefill_lead_k256",
     }
-}
-
-/// `DELTAKV_PREFILL_SEGMENT_CHUNKS`: a fixed segment length in chunks (for experiments).
-fn segment_chunks_from_env() -> Result<Option<usize>> {
-    env::number(
-        "DELTAKV_PREFILL_SEGMENT_CHUNKS",
-        |&chunks: &usize| chunks > 0,
-        "a positive number of chunks",
-    )
 }
 
 fn prepare_name(kp: usize, vp: usize) -> &'static str {
@@ -386,17 +271,6 @@ fn prepare_regs_name(vp: usize, pair: bool) -> &'static str {
         (128, true) => "gdn_prefill_prepare_regs_pair_k128_v128",
         (_, true) => "gdn_prefill_prepare_regs_pair_k128_v256",
     }
-}
-
-/// `DELTAKV_PREFILL_PREPARE_PAIR=off`: the register walks' prepare forms each head's A after
-/// the previous head's inverse even where a block has at most two heads (the pair form's
-/// timing against it in one binary); unset or `on`: the pair form there.
-fn prepare_pair_from_env() -> Result<bool> {
-    env::choice(
-        "DELTAKV_PREFILL_PREPARE_PAIR",
-        &[("on", true), ("off", false)],
-        true,
-    )
 }
 
 /// A prepare kernel: its name and shared memory per block.

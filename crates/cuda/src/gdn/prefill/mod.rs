@@ -25,6 +25,7 @@ mod plan;
 mod prepared;
 mod relay;
 mod states;
+mod switches;
 
 pub use checkpoint::CudaCheckpoints;
 pub use host::{

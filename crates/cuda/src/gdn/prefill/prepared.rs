@@ -5,13 +5,14 @@
 use super::checkpoint::{CudaCheckpoints, chunk_checkpoints};
 use super::kernels::{
     CM_BLOCK, MAX_WALK_SEGMENTS, PREPARE_THREADS, PrefillParams, StatePass, WalkKernel,
-    gates_bytes, outputs_walk, pass_kernels, prepare_groups, state_pass_kind, switches, walk_grid,
+    gates_bytes, outputs_walk, pass_kernels, prepare_groups, state_pass_kind, walk_grid,
 };
 use super::launch::{Kernel, LoadedKernel};
 use super::operand::{Conversion, OperandForm, kernel_operand, normalized_copy};
 use super::plan::{CHUNK, PAD, PrefillPlan, SEGMENT_FIELDS, Split, TILE, padded_dim};
 use super::relay::{FinalStaging, RelayLaunch};
 use super::states::{PrefillStates, StateSources, state_sources};
+use super::switches::switches;
 use super::{SOURCE, SOURCE_PREPARE_MMA};
 use crate::gdn::decode::dtype_code;
 use crate::runtime::{Cuda, driver_error};
